@@ -1,0 +1,270 @@
+//! A layout: the parallel degrees and knobs of one candidate plan, and its stage split.
+//!
+//! A layout is only a description; whether it fits is the memory model's question and how fast
+//! it runs is the cost model's. `check` says whether the layout can be built at all for a job.
+
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use crate::mesh::Mesh;
+use crate::model::Model;
+use crate::schedule::ScheduleKind;
+use crate::spec::Cluster;
+
+/// Activation recomputation.
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize, JsonSchema,
+)]
+#[serde(rename_all = "lowercase")]
+pub enum Recompute {
+    None,
+    /// Recompute the attention core (the s×s tensors) only (Korthikanti et al. 2022).
+    Selective,
+    /// Keep only each layer's input; recompute the whole layer in backward.
+    Full,
+}
+
+impl Recompute {
+    pub const ALL: [Recompute; 3] = [Recompute::None, Recompute::Selective, Recompute::Full];
+    pub fn name(self) -> &'static str {
+        match self {
+            Recompute::None => "none",
+            Recompute::Selective => "selective",
+            Recompute::Full => "full",
+        }
+    }
+}
+
+impl std::str::FromStr for Recompute {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        Recompute::ALL
+            .into_iter()
+            .find(|r| r.name() == s)
+            .ok_or_else(|| format!("unknown recompute \"{s}\"; use none | selective | full"))
+    }
+}
+
+/// ZeRO sharding of model states over the data-parallel group.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
+pub struct Sharding {
+    /// 0: none; 1: optimizer states; 2: + gradients; 3: + weights (FSDP FULL_SHARD).
+    pub zero_stage: u8,
+    /// Shard within a node only and replicate across nodes (FSDP HYBRID_SHARD).
+    pub hybrid: bool,
+}
+
+/// One candidate layout.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
+pub struct Layout {
+    pub dp: u64,
+    pub pp: u64,
+    pub tp: u64,
+    /// Sequences per micro-batch.
+    pub micro_batch: u64,
+    pub sharding: Sharding,
+    pub recompute: Recompute,
+    pub sequence_parallel: bool,
+    pub schedule: ScheduleKind,
+    /// Model chunks per pipeline stage (1 unless interleaved).
+    pub virtual_stages: u64,
+}
+
+impl Layout {
+    /// Micro-batches per optimizer step on each DP replica.
+    pub fn microbatches(&self, model: &Model) -> u64 {
+        model.training.global_batch / (self.dp * self.micro_batch)
+    }
+
+    pub fn mesh(&self, cluster: &Cluster) -> Mesh {
+        Mesh::new(self.dp, self.pp, self.tp, cluster.gpus_per_node)
+    }
+
+    /// DP ranks a ZeRO shard is spread over: the whole DP group, or its members in one node.
+    pub fn shard_degree(&self, cluster: &Cluster) -> u64 {
+        if self.sharding.zero_stage == 0 {
+            return 1;
+        }
+        if !self.sharding.hybrid {
+            return self.dp;
+        }
+        let mesh = self.mesh(cluster);
+        let group = mesh.dp_group(0);
+        group
+            .iter()
+            .filter(|r| mesh.node(**r) == mesh.node(0))
+            .count() as u64
+    }
+
+    /// A short label such as `dp16·tp8·pp8 mb1 zero1 full sp 1f1b`.
+    pub fn label(&self) -> String {
+        let mut s = format!(
+            "dp{}·tp{}·pp{} mb{}",
+            self.dp, self.tp, self.pp, self.micro_batch
+        );
+        if self.sharding.zero_stage > 0 {
+            s += &format!(
+                " zero{}{}",
+                self.sharding.zero_stage,
+                if self.sharding.hybrid { "-hybrid" } else { "" }
+            );
+        }
+        if self.recompute != Recompute::None {
+            s += &format!(" rc-{}", self.recompute.name());
+        }
+        if self.sequence_parallel {
+            s += " sp";
+        }
+        if self.pp > 1 {
+            s += &format!(" {}", self.schedule.name());
+            if self.virtual_stages > 1 {
+                s += &format!("×{}", self.virtual_stages);
+            }
+        }
+        s
+    }
+
+    /// Why this layout cannot be built for the job, if it cannot.
+    pub fn check(&self, model: &Model, cluster: &Cluster) -> Result<(), Rejection> {
+        let a = &model.architecture;
+        let t = &model.training;
+        if self.dp * self.pp * self.tp != cluster.devices {
+            return Err(Rejection::new(
+                "degrees do not multiply to the device count",
+                format!(
+                    "DP {} × PP {} × TP {} = {} does not equal the {} devices",
+                    self.dp,
+                    self.pp,
+                    self.tp,
+                    self.dp * self.pp * self.tp,
+                    cluster.devices
+                ),
+            ));
+        }
+        if a.heads % self.tp != 0 || a.kv_heads % self.tp != 0 {
+            return Err(Rejection::new(
+                "TP does not divide the heads",
+                format!(
+                    "TP {} does not divide heads {} and kv_heads {}",
+                    self.tp, a.heads, a.kv_heads
+                ),
+            ));
+        }
+        if a.ffn_hidden % self.tp != 0 || a.vocab % self.tp != 0 {
+            return Err(Rejection::new(
+                "TP does not divide the FFN width or vocabulary",
+                format!(
+                    "TP {} does not divide ffn_hidden {} and vocab {}",
+                    self.tp, a.ffn_hidden, a.vocab
+                ),
+            ));
+        }
+        if self.sequence_parallel && (self.tp == 1 || t.seq_len % self.tp != 0) {
+            return Err(Rejection::new(
+                "sequence parallelism needs TP > 1 dividing seq_len",
+                format!(
+                    "sequence parallelism needs TP > 1 dividing seq_len {} (TP is {})",
+                    t.seq_len, self.tp
+                ),
+            ));
+        }
+        let chunks = self.pp * self.virtual_stages;
+        if chunks > a.layers {
+            return Err(Rejection::new(
+                "more pipeline chunks than layers",
+                format!(
+                    "PP {} × virtual stages {} = {} chunks but the model has only {} layers",
+                    self.pp, self.virtual_stages, chunks, a.layers
+                ),
+            ));
+        }
+        if t.global_batch % self.dp != 0 {
+            return Err(Rejection::new(
+                "DP does not divide the global batch",
+                format!(
+                    "DP {} does not divide global_batch {}",
+                    self.dp, t.global_batch
+                ),
+            ));
+        }
+        let per_replica = t.global_batch / self.dp;
+        if per_replica % self.micro_batch != 0 {
+            return Err(Rejection::new(
+                "micro-batch does not divide the per-replica batch",
+                format!(
+                    "micro-batch {} does not divide the {} sequences per DP replica",
+                    self.micro_batch, per_replica
+                ),
+            ));
+        }
+        if self.sharding.zero_stage > 3 {
+            return Err(Rejection::new(
+                "no such ZeRO stage",
+                format!(
+                    "ZeRO stage {} does not exist (0-3)",
+                    self.sharding.zero_stage
+                ),
+            ));
+        }
+        let m = per_replica / self.micro_batch;
+        match self.schedule {
+            ScheduleKind::Interleaved => {
+                if self.pp < 2 || self.virtual_stages < 2 {
+                    return Err(Rejection::new("interleaving needs PP ≥ 2 and v ≥ 2", format!(
+                        "the interleaved schedule needs PP ≥ 2 and virtual stages ≥ 2 (PP {}, virtual stages {})",
+                        self.pp, self.virtual_stages
+                    )));
+                }
+                if m % self.pp != 0 {
+                    return Err(Rejection::new("interleaving needs micro-batches divisible by PP", format!(
+                        "the interleaved schedule needs the {m} micro-batches to be a multiple of PP {}",
+                        self.pp
+                    )));
+                }
+            }
+            _ if self.virtual_stages != 1 => {
+                return Err(Rejection::new(
+                    "virtual stages need the interleaved schedule",
+                    format!(
+                        "virtual stages {} need the interleaved schedule (schedule is {})",
+                        self.virtual_stages,
+                        self.schedule.name()
+                    ),
+                ))
+            }
+            _ => {}
+        }
+        Ok(())
+    }
+
+    /// Layers per virtual stage, in pipeline order: an even split, the remainder given to the
+    /// later chunks (the first stage already carries the embedding and the most activations).
+    pub fn split_layers(&self, layers: u64) -> Vec<u64> {
+        let chunks = self.pp * self.virtual_stages;
+        let base = layers / chunks;
+        let extra = layers % chunks;
+        (0..chunks)
+            .map(|c| base + u64::from(c >= chunks - extra))
+            .collect()
+    }
+}
+
+/// Why a layout cannot be built: the rule it breaks, and the details.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Rejection {
+    /// A short, stable name of the rule (used to group rejections).
+    pub rule: &'static str,
+    pub detail: String,
+}
+
+impl Rejection {
+    pub fn new(rule: &'static str, detail: String) -> Self {
+        Rejection { rule, detail }
+    }
+}
+
+impl std::fmt::Display for Rejection {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.detail)
+    }
+}

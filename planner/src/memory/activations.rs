@@ -1,0 +1,271 @@
+//! Activation memory, counted per stored tensor.
+//!
+//! Each tensor a transformer layer keeps for its backward is listed with its size, its element
+//! width and how tensor parallelism treats it. Korthikanti et al. 2022 ("Reducing Activation
+//! Recomputation in Large Transformer Models", §4, Table 2) sum the same tensors for a GPT-3
+//! layer with dropout and a materialised softmax: `s·b·h·(34 + 5·a·s/h)`. Flash attention, GQA,
+//! SwiGLU, no dropout, sequence parallelism and recompute all fall out of this one list.
+//! This module counts bytes only; it knows nothing of stages or schedules.
+
+use crate::layout::Recompute;
+use crate::model::{Activation, AttentionImpl, Model};
+
+/// How tensor parallelism treats a stored tensor.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Split {
+    /// The full tensor sits on every TP rank (norm inputs, block inputs, residual masks),
+    /// unless sequence parallelism splits it along the sequence.
+    Replicated,
+    /// Each TP rank holds 1/t (its heads or its slice of the MLP).
+    Sharded,
+}
+
+/// One tensor a layer keeps for backward.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Stored {
+    pub name: &'static str,
+    /// Bytes for one micro-batch, before tensor parallelism.
+    pub bytes: f64,
+    pub split: Split,
+    /// Part of the attention core that selective recompute drops (the s×s tensors).
+    pub attention_core: bool,
+    /// The layer's input: the only tensor full recompute keeps.
+    pub layer_input: bool,
+}
+
+/// The tensors one transformer layer stores for one micro-batch of `b` sequences.
+pub fn layer_tensors(model: &Model, b: u64) -> Vec<Stored> {
+    let a = &model.architecture;
+    let t = &model.training;
+    let (s, b) = (t.seq_len as f64, b as f64);
+    let sb = s * b;
+    let h = a.hidden as f64;
+    let heads = a.heads as f64;
+    let q = a.q_dim() as f64;
+    let kv = a.kv_dim() as f64;
+    let f = a.ffn_hidden as f64;
+    let dropout = t.dropout > 0.0;
+    let mut v = Vec::new();
+    let mut push = |name, bytes: f64, split, attention_core, layer_input| {
+        if bytes > 0.0 {
+            v.push(Stored {
+                name,
+                bytes,
+                split,
+                attention_core,
+                layer_input,
+            })
+        }
+    };
+    use Split::*;
+    // Attention block.
+    push("norm1_input", 2.0 * sb * h, Replicated, false, true);
+    push("qkv_input", 2.0 * sb * h, Replicated, false, false);
+    push("q", 2.0 * sb * q, Sharded, false, false);
+    push("k", 2.0 * sb * kv, Sharded, false, false);
+    push("v", 2.0 * sb * kv, Sharded, false, false);
+    match t.attention {
+        AttentionImpl::Eager => {
+            push("softmax_output", 2.0 * heads * s * sb, Sharded, true, false);
+            if dropout {
+                push("softmax_dropout_mask", heads * s * sb, Sharded, true, false);
+                push(
+                    "softmax_dropout_output",
+                    2.0 * heads * s * sb,
+                    Sharded,
+                    true,
+                    false,
+                );
+            }
+        }
+        // Flash attention keeps one fp32 log-sum-exp per row and regenerates dropout masks.
+        AttentionImpl::Flash => push("softmax_lse_fp32", 4.0 * heads * sb, Sharded, false, false),
+    }
+    push("attn_proj_input", 2.0 * sb * q, Sharded, false, false);
+    if dropout {
+        push("attn_dropout_mask", sb * h, Replicated, false, false);
+    }
+    // MLP block.
+    push("norm2_input", 2.0 * sb * h, Replicated, false, false);
+    push("mlp_input", 2.0 * sb * h, Replicated, false, false);
+    match a.activation {
+        Activation::Gelu => {
+            push("gelu_input", 2.0 * sb * f, Sharded, false, false);
+            push("mlp_down_input", 2.0 * sb * f, Sharded, false, false);
+        }
+        Activation::Swiglu => {
+            push("gate_output", 2.0 * sb * f, Sharded, false, false);
+            push("up_output", 2.0 * sb * f, Sharded, false, false);
+            push("mlp_down_input", 2.0 * sb * f, Sharded, false, false);
+        }
+    }
+    if dropout {
+        push("mlp_dropout_mask", sb * h, Replicated, false, false);
+    }
+    v
+}
+
+/// Bytes one TP rank keeps for one tensor under the given parallelism and recompute.
+pub fn kept_bytes(x: &Stored, tp: u64, sp: bool, recompute: Recompute) -> f64 {
+    let dropped = match recompute {
+        Recompute::None => false,
+        Recompute::Selective => x.attention_core,
+        Recompute::Full => !x.layer_input,
+    };
+    if dropped {
+        return 0.0;
+    }
+    let divided = sp || x.split == Split::Sharded;
+    if divided {
+        x.bytes / tp as f64
+    } else {
+        x.bytes
+    }
+}
+
+/// Activation bytes of one layer for one micro-batch on one TP rank.
+pub fn layer_bytes(model: &Model, b: u64, tp: u64, sp: bool, recompute: Recompute) -> f64 {
+    layer_tensors(model, b)
+        .iter()
+        .map(|x| kept_bytes(x, tp, sp, recompute))
+        .sum()
+}
+
+/// Tensors outside the layers: the embedding's dropout mask on the first stage.
+pub fn embedding_bytes(model: &Model, b: u64, tp: u64, sp: bool) -> f64 {
+    let t = &model.training;
+    if t.dropout <= 0.0 {
+        return 0.0;
+    }
+    let bytes = (t.seq_len * b * model.architecture.hidden) as f64;
+    if sp {
+        bytes / tp as f64
+    } else {
+        bytes
+    }
+}
+
+/// Tensors of the head on the last stage: final norm input, output-layer input, fp32 logits.
+pub fn head_terms(model: &Model, b: u64, tp: u64, sp: bool) -> [(&'static str, f64); 3] {
+    let sb = (model.training.seq_len * b) as f64;
+    let h = model.architecture.hidden as f64;
+    let t = tp as f64;
+    let rep = if sp { t } else { 1.0 };
+    [
+        ("final_norm_input", 2.0 * sb * h / rep),
+        ("head_input", 2.0 * sb * h / rep),
+        (
+            "logits_fp32",
+            4.0 * sb * model.architecture.vocab as f64 / t,
+        ),
+    ]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::{Architecture, Norm, Position, Training};
+
+    /// A GPT-3-style layer as in Korthikanti et al.: dropout, materialised softmax, 4h MLP.
+    fn gpt3(a: u64, h: u64, s: u64) -> Model {
+        Model {
+            name: "gpt3-style".into(),
+            architecture: Architecture {
+                layers: 4,
+                hidden: h,
+                heads: a,
+                kv_heads: a,
+                head_dim: h / a,
+                ffn_hidden: 4 * h,
+                vocab: 51200,
+                activation: Activation::Gelu,
+                norm: Norm::Layernorm,
+                position: Position::Learned,
+                tied_embeddings: true,
+                bias: true,
+                qkv_bias: true,
+                max_positions: s,
+            },
+            training: Training {
+                seq_len: s,
+                global_batch: 8,
+                precision: "default".into(),
+                attention: AttentionImpl::Eager,
+                dropout: 0.1,
+            },
+        }
+    }
+
+    fn close(got: f64, want: f64) {
+        assert!((got - want).abs() <= 1e-9 * want, "got {got}, want {want}");
+    }
+
+    // The paper's Table 2, each row written out from the paper, not from this module.
+    #[test]
+    fn reduces_to_korthikanti_table_2() {
+        for &(a, h, s, b, t) in &[
+            (96u64, 12288u64, 2048u64, 1u64, 8u64),
+            (128, 20480, 2048, 2, 8),
+            (16, 1024, 512, 4, 4),
+        ] {
+            let m = gpt3(a, h, s);
+            let (sf, bf, hf, af, tf) = (s as f64, b as f64, h as f64, a as f64, t as f64);
+            let sbh = sf * bf * hf;
+            close(
+                layer_bytes(&m, b, 1, false, Recompute::None),
+                sbh * (34.0 + 5.0 * af * sf / hf),
+            );
+            close(
+                layer_bytes(&m, b, t, false, Recompute::None),
+                sbh * (10.0 + 24.0 / tf + 5.0 * af * sf / (hf * tf)),
+            );
+            close(
+                layer_bytes(&m, b, t, true, Recompute::None),
+                sbh / tf * (34.0 + 5.0 * af * sf / hf),
+            );
+            close(
+                layer_bytes(&m, b, t, false, Recompute::Selective),
+                sbh * (10.0 + 24.0 / tf),
+            );
+            close(
+                layer_bytes(&m, b, t, true, Recompute::Selective),
+                34.0 * sbh / tf,
+            );
+            close(layer_bytes(&m, b, t, false, Recompute::Full), 2.0 * sbh);
+            close(layer_bytes(&m, b, t, true, Recompute::Full), 2.0 * sbh / tf);
+        }
+    }
+
+    #[test]
+    fn flash_attention_removes_the_quadratic_term() {
+        let mut m = gpt3(96, 12288, 2048);
+        m.training.attention = AttentionImpl::Flash;
+        m.training.dropout = 0.0;
+        let (s, h, a) = (2048.0, 12288.0, 96.0);
+        // 34 − 2 dropout masks (1 byte each) = 32 s·b·h, plus an fp32 log-sum-exp per head and row.
+        close(
+            layer_bytes(&m, 1, 1, false, Recompute::None),
+            s * h * 32.0 + 4.0 * a * s,
+        );
+    }
+
+    #[test]
+    fn gqa_and_swiglu_change_only_their_tensors() {
+        let mut m = gpt3(32, 4096, 4096);
+        m.training.attention = AttentionImpl::Flash;
+        m.training.dropout = 0.0;
+        let mha = layer_bytes(&m, 1, 1, false, Recompute::None);
+        m.architecture.kv_heads = 8;
+        let gqa = layer_bytes(&m, 1, 1, false, Recompute::None);
+        // K and V shrink from h to h/4 wide: 2 tensors × 2 bytes × s × (h − h/4).
+        close(mha - gqa, 2.0 * 2.0 * 4096.0 * (4096.0 - 1024.0));
+        m.architecture.activation = Activation::Swiglu;
+        m.architecture.ffn_hidden = 14336;
+        let swiglu = layer_bytes(&m, 1, 1, false, Recompute::None);
+        // GeLU MLP keeps 2 tensors of s×4h; SwiGLU keeps 3 of s×ffn.
+        close(
+            swiglu - gqa,
+            2.0 * 4096.0 * (3.0 * 14336.0 - 2.0 * 4.0 * 4096.0),
+        );
+    }
+}

@@ -1,0 +1,327 @@
+//! The memory model: bytes per device for each pipeline stage, every term named.
+//!
+//! Model states come from the precision policy (data, see `precision`), sharded by ZeRO over the
+//! data-parallel group. Activations come from `activations`, multiplied by the micro-batches the
+//! schedule keeps in flight on each stage. Framework overhead is a named, configurable term of
+//! the cluster spec. This module only counts; it does not decide anything.
+
+pub mod activations;
+
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use crate::layout::Layout;
+use crate::model::Model;
+use crate::precision::{Policy, State, StateClass};
+use crate::schedule::ScheduleKind;
+use crate::spec::{Cluster, GIB};
+
+/// One named term of a stage's memory.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct MemoryTerm {
+    pub name: String,
+    /// `model_states`, `activations` or `overhead`.
+    pub kind: String,
+    pub bytes: u64,
+    /// Why the term is there and how it was sized.
+    pub reason: String,
+}
+
+/// The memory of one rank of a pipeline stage (every rank of a stage holds the same).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct StageMemory {
+    pub stage: u64,
+    /// Transformer layers on this stage (all its chunks).
+    pub layers: u64,
+    /// Parameters one rank of this stage holds before ZeRO sharding (after TP).
+    pub params_per_rank: u64,
+    /// Micro-batch-chunks whose activations are held at once (from the schedule).
+    pub in_flight: u64,
+    pub terms: Vec<MemoryTerm>,
+    pub total_bytes: u64,
+}
+
+/// Memory of every stage, and the peak.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct MemoryReport {
+    /// The largest per-device total over all ranks.
+    pub peak_bytes: u64,
+    pub peak_stage: u64,
+    pub capacity_bytes: u64,
+    pub per_stage: Vec<StageMemory>,
+}
+
+impl MemoryReport {
+    pub fn fits(&self) -> bool {
+        self.peak_bytes <= self.capacity_bytes
+    }
+}
+
+/// Peak micro-batch-chunks in flight on `stage`, in closed form; tests check it against the
+/// schedule's own op lists (`Schedule::peak_in_flight`).
+/// GPipe keeps all m; 1F1B keeps min(p − s, m) (PipeDream-Flush warm-up + 1); interleaved keeps
+/// Megatron's warm-up `2(p − s − 1) + (v − 1)p` plus one, capped at m·v.
+pub fn in_flight(kind: ScheduleKind, pp: u64, m: u64, v: u64, stage: u64) -> u64 {
+    match kind {
+        ScheduleKind::Gpipe => m * v,
+        ScheduleKind::OneFOneB => (pp - stage).min(m),
+        ScheduleKind::Interleaved => (2 * (pp - stage - 1) + (v - 1) * pp + 1).min(m * v),
+    }
+}
+
+/// Bytes per parameter one rank keeps of a state, under a ZeRO stage sharding over `shard` ranks.
+pub fn per_param(state: &State, zero_stage: u8, shard: u64) -> f64 {
+    if zero_stage >= state.class.sharded_from_stage() {
+        state.bytes as f64 / shard as f64
+    } else {
+        state.bytes as f64
+    }
+}
+
+/// Receives a stage's terms: either recorded with their reasons, or only summed.
+trait Sink {
+    fn term(
+        &mut self,
+        name: &'static str,
+        kind: &'static str,
+        bytes: f64,
+        reason: &dyn Fn() -> String,
+    );
+}
+
+/// Sums the terms without building their descriptions (the search's fast path).
+struct Total(u64);
+
+impl Sink for Total {
+    fn term(&mut self, _: &'static str, _: &'static str, bytes: f64, _: &dyn Fn() -> String) {
+        if bytes > 0.0 {
+            self.0 += bytes.round() as u64;
+        }
+    }
+}
+
+impl Sink for Vec<MemoryTerm> {
+    fn term(
+        &mut self,
+        name: &'static str,
+        kind: &'static str,
+        bytes: f64,
+        reason: &dyn Fn() -> String,
+    ) {
+        if bytes > 0.0 {
+            self.push(MemoryTerm {
+                name: name.to_string(),
+                kind: kind.to_string(),
+                bytes: bytes.round() as u64,
+                reason: reason(),
+            });
+        }
+    }
+}
+
+/// Everything about a layout that every stage's memory shares.
+struct Ctx<'a> {
+    model: &'a Model,
+    cluster: &'a Cluster,
+    layout: &'a Layout,
+    policy: &'static Policy,
+    split: Vec<u64>,
+    microbatches: u64,
+    shard: u64,
+    per_layer_act: f64,
+}
+
+impl<'a> Ctx<'a> {
+    fn new(model: &'a Model, cluster: &'a Cluster, layout: &'a Layout) -> Self {
+        let policy = Policy::by_name(&model.training.precision)
+            .expect("the precision policy is validated when the spec is resolved");
+        Ctx {
+            model,
+            cluster,
+            layout,
+            policy,
+            split: layout.split_layers(model.architecture.layers),
+            microbatches: layout.microbatches(model),
+            shard: layout.shard_degree(cluster),
+            per_layer_act: activations::layer_bytes(
+                model,
+                layout.micro_batch,
+                layout.tp,
+                layout.sequence_parallel,
+                layout.recompute,
+            ),
+        }
+    }
+
+    fn layers(&self, stage: u64) -> u64 {
+        (0..self.layout.virtual_stages)
+            .map(|c| self.split[(c * self.layout.pp + stage) as usize])
+            .sum()
+    }
+
+    /// Parameters one rank of `stage` holds after TP, before ZeRO.
+    fn params(&self, stage: u64) -> f64 {
+        let a = &self.model.architecture;
+        let (pp, tp) = (self.layout.pp, self.layout.tp);
+        let mut params = a.layer_params().per_tp_rank(tp) * self.layers(stage) as f64;
+        if stage == 0 {
+            params += a.embedding_params().per_tp_rank(tp);
+        }
+        if stage == pp - 1 {
+            // Tied embeddings share one matrix only when embedding and head sit on one stage.
+            params += a.head_params(a.tied_embeddings && pp == 1).per_tp_rank(tp);
+        }
+        params
+    }
+
+    fn in_flight(&self, stage: u64) -> u64 {
+        let l = self.layout;
+        in_flight(l.schedule, l.pp, self.microbatches, l.virtual_stages, stage)
+    }
+
+    fn stage(&self, stage: u64, sink: &mut dyn Sink) {
+        let (model, layout) = (self.model, self.layout);
+        let (pp, v, tp, b) = (
+            layout.pp,
+            layout.virtual_stages,
+            layout.tp,
+            layout.micro_batch,
+        );
+        let sp = layout.sequence_parallel;
+        let zero = layout.sharding.zero_stage;
+        let shard = self.shard;
+        let params = self.params(stage);
+        let mut tensors = 0.0;
+        let mut add = |sink: &mut dyn Sink, name, kind, bytes: f64, reason: &dyn Fn() -> String| {
+            tensors += bytes.round().max(0.0);
+            sink.term(name, kind, bytes, reason);
+        };
+        for s in self.policy.states {
+            let sharded = zero >= s.class.sharded_from_stage() && shard > 1;
+            let bpp = per_param(s, zero, shard);
+            add(sink, s.name, "model_states", params * bpp, &|| {
+                let how = if sharded {
+                    format!("{bpp:.3} B/param, sharded over {shard} DP ranks by ZeRO-{zero}")
+                } else {
+                    format!("{bpp} B/param")
+                };
+                format!("{}; {how} × {params:.0} params", s.why)
+            });
+        }
+        if zero == 3 && shard > 1 {
+            let full = self.model.architecture.layer_params().per_tp_rank(tp);
+            let wb = self.policy.class_bytes(StateClass::Param) as f64;
+            add(
+                sink,
+                "zero3_gathered_layers",
+                "model_states",
+                full * (2.0 * wb + 2.0),
+                &|| {
+                    "ZeRO-3 all-gathers the current and the prefetched layer's weights, and holds one layer's 16-bit gradient before its reduce-scatter".into()
+                },
+            );
+        }
+        let flight = self.in_flight(stage);
+        let per_chunk = self.layers(stage) as f64 / v as f64;
+        add(
+            sink,
+            "layer_activations",
+            "activations",
+            self.per_layer_act * per_chunk * flight as f64,
+            &|| {
+                format!(
+                "{:.0} B per layer per micro-batch ({} recompute{}) × {per_chunk:.1} layers per chunk × {flight} micro-batch-chunks in flight under {}",
+                self.per_layer_act,
+                layout.recompute.name(),
+                if sp { ", sequence parallel" } else { "" },
+                layout.schedule.name()
+            )
+            },
+        );
+        if stage == 0 {
+            let held =
+                in_flight(layout.schedule, pp, self.microbatches, 1, 0).min(self.microbatches);
+            let bytes = activations::embedding_bytes(model, b, tp, sp) * held as f64;
+            add(
+                sink,
+                "embedding_dropout_mask",
+                "activations",
+                bytes,
+                &|| {
+                    format!("1-byte dropout mask of the embedding output × {held} micro-batches in flight")
+                },
+            );
+        }
+        if stage == pp - 1 {
+            // The last stage runs each micro-batch's backward right after its forward, except
+            // under GPipe, which keeps all of them.
+            let held = if layout.schedule == ScheduleKind::Gpipe {
+                self.microbatches
+            } else {
+                1
+            };
+            for (name, bytes) in activations::head_terms(model, b, tp, sp) {
+                add(sink, name, "activations", bytes * held as f64, &|| {
+                    format!("kept for the output layer's backward × {held} micro-batch(es)")
+                });
+            }
+        }
+        let frag = self.cluster.overhead.fragmentation;
+        sink.term(
+            "allocator_fragmentation",
+            "overhead",
+            tensors * frag,
+            &|| {
+                format!(
+                    "{:.0}% of all tensors: the cluster spec's overhead.fragmentation",
+                    frag * 100.0
+                )
+            },
+        );
+        sink.term("runtime_context", "overhead", self.cluster.overhead.context_gib * GIB, &|| {
+            "runtime context, library workspaces and communication buffers: the cluster spec's overhead.context_gib".into()
+        });
+    }
+}
+
+/// The largest per-device total over all stages, without building the breakdown.
+pub fn peak_bytes(model: &Model, cluster: &Cluster, layout: &Layout) -> u64 {
+    let ctx = Ctx::new(model, cluster, layout);
+    (0..layout.pp)
+        .map(|s| {
+            let mut t = Total(0);
+            ctx.stage(s, &mut t);
+            t.0
+        })
+        .max()
+        .unwrap_or(0)
+}
+
+/// The memory of every stage of a layout, every term named with its reason.
+pub fn estimate(model: &Model, cluster: &Cluster, layout: &Layout) -> MemoryReport {
+    let ctx = Ctx::new(model, cluster, layout);
+    let per_stage: Vec<StageMemory> = (0..layout.pp)
+        .map(|stage| {
+            let mut terms: Vec<MemoryTerm> = Vec::new();
+            ctx.stage(stage, &mut terms);
+            StageMemory {
+                stage,
+                layers: ctx.layers(stage),
+                params_per_rank: ctx.params(stage).round() as u64,
+                in_flight: ctx.in_flight(stage),
+                total_bytes: terms.iter().map(|t| t.bytes).sum(),
+                terms,
+            }
+        })
+        .collect();
+    let peak = per_stage
+        .iter()
+        .max_by_key(|s| (s.total_bytes, std::cmp::Reverse(s.stage)))
+        .expect("pp ≥ 1");
+    MemoryReport {
+        peak_bytes: peak.total_bytes,
+        peak_stage: peak.stage,
+        capacity_bytes: cluster.memory_bytes() as u64,
+        per_stage,
+    }
+}

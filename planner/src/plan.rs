@@ -1,0 +1,317 @@
+//! plan.json: the versioned document that carries a plan from the planner to the runtime.
+//!
+//! The plan is a program: everything the runtime needs is in it or derived from it by shared
+//! code (mesh, stage layer ranges, the schedule's op lists). The format string is
+//! `tessera.plan/v1`; keys are a contract (docs/plan.md), added to but never renamed. The
+//! committed JSON Schema (docs/plan.schema.json) is generated from these types.
+
+use std::path::Path;
+
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use crate::error::Diagnostic;
+use crate::layout::{Layout, Recompute, Sharding};
+use crate::memory::{self, MemoryReport};
+use crate::mesh::MESH_ORDER;
+use crate::model::Model;
+use crate::schedule::ScheduleKind;
+use crate::source::Source;
+use crate::spec::Cluster;
+
+/// The format identifier of this version of plan.json.
+pub const FORMAT: &str = "tessera.plan/v1";
+
+/// A plan, as written to plan.json.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Plan {
+    /// Always `tessera.plan/v1` for this version.
+    pub format: String,
+    /// The tool that wrote the plan.
+    pub generator: String,
+    /// False when the layout does not fit and was written with `--force`.
+    pub feasible: bool,
+    pub job: Job,
+    pub parallel: Parallel,
+    pub stages: Vec<Stage>,
+    pub predicted: Predicted,
+    pub search: SearchSummary,
+}
+
+/// The resolved job the plan was made for.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Job {
+    pub model: Model,
+    pub cluster: Cluster,
+    /// The model's exact parameter count (tied weights once).
+    pub parameters: u64,
+}
+
+/// Parallel degrees and knobs.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Parallel {
+    pub world: u64,
+    pub dp: u64,
+    pub tp: u64,
+    pub pp: u64,
+    /// Rank order, fastest-varying first: `tp-dp-pp`, i.e. rank = tp + TP·(dp + DP·pp).
+    pub mesh_order: String,
+    /// Sequences per micro-batch.
+    pub micro_batch: u64,
+    /// Micro-batches per optimizer step per DP replica.
+    pub microbatches: u64,
+    pub zero_stage: u8,
+    pub hybrid_shard: bool,
+    pub recompute: Recompute,
+    pub sequence_parallel: bool,
+    pub schedule: ScheduleKind,
+    pub virtual_stages: u64,
+}
+
+/// One pipeline stage and the model chunks it holds.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Stage {
+    pub stage: u64,
+    pub chunks: Vec<Chunk>,
+}
+
+/// A contiguous range of layers run as one virtual pipeline stage.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Chunk {
+    pub chunk: u64,
+    /// Position in the pipeline: chunk · PP + stage.
+    pub virtual_stage: u64,
+    /// First layer (inclusive) and end layer (exclusive).
+    pub layers: [u64; 2],
+    /// Holds the token (and position) embedding.
+    pub embedding: bool,
+    /// Holds the final norm, output layer and loss.
+    pub head: bool,
+}
+
+/// What the planner predicts for this plan.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Predicted {
+    pub memory: MemoryReport,
+}
+
+/// How the layout was chosen.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct SearchSummary {
+    /// The ranking rule used.
+    pub ordering: String,
+    /// Layouts evaluated against memory.
+    pub evaluated: u64,
+    /// Layouts that fit.
+    pub fitting: u64,
+    /// The next-ranked layouts that fit.
+    pub alternatives: Vec<Alternative>,
+}
+
+/// A ranked alternative layout.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Alternative {
+    pub rank: u64,
+    pub layout: String,
+    pub peak_bytes: u64,
+}
+
+impl Parallel {
+    pub fn from_layout(l: &Layout, model: &Model) -> Parallel {
+        Parallel {
+            world: l.dp * l.pp * l.tp,
+            dp: l.dp,
+            tp: l.tp,
+            pp: l.pp,
+            mesh_order: MESH_ORDER.to_string(),
+            micro_batch: l.micro_batch,
+            microbatches: l.microbatches(model),
+            zero_stage: l.sharding.zero_stage,
+            hybrid_shard: l.sharding.hybrid,
+            recompute: l.recompute,
+            sequence_parallel: l.sequence_parallel,
+            schedule: l.schedule,
+            virtual_stages: l.virtual_stages,
+        }
+    }
+
+    pub fn layout(&self) -> Layout {
+        Layout {
+            dp: self.dp,
+            pp: self.pp,
+            tp: self.tp,
+            micro_batch: self.micro_batch,
+            sharding: Sharding {
+                zero_stage: self.zero_stage,
+                hybrid: self.hybrid_shard,
+            },
+            recompute: self.recompute,
+            sequence_parallel: self.sequence_parallel,
+            schedule: self.schedule,
+            virtual_stages: self.virtual_stages,
+        }
+    }
+}
+
+/// The stages and chunks of a layout, with layer ranges.
+pub fn stages(layout: &Layout, layers: u64) -> Vec<Stage> {
+    let split = layout.split_layers(layers);
+    let starts: Vec<u64> = split
+        .iter()
+        .scan(0, |acc, n| {
+            let s = *acc;
+            *acc += n;
+            Some(s)
+        })
+        .collect();
+    let last = layout.pp * layout.virtual_stages - 1;
+    (0..layout.pp)
+        .map(|stage| Stage {
+            stage,
+            chunks: (0..layout.virtual_stages)
+                .map(|chunk| {
+                    let vs = chunk * layout.pp + stage;
+                    let start = starts[vs as usize];
+                    Chunk {
+                        chunk,
+                        virtual_stage: vs,
+                        layers: [start, start + split[vs as usize]],
+                        embedding: vs == 0,
+                        head: vs == last,
+                    }
+                })
+                .collect(),
+        })
+        .collect()
+}
+
+impl Plan {
+    /// Builds the plan document of a layout.
+    pub fn new(model: &Model, cluster: &Cluster, layout: &Layout, search: SearchSummary) -> Plan {
+        let memory = memory::estimate(model, cluster, layout);
+        Plan {
+            format: FORMAT.to_string(),
+            generator: format!("tessera {}", env!("CARGO_PKG_VERSION")),
+            feasible: memory.fits(),
+            job: Job {
+                model: model.clone(),
+                cluster: cluster.clone(),
+                parameters: model.architecture.param_count(),
+            },
+            parallel: Parallel::from_layout(layout, model),
+            stages: stages(layout, model.architecture.layers),
+            predicted: Predicted { memory },
+            search,
+        }
+    }
+
+    pub fn to_json(&self) -> String {
+        serde_json::to_string_pretty(self).expect("a plan always serialises") + "\n"
+    }
+
+    /// Reads and checks a plan file: format version, structure, and internal consistency.
+    pub fn load(path: &Path) -> Result<Plan, Diagnostic> {
+        let src = Source::read(path)?;
+        Plan::parse(&src)
+    }
+
+    pub fn parse(src: &Source) -> Result<Plan, Diagnostic> {
+        let path = &src.path;
+        let value: serde_json::Value = serde_json::from_str(&src.text).map_err(|e| {
+            Diagnostic::new(
+                path,
+                "-",
+                format!("not valid JSON (a damaged or truncated plan?): {e}"),
+                "re-create it with `tessera plan … -o plan.json`",
+            )
+            .at(Some((e.line(), e.column())))
+        })?;
+        match value.get("format").and_then(|f| f.as_str()) {
+            Some(FORMAT) => {}
+            Some(other) => {
+                return Err(Diagnostic::new(
+                    path,
+                    "format",
+                    format!("this plan is format \"{other}\"; this tessera reads \"{FORMAT}\""),
+                    "re-create the plan with this version of `tessera plan`",
+                ))
+            }
+            None => {
+                return Err(Diagnostic::new(
+                    path,
+                    "format",
+                    format!(
+                        "no \"format\" key: this is not a tessera plan (expected \"{FORMAT}\")"
+                    ),
+                    "pass a plan.json written by `tessera plan -o`",
+                ))
+            }
+        }
+        let plan: Plan = serde_json::from_str(&src.text).map_err(|e| {
+            Diagnostic::new(path, "-", format!("the plan does not match {FORMAT}: {e}"), "re-create it with `tessera plan … -o plan.json` (docs/plan.schema.json describes the format)")
+                .at(Some((e.line(), e.column())))
+        })?;
+        plan.check(path)?;
+        Ok(plan)
+    }
+
+    /// Checks that the plan's parts agree with each other.
+    fn check(&self, path: &Path) -> Result<(), Diagnostic> {
+        let bad = |field: &str, problem: String| {
+            Diagnostic::new(
+                path,
+                field,
+                problem,
+                "the plan was edited or damaged; re-create it with `tessera plan … -o plan.json`",
+            )
+        };
+        let p = &self.parallel;
+        let layout = p.layout();
+        if let Err(why) = layout.check(&self.job.model, &self.job.cluster) {
+            return Err(bad("parallel", why.to_string()));
+        }
+        if p.world != p.dp * p.tp * p.pp {
+            return Err(bad(
+                "parallel.world",
+                format!("world {} is not dp·tp·pp = {}", p.world, p.dp * p.tp * p.pp),
+            ));
+        }
+        if p.mesh_order != MESH_ORDER {
+            return Err(bad(
+                "parallel.mesh_order",
+                format!("mesh order \"{}\" is not \"{MESH_ORDER}\"", p.mesh_order),
+            ));
+        }
+        if p.microbatches != layout.microbatches(&self.job.model) {
+            return Err(bad(
+                "parallel.microbatches",
+                format!(
+                    "{} micro-batches does not match global_batch / (dp · micro_batch)",
+                    p.microbatches
+                ),
+            ));
+        }
+        if self.stages != stages(&layout, self.job.model.architecture.layers) {
+            return Err(bad(
+                "stages",
+                "the stage layer ranges do not cover the model's layers as the layout splits them"
+                    .into(),
+            ));
+        }
+        if self.job.parameters != self.job.model.architecture.param_count() {
+            return Err(bad(
+                "job.parameters",
+                "the parameter count does not match the model".into(),
+            ));
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,149 @@
+//! Precision and optimizer policies: the bytes each parameter costs, named term by term.
+//!
+//! A policy is data: a list of per-parameter states, each with its size and the sharding class
+//! that ZeRO acts on. The memory model multiplies these by parameter counts; nothing here knows
+//! about layouts.
+
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+/// Which ZeRO stage first shards a state over the data-parallel group.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum StateClass {
+    /// Weights used by forward and backward: sharded by ZeRO-3.
+    Param,
+    /// Gradients: sharded by ZeRO-2 and up.
+    Grad,
+    /// Optimizer states and master weights: sharded by ZeRO-1 and up.
+    Optim,
+}
+
+impl StateClass {
+    /// The lowest ZeRO stage that shards this class.
+    pub fn sharded_from_stage(self) -> u8 {
+        match self {
+            StateClass::Optim => 1,
+            StateClass::Grad => 2,
+            StateClass::Param => 3,
+        }
+    }
+}
+
+/// One per-parameter state of a policy.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, JsonSchema)]
+pub struct State {
+    pub name: &'static str,
+    pub bytes: u32,
+    pub class: StateClass,
+    /// Why the state exists, for `tessera explain`.
+    pub why: &'static str,
+}
+
+/// A named precision/optimizer policy.
+#[derive(Debug, Clone, PartialEq, Serialize, JsonSchema)]
+pub struct Policy {
+    pub name: &'static str,
+    pub summary: &'static str,
+    pub states: &'static [State],
+}
+
+const BF16_WEIGHT: State = State {
+    name: "weights_bf16",
+    bytes: 2,
+    class: StateClass::Param,
+    why: "16-bit copy of the weights that forward and backward read",
+};
+const BF16_GRAD: State = State {
+    name: "grads_bf16",
+    bytes: 2,
+    class: StateClass::Grad,
+    why: "16-bit gradient the backward writes before it is accumulated",
+};
+const FP32_GRAD: State = State {
+    name: "grads_fp32",
+    bytes: 4,
+    class: StateClass::Grad,
+    why: "fp32 gradient accumulator across micro-batches (and the buffer reduced over DP)",
+};
+const MASTER: State = State {
+    name: "master_fp32",
+    bytes: 4,
+    class: StateClass::Optim,
+    why: "fp32 master weights that the optimizer updates",
+};
+const ADAM_M: State = State {
+    name: "adam_m_fp32",
+    bytes: 4,
+    class: StateClass::Optim,
+    why: "Adam first moment (fp32)",
+};
+const ADAM_V: State = State {
+    name: "adam_v_fp32",
+    bytes: 4,
+    class: StateClass::Optim,
+    why: "Adam second moment (fp32)",
+};
+
+const POLICIES: &[Policy] = &[
+    Policy {
+        name: "default",
+        summary: "mixed-precision Adam, 20 B/param: bf16 weight 2 + bf16 grad 2 + fp32 grad accumulator 4 + fp32 master 4 + Adam m, v 8 (the count of DeepSpeed's ZeRO estimators; the seeds' \"2+4+4+8\" omits the bf16 gradient)",
+        states: &[BF16_WEIGHT, BF16_GRAD, FP32_GRAD, MASTER, ADAM_M, ADAM_V],
+    },
+    Policy {
+        name: "megatron",
+        summary: "Megatron-LM, 18 B/param: bf16 weight 2 + fp32 main grad 4 + fp32 master 4 + Adam m, v 8 (no separate bf16 grad); with its distributed optimizer (ZeRO-1) 6 + 12/DP",
+        states: &[BF16_WEIGHT, FP32_GRAD, MASTER, ADAM_M, ADAM_V],
+    },
+    Policy {
+        name: "mixed16",
+        summary: "16 B/param: 16-bit weight 2 + 16-bit grad 2 + fp32 master, m, v 12 (the ZeRO paper's K = 12 accounting, and llm.c's)",
+        states: &[BF16_WEIGHT, BF16_GRAD, MASTER, ADAM_M, ADAM_V],
+    },
+];
+
+impl Policy {
+    pub fn by_name(name: &str) -> Option<&'static Policy> {
+        POLICIES.iter().find(|p| p.name == name)
+    }
+    pub fn names() -> Vec<&'static str> {
+        POLICIES.iter().map(|p| p.name).collect()
+    }
+    pub fn all() -> &'static [Policy] {
+        POLICIES
+    }
+    /// Bytes per parameter with nothing sharded.
+    pub fn bytes_per_param(&self) -> u32 {
+        self.states.iter().map(|s| s.bytes).sum()
+    }
+    /// Bytes per parameter of one class.
+    pub fn class_bytes(&self, class: StateClass) -> u32 {
+        self.states
+            .iter()
+            .filter(|s| s.class == class)
+            .map(|s| s.bytes)
+            .sum()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn published_bytes_per_param() {
+        assert_eq!(Policy::by_name("default").unwrap().bytes_per_param(), 20);
+        assert_eq!(Policy::by_name("megatron").unwrap().bytes_per_param(), 18);
+        assert_eq!(Policy::by_name("mixed16").unwrap().bytes_per_param(), 16);
+    }
+
+    #[test]
+    fn megatron_distributed_optimizer_is_6_plus_12_over_dp() {
+        // Megatron theoretical_memory_usage.py: 6 + 12/DP bytes per parameter.
+        let p = Policy::by_name("megatron").unwrap();
+        let unsharded = p.class_bytes(StateClass::Param) + p.class_bytes(StateClass::Grad);
+        assert_eq!(unsharded, 6);
+        assert_eq!(p.class_bytes(StateClass::Optim), 12);
+    }
+}

@@ -1,0 +1,112 @@
+//! A source file held in memory, for locating spans and suggesting near keys.
+//!
+//! Only text utilities live here: no parsing of specs.
+
+use std::path::{Path, PathBuf};
+
+use crate::error::Diagnostic;
+
+/// The text of an input file and its path.
+#[derive(Debug, Clone)]
+pub struct Source {
+    pub path: PathBuf,
+    pub text: String,
+}
+
+impl Source {
+    /// Reads a file; a missing or unreadable file becomes a diagnostic.
+    pub fn read(path: &Path) -> Result<Source, Diagnostic> {
+        match std::fs::read_to_string(path) {
+            Ok(text) => Ok(Source {
+                path: path.to_path_buf(),
+                text,
+            }),
+            Err(e) => Err(Diagnostic::new(
+                path,
+                "-",
+                format!("cannot read the file: {e}"),
+                "check the path; presets live in specs/models/ and specs/clusters/",
+            )),
+        }
+    }
+
+    pub fn from_text(path: impl Into<PathBuf>, text: impl Into<String>) -> Source {
+        Source {
+            path: path.into(),
+            text: text.into(),
+        }
+    }
+
+    /// 1-based (line, column) of a byte offset.
+    pub fn line_col(&self, offset: usize) -> (usize, usize) {
+        let offset = offset.min(self.text.len());
+        let before = &self.text[..offset];
+        let line = before.matches('\n').count() + 1;
+        let col = before.rsplit('\n').next().map_or(0, |l| l.chars().count()) + 1;
+        (line, col)
+    }
+
+    /// Location of a span, if any.
+    pub fn locate(&self, span: Option<std::ops::Range<usize>>) -> Option<(usize, usize)> {
+        span.map(|s| self.line_col(s.start))
+    }
+
+    /// Location of a `[table]` header, for errors about a key missing from it.
+    pub fn table_header(&self, table: &str) -> Option<(usize, usize)> {
+        let needle = format!("[{table}]");
+        let mut offset = 0;
+        for line in self.text.split_inclusive('\n') {
+            if line.trim_start().starts_with(&needle) {
+                return Some(self.line_col(offset));
+            }
+            offset += line.len();
+        }
+        None
+    }
+}
+
+/// The known key closest to `found` by edit distance, if it is plausibly a typo.
+pub fn near_key<'a>(found: &str, known: &[&'a str]) -> Option<&'a str> {
+    known
+        .iter()
+        .map(|k| (edit_distance(found, k), *k))
+        .filter(|(d, k)| *d <= (k.len().max(found.len()) / 3).max(2))
+        .min_by_key(|(d, _)| *d)
+        .map(|(_, k)| k)
+}
+
+fn edit_distance(a: &str, b: &str) -> usize {
+    let a: Vec<char> = a.chars().collect();
+    let b: Vec<char> = b.chars().collect();
+    let mut prev: Vec<usize> = (0..=b.len()).collect();
+    for (i, ca) in a.iter().enumerate() {
+        let mut cur = vec![i + 1; b.len() + 1];
+        for (j, cb) in b.iter().enumerate() {
+            let sub = prev[j] + usize::from(ca != cb);
+            cur[j + 1] = sub.min(prev[j + 1] + 1).min(cur[j] + 1);
+        }
+        prev = cur;
+    }
+    prev[b.len()]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn line_col_counts_from_one() {
+        let s = Source::from_text("x.toml", "a = 1\nbb = 2\n");
+        assert_eq!(s.line_col(0), (1, 1));
+        assert_eq!(s.line_col(6), (2, 1));
+        assert_eq!(s.line_col(9), (2, 4));
+    }
+
+    #[test]
+    fn near_key_suggests_typos_only() {
+        let keys = ["hidden", "heads", "kv_heads", "layers"];
+        assert_eq!(near_key("hiden", &keys), Some("hidden"));
+        assert_eq!(near_key("kv_head", &keys), Some("kv_heads"));
+        assert_eq!(near_key("completely_else", &keys), None);
+    }
+}

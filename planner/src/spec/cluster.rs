@@ -1,0 +1,229 @@
+//! The cluster spec in TOML: raw structs close to the file, then one resolved [`Cluster`].
+//!
+//! The keys are a contract documented in specs/README.md; add keys, never rename them.
+
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use super::fields::{toml_error, Field, Fields, Num};
+use crate::error::Diagnostic;
+use crate::source::Source;
+
+/// What a device is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum DeviceKind {
+    Gpu,
+    /// A virtual device on the host CPU (threads as ranks).
+    Cpu,
+}
+
+/// One accelerator (or virtual CPU device).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Device {
+    pub name: String,
+    pub kind: DeviceKind,
+    pub memory_gib: f64,
+    /// Dense peak in the training dtype, TFLOP/s.
+    pub peak_tflops: f64,
+    /// GB/s.
+    pub memory_bandwidth_gbps: f64,
+}
+
+/// A link class: GB/s per device in one direction, and latency.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Link {
+    pub bandwidth_gbps: f64,
+    pub latency_us: f64,
+}
+
+/// Memory the framework takes on every device besides the model's tensors.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Overhead {
+    /// Fixed: runtime context, library workspaces, communication buffers (GiB).
+    pub context_gib: f64,
+    /// Allocator slack, as a fraction added on top of all tensors.
+    pub fragmentation: f64,
+}
+
+/// A cluster, resolved. `devices` is how many of its devices the plan uses.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Cluster {
+    pub name: String,
+    pub nodes: u64,
+    pub gpus_per_node: u64,
+    /// Devices the plan uses: nodes × gpus_per_node, or fewer with `--devices`.
+    pub devices: u64,
+    pub device: Device,
+    pub intra_node: Link,
+    pub inter_node: Link,
+    pub overhead: Overhead,
+}
+
+impl Cluster {
+    pub fn memory_bytes(&self) -> f64 {
+        self.device.memory_gib * GIB
+    }
+}
+
+pub const GIB: f64 = 1024.0 * 1024.0 * 1024.0;
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawCluster {
+    name: Field<String>,
+    nodes: Field<i64>,
+    gpus_per_node: Field<i64>,
+    device: Option<RawDevice>,
+    intra_node: Option<RawLink>,
+    inter_node: Option<RawLink>,
+    overhead: Option<RawOverhead>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawDevice {
+    name: Field<String>,
+    kind: Field<String>,
+    memory_gib: Field<Num>,
+    peak_tflops: Field<Num>,
+    memory_bandwidth_gbps: Field<Num>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawLink {
+    bandwidth_gbps: Field<Num>,
+    latency_us: Field<Num>,
+}
+
+#[derive(Debug, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct RawOverhead {
+    context_gib: Field<Num>,
+    fragmentation: Field<Num>,
+}
+
+pub const CLUSTER_KEYS: &[&str] = &[
+    "name",
+    "nodes",
+    "gpus_per_node",
+    "device",
+    "intra_node",
+    "inter_node",
+    "overhead",
+    "kind",
+    "memory_gib",
+    "peak_tflops",
+    "memory_bandwidth_gbps",
+    "bandwidth_gbps",
+    "latency_us",
+    "context_gib",
+    "fragmentation",
+];
+
+/// Command-line choices of how much of the cluster to use.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ClusterOverrides {
+    /// `--nodes N`: replaces the spec's `nodes`.
+    pub nodes: Option<u64>,
+    /// `--devices N`: the first N devices (may be fewer than one node).
+    pub devices: Option<u64>,
+}
+
+/// Parses and resolves a TOML cluster spec.
+pub fn parse_cluster_toml(src: &Source, over: ClusterOverrides) -> Result<Cluster, Diagnostic> {
+    let raw: RawCluster =
+        toml::from_str(&src.text).map_err(|e| toml_error(src, &e, CLUSTER_KEYS))?;
+    let f = Fields { src };
+    let name = f.string("", "name", &raw.name, "\"my-cluster\"")?;
+    let mut nodes = f.pos_int("", "nodes", &raw.nodes, "1")?;
+    let gpus_per_node = f.pos_int("", "gpus_per_node", &raw.gpus_per_node, "8")?;
+    let table = |t: &str| {
+        Diagnostic::new(
+            &src.path,
+            t,
+            format!("the [{t}] table is missing"),
+            format!("add a [{t}] table (see specs/README.md and specs/clusters/dgx-a100-80g.toml)"),
+        )
+        .at(Some((1, 1)))
+    };
+    let d = raw.device.ok_or_else(|| table("device"))?;
+    let device = Device {
+        name: f.string("device", "name", &d.name, "\"A100-SXM4-80GB\"")?,
+        kind: f.choice(
+            "device",
+            "kind",
+            &d.kind,
+            &[("gpu", DeviceKind::Gpu), ("cpu", DeviceKind::Cpu)],
+            Some(DeviceKind::Gpu),
+        )?,
+        memory_gib: f.pos_num("device", "memory_gib", &d.memory_gib, "80")?,
+        peak_tflops: f.pos_num("device", "peak_tflops", &d.peak_tflops, "312")?,
+        memory_bandwidth_gbps: f.pos_num(
+            "device",
+            "memory_bandwidth_gbps",
+            &d.memory_bandwidth_gbps,
+            "2039",
+        )?,
+    };
+    let link = |t: &str, l: Option<RawLink>| -> Result<Link, Diagnostic> {
+        let l = l.ok_or_else(|| table(t))?;
+        Ok(Link {
+            bandwidth_gbps: f.pos_num(t, "bandwidth_gbps", &l.bandwidth_gbps, "300")?,
+            latency_us: f
+                .opt_nonneg_num(t, "latency_us", &l.latency_us)?
+                .unwrap_or(0.0),
+        })
+    };
+    let intra_node = link("intra_node", raw.intra_node)?;
+    let inter_node = link("inter_node", raw.inter_node)?;
+    let o = raw.overhead.unwrap_or_default();
+    let overhead = Overhead {
+        context_gib: f
+            .opt_nonneg_num("overhead", "context_gib", &o.context_gib)?
+            .unwrap_or(0.0),
+        fragmentation: f
+            .opt_nonneg_num("overhead", "fragmentation", &o.fragmentation)?
+            .unwrap_or(0.0),
+    };
+    let cli = std::path::Path::new("<command line>");
+    if let Some(n) = over.nodes {
+        if n == 0 {
+            return Err(Diagnostic::new(
+                cli,
+                "--nodes",
+                "must be at least 1, found 0",
+                "pass --nodes 1 or more",
+            ));
+        }
+        nodes = n;
+    }
+    let mut devices = nodes * gpus_per_node;
+    if let Some(n) = over.devices {
+        if n == 0 || n > devices {
+            return Err(Diagnostic::new(
+                cli,
+                "--devices",
+                format!("must be between 1 and the cluster's {devices} devices, found {n}"),
+                format!("pass --devices between 1 and {devices}, or raise --nodes"),
+            ));
+        }
+        devices = n;
+        nodes = n.div_ceil(gpus_per_node);
+    }
+    Ok(Cluster {
+        name,
+        nodes,
+        gpus_per_node,
+        devices,
+        device,
+        intra_node,
+        inter_node,
+        overhead,
+    })
+}

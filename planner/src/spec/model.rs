@@ -1,0 +1,271 @@
+//! The model spec in TOML: raw structs close to the file, then one resolved [`Model`].
+//!
+//! The keys are a contract documented in specs/README.md; add keys, never rename them.
+
+use serde::Deserialize;
+
+use super::fields::{toml_error, Field, Fields, Num};
+use crate::error::Diagnostic;
+use crate::model::{Activation, Architecture, AttentionImpl, Model, Norm, Position, Training};
+use crate::source::Source;
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawModel {
+    name: Field<String>,
+    architecture: Option<RawArchitecture>,
+    training: Option<RawTraining>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawArchitecture {
+    pub layers: Field<i64>,
+    pub hidden: Field<i64>,
+    pub heads: Field<i64>,
+    pub kv_heads: Field<i64>,
+    pub head_dim: Field<i64>,
+    pub ffn_hidden: Field<i64>,
+    pub vocab: Field<i64>,
+    pub activation: Field<String>,
+    pub norm: Field<String>,
+    pub position: Field<String>,
+    pub tied_embeddings: Field<bool>,
+    pub bias: Field<bool>,
+    pub qkv_bias: Field<bool>,
+    pub max_positions: Field<i64>,
+}
+
+#[derive(Debug, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawTraining {
+    pub seq_len: Field<i64>,
+    pub global_batch: Field<i64>,
+    pub precision: Field<String>,
+    pub attention: Field<String>,
+    pub dropout: Field<Num>,
+}
+
+/// All keys of a model spec, for near-key suggestions.
+pub const MODEL_KEYS: &[&str] = &[
+    "name",
+    "architecture",
+    "training",
+    "layers",
+    "hidden",
+    "heads",
+    "kv_heads",
+    "head_dim",
+    "ffn_hidden",
+    "vocab",
+    "activation",
+    "norm",
+    "position",
+    "tied_embeddings",
+    "bias",
+    "qkv_bias",
+    "max_positions",
+    "seq_len",
+    "global_batch",
+    "precision",
+    "attention",
+    "dropout",
+];
+
+/// Training values given on the command line; they override the spec's `[training]`.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct TrainingOverrides {
+    pub seq_len: Option<u64>,
+    pub global_batch: Option<u64>,
+}
+
+/// Parses and resolves a TOML model spec.
+pub fn parse_model_toml(src: &Source, overrides: TrainingOverrides) -> Result<Model, Diagnostic> {
+    let raw: RawModel = toml::from_str(&src.text).map_err(|e| toml_error(src, &e, MODEL_KEYS))?;
+    let f = Fields { src };
+    let name = f.string("", "name", &raw.name, "\"my-model\"")?;
+    let Some(arch) = raw.architecture else {
+        return Err(Diagnostic::new(
+            &src.path,
+            "architecture",
+            "the [architecture] table is missing",
+            "add an [architecture] table with layers, hidden, heads and vocab (see specs/README.md)",
+        )
+        .at(Some((1, 1))));
+    };
+    let architecture = resolve_architecture(&f, &arch)?;
+    let training = resolve_training(&f, &raw.training.unwrap_or_default(), overrides)?;
+    Ok(Model {
+        name,
+        architecture: finish_positions(architecture, &training),
+        training,
+    })
+}
+
+/// A learned position table defaults to `seq_len` rows.
+pub(crate) fn finish_positions(mut a: Architecture, t: &Training) -> Architecture {
+    if a.position == Position::Learned && a.max_positions == 0 {
+        a.max_positions = t.seq_len;
+    }
+    a
+}
+
+pub(crate) fn resolve_architecture(
+    f: &Fields,
+    a: &RawArchitecture,
+) -> Result<Architecture, Diagnostic> {
+    const T: &str = "architecture";
+    let layers = f.pos_int(T, "layers", &a.layers, "24")?;
+    let hidden = f.pos_int(T, "hidden", &a.hidden, "2048")?;
+    let heads = f.pos_int(T, "heads", &a.heads, "16")?;
+    let vocab = f.pos_int(T, "vocab", &a.vocab, "50257")?;
+    let kv_heads = f.opt_pos_int(T, "kv_heads", &a.kv_heads)?.unwrap_or(heads);
+    if heads % kv_heads != 0 {
+        let span = a.kv_heads.as_ref().map(|s| s.span());
+        let divisors: Vec<String> = (1..=heads)
+            .filter(|d| heads % d == 0)
+            .map(|d| d.to_string())
+            .collect();
+        return Err(f.err(
+            span,
+            "architecture.kv_heads",
+            format!("heads ({heads}) is not divisible by kv_heads ({kv_heads}); each KV head must serve a whole group of query heads"),
+            format!("set kv_heads to a divisor of {heads}: {}", divisors.join(", ")),
+        ));
+    }
+    let head_dim = match f.opt_pos_int(T, "head_dim", &a.head_dim)? {
+        Some(d) => d,
+        None => {
+            if hidden % heads != 0 {
+                return Err(f.err(
+                    a.heads.as_ref().map(|s| s.span()),
+                    "architecture.heads",
+                    format!("hidden ({hidden}) is not divisible by heads ({heads})"),
+                    "choose heads dividing hidden, or give head_dim explicitly",
+                ));
+            }
+            hidden / heads
+        }
+    };
+    let activation = f.choice(
+        T,
+        "activation",
+        &a.activation,
+        &[("gelu", Activation::Gelu), ("swiglu", Activation::Swiglu)],
+        Some(Activation::Gelu),
+    )?;
+    let ffn_hidden =
+        match f.opt_pos_int(T, "ffn_hidden", &a.ffn_hidden)? {
+            Some(v) => v,
+            None if activation == Activation::Gelu => 4 * hidden,
+            None => return Err(Diagnostic::new(
+                &f.src.path,
+                "architecture.ffn_hidden",
+                "required key `ffn_hidden` is missing: swiglu has no conventional default width",
+                "add `ffn_hidden = …` under [architecture] (Llama-3-8B uses 14336)",
+            )
+            .at(f.src.table_header(T))),
+        };
+    let norm = f.choice(
+        T,
+        "norm",
+        &a.norm,
+        &[("layernorm", Norm::Layernorm), ("rmsnorm", Norm::Rmsnorm)],
+        Some(Norm::Layernorm),
+    )?;
+    let position = f.choice(
+        T,
+        "position",
+        &a.position,
+        &[("learned", Position::Learned), ("rope", Position::Rope)],
+        Some(Position::Learned),
+    )?;
+    let bias = a
+        .bias
+        .as_ref()
+        .map_or(activation == Activation::Gelu, |s| *s.get_ref());
+    let max_positions = match position {
+        Position::Learned => f
+            .opt_pos_int(T, "max_positions", &a.max_positions)?
+            .unwrap_or(0),
+        Position::Rope => 0,
+    };
+    Ok(Architecture {
+        layers,
+        hidden,
+        heads,
+        kv_heads,
+        head_dim,
+        ffn_hidden,
+        vocab,
+        activation,
+        norm,
+        position,
+        tied_embeddings: a.tied_embeddings.as_ref().is_some_and(|s| *s.get_ref()),
+        bias,
+        qkv_bias: bias || a.qkv_bias.as_ref().is_some_and(|s| *s.get_ref()),
+        max_positions,
+    })
+}
+
+pub(crate) fn resolve_training(
+    f: &Fields,
+    t: &RawTraining,
+    overrides: TrainingOverrides,
+) -> Result<Training, Diagnostic> {
+    const T: &str = "training";
+    let seq_len = match overrides.seq_len {
+        Some(v) => v,
+        None => f.pos_int(T, "seq_len", &t.seq_len, "2048")?,
+    };
+    let global_batch = match overrides.global_batch {
+        Some(v) => v,
+        None => f.pos_int(T, "global_batch", &t.global_batch, "512")?,
+    };
+    let precision = match &t.precision {
+        None => "default".to_string(),
+        Some(s) => {
+            let name = s.get_ref().as_str();
+            if crate::precision::Policy::by_name(name).is_none() {
+                let names = crate::precision::Policy::names();
+                let fix = match crate::source::near_key(name, &names) {
+                    Some(k) => format!("did you mean \"{k}\"? Policies: {}", names.join(" | ")),
+                    None => format!("use one of: {}", names.join(" | ")),
+                };
+                return Err(f.err(
+                    Some(s.span()),
+                    "training.precision",
+                    format!("unknown precision policy \"{name}\""),
+                    fix,
+                ));
+            }
+            name.to_string()
+        }
+    };
+    let attention = f.choice(
+        T,
+        "attention",
+        &t.attention,
+        &[
+            ("flash", AttentionImpl::Flash),
+            ("eager", AttentionImpl::Eager),
+        ],
+        Some(AttentionImpl::Flash),
+    )?;
+    let dropout = f.opt_nonneg_num(T, "dropout", &t.dropout)?.unwrap_or(0.0);
+    if dropout >= 1.0 {
+        return Err(f.err(
+            t.dropout.as_ref().map(|s| s.span()),
+            "training.dropout",
+            format!("a dropout probability must be below 1, found {dropout}"),
+            "set dropout between 0.0 and 0.9",
+        ));
+    }
+    Ok(Training {
+        seq_len,
+        global_batch,
+        precision,
+        attention,
+        dropout,
+    })
+}

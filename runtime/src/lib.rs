@@ -1,0 +1,1 @@
+//! Tessera runtime: executes a plan (mesh, communication, backends, model layers, schedules).

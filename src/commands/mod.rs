@@ -1,0 +1,5 @@
+//! One module per subcommand: build the options, call a library function, print.
+
+pub mod explain;
+pub mod plan;
+pub mod validate;

@@ -1,0 +1,383 @@
+//! `tessera plan MODEL CLUSTER`: search the layouts, print the ranking, write plan.json.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::bail;
+use clap::{Args, ValueEnum};
+use tessera_planner::plan::{Alternative, Plan, SearchSummary};
+use tessera_planner::precision::Policy;
+use tessera_planner::schedule::ScheduleKind;
+use tessera_planner::search::{self, Pins, ORDERING};
+use tessera_planner::spec::{self, ClusterOverrides, TrainingOverrides, GIB};
+use tessera_planner::{memory, Diagnostic, Layout, Recompute};
+
+use crate::output::{gib, memory_tables, table, write_atomic};
+
+#[derive(Clone, Copy, ValueEnum, PartialEq)]
+pub enum Format {
+    Table,
+    Json,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum RecomputeArg {
+    None,
+    Selective,
+    Full,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum ScheduleArg {
+    Gpipe,
+    #[value(name = "1f1b")]
+    OneFOneB,
+    Interleaved,
+}
+
+#[derive(Args)]
+pub struct PlanArgs {
+    /// Model spec: a TOML spec (specs/models/) or a Hugging Face config.json.
+    model: PathBuf,
+    /// Cluster spec (specs/clusters/).
+    cluster: PathBuf,
+    /// Number of nodes (overrides the spec's `nodes`).
+    #[arg(long, conflicts_with = "devices")]
+    nodes: Option<u64>,
+    /// Plan for the first N devices of the cluster (may be fewer than one node).
+    #[arg(long)]
+    devices: Option<u64>,
+    /// How many ranked layouts to print.
+    #[arg(long, default_value_t = 10)]
+    top: usize,
+    /// Write the chosen plan to this file.
+    #[arg(short, long)]
+    output: Option<PathBuf>,
+    /// Human table, or the plan.json document on stdout.
+    #[arg(long, value_enum, default_value_t = Format::Table)]
+    format: Format,
+    /// Sequence length (required for a Hugging Face config; overrides the spec).
+    #[arg(long)]
+    seq_len: Option<u64>,
+    /// Sequences per optimizer step (required for a Hugging Face config; overrides the spec).
+    #[arg(long)]
+    global_batch: Option<u64>,
+    /// Pin the tensor-parallel degree.
+    #[arg(long)]
+    tp: Option<u64>,
+    /// Pin the pipeline-parallel degree.
+    #[arg(long)]
+    pp: Option<u64>,
+    /// Pin the data-parallel degree.
+    #[arg(long)]
+    dp: Option<u64>,
+    /// Pin the micro-batch size (sequences).
+    #[arg(long)]
+    micro_batch: Option<u64>,
+    /// Pin the ZeRO stage (0-3).
+    #[arg(long, value_parser = clap::value_parser!(u8).range(0..=3))]
+    zero: Option<u8>,
+    /// Shard ZeRO states within a node only (HYBRID_SHARD).
+    #[arg(long)]
+    hybrid_shard: bool,
+    /// Pin activation recompute.
+    #[arg(long, value_enum)]
+    recompute: Option<RecomputeArg>,
+    /// Pin sequence parallelism on.
+    #[arg(long, conflicts_with = "no_sp")]
+    sp: bool,
+    /// Pin sequence parallelism off.
+    #[arg(long)]
+    no_sp: bool,
+    /// Pin the pipeline schedule.
+    #[arg(long, value_enum)]
+    schedule: Option<ScheduleArg>,
+    /// Pin the model chunks per stage (interleaved schedule).
+    #[arg(long)]
+    virtual_stages: Option<u64>,
+    /// Write the plan even if the layout does not fit (marked infeasible).
+    #[arg(long)]
+    force: bool,
+}
+
+impl PlanArgs {
+    fn pins(&self) -> Pins {
+        Pins {
+            dp: self.dp,
+            pp: self.pp,
+            tp: self.tp,
+            micro_batch: self.micro_batch,
+            zero: self.zero,
+            hybrid: self.hybrid_shard.then_some(true),
+            recompute: self.recompute.map(|r| match r {
+                RecomputeArg::None => Recompute::None,
+                RecomputeArg::Selective => Recompute::Selective,
+                RecomputeArg::Full => Recompute::Full,
+            }),
+            sp: if self.sp {
+                Some(true)
+            } else if self.no_sp {
+                Some(false)
+            } else {
+                None
+            },
+            schedule: self.schedule.map(|s| match s {
+                ScheduleArg::Gpipe => ScheduleKind::Gpipe,
+                ScheduleArg::OneFOneB => ScheduleKind::OneFOneB,
+                ScheduleArg::Interleaved => ScheduleKind::Interleaved,
+            }),
+            virtual_stages: self.virtual_stages,
+        }
+    }
+}
+
+fn cli_error(field: &str, problem: String, fix: String) -> anyhow::Error {
+    anyhow::anyhow!(Diagnostic::new("<command line>", field, problem, fix))
+}
+
+pub fn run(args: PlanArgs) -> anyhow::Result<ExitCode> {
+    let over = TrainingOverrides {
+        seq_len: args.seq_len,
+        global_batch: args.global_batch,
+    };
+    let model = spec::load_model(&args.model, over)?;
+    let cluster = spec::load_cluster(
+        &args.cluster,
+        ClusterOverrides {
+            nodes: args.nodes,
+            devices: args.devices,
+        },
+    )?;
+    let pins = args.pins();
+    for (flag, v) in [
+        ("--tp", pins.tp),
+        ("--pp", pins.pp),
+        ("--dp", pins.dp),
+        ("--micro-batch", pins.micro_batch),
+        ("--virtual-stages", pins.virtual_stages),
+    ] {
+        if v == Some(0) {
+            return Err(cli_error(
+                flag,
+                "must be at least 1, found 0".into(),
+                format!("pass {flag} 1 or more"),
+            ));
+        }
+    }
+    let result = search::search(&model, &cluster, &pins);
+    let params = model.architecture.param_count();
+    let Some(best) = result.fits.first() else {
+        return no_fit(&args, &model, &cluster, &result, &pins);
+    };
+    let top: Vec<Alternative> = result
+        .fits
+        .iter()
+        .take(args.top.max(1))
+        .enumerate()
+        .map(|(i, c)| Alternative {
+            rank: i as u64 + 1,
+            layout: c.layout.label(),
+            peak_bytes: c.peak_bytes,
+        })
+        .collect();
+    let summary = SearchSummary {
+        ordering: ORDERING.to_string(),
+        evaluated: result.evaluated,
+        fitting: result.fits.len() as u64,
+        alternatives: top,
+    };
+    let plan = Plan::new(&model, &cluster, &best.layout, summary);
+    emit(&args, &plan)?;
+    if args.format == Format::Table {
+        let policy = Policy::by_name(&model.training.precision).expect("validated");
+        println!(
+            "{}: {} parameters ({:.2}B) on {} × {} ({} devices, {} GiB each)",
+            model.name,
+            params,
+            params as f64 / 1e9,
+            cluster.name,
+            cluster.device.name,
+            cluster.devices,
+            cluster.device.memory_gib
+        );
+        println!("precision policy \"{}\": {}", policy.name, policy.summary);
+        println!(
+            "{} layouts evaluated, {} fit; ranked {}\n",
+            result.evaluated,
+            result.fits.len(),
+            ORDERING
+        );
+        let mut t = table(
+            &[
+                "#",
+                "dp",
+                "tp",
+                "pp",
+                "mb",
+                "m",
+                "zero",
+                "recompute",
+                "sp",
+                "schedule",
+                "peak GiB",
+                "% of mem",
+            ],
+            &[0, 1, 2, 3, 4, 5, 6, 10, 11],
+        );
+        for (i, c) in result.fits.iter().take(args.top.max(1)).enumerate() {
+            let l = &c.layout;
+            t.add_row(vec![
+                (i + 1).to_string(),
+                l.dp.to_string(),
+                l.tp.to_string(),
+                l.pp.to_string(),
+                l.micro_batch.to_string(),
+                l.microbatches(&model).to_string(),
+                format!(
+                    "{}{}",
+                    l.sharding.zero_stage,
+                    if l.sharding.hybrid { "-hybrid" } else { "" }
+                ),
+                l.recompute.name().to_string(),
+                if l.sequence_parallel { "yes" } else { "no" }.to_string(),
+                schedule_label(l),
+                gib(c.peak_bytes),
+                format!(
+                    "{:.0}%",
+                    100.0 * c.peak_bytes as f64 / cluster.memory_bytes()
+                ),
+            ]);
+        }
+        println!("{t}\n");
+        println!("chosen: {}\n", best.layout.label());
+        print!("{}", memory_tables(&plan.predicted.memory, false));
+        print_rejections(&result);
+        if let Some(path) = &args.output {
+            println!("\nwrote {}", path.display());
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn schedule_label(l: &Layout) -> String {
+    if l.pp == 1 {
+        "-".into()
+    } else if l.virtual_stages > 1 {
+        format!("{}×{}", l.schedule.name(), l.virtual_stages)
+    } else {
+        l.schedule.name().into()
+    }
+}
+
+fn emit(args: &PlanArgs, plan: &Plan) -> anyhow::Result<()> {
+    let json = plan.to_json();
+    if let Some(path) = &args.output {
+        write_atomic(path, &json)?;
+    }
+    if args.format == Format::Json {
+        print!("{json}");
+    }
+    Ok(())
+}
+
+fn print_rejections(result: &search::SearchResult) {
+    if result.rejected.is_empty() {
+        return;
+    }
+    println!("\nrejected layouts, by reason:");
+    let mut t = table(&["count", "reason", "example"], &[0]);
+    for (reason, g) in &result.rejected {
+        t.add_row(vec![g.count.to_string(), reason.clone(), g.example.clone()]);
+    }
+    println!("{t}");
+}
+
+/// Nothing fits: explain the closest layout, or why the pins allow none.
+fn no_fit(
+    args: &PlanArgs,
+    model: &tessera_planner::Model,
+    cluster: &tessera_planner::Cluster,
+    result: &search::SearchResult,
+    pins: &Pins,
+) -> anyhow::Result<ExitCode> {
+    let Some(miss) = &result.closest_miss else {
+        // No layout could even be built: the pins (or the cluster size) rule everything out.
+        let reasons: Vec<String> = result
+            .rejected
+            .values()
+            .map(|g| g.example.clone())
+            .take(3)
+            .collect();
+        let pinned = *pins != Pins::default();
+        let field = if pinned { "pins" } else { "-" };
+        return Err(cli_error(
+            field,
+            format!(
+                "no layout of {} devices can be built: {}",
+                cluster.devices,
+                reasons.join("; ")
+            ),
+            if pinned {
+                "change or drop the pinned values so that DP × PP × TP equals the device count and each degree divides what it splits (heads, layers, batch)".into()
+            } else {
+                "change the device count (--nodes/--devices) or the global batch".into()
+            },
+        ));
+    };
+    let memory = memory::estimate(model, cluster, &miss.layout);
+    let over = miss.peak_bytes as f64 - cluster.memory_bytes();
+    let fully_pinned = result.evaluated == 1;
+    if fully_pinned {
+        if args.force {
+            let plan = Plan::new(
+                model,
+                cluster,
+                &miss.layout,
+                SearchSummary {
+                    ordering: ORDERING.into(),
+                    evaluated: result.evaluated,
+                    fitting: 0,
+                    alternatives: vec![],
+                },
+            );
+            emit(args, &plan)?;
+        }
+        let text = format!(
+            "{} does not fit: stage {} needs {:.2} GiB per device, {:.2} GiB over the {} GiB of a {}\n\n{}",
+            miss.layout.label(),
+            memory.peak_stage,
+            miss.peak_bytes as f64 / GIB,
+            over / GIB,
+            cluster.device.memory_gib,
+            cluster.device.name,
+            memory_tables(&memory, false)
+        );
+        if args.force {
+            if args.format == Format::Table {
+                println!("{text}\nwritten anyway (--force), marked infeasible");
+            } else {
+                eprintln!("{text}\nwritten anyway (--force), marked infeasible");
+            }
+            return Ok(ExitCode::SUCCESS);
+        }
+        eprintln!("{text}");
+        bail!(Diagnostic::new(
+            "<command line>",
+            "pins",
+            format!("the pinned layout is {:.2} GiB over device memory", over / GIB),
+            "unpin a knob (more recompute, a higher ZeRO stage, more TP or PP, a smaller micro-batch), or pass --force to write the plan marked infeasible"
+        ));
+    }
+    bail!(tessera_planner::PlanError::NothingFits {
+        model: model.name.clone(),
+        devices: cluster.devices as usize,
+        layout: miss.layout.label(),
+        need_gib: miss.peak_bytes as f64 / GIB,
+        have_gib: cluster.device.memory_gib,
+        fix: format!(
+            "use more devices (--nodes), devices with at least {:.0} GiB, or a smaller global batch; of {} layouts evaluated none fits",
+            (miss.peak_bytes as f64 / GIB).ceil(),
+            result.evaluated
+        ),
+    })
+}

@@ -1,0 +1,80 @@
+//! `tessera validate FILE...`: check model specs, cluster specs and plans.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::Args;
+use tessera_planner::plan::Plan;
+use tessera_planner::source::Source;
+use tessera_planner::spec::{self, ClusterOverrides, TrainingOverrides};
+
+#[derive(Args)]
+pub struct ValidateArgs {
+    /// Files to check: model specs (.toml or Hugging Face .json), cluster specs, plans.
+    #[arg(required = true)]
+    files: Vec<PathBuf>,
+}
+
+pub fn run(args: ValidateArgs) -> anyhow::Result<ExitCode> {
+    let mut failed = 0;
+    for path in &args.files {
+        match check(path) {
+            Ok(what) => println!("ok  {}: {what}", path.display()),
+            Err(e) => {
+                failed += 1;
+                eprintln!("error: {e:#}");
+            }
+        }
+    }
+    Ok(if failed == 0 {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(2)
+    })
+}
+
+fn check(path: &PathBuf) -> anyhow::Result<String> {
+    let src = Source::read(path)?;
+    let is_json = path.extension().is_some_and(|e| e == "json");
+    if is_json && src.text.contains("\"format\"") {
+        let plan = Plan::parse(&src)?;
+        let p = &plan.parallel;
+        return Ok(format!(
+            "plan of {} on {} devices (dp {} × tp {} × pp {}){}",
+            plan.job.model.name,
+            p.world,
+            p.dp,
+            p.tp,
+            p.pp,
+            if plan.feasible {
+                ""
+            } else {
+                ", marked infeasible"
+            }
+        ));
+    }
+    let is_cluster =
+        !is_json && (src.text.contains("[device]") || src.text.contains("gpus_per_node"));
+    if is_cluster {
+        let c = spec::parse_cluster_toml(&src, ClusterOverrides::default())?;
+        return Ok(format!(
+            "cluster {}: {} × {} {}",
+            c.name, c.nodes, c.gpus_per_node, c.device.name
+        ));
+    }
+    // A Hugging Face config has no training settings; validate its architecture with placeholders.
+    let over = if is_json {
+        TrainingOverrides {
+            seq_len: Some(1),
+            global_batch: Some(1),
+        }
+    } else {
+        TrainingOverrides::default()
+    };
+    let m = spec::load_model(path, over)?;
+    Ok(format!(
+        "model {}: {} parameters",
+        m.name,
+        m.architecture.param_count()
+    ))
+}

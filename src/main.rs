@@ -1,0 +1,47 @@
+//! The `tessera` command line: parse arguments, call the libraries, print.
+//!
+//! Each subcommand lives in `commands/<name>.rs`. Input errors exit with code 2 and one message.
+
+mod commands;
+mod output;
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(
+    name = "tessera",
+    version,
+    about = "Compile a training job into a 3D-parallel plan, and run it"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Plan a model on a cluster: rank the layouts that fit and write plan.json.
+    Plan(commands::plan::PlanArgs),
+    /// Check model specs, cluster specs and plan files.
+    Validate(commands::validate::ValidateArgs),
+    /// Print a plan's per-stage memory, with the reason for each term.
+    Explain(commands::explain::ExplainArgs),
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Plan(args) => commands::plan::run(args),
+        Command::Validate(args) => commands::validate::run(args),
+        Command::Explain(args) => commands::explain::run(args),
+    };
+    match result {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::from(2)
+        }
+    }
+}

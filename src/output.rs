@@ -1,0 +1,108 @@
+//! Terminal tables and atomic file writes shared by the subcommands.
+
+use std::path::Path;
+
+use comfy_table::presets::NOTHING;
+use comfy_table::{CellAlignment, Table};
+use tessera_planner::memory::MemoryReport;
+use tessera_planner::spec::GIB;
+
+/// An aligned, borderless table; numeric columns (by index) are right-aligned.
+pub fn table(header: &[&str], right: &[usize]) -> Table {
+    let mut t = Table::new();
+    t.load_preset(NOTHING)
+        .set_header(header.iter().map(|h| h.to_string()));
+    for &i in right {
+        if let Some(c) = t.column_mut(i) {
+            c.set_cell_alignment(CellAlignment::Right);
+        }
+    }
+    t
+}
+
+pub fn gib(bytes: u64) -> String {
+    format!("{:.2}", bytes as f64 / GIB)
+}
+
+/// Writes a file through a temporary sibling and a rename, so no half-written file is left.
+pub fn write_atomic(path: &Path, text: &str) -> anyhow::Result<()> {
+    let dir = path
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    let tmp = dir.join(format!(
+        ".{}.tmp",
+        path.file_name()
+            .map_or("out".into(), |n| n.to_string_lossy())
+    ));
+    std::fs::write(&tmp, text).map_err(|e| {
+        anyhow::anyhow!(
+            "{}: cannot write: {e}\n  fix: check that the folder exists and is writable",
+            path.display()
+        )
+    })?;
+    std::fs::rename(&tmp, path)
+        .map_err(|e| anyhow::anyhow!("{}: cannot write: {e}", path.display()))?;
+    Ok(())
+}
+
+/// Per-stage totals by kind, then every term of the peak stage with its reason.
+pub fn memory_tables(m: &MemoryReport, all_terms: bool) -> String {
+    let mut t = table(
+        &[
+            "stage",
+            "layers",
+            "in flight",
+            "states GiB",
+            "activations GiB",
+            "overhead GiB",
+            "total GiB",
+        ],
+        &[0, 1, 2, 3, 4, 5, 6],
+    );
+    let sum = |s: &tessera_planner::memory::StageMemory, kind: &str| -> u64 {
+        s.terms
+            .iter()
+            .filter(|t| t.kind == kind)
+            .map(|t| t.bytes)
+            .sum()
+    };
+    for s in &m.per_stage {
+        t.add_row(vec![
+            s.stage.to_string(),
+            s.layers.to_string(),
+            s.in_flight.to_string(),
+            gib(sum(s, "model_states")),
+            gib(sum(s, "activations")),
+            gib(sum(s, "overhead")),
+            gib(s.total_bytes),
+        ]);
+    }
+    let mut out = format!("{t}\n");
+    let stages: Vec<_> = if all_terms {
+        m.per_stage.iter().collect()
+    } else {
+        vec![&m.per_stage[m.peak_stage as usize]]
+    };
+    for s in stages {
+        out += &format!(
+            "\nstage {} ({} layers, {} params per rank):\n",
+            s.stage, s.layers, s.params_per_rank
+        );
+        let mut t = table(&["term", "GiB", "why"], &[1]);
+        for term in &s.terms {
+            t.add_row(vec![
+                term.name.clone(),
+                gib(term.bytes),
+                term.reason.clone(),
+            ]);
+        }
+        t.add_row(vec![
+            "total".to_string(),
+            gib(s.total_bytes),
+            format!("of {} GiB per device", gib(m.capacity_bytes)),
+        ]);
+        out += &format!("{t}\n");
+    }
+    out
+}
