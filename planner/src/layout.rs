@@ -141,7 +141,7 @@ impl Layout {
                 ),
             ));
         }
-        if a.heads % self.tp != 0 || a.kv_heads % self.tp != 0 {
+        if !a.heads.is_multiple_of(self.tp) || !a.kv_heads.is_multiple_of(self.tp) {
             return Err(Rejection::new(
                 "TP does not divide the heads",
                 format!(
@@ -150,7 +150,7 @@ impl Layout {
                 ),
             ));
         }
-        if a.ffn_hidden % self.tp != 0 || a.vocab % self.tp != 0 {
+        if !a.ffn_hidden.is_multiple_of(self.tp) || !a.vocab.is_multiple_of(self.tp) {
             return Err(Rejection::new(
                 "TP does not divide the FFN width or vocabulary",
                 format!(
@@ -159,7 +159,7 @@ impl Layout {
                 ),
             ));
         }
-        if self.sequence_parallel && (self.tp == 1 || t.seq_len % self.tp != 0) {
+        if self.sequence_parallel && (self.tp == 1 || !t.seq_len.is_multiple_of(self.tp)) {
             return Err(Rejection::new(
                 "sequence parallelism needs TP > 1 dividing seq_len",
                 format!(
@@ -178,7 +178,7 @@ impl Layout {
                 ),
             ));
         }
-        if t.global_batch % self.dp != 0 {
+        if !t.global_batch.is_multiple_of(self.dp) {
             return Err(Rejection::new(
                 "DP does not divide the global batch",
                 format!(
@@ -188,13 +188,19 @@ impl Layout {
             ));
         }
         let per_replica = t.global_batch / self.dp;
-        if per_replica % self.micro_batch != 0 {
+        if !per_replica.is_multiple_of(self.micro_batch) {
             return Err(Rejection::new(
                 "micro-batch does not divide the per-replica batch",
                 format!(
                     "micro-batch {} does not divide the {} sequences per DP replica",
                     self.micro_batch, per_replica
                 ),
+            ));
+        }
+        if self.recompute == Recompute::Selective && t.attention == crate::model::AttentionImpl::Flash {
+            return Err(Rejection::new(
+                "selective recompute is what flash attention already does",
+                "flash attention stores no s×s tensors, so selective recompute changes nothing; use none or full".to_string(),
             ));
         }
         if self.sharding.zero_stage > 3 {
@@ -215,7 +221,7 @@ impl Layout {
                         self.pp, self.virtual_stages
                     )));
                 }
-                if m % self.pp != 0 {
+                if !m.is_multiple_of(self.pp) {
                     return Err(Rejection::new("interleaving needs micro-batches divisible by PP", format!(
                         "the interleaved schedule needs the {m} micro-batches to be a multiple of PP {}",
                         self.pp

@@ -60,7 +60,7 @@ pub struct SearchResult {
 }
 
 fn divisors(n: u64) -> Vec<u64> {
-    (1..=n).filter(|d| n % d == 0).collect()
+    (1..=n).filter(|d| n.is_multiple_of(*d)).collect()
 }
 
 fn pick<T: Copy>(pin: Option<T>, all: Vec<T>) -> Vec<T> {
@@ -147,7 +147,7 @@ fn schedules(layers: u64, pp: u64, pins: &Pins) -> Vec<(ScheduleKind, u64)> {
             (_, Some(v)) => out.push((kind, v)),
             (ScheduleKind::Interleaved, None) => out.extend(
                 (2..=8)
-                    .filter(|v| layers % (pp * v) == 0)
+                    .filter(|v| layers.is_multiple_of(pp * v))
                     .map(|v| (kind, v)),
             ),
             (_, None) => out.push((kind, 1)),
