@@ -1,1 +1,12 @@
 //! Tessera runtime: executes a plan (mesh, communication, backends, model layers, schedules).
+
+pub mod comm;
+pub mod cpu;
+pub mod data;
+pub mod layers;
+pub mod optim;
+pub mod params;
+pub mod rng;
+
+#[cfg(test)]
+mod testutil;

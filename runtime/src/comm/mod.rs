@@ -1,0 +1,116 @@
+//! Communication: one rank's view of a process group (a TP, DP or PP group of the mesh).
+//!
+//! The [`Comm`] trait is the only way ranks exchange data. Implementations: [`LocalComm`]
+//! (threads are ranks, always built); NCCL later, behind a feature.
+//!
+//! Contract every implementation must keep, because parity between plans rests on it:
+//! reductions are **deterministic and identical on every rank** — each element is summed in
+//! rank order `0 + 1 + … + (n-1)`, whatever the algorithm moves around. Then a TP/DP run
+//! differs from the single-rank run only by the (tiny) reassociation of partial sums, never by
+//! run-to-run noise, and replicated tensors stay bitwise equal across the ranks of a group.
+//!
+//! This module must not know about layers or plans, and only `groups.rs` reads the mesh: to
+//! everything else a group is just `size()` ranks.
+
+mod groups;
+mod local;
+
+pub use groups::{local_groups, RankGroups};
+pub use local::LocalComm;
+
+/// Why a collective or point-to-point operation failed.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum CommError {
+    /// Buffer lengths do not fit the operation (e.g. all_gather output ≠ size × input).
+    #[error("{op}: buffer of {got} elements where {expected} were expected; every rank must pass buffers of the documented lengths")]
+    SizeMismatch {
+        op: &'static str,
+        expected: usize,
+        got: usize,
+    },
+    /// A peer's handle was dropped (its thread ended or panicked) before it sent what we wait for.
+    #[error("{op}: rank {peer} of this group is gone (its thread ended or panicked); look at that rank's error first")]
+    PeerGone { op: &'static str, peer: usize },
+    /// No message arrived in time: usually ranks issued collectives in different orders.
+    #[error("{op}: no message from rank {peer} after {secs} s; do all ranks of the group issue the same collectives in the same order?")]
+    Timeout {
+        op: &'static str,
+        peer: usize,
+        secs: u64,
+    },
+    /// A message of another operation (or another length) arrived: the ranks are out of step.
+    #[error("{op}: rank {peer} sent a message of {got}, expected {expected}; ranks issued operations in different orders")]
+    OutOfStep {
+        op: &'static str,
+        peer: usize,
+        expected: String,
+        got: String,
+    },
+    /// A rank argument (root, peer) outside `0..size`, or a rank sending to itself.
+    #[error("{op}: rank {rank} is not a valid peer in a group of {size}")]
+    BadRank {
+        op: &'static str,
+        rank: usize,
+        size: usize,
+    },
+}
+
+/// One rank's handle on a process group of `size()` ranks.
+///
+/// All collectives must be called by every rank of the group, in the same order.
+/// Reductions sum in rank order `0..size` and give bitwise identical results on every rank.
+pub trait Comm {
+    /// This rank's index in the group, `0..size()`.
+    fn rank(&self) -> usize;
+    /// Number of ranks in the group.
+    fn size(&self) -> usize;
+    /// In place: `buf = Σ_r buf_r`, summed in rank order; identical on all ranks.
+    fn all_reduce_sum(&self, buf: &mut [f32]) -> Result<(), CommError>;
+    /// `output = concat(input_0, …, input_{n-1})`; `output.len() == size() * input.len()`.
+    fn all_gather(&self, input: &[f32], output: &mut [f32]) -> Result<(), CommError>;
+    /// Rank r gets the r-th equal chunk of `Σ_r input_r` (rank-order sum);
+    /// `input.len() == size() * output.len()`.
+    fn reduce_scatter_sum(&self, input: &[f32], output: &mut [f32]) -> Result<(), CommError>;
+    /// Every rank's `buf` becomes `root`'s.
+    fn broadcast(&self, buf: &mut [f32], root: usize) -> Result<(), CommError>;
+    /// Buffered send to `peer`: returns without waiting for the matching `recv`.
+    fn send(&self, buf: &[f32], peer: usize) -> Result<(), CommError>;
+    /// Blocking receive of exactly `buf.len()` elements from `peer`.
+    fn recv(&self, buf: &mut [f32], peer: usize) -> Result<(), CommError>;
+    /// Returns once every rank of the group has entered the barrier.
+    fn barrier(&self) -> Result<(), CommError>;
+}
+
+/// Sum one f64 over the group exactly (no f32 rounding): the values travel bit-split through an
+/// all_gather and are added in rank order in f64. Used for global gradient norms and losses.
+pub fn all_reduce_f64(comm: &dyn Comm, x: f64) -> Result<f64, CommError> {
+    let bits = x.to_bits();
+    let mine = [
+        f32::from_bits((bits >> 32) as u32),
+        f32::from_bits(bits as u32),
+    ];
+    let mut all = vec![0.0f32; 2 * comm.size()];
+    comm.all_gather(&mine, &mut all)?;
+    Ok(all
+        .chunks_exact(2)
+        .map(|p| f64::from_bits((u64::from(p[0].to_bits()) << 32) | u64::from(p[1].to_bits())))
+        .sum())
+}
+
+/// Element-wise maximum over the group (all_gather, then max in rank order). Used by the
+/// vocab-parallel cross-entropy; exact, so identical on every rank.
+pub fn all_reduce_max(comm: &dyn Comm, buf: &mut [f32]) -> Result<(), CommError> {
+    if comm.size() == 1 {
+        return Ok(());
+    }
+    let n = buf.len();
+    let mut all = vec![0.0f32; n * comm.size()];
+    comm.all_gather(buf, &mut all)?;
+    buf.copy_from_slice(&all[..n]);
+    for chunk in all[n..].chunks_exact(n) {
+        for (b, &c) in buf.iter_mut().zip(chunk) {
+            *b = b.max(c);
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,251 @@
+//! Column- and row-parallel linear layers (Megatron-LM, Shoeybi et al. 2019, §3).
+//!
+//! Weights are stored `(out, in)` (PyTorch convention) and applied as `y = x · Wᵀ + b`.
+//! - [`ColumnParallelLinear`]: rank r holds output rows `[r·n/t, (r+1)·n/t)`; forward needs no
+//!   communication and yields the local output columns; backward all-reduces `dx`
+//!   (`copy_to_tp`). Several projections of the same input (q/k/v, gate/up) can be FUSED: each
+//!   part is its own named, separately sharded tensor, but their local shards are adjacent in
+//!   the flat buffer, so one gemm computes `[part0_local | part1_local | …]`.
+//! - [`RowParallelLinear`]: rank r holds input columns `[r·k/t, (r+1)·k/t)`; forward
+//!   all-reduces the partial `y` (`reduce_from_tp`) and adds the (replicated) bias once after it.
+//!
+//! This module must not allocate in forward/backward.
+
+use crate::comm::Comm;
+use crate::cpu;
+use crate::params::{Init, ParamLayout, ParamRef, ParamSpec, Shard};
+
+use super::tp::{copy_to_tp_backward, reduce_from_tp_forward, TpShard};
+use super::LayerError;
+
+/// `y_local (N, out_local) = x (N, in) · W_localᵀ + b_local`.
+#[derive(Debug, Clone)]
+pub struct ColumnParallelLinear {
+    /// `(out_local, in)`; for a fused layer the parts' shards stacked.
+    pub w: ParamRef,
+    /// `(out_local)`.
+    pub b: Option<ParamRef>,
+    pub in_features: usize,
+    pub out_local: usize,
+}
+
+fn weight_spec(name: String, shape: [usize; 2], shard: Shard, std: f32) -> ParamSpec {
+    ParamSpec {
+        name,
+        global_shape: shape.to_vec(),
+        shard,
+        decay: true,
+        init: Init::Normal { std },
+    }
+}
+
+fn bias_spec(name: String, len: usize, shard: Shard) -> ParamSpec {
+    ParamSpec {
+        name,
+        global_shape: vec![len],
+        shard,
+        decay: false,
+        init: Init::Const(0.0),
+    }
+}
+
+impl ColumnParallelLinear {
+    /// Registers `{name}.weight (out, in)` and optionally `{name}.bias (out)`, split on `out`.
+    pub fn new(
+        layout: &mut ParamLayout,
+        name: &str,
+        in_features: usize,
+        out_features: usize,
+        bias: bool,
+        tp: TpShard,
+        std: f32,
+    ) -> Result<Self, LayerError> {
+        Self::fused(layout, &[(name, out_features)], in_features, bias, tp, std)
+    }
+
+    /// Several column-parallel projections of one input: `parts = [(name, out_features)]`.
+    /// Registers every `{name}.weight` (then every `{name}.bias`), each split on its own `out`.
+    pub fn fused(
+        layout: &mut ParamLayout,
+        parts: &[(&str, usize)],
+        in_features: usize,
+        bias: bool,
+        tp: TpShard,
+        std: f32,
+    ) -> Result<Self, LayerError> {
+        let mut w: Option<ParamRef> = None;
+        let mut out_local = 0;
+        for &(name, out) in parts {
+            out_local += tp
+                .split(out, "output features of a column-parallel linear")?
+                .1;
+            let spec = weight_spec(
+                format!("{name}.weight"),
+                [out, in_features],
+                tp.shard(0),
+                std,
+            );
+            let r = layout.add(spec)?;
+            w = Some(w.map_or(r, |w| w.join(r)));
+        }
+        let mut b: Option<ParamRef> = None;
+        if bias {
+            for &(name, out) in parts {
+                let r = layout.add(bias_spec(format!("{name}.bias"), out, tp.shard(0)))?;
+                b = Some(b.map_or(r, |b| b.join(r)));
+            }
+        }
+        Ok(Self {
+            w: w.ok_or_else(|| {
+                LayerError::Config("a fused linear needs at least one part".into())
+            })?,
+            b,
+            in_features,
+            out_local,
+        })
+    }
+
+    /// A bias-free layer on an existing weight `(out_local, in)`, e.g. the LM head tied to the
+    /// vocab-parallel embedding table. Its gradient accumulates into the same flat slots.
+    pub fn tied(w: ParamRef, in_features: usize) -> Self {
+        assert_eq!(
+            w.len % in_features,
+            0,
+            "tied weight is not (out, {in_features})"
+        );
+        Self {
+            w,
+            b: None,
+            in_features,
+            out_local: w.len / in_features,
+        }
+    }
+
+    /// `y (N, out_local) = x (N, in) · W_localᵀ + b` (forward of `copy_to_tp` is the identity).
+    pub fn forward(&self, p: &[f32], x: &[f32], y: &mut [f32]) {
+        let n = x.len() / self.in_features;
+        cpu::matmul_bt(
+            y,
+            x,
+            self.w.of(p),
+            n,
+            self.in_features,
+            self.out_local,
+            false,
+        );
+        if let Some(b) = self.b {
+            cpu::add_bias(y, b.of(p));
+        }
+    }
+
+    /// `dW += dyᵀ·x`, `db += Σ dy`, `dx (N, in) = all_reduce(dy · W_local)` (overwritten).
+    pub fn backward(
+        &self,
+        p: &[f32],
+        g: &mut [f32],
+        x: &[f32],
+        dy: &[f32],
+        dx: &mut [f32],
+        comm: &dyn Comm,
+    ) -> Result<(), LayerError> {
+        let n = x.len() / self.in_features;
+        let (k, m) = (self.in_features, self.out_local);
+        cpu::matmul_at(self.w.of_mut(g), dy, x, m, n, k, true);
+        if let Some(b) = self.b {
+            cpu::bias_backward(b.of_mut(g), dy);
+        }
+        cpu::matmul(dx, dy, self.w.of(p), n, m, k, false);
+        copy_to_tp_backward(comm, dx)?;
+        Ok(())
+    }
+}
+
+/// `y (N, out) = all_reduce(x_local (N, in_local) · W_localᵀ) + b`.
+#[derive(Debug, Clone)]
+pub struct RowParallelLinear {
+    /// `(out, in_local)`.
+    pub w: ParamRef,
+    /// `(out)`, replicated on every TP rank.
+    pub b: Option<ParamRef>,
+    pub in_local: usize,
+    pub out_features: usize,
+}
+
+impl RowParallelLinear {
+    /// Registers `{name}.weight (out, in)` split on `in`, and optionally a replicated
+    /// `{name}.bias (out)`.
+    pub fn new(
+        layout: &mut ParamLayout,
+        name: &str,
+        in_features: usize,
+        out_features: usize,
+        bias: bool,
+        tp: TpShard,
+        std: f32,
+    ) -> Result<Self, LayerError> {
+        let (_, in_local) = tp.split(in_features, "input features of a row-parallel linear")?;
+        let spec = weight_spec(
+            format!("{name}.weight"),
+            [out_features, in_features],
+            tp.shard(1),
+            std,
+        );
+        let w = layout.add(spec)?;
+        let b = if bias {
+            Some(layout.add(bias_spec(
+                format!("{name}.bias"),
+                out_features,
+                Shard::Replicated,
+            ))?)
+        } else {
+            None
+        };
+        Ok(Self {
+            w,
+            b,
+            in_local,
+            out_features,
+        })
+    }
+
+    /// `y = reduce_from_tp(x_local · W_localᵀ) + b`; identical on every TP rank.
+    pub fn forward(
+        &self,
+        p: &[f32],
+        x: &[f32],
+        y: &mut [f32],
+        comm: &dyn Comm,
+    ) -> Result<(), LayerError> {
+        let n = x.len() / self.in_local;
+        cpu::matmul_bt(
+            y,
+            x,
+            self.w.of(p),
+            n,
+            self.in_local,
+            self.out_features,
+            false,
+        );
+        reduce_from_tp_forward(comm, y)?;
+        if let Some(b) = self.b {
+            cpu::add_bias(y, b.of(p));
+        }
+        Ok(())
+    }
+
+    /// `dW += dyᵀ·x_local`, `db += Σ dy`, `dx_local = dy · W_local` (overwritten; no comm:
+    /// `dy` is replicated, the backward of `reduce_from_tp` is the identity).
+    pub fn backward(&self, p: &[f32], g: &mut [f32], x: &[f32], dy: &[f32], dx: &mut [f32]) {
+        let n = x.len() / self.in_local;
+        let (k, m) = (self.in_local, self.out_features);
+        cpu::matmul_at(self.w.of_mut(g), dy, x, m, n, k, true);
+        if let Some(b) = self.b {
+            cpu::bias_backward(b.of_mut(g), dy);
+        }
+        cpu::matmul(dx, dy, self.w.of(p), n, m, k, false);
+    }
+}
+
+#[cfg(test)]
+#[path = "linear_tests.rs"]
+mod tests;

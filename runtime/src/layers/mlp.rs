@@ -1,0 +1,111 @@
+//! Feed-forward block split across the TP group: column-parallel up projection (GELU: `fc`;
+//! SwiGLU: fused `gate` and `up`, both column-parallel), local activation, row-parallel down
+//! projection `proj` with the all-reduce. Must not own activations or allocate.
+
+use crate::comm::Comm;
+use crate::cpu;
+use crate::params::ParamLayout;
+
+use super::linear::{ColumnParallelLinear, RowParallelLinear};
+use super::tp::TpShard;
+use super::{Activation, LayerError};
+
+/// `out = proj(act(fc(x)))` with hidden size `f_local = ffn / t` on this rank.
+#[derive(Debug, Clone)]
+pub struct ParallelMlp {
+    /// GELU: `(f_local, C)`; SwiGLU: `[gate; up]`, `(2·f_local, C)`.
+    pub fc: ColumnParallelLinear,
+    /// `(C, f_local)`.
+    pub proj: RowParallelLinear,
+    pub act: Activation,
+    pub f_local: usize,
+}
+
+impl ParallelMlp {
+    /// Registers `{prefix}.fc` (or `{prefix}.gate` + `{prefix}.up`) and `{prefix}.proj`.
+    pub fn new(
+        layout: &mut ParamLayout,
+        prefix: &str,
+        c: usize,
+        ffn: usize,
+        act: Activation,
+        bias: bool,
+        tp: TpShard,
+        std: f32,
+        proj_std: f32,
+    ) -> Result<Self, LayerError> {
+        let (_, f_local) = tp.split(ffn, "ffn_hidden")?;
+        let fc = match act {
+            Activation::Gelu => {
+                ColumnParallelLinear::new(layout, &format!("{prefix}.fc"), c, ffn, bias, tp, std)?
+            }
+            Activation::SwiGlu => {
+                let (gate, up) = (format!("{prefix}.gate"), format!("{prefix}.up"));
+                ColumnParallelLinear::fused(layout, &[(&gate, ffn), (&up, ffn)], c, bias, tp, std)?
+            }
+        };
+        let proj = RowParallelLinear::new(
+            layout,
+            &format!("{prefix}.proj"),
+            ffn,
+            c,
+            bias,
+            tp,
+            proj_std,
+        )?;
+        Ok(Self {
+            fc,
+            proj,
+            act,
+            f_local,
+        })
+    }
+
+    /// Row width of the pre-activation `h`.
+    pub fn h_width(&self) -> usize {
+        self.fc.out_local
+    }
+
+    /// `h (N, h_width) = fc(x (N, C))`, `a (N, f_local) = act(h)`.
+    pub fn forward_hidden(&self, p: &[f32], x: &[f32], h: &mut [f32], a: &mut [f32]) {
+        self.fc.forward(p, x, h);
+        match self.act {
+            Activation::Gelu => cpu::gelu_forward(a, h),
+            Activation::SwiGlu => cpu::swiglu_forward(a, h, self.f_local),
+        }
+    }
+
+    /// `out (N, C) = all_reduce(a · W_projᵀ) + b`.
+    pub fn forward_out(
+        &self,
+        p: &[f32],
+        a: &[f32],
+        out: &mut [f32],
+        comm: &dyn Comm,
+    ) -> Result<(), LayerError> {
+        self.proj.forward(p, a, out, comm)
+    }
+
+    /// `dx (N, C)` overwritten (all-reduced over TP); `dh`, `da` are scratch of the sizes of
+    /// `h` and `a`; parameter gradients accumulate into `g`.
+    pub fn backward(
+        &self,
+        p: &[f32],
+        g: &mut [f32],
+        x: &[f32],
+        h: &[f32],
+        a: &[f32],
+        dout: &[f32],
+        dx: &mut [f32],
+        dh: &mut [f32],
+        da: &mut [f32],
+        comm: &dyn Comm,
+    ) -> Result<(), LayerError> {
+        self.proj.backward(p, g, a, dout, da);
+        match self.act {
+            Activation::Gelu => cpu::gelu_backward(dh, h, da),
+            Activation::SwiGlu => cpu::swiglu_backward(dh, h, da, self.f_local),
+        }
+        self.fc.backward(p, g, x, dh, dx, comm)
+    }
+}

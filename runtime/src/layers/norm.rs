@@ -1,0 +1,145 @@
+//! Normalisation layer (LayerNorm or RMSNorm), replicated on every TP rank.
+//!
+//! Its input and output gradient are replicated too (the all-reduce in the following
+//! column-parallel backward makes them so), so its parameter gradients come out bitwise
+//! identical on every TP rank and need no communication. Must not communicate.
+
+use crate::cpu;
+use crate::params::{Init, ParamLayout, ParamRef, ParamSpec, Shard};
+
+use super::{LayerError, NormKind};
+
+/// `out = norm(x) · weight (+ bias)` over the last dimension `c`.
+#[derive(Debug, Clone)]
+pub struct Norm {
+    pub kind: NormKind,
+    /// `(c)`, initialised to 1.
+    pub w: ParamRef,
+    /// `(c)`, initialised to 0; LayerNorm only.
+    pub b: Option<ParamRef>,
+    pub c: usize,
+    pub eps: f32,
+}
+
+impl Norm {
+    /// Registers `{name}.weight` (and `{name}.bias` for LayerNorm), replicated, no decay.
+    pub fn new(
+        layout: &mut ParamLayout,
+        name: &str,
+        kind: NormKind,
+        c: usize,
+        eps: f32,
+    ) -> Result<Self, LayerError> {
+        let spec = |suffix: &str, v: f32| ParamSpec {
+            name: format!("{name}.{suffix}"),
+            global_shape: vec![c],
+            shard: Shard::Replicated,
+            decay: false,
+            init: Init::Const(v),
+        };
+        let w = layout.add(spec("weight", 1.0))?;
+        let b = match kind {
+            NormKind::LayerNorm => Some(layout.add(spec("bias", 0.0))?),
+            NormKind::RmsNorm => None,
+        };
+        Ok(Self { kind, w, b, c, eps })
+    }
+
+    /// `out (N, c)`, saving `mean (N)` (LayerNorm only; may be empty for RMSNorm) and `rstd (N)`.
+    pub fn forward(
+        &self,
+        p: &[f32],
+        x: &[f32],
+        out: &mut [f32],
+        mean: &mut [f32],
+        rstd: &mut [f32],
+    ) {
+        match self.kind {
+            NormKind::LayerNorm => {
+                let b = self.b.map(|b| b.of(p));
+                cpu::layernorm_forward(out, mean, rstd, x, self.w.of(p), b, self.c, self.eps);
+            }
+            NormKind::RmsNorm => cpu::rmsnorm_forward(out, rstd, x, self.w.of(p), self.c, self.eps),
+        }
+    }
+
+    /// `dx (N, c) +=` input gradient; parameter gradients accumulate into `g`.
+    pub fn backward(
+        &self,
+        p: &[f32],
+        g: &mut [f32],
+        dout: &[f32],
+        x: &[f32],
+        mean: &[f32],
+        rstd: &[f32],
+        dx: &mut [f32],
+    ) {
+        let w = self.w.of(p);
+        match self.kind {
+            NormKind::LayerNorm => {
+                let b = self.b.expect("LayerNorm has a bias");
+                let (gw, gb) = split_two(g, self.w, b);
+                cpu::layernorm_backward(dx, gw, Some(gb), dout, x, w, mean, rstd, self.c);
+            }
+            NormKind::RmsNorm => {
+                cpu::rmsnorm_backward(dx, self.w.of_mut(g), dout, x, w, rstd, self.c)
+            }
+        }
+    }
+
+    /// Elements of the `mean` buffer `forward` needs for `n` rows.
+    pub fn mean_len(&self, n: usize) -> usize {
+        match self.kind {
+            NormKind::LayerNorm => n,
+            NormKind::RmsNorm => 0,
+        }
+    }
+}
+
+/// Two disjoint mutable views of the flat buffer (`a` before `b`).
+pub(crate) fn split_two(g: &mut [f32], a: ParamRef, b: ParamRef) -> (&mut [f32], &mut [f32]) {
+    assert!(
+        a.offset + a.len <= b.offset,
+        "views overlap or are out of order"
+    );
+    let (lo, hi) = g.split_at_mut(b.offset);
+    (&mut lo[a.range()], &mut hi[..b.len])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::testutil::{fd_check, randn, weighted};
+
+    #[test]
+    fn norm_layers_match_finite_differences() {
+        let (n, c) = (3, 8);
+        for kind in [NormKind::LayerNorm, NormKind::RmsNorm] {
+            let mut layout = ParamLayout::new();
+            let norm = Norm::new(&mut layout, "ln", kind, c, 1e-5).unwrap();
+            let p: Vec<f32> = layout
+                .init(0)
+                .iter()
+                .zip(randn(layout.len(), 1, 0.3))
+                .map(|(a, b)| a + b)
+                .collect();
+            let x = randn(n * c, 2, 1.0);
+            let gy = randn(n * c, 3, 1.0);
+            let fwd = |p: &[f32], x: &[f32]| {
+                let (mut o, mut m, mut r) =
+                    (vec![0.0; n * c], vec![0.0; norm.mean_len(n)], vec![0.0; n]);
+                norm.forward(p, x, &mut o, &mut m, &mut r);
+                (o, m, r)
+            };
+            let (_, m, r) = fwd(&p, &x);
+            let (mut g, mut dx) = (layout.zeros(), vec![0.0; n * c]);
+            norm.backward(&p, &mut g, &gy, &x, &m, &r, &mut dx);
+            fd_check("norm dparams", &p, &g, 1.0 / 64.0, 1e-3, 100, |p| {
+                weighted(&fwd(p, &x).0, &gy)
+            });
+            fd_check("norm dx", &x, &dx, 1.0 / 64.0, 1e-3, 100, |x| {
+                weighted(&fwd(&p, x).0, &gy)
+            });
+        }
+    }
+}

@@ -1,0 +1,176 @@
+//! AdamW with decoupled weight decay (Loshchilov & Hutter 2019), global-norm gradient clipping,
+//! and a warm-up + cosine learning-rate schedule.
+//!
+//! The optimizer works on a contiguous range of the flat parameter buffer (the whole buffer, or
+//! this rank's ZeRO shard `[offset, offset + len)`). The update is element-wise given two
+//! scalars (learning rate, clip factor), so the update of a shard equals the same elements of
+//! the full update bit for bit: that is what makes ZeRO parity hold. The clip factor comes from
+//! the norm of the FULL model's gradient: [`grad_norm`] sums this rank's share (tensors
+//! replicated over TP counted on TP rank 0 only) and a caller-supplied reduction adds the other
+//! ranks' shares (over TP and PP, and over DP when gradients are sharded).
+//!
+//! This module must not communicate by itself or know about layers.
+
+use std::ops::Range;
+
+use crate::comm::CommError;
+use crate::params::ParamLayout;
+
+/// AdamW hyper-parameters.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct AdamWConfig {
+    pub beta1: f32,
+    pub beta2: f32,
+    pub eps: f32,
+    /// Applied to tensors registered with `decay: true` (matrices, embeddings) only.
+    pub weight_decay: f32,
+}
+
+impl Default for AdamWConfig {
+    /// GPT-3 / nanoGPT defaults: β = (0.9, 0.95), ε = 1e-8, weight decay 0.1.
+    fn default() -> Self {
+        Self {
+            beta1: 0.9,
+            beta2: 0.95,
+            eps: 1e-8,
+            weight_decay: 0.1,
+        }
+    }
+}
+
+/// Linear warm-up from 0 to `max_lr`, then cosine decay to `min_lr` at `total_steps`; `min_lr`
+/// afterwards.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct LrSchedule {
+    pub max_lr: f32,
+    pub min_lr: f32,
+    pub warmup_steps: usize,
+    pub total_steps: usize,
+}
+
+impl LrSchedule {
+    /// Learning rate of (0-based) `step`.
+    pub fn lr(&self, step: usize) -> f32 {
+        let (max, min) = (f64::from(self.max_lr), f64::from(self.min_lr));
+        if step < self.warmup_steps {
+            return (max * (step + 1) as f64 / self.warmup_steps as f64) as f32;
+        }
+        let span = self.total_steps.saturating_sub(self.warmup_steps).max(1);
+        let progress = ((step - self.warmup_steps) as f64 / span as f64).min(1.0);
+        (min + 0.5 * (1.0 + (std::f64::consts::PI * progress).cos()) * (max - min)) as f32
+    }
+}
+
+/// AdamW state for one range of the flat buffer.
+#[derive(Debug, Clone)]
+pub struct AdamW {
+    pub cfg: AdamWConfig,
+    /// The flat-buffer range this state covers.
+    pub range: Range<usize>,
+    /// First and second moments, `(range.len())`.
+    pub m: Vec<f32>,
+    pub v: Vec<f32>,
+    /// Updates done so far.
+    pub t: u64,
+    /// `(sub-range relative to range.start, decay)`: tensor boundaries inside the range.
+    segments: Vec<(Range<usize>, bool)>,
+}
+
+impl AdamW {
+    /// State for the elements `range` of the flat buffer described by `layout`.
+    pub fn new(cfg: AdamWConfig, layout: &ParamLayout, range: Range<usize>) -> Self {
+        assert!(
+            range.end <= layout.len(),
+            "optimizer range past the parameter buffer"
+        );
+        let s = range.start;
+        let segments = layout
+            .segments(range.clone())
+            .map(|(r, e)| (r.start - s..r.end - s, e.decay))
+            .collect();
+        let n = range.len();
+        Self {
+            cfg,
+            range,
+            m: vec![0.0; n],
+            v: vec![0.0; n],
+            t: 0,
+            segments,
+        }
+    }
+
+    /// One update of `params` and `grads` (both `range.len()`: the range's elements), with the
+    /// gradient multiplied by `grad_scale` (the clip factor; 1.0 for none).
+    pub fn step(&mut self, params: &mut [f32], grads: &[f32], lr: f32, grad_scale: f32) {
+        let n = self.range.len();
+        assert!(
+            params.len() == n && grads.len() == n,
+            "optimizer buffers are not the range's length"
+        );
+        self.t += 1;
+        let c = self.cfg;
+        let bc1 = (1.0 - f64::from(c.beta1).powi(self.t as i32)) as f32;
+        let bc2 = (1.0 - f64::from(c.beta2).powi(self.t as i32)) as f32;
+        for (r, decay) in &self.segments {
+            let wd = if *decay { c.weight_decay } else { 0.0 };
+            let p = params[r.clone()].iter_mut();
+            let g = grads[r.clone()].iter();
+            let mv = self.m[r.clone()]
+                .iter_mut()
+                .zip(self.v[r.clone()].iter_mut());
+            for ((p, &g), (m, v)) in p.zip(g).zip(mv) {
+                let g = g * grad_scale;
+                *m = c.beta1 * *m + (1.0 - c.beta1) * g;
+                *v = c.beta2 * *v + (1.0 - c.beta2) * g * g;
+                let (mh, vh) = (*m / bc1, *v / bc2);
+                *p -= lr * (mh / (vh.sqrt() + c.eps) + wd * *p);
+            }
+        }
+    }
+}
+
+/// Σ g² (f64) over the elements `range` of the flat `grads` (full buffer) that this rank
+/// contributes to the global norm: tensors replicated over TP count only where `tp_rank == 0`.
+pub fn local_grad_sq(
+    layout: &ParamLayout,
+    grads: &[f32],
+    range: Range<usize>,
+    tp_rank: usize,
+) -> f64 {
+    layout
+        .segments(range)
+        .filter(|(_, e)| e.tp_sharded || tp_rank == 0)
+        .map(|(r, _)| {
+            grads[r]
+                .iter()
+                .map(|&g| f64::from(g) * f64::from(g))
+                .sum::<f64>()
+        })
+        .sum()
+}
+
+/// The global gradient norm: `sqrt(sum_ranks(local_grad_sq))`, where `sum_ranks` adds the
+/// value over every group holding other parts of the model (e.g. `comm::all_reduce_f64` over
+/// TP, then PP, then DP under ZeRO); `&|x| Ok(x)` on a single rank.
+pub fn grad_norm(
+    layout: &ParamLayout,
+    grads: &[f32],
+    range: Range<usize>,
+    tp_rank: usize,
+    sum_ranks: &dyn Fn(f64) -> Result<f64, CommError>,
+) -> Result<f64, CommError> {
+    Ok(sum_ranks(local_grad_sq(layout, grads, range, tp_rank))?.sqrt())
+}
+
+/// Gradient multiplier for clipping to `max_norm` (1.0 when the norm is within it).
+pub fn clip_scale(norm: f64, max_norm: f64) -> f32 {
+    if max_norm > 0.0 && norm > max_norm {
+        (max_norm / (norm + 1e-6)) as f32
+    } else {
+        1.0
+    }
+}
+
+#[cfg(test)]
+#[path = "optim_tests.rs"]
+mod tests;

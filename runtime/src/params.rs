@@ -1,0 +1,369 @@
+//! Parameter layout: every parameter shard of a rank lives in ONE flat f32 buffer (and its
+//! gradient at the same offsets in a second one), llm.c style.
+//!
+//! Modules register their tensors in a [`ParamLayout`] at construction and keep only a
+//! [`ParamRef`] (offset, len); forward/backward receive the flat buffers. Each entry records the
+//! tensor's global name and shape and where this shard sits in it, so an optimizer, ZeRO
+//! (`(offset, len)` ranges of the flat buffer), a checkpoint writer or a parity test can treat all
+//! parameters uniformly. Initialisation is by global element index ([`crate::rng`]), so a shard
+//! holds exactly the values the same elements have in the unsharded model.
+//!
+//! This module must not know about layers or communication.
+
+use std::ops::Range;
+
+use crate::rng;
+
+/// How a tensor's initial values are drawn.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Init {
+    /// `std · N(0, 1)` from the counter RNG keyed by the tensor's global name.
+    Normal { std: f32 },
+    /// Every element equal (norm weights 1, biases 0).
+    Const(f32),
+}
+
+/// How a tensor is split across the ranks of its tensor-parallel group.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Shard {
+    /// Every TP rank holds the whole tensor (norms, row-parallel biases).
+    Replicated,
+    /// Dimension `dim` split into `parts` equal slices; this rank holds slice `rank`.
+    Split {
+        dim: usize,
+        rank: usize,
+        parts: usize,
+    },
+}
+
+/// What a module asks for when it registers a parameter.
+#[derive(Debug, Clone)]
+pub struct ParamSpec {
+    /// Global name, the same under every layout (e.g. `h.3.attn.wq`): it keys the initialiser.
+    pub name: String,
+    pub global_shape: Vec<usize>,
+    pub shard: Shard,
+    /// Weight decay applies (matrices) or not (norms, biases).
+    pub decay: bool,
+    pub init: Init,
+}
+
+/// A registered parameter shard and where it lives.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ParamInfo {
+    pub name: String,
+    pub global_shape: Vec<usize>,
+    /// Global coordinates of this shard's first element, per dimension.
+    pub shard_start: Vec<usize>,
+    pub shard_shape: Vec<usize>,
+    /// Position in the flat buffer.
+    pub offset: usize,
+    pub len: usize,
+    pub decay: bool,
+    /// True when split over TP; false when every TP rank holds a copy (count it once in norms).
+    pub tp_sharded: bool,
+    pub init: Init,
+}
+
+/// Why a parameter cannot be registered.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ParamError {
+    #[error("parameter {name}: dimension {dim} of size {size} does not split into {parts} equal shards; choose a TP degree that divides it")]
+    NotDivisible {
+        name: String,
+        dim: usize,
+        size: usize,
+        parts: usize,
+    },
+    #[error("parameter {name}: shard {rank} of {parts} along dimension {dim} does not exist for shape {shape:?}")]
+    BadShard {
+        name: String,
+        dim: usize,
+        rank: usize,
+        parts: usize,
+        shape: Vec<usize>,
+    },
+    #[error("parameter {name} registered twice")]
+    Duplicate { name: String },
+}
+
+/// A view of one tensor (or several adjacent ones) in the flat buffers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ParamRef {
+    pub offset: usize,
+    pub len: usize,
+}
+
+impl ParamRef {
+    pub fn range(&self) -> Range<usize> {
+        self.offset..self.offset + self.len
+    }
+    pub fn of<'a>(&self, flat: &'a [f32]) -> &'a [f32] {
+        &flat[self.range()]
+    }
+    pub fn of_mut<'a>(&self, flat: &'a mut [f32]) -> &'a mut [f32] {
+        &mut flat[self.range()]
+    }
+    /// The view spanning `self` and `next`, which must follow it directly.
+    pub fn join(&self, next: ParamRef) -> ParamRef {
+        assert_eq!(
+            self.offset + self.len,
+            next.offset,
+            "ParamRefs not adjacent"
+        );
+        ParamRef {
+            offset: self.offset,
+            len: self.len + next.len,
+        }
+    }
+}
+
+impl ParamInfo {
+    pub fn param_ref(&self) -> ParamRef {
+        ParamRef {
+            offset: self.offset,
+            len: self.len,
+        }
+    }
+
+    /// Contiguous runs of the shard: `(local_start, global_start, len)`, covering the shard in
+    /// order. Row-major global indices; a run is one slice of the last dimension.
+    pub fn runs(&self) -> impl Iterator<Item = (usize, usize, usize)> + '_ {
+        let nd = self.shard_shape.len();
+        let run = self.shard_shape[nd - 1];
+        let mut gstride = vec![1usize; nd];
+        for d in (0..nd - 1).rev() {
+            gstride[d] = gstride[d + 1] * self.global_shape[d + 1];
+        }
+        (0..self.len.checked_div(run).unwrap_or(0)).map(move |o| {
+            let (mut rest, mut g) = (o, self.shard_start[nd - 1]);
+            for d in (0..nd - 1).rev() {
+                let local = rest % self.shard_shape[d];
+                rest /= self.shard_shape[d];
+                g += (local + self.shard_start[d]) * gstride[d];
+            }
+            (o * run, g, run)
+        })
+    }
+
+    /// Writes this shard's values (`shard.len() == self.len`) into the global tensor.
+    pub fn copy_shard_to_global(&self, shard: &[f32], global: &mut [f32]) {
+        for (l, g, n) in self.runs() {
+            global[g..g + n].copy_from_slice(&shard[l..l + n]);
+        }
+    }
+
+    /// Reads this shard's values out of the global tensor.
+    pub fn copy_global_to_shard(&self, global: &[f32], shard: &mut [f32]) {
+        for (l, g, n) in self.runs() {
+            shard[l..l + n].copy_from_slice(&global[g..g + n]);
+        }
+    }
+
+    /// Initialises this shard (`out.len() == self.len`) by global index.
+    pub fn init_shard(&self, seed: u64, out: &mut [f32]) {
+        match self.init {
+            Init::Const(v) => out.fill(v),
+            Init::Normal { std } => {
+                let stream = rng::stream_id(&self.name);
+                for (l, g, n) in self.runs() {
+                    rng::fill_normal(&mut out[l..l + n], seed, stream, g as u64, std);
+                }
+            }
+        }
+    }
+}
+
+/// The list of parameter shards of one rank (one pipeline stage's share of the model), in
+/// registration order, packed without gaps into a flat buffer of `len()` elements.
+#[derive(Debug, Clone, Default)]
+pub struct ParamLayout {
+    entries: Vec<ParamInfo>,
+    len: usize,
+}
+
+impl ParamLayout {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Registers a tensor shard at the end of the flat buffer.
+    pub fn add(&mut self, spec: ParamSpec) -> Result<ParamRef, ParamError> {
+        if self.entries.iter().any(|e| e.name == spec.name) {
+            return Err(ParamError::Duplicate { name: spec.name });
+        }
+        let mut shard_start = vec![0; spec.global_shape.len()];
+        let mut shard_shape = spec.global_shape.clone();
+        let tp_sharded = match spec.shard {
+            Shard::Replicated => false,
+            Shard::Split { dim, rank, parts } => {
+                if dim >= shard_shape.len() || rank >= parts {
+                    return Err(ParamError::BadShard {
+                        name: spec.name,
+                        dim,
+                        rank,
+                        parts,
+                        shape: spec.global_shape,
+                    });
+                }
+                let size = spec.global_shape[dim];
+                if !size.is_multiple_of(parts) {
+                    return Err(ParamError::NotDivisible {
+                        name: spec.name,
+                        dim,
+                        size,
+                        parts,
+                    });
+                }
+                shard_shape[dim] = size / parts;
+                shard_start[dim] = rank * size / parts;
+                parts > 1
+            }
+        };
+        let len = shard_shape.iter().product();
+        let r = ParamRef {
+            offset: self.len,
+            len,
+        };
+        self.entries.push(ParamInfo {
+            name: spec.name,
+            global_shape: spec.global_shape,
+            shard_start,
+            shard_shape,
+            offset: self.len,
+            len,
+            decay: spec.decay,
+            tp_sharded,
+            init: spec.init,
+        });
+        self.len += len;
+        Ok(r)
+    }
+
+    pub fn entries(&self) -> &[ParamInfo] {
+        &self.entries
+    }
+
+    /// Total elements of the flat buffer.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    pub fn get(&self, name: &str) -> Option<&ParamInfo> {
+        self.entries.iter().find(|e| e.name == name)
+    }
+
+    /// A zeroed flat buffer (for grads or optimizer state).
+    pub fn zeros(&self) -> Vec<f32> {
+        vec![0.0; self.len]
+    }
+
+    /// The flat parameter buffer initialised from `seed` by global index.
+    pub fn init(&self, seed: u64) -> Vec<f32> {
+        let mut flat = self.zeros();
+        for e in &self.entries {
+            e.init_shard(seed, e.param_ref().of_mut(&mut flat));
+        }
+        flat
+    }
+
+    /// The pieces of `range` (a range of the flat buffer, e.g. a ZeRO shard) that fall in each
+    /// tensor, in order: `(flat sub-range, tensor)`.
+    pub fn segments(
+        &self,
+        range: Range<usize>,
+    ) -> impl Iterator<Item = (Range<usize>, &ParamInfo)> {
+        self.entries.iter().filter_map(move |e| {
+            let (s, t) = (range.start.max(e.offset), range.end.min(e.offset + e.len));
+            (s < t).then_some((s..t, e))
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec(name: &str, shape: &[usize], shard: Shard) -> ParamSpec {
+        ParamSpec {
+            name: name.into(),
+            global_shape: shape.to_vec(),
+            shard,
+            decay: true,
+            init: Init::Normal { std: 1.0 },
+        }
+    }
+
+    #[test]
+    fn shards_initialise_to_slices_of_the_full_tensor() {
+        for dim in 0..3 {
+            let shape = [4, 6, 8];
+            let mut full = ParamLayout::new();
+            full.add(spec("w", &shape, Shard::Replicated)).unwrap();
+            let fw = full.init(9);
+            let mut rebuilt = vec![0.0; fw.len()];
+            for rank in 0..2 {
+                let mut l = ParamLayout::new();
+                l.add(spec(
+                    "w",
+                    &shape,
+                    Shard::Split {
+                        dim,
+                        rank,
+                        parts: 2,
+                    },
+                ))
+                .unwrap();
+                let e = &l.entries()[0];
+                assert!(e.tp_sharded);
+                let w = l.init(9);
+                let mut from_global = vec![0.0; e.len];
+                e.copy_global_to_shard(&fw, &mut from_global);
+                assert_eq!(w, from_global);
+                e.copy_shard_to_global(&w, &mut rebuilt);
+            }
+            assert_eq!(rebuilt, fw);
+        }
+    }
+
+    #[test]
+    fn errors_and_segments() {
+        let mut l = ParamLayout::new();
+        let a = l.add(spec("a", &[3, 2], Shard::Replicated)).unwrap();
+        let b = l
+            .add(spec(
+                "b",
+                &[4],
+                Shard::Split {
+                    dim: 0,
+                    rank: 1,
+                    parts: 2,
+                },
+            ))
+            .unwrap();
+        assert_eq!((a.offset, a.len, b.offset, b.len), (0, 6, 6, 2));
+        assert_eq!(a.join(b), ParamRef { offset: 0, len: 8 });
+        assert!(matches!(
+            l.add(spec(
+                "c",
+                &[3],
+                Shard::Split {
+                    dim: 0,
+                    rank: 0,
+                    parts: 2
+                }
+            )),
+            Err(ParamError::NotDivisible { .. })
+        ));
+        assert!(matches!(
+            l.add(spec("a", &[1], Shard::Replicated)),
+            Err(ParamError::Duplicate { .. })
+        ));
+        let segs: Vec<_> = l.segments(4..7).map(|(r, e)| (r, e.name.clone())).collect();
+        assert_eq!(segs, vec![(4..6, "a".to_string()), (6..7, "b".to_string())]);
+    }
+}
