@@ -23,7 +23,7 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Plan a model on a cluster: rank the layouts that fit and write plan.json.
-    Plan(commands::plan::PlanArgs),
+    Plan(Box<commands::plan::PlanArgs>),
     /// Check model specs, cluster specs and plan files.
     Validate(commands::validate::ValidateArgs),
     /// Print a plan's per-stage memory, with the reason for each term.
@@ -31,9 +31,16 @@ enum Command {
 }
 
 fn main() -> ExitCode {
+    // Behave like other Unix tools when the reader goes away (`tessera plan … | head`): end
+    // quietly instead of panicking on a broken pipe.
+    #[cfg(unix)]
+    // SAFETY: restoring the default action of SIGPIPE before any thread starts.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    }
     let cli = Cli::parse();
     let result = match cli.command {
-        Command::Plan(args) => commands::plan::run(args),
+        Command::Plan(args) => commands::plan::run(*args),
         Command::Validate(args) => commands::validate::run(args),
         Command::Explain(args) => commands::explain::run(args),
     };

@@ -193,6 +193,24 @@ pub fn stages(layout: &Layout, layers: u64) -> Vec<Stage> {
         .collect()
 }
 
+/// Line and column of a key in a plan's JSON text, found by following a dotted path
+/// (`parallel.world`): each part is the first `"key":` after the previous one.
+fn key_location(src: &Source, field: &str) -> Option<(usize, usize)> {
+    let mut from = 0;
+    let mut start = 0;
+    for part in field.split('.') {
+        let needle = format!("\"{part}\"");
+        loop {
+            start = from + src.text.get(from..)?.find(&needle)?;
+            from = start + needle.len();
+            if src.text[from..].trim_start().starts_with(':') {
+                break;
+            }
+        }
+    }
+    Some(src.line_col(start))
+}
+
 impl Plan {
     /// Builds the plan document of a layout.
     pub fn new(model: &Model, cluster: &Cluster, layout: &Layout, search: SearchSummary) -> Plan {
@@ -242,7 +260,8 @@ impl Plan {
                     "format",
                     format!("this plan is format \"{other}\"; this tessera reads \"{FORMAT}\""),
                     "re-create the plan with this version of `tessera plan`",
-                ))
+                )
+                .at(key_location(src, "format")))
             }
             None => {
                 return Err(Diagnostic::new(
@@ -259,19 +278,20 @@ impl Plan {
             Diagnostic::new(path, "-", format!("the plan does not match {FORMAT}: {e}"), "re-create it with `tessera plan … -o plan.json` (docs/plan.schema.json describes the format)")
                 .at(Some((e.line(), e.column())))
         })?;
-        plan.check(path)?;
+        plan.check(src)?;
         Ok(plan)
     }
 
     /// Checks that the plan's parts agree with each other.
-    fn check(&self, path: &Path) -> Result<(), Diagnostic> {
+    fn check(&self, src: &Source) -> Result<(), Diagnostic> {
         let bad = |field: &str, problem: String| {
             Diagnostic::new(
-                path,
+                &src.path,
                 field,
                 problem,
                 "the plan was edited or damaged; re-create it with `tessera plan … -o plan.json`",
             )
+            .at(key_location(src, field))
         };
         let p = &self.parallel;
         let layout = p.layout();

@@ -164,6 +164,20 @@ pub fn run(args: PlanArgs) -> anyhow::Result<ExitCode> {
             ));
         }
     }
+    let n = cluster.devices;
+    for (flag, v) in [("--tp", pins.tp), ("--pp", pins.pp), ("--dp", pins.dp)] {
+        if let Some(v) = v.filter(|v| n % v != 0) {
+            let divisors: Vec<String> = (1..=n)
+                .filter(|d| n % d == 0)
+                .map(|d| d.to_string())
+                .collect();
+            return Err(cli_error(
+                flag,
+                format!("{flag} {v} does not divide the {n} devices of the plan (DP × PP × TP must equal the device count)"),
+                format!("pass {flag} as a divisor of {n}: {}, or change --nodes/--devices", divisors.join(", ")),
+            ));
+        }
+    }
     let result = search::search(&model, &cluster, &pins);
     let params = model.architecture.param_count();
     let Some(best) = result.fits.first() else {

@@ -1,6 +1,6 @@
 //! `tessera validate FILE...`: check model specs, cluster specs and plans.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use clap::Args;
@@ -33,7 +33,7 @@ pub fn run(args: ValidateArgs) -> anyhow::Result<ExitCode> {
     })
 }
 
-fn check(path: &PathBuf) -> anyhow::Result<String> {
+fn check(path: &Path) -> anyhow::Result<String> {
     let src = Source::read(path)?;
     let is_json = path.extension().is_some_and(|e| e == "json");
     if is_json && src.text.contains("\"format\"") {

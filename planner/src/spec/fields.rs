@@ -215,10 +215,36 @@ pub fn dotted(table: &str, field: &str) -> String {
     }
 }
 
+/// The `[table]` whose body holds `line` (1-based): the last header above it, or "" at the top.
+fn table_above(src: &Source, line: usize) -> String {
+    src.text
+        .lines()
+        .take(line.saturating_sub(1))
+        .filter_map(|l| {
+            let name = l.trim().strip_prefix('[')?.trim_start_matches('[');
+            Some(name.split(']').next()?.trim().to_string())
+        })
+        .last()
+        .unwrap_or_default()
+}
+
+/// The dotted key assigned on `line` (`architecture.hidden`), if that line is a `key = value`.
+fn key_on_line(src: &Source, line: usize) -> Option<String> {
+    let text = src.text.lines().nth(line.checked_sub(1)?)?;
+    let (key, _) = text.split_once('=')?;
+    let key = key.trim();
+    let bare = !key.is_empty()
+        && key
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || "_-.".contains(c));
+    bare.then(|| dotted(&table_above(src, line), key))
+}
+
 /// Turns a toml parse or type error into a diagnostic; unknown keys get a near-key suggestion.
 pub fn toml_error(src: &Source, e: &toml::de::Error, known_keys: &[&str]) -> Diagnostic {
     let message = e.message().trim().to_string();
     let location = src.locate(e.span());
+    let line = location.map_or(0, |(l, _)| l);
     if let Some(rest) = message.strip_prefix("unknown field `") {
         let found = rest.split('`').next().unwrap_or("");
         let options: Vec<&str> = message
@@ -238,15 +264,18 @@ pub fn toml_error(src: &Source, e: &toml::de::Error, known_keys: &[&str]) -> Dia
                 candidates.join(", ")
             ),
         };
-        return Diagnostic::new(&src.path, found, format!("unknown key `{found}`"), fix)
+        let field = dotted(&table_above(src, line), found);
+        return Diagnostic::new(&src.path, field, format!("unknown key `{found}`"), fix)
             .at(location);
     }
+    // A syntax or type error names no field: take the key assigned on the line it points at.
     let field = message
         .split('`')
         .nth(1)
         .filter(|_| message.contains("field"))
-        .unwrap_or("-")
-        .to_string();
+        .map(str::to_string)
+        .or_else(|| key_on_line(src, line))
+        .unwrap_or_else(|| "-".to_string());
     Diagnostic::new(
         &src.path,
         field,

@@ -75,7 +75,19 @@ pub fn parse_hf_config(src: &Source, over: TrainingOverrides) -> Result<Model, D
             let hidden = int(&["hidden_size"], true)?.unwrap_or(0);
             let heads = int(&["num_attention_heads"], true)?.unwrap_or(0);
             let kv_heads = int(&["num_key_value_heads"], false)?.unwrap_or(heads);
-            let head_dim = int(&["head_dim"], false)?.unwrap_or(hidden / heads);
+            let head_dim = match int(&["head_dim"], false)? {
+                Some(d) => d,
+                None if hidden.is_multiple_of(heads) => hidden / heads,
+                None => {
+                    return Err(err(
+                        "num_attention_heads",
+                        format!(
+                        "hidden_size ({hidden}) is not divisible by num_attention_heads ({heads})"
+                    ),
+                        "give \"head_dim\" explicitly, or fix the head count".into(),
+                    ))
+                }
+            };
             let act = v
                 .get("hidden_act")
                 .and_then(Value::as_str)
@@ -143,6 +155,7 @@ pub fn parse_hf_config(src: &Source, over: TrainingOverrides) -> Result<Model, D
             "set num_key_value_heads to a divisor of num_attention_heads".into(),
         ));
     }
+    over.check()?;
     let cli = std::path::Path::new("<command line>");
     let need = |flag: &str| {
         Diagnostic::new(

@@ -79,6 +79,26 @@ pub struct TrainingOverrides {
     pub global_batch: Option<u64>,
 }
 
+impl TrainingOverrides {
+    /// The command-line values must be at least 1 (a zero would plan an empty step).
+    pub(crate) fn check(&self) -> Result<(), Diagnostic> {
+        for (flag, v) in [
+            ("--seq-len", self.seq_len),
+            ("--global-batch", self.global_batch),
+        ] {
+            if v == Some(0) {
+                return Err(Diagnostic::new(
+                    "<command line>",
+                    flag,
+                    "must be at least 1, found 0",
+                    format!("pass {flag} 1 or more"),
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
 /// Parses and resolves a TOML model spec.
 pub fn parse_model_toml(src: &Source, overrides: TrainingOverrides) -> Result<Model, Diagnostic> {
     let raw: RawModel = toml::from_str(&src.text).map_err(|e| toml_error(src, &e, MODEL_KEYS))?;
@@ -214,6 +234,7 @@ pub(crate) fn resolve_training(
     overrides: TrainingOverrides,
 ) -> Result<Training, Diagnostic> {
     const T: &str = "training";
+    overrides.check()?;
     let seq_len = match overrides.seq_len {
         Some(v) => v,
         None => f.pos_int(T, "seq_len", &t.seq_len, "2048")?,
