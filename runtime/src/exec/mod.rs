@@ -1,0 +1,267 @@
+//! The executor: runs a plan for real, one thread per rank (the CPU backend).
+//!
+//! Every rank builds its share of the model from plan.json (`model`), then runs the planner's
+//! own schedule op lists (`tessera_planner::schedule::build`) literally (`rank`): it never
+//! re-decides the layout. Data parallelism syncs gradients by all-reduce or ZeRO-1/2/3.
+//! The oracle: every layout's losses and parameters equal the single-rank run's.
+
+mod model;
+mod rank;
+pub mod trace;
+
+use std::collections::BTreeMap;
+use std::sync::mpsc;
+use std::time::Instant;
+
+use tessera_planner::plan::Plan;
+use tessera_planner::Mesh;
+
+use crate::comm::{local_groups, CommError, LocalComm};
+use crate::data::{DataError, Tokens};
+use crate::layers::LayerError;
+use crate::params::ParamLayout;
+
+pub use model::{shard_of, StageModel};
+pub use trace::TraceEvent;
+
+/// Why a run cannot start or failed.
+#[derive(Debug, thiserror::Error)]
+pub enum RunError {
+    #[error("{0}")]
+    Layer(#[from] LayerError),
+    #[error("{0}")]
+    Comm(#[from] CommError),
+    #[error("{0}")]
+    Data(#[from] DataError),
+    /// The plan asks for something this runtime does not do.
+    #[error("{what}\n  fix: {fix}")]
+    Unsupported { what: String, fix: String },
+    /// A rank stopped with an error; the others were stopped.
+    #[error("rank {rank} failed: {message}")]
+    Rank { rank: usize, message: String },
+}
+
+/// Training settings that are not part of the plan.
+#[derive(Debug, Clone)]
+pub struct TrainOptions {
+    pub steps: usize,
+    pub seed: u64,
+    pub max_lr: f32,
+    pub min_lr: f32,
+    pub warmup_steps: usize,
+    /// Global gradient-norm clip (0 for none).
+    pub clip: f64,
+    pub weight_decay: f32,
+    /// Record a Chrome trace of every op.
+    pub trace: bool,
+}
+
+impl Default for TrainOptions {
+    fn default() -> Self {
+        TrainOptions {
+            steps: 50,
+            seed: 1234,
+            max_lr: 3e-3,
+            min_lr: 3e-4,
+            warmup_steps: 5,
+            clip: 1.0,
+            weight_decay: 0.1,
+            trace: false,
+        }
+    }
+}
+
+/// One optimizer step, as measured.
+#[derive(Debug, Clone, PartialEq)]
+pub struct StepMetrics {
+    pub step: usize,
+    /// Mean cross-entropy over the global batch.
+    pub loss: f64,
+    pub step_time_s: f64,
+    pub tokens_per_s: f64,
+}
+
+/// What a finished run reports.
+#[derive(Debug, Clone)]
+pub struct TrainReport {
+    pub steps: Vec<StepMetrics>,
+    /// Final parameters by tensor name, gathered from every rank into global tensors.
+    pub params: BTreeMap<String, Vec<f32>>,
+    /// Peak bytes allocated per rank (0 when the tracking allocator is not installed).
+    pub peak_bytes: Vec<u64>,
+    /// Every rank's executed ops, when tracing was asked for.
+    pub trace: Vec<TraceEvent>,
+}
+
+/// Checks that this runtime can execute the plan at all.
+pub fn check_supported(plan: &Plan) -> Result<(), RunError> {
+    let p = &plan.parallel;
+    if p.sequence_parallel {
+        return Err(RunError::Unsupported {
+            what: "the plan uses sequence parallelism, which the CPU runtime does not implement"
+                .into(),
+            fix: "re-plan with --no-sp".into(),
+        });
+    }
+    let a = &plan.job.model.architecture;
+    if a.vocab % p.tp != 0 {
+        return Err(RunError::Unsupported {
+            what: format!("vocab {} is not divisible by TP {}", a.vocab, p.tp),
+            fix: "pad the vocabulary to a multiple of TP in the model spec".into(),
+        });
+    }
+    if plan.job.model.training.dropout > 0.0 {
+        return Err(RunError::Unsupported {
+            what: format!(
+                "the model spec asks for dropout {}, which the runtime does not implement",
+                plan.job.model.training.dropout
+            ),
+            fix: "set [training] dropout = 0.0".into(),
+        });
+    }
+    Ok(())
+}
+
+/// Trains for `opts.steps` steps; `on_step` sees each step's metrics as it finishes.
+pub fn train(
+    plan: &Plan,
+    data: &Tokens,
+    opts: &TrainOptions,
+    on_step: &mut dyn FnMut(&StepMetrics),
+) -> Result<TrainReport, RunError> {
+    check_supported(plan)?;
+    let t = &plan.job.model.training;
+    data.check(plan.job.model.architecture.vocab, t.seq_len)?;
+    let p = &plan.parallel;
+    let mesh = Mesh::new(p.dp, p.pp, p.tp, plan.job.cluster.gpus_per_node);
+    let world = mesh.world() as usize;
+    let groups = local_groups(&mesh)?;
+    let embedding_groups = tied_embedding_groups(plan, &mesh)?;
+    let (tx, rx) = mpsc::channel::<StepMetrics>();
+    let epoch = Instant::now();
+    let results: Vec<Result<rank::RankResult, RunError>> = std::thread::scope(|s| {
+        let handles: Vec<_> = groups
+            .into_iter()
+            .zip(embedding_groups)
+            .enumerate()
+            .map(|(r, (g, emb))| {
+                let tx = tx.clone();
+                s.spawn(move || {
+                    crate::alloc::set_rank(r);
+                    let ctx = rank::RankCtx {
+                        plan,
+                        rank: r,
+                        mesh,
+                        tp: &g.tp,
+                        dp: &g.dp,
+                        pp: &g.pp,
+                        embedding: emb.as_ref(),
+                        data,
+                        opts,
+                        epoch,
+                        metrics: &tx,
+                    };
+                    let out = rank::run(&ctx);
+                    crate::alloc::set_rank(usize::MAX);
+                    out
+                })
+            })
+            .collect();
+        drop(tx);
+        for m in rx.iter() {
+            on_step(&m);
+        }
+        handles
+            .into_iter()
+            .enumerate()
+            .map(|(r, h)| {
+                h.join().unwrap_or_else(|e| {
+                    let message = e
+                        .downcast_ref::<String>()
+                        .cloned()
+                        .or_else(|| e.downcast_ref::<&str>().map(|s| s.to_string()))
+                        .unwrap_or_else(|| "panicked".into());
+                    Err(RunError::Rank { rank: r, message })
+                })
+            })
+            .collect()
+    });
+    // The first real failure explains the run; its peers only saw a partner disappear.
+    let mut outs = Vec::with_capacity(world);
+    let mut errors = Vec::new();
+    for (r, res) in results.into_iter().enumerate() {
+        match res {
+            Ok(o) => outs.push(o),
+            Err(e) => errors.push((r, e)),
+        }
+    }
+    if !errors.is_empty() {
+        let peer_gone = |e: &RunError| matches!(e, RunError::Comm(CommError::PeerGone { .. }));
+        let pick = errors.iter().position(|(_, e)| !peer_gone(e)).unwrap_or(0);
+        let (r, e) = errors.swap_remove(pick);
+        return Err(match e {
+            RunError::Rank { .. } => e,
+            other => RunError::Rank {
+                rank: r,
+                message: other.to_string(),
+            },
+        });
+    }
+    let steps = outs
+        .iter()
+        .find(|o| !o.steps.is_empty())
+        .map(|o| o.steps.clone())
+        .unwrap_or_default();
+    let params = gather(
+        &outs
+            .iter()
+            .map(|o| (&o.layout, &o.params[..]))
+            .collect::<Vec<_>>(),
+    );
+    Ok(TrainReport {
+        steps,
+        params,
+        peak_bytes: (0..world).map(crate::alloc::peak_bytes).collect(),
+        trace: outs.into_iter().flat_map(|o| o.trace).collect(),
+    })
+}
+
+/// With tied embeddings split over PP, ranks of stage 0 and the last stage with the same
+/// (dp, tp) sum the table's gradient: one two-rank group each (Megatron's embedding group).
+fn tied_embedding_groups(plan: &Plan, mesh: &Mesh) -> Result<Vec<Option<LocalComm>>, RunError> {
+    let world = mesh.world() as usize;
+    if !(plan.job.model.architecture.tied_embeddings && mesh.pp > 1) {
+        return Ok((0..world).map(|_| None).collect());
+    }
+    let mut slots: Vec<Option<LocalComm>> = (0..world).map(|_| None).collect();
+    for r in 0..world as u64 {
+        let c = mesh.coord(r);
+        if c.pp != 0 {
+            continue;
+        }
+        let last = mesh.rank(tessera_planner::mesh::Coord {
+            pp: mesh.pp - 1,
+            ..c
+        });
+        let mut pair = LocalComm::group(2).into_iter();
+        slots[r as usize] = pair.next();
+        slots[last as usize] = pair.next();
+    }
+    Ok(slots)
+}
+
+/// Global tensors by name from every rank's shards (a tensor held twice, e.g. a tied table on
+/// two stages, is written twice with the same values).
+pub fn gather(ranks: &[(&ParamLayout, &[f32])]) -> BTreeMap<String, Vec<f32>> {
+    let mut out: BTreeMap<String, Vec<f32>> = BTreeMap::new();
+    for (layout, flat) in ranks {
+        for e in layout.entries() {
+            let total: usize = e.global_shape.iter().product();
+            let global = out
+                .entry(e.name.clone())
+                .or_insert_with(|| vec![0.0; total]);
+            e.copy_shard_to_global(&flat[e.offset..e.offset + e.len], global);
+        }
+    }
+    out
+}

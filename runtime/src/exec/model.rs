@@ -1,0 +1,162 @@
+//! One rank's share of the model, built from the plan: the chunks of its pipeline stage, each a
+//! contiguous range of transformer blocks, plus the embedding on the first virtual stage and the
+//! final norm, output layer and loss on the last.
+//!
+//! Parameters of all chunks live in one flat buffer (llm.c style), chunk after chunk, so that a
+//! chunk's parameters are one contiguous region: ZeRO shards each region over the DP group.
+//! Tensor names carry global layer indices, so every layout initialises the same model.
+
+use std::ops::Range;
+
+use tessera_planner::model::Architecture;
+use tessera_planner::plan::Plan;
+
+use crate::layers::{
+    BlockConfig, ColumnParallelLinear, LayerError, Norm, PositionEmbedding, TpShard,
+    TransformerBlock, VocabParallelEmbedding,
+};
+use crate::params::ParamLayout;
+
+/// The embedding of the first virtual stage.
+pub struct Embedding {
+    pub wte: VocabParallelEmbedding,
+    pub wpe: Option<PositionEmbedding>,
+}
+
+/// The final norm and output layer of the last virtual stage.
+pub struct Head {
+    pub norm: Norm,
+    pub proj: ColumnParallelLinear,
+}
+
+/// One model chunk (a virtual pipeline stage) on this rank.
+pub struct Chunk {
+    pub virtual_stage: usize,
+    pub embedding: Option<Embedding>,
+    pub blocks: Vec<TransformerBlock>,
+    pub head: Option<Head>,
+    /// This chunk's parameters in the rank's flat buffer.
+    pub region: Range<usize>,
+}
+
+/// Everything one rank holds of the model.
+pub struct StageModel {
+    pub layout: ParamLayout,
+    pub chunks: Vec<Chunk>,
+    pub cfg: BlockConfig,
+    pub vocab: usize,
+    /// The last stage's copy of a tied embedding table living on stage 0 (PP > 1): its
+    /// gradient is summed with stage 0's and it is counted once in the gradient norm.
+    pub tied_copy: Option<Range<usize>>,
+}
+
+/// Name of the token embedding table (shared by a tied output layer).
+pub const WTE: &str = "wte";
+
+fn us(v: u64) -> usize {
+    usize::try_from(v).expect("model dimensions fit in memory")
+}
+
+impl StageModel {
+    /// Builds the chunks `stage` holds under `plan`, with `tp` its tensor-parallel shard.
+    pub fn build(plan: &Plan, stage: usize, tp: TpShard) -> Result<StageModel, LayerError> {
+        let a: &Architecture = &plan.job.model.architecture;
+        let cfg = BlockConfig::from_architecture(a)?;
+        let (c, vocab) = (us(a.hidden), us(a.vocab));
+        let mut layout = ParamLayout::new();
+        let mut chunks = Vec::new();
+        let mut tied_copy = None;
+        let pp = plan.parallel.pp as usize;
+        for ch in &plan.stages[stage].chunks {
+            let start = layout.len();
+            let embedding = if ch.embedding {
+                let wte = VocabParallelEmbedding::new(&mut layout, WTE, vocab, c, tp, 0.02)?;
+                let wpe = match cfg.rope_theta {
+                    None => Some(PositionEmbedding::new(
+                        &mut layout,
+                        "wpe",
+                        us(a.max_positions),
+                        c,
+                        0.01,
+                    )?),
+                    Some(_) => None,
+                };
+                Some(Embedding { wte, wpe })
+            } else {
+                None
+            };
+            let blocks = (ch.layers[0]..ch.layers[1])
+                .map(|l| TransformerBlock::new(&mut layout, &format!("h.{l}"), &cfg, tp))
+                .collect::<Result<Vec<_>, _>>()?;
+            let head = if ch.head {
+                let norm = Norm::new(&mut layout, "ln_f", cfg.norm, c, cfg.norm_eps)?;
+                let proj = if a.tied_embeddings {
+                    let table = match &embedding {
+                        Some(e) => e.wte.w,
+                        None => {
+                            // Same name as stage 0's table: the same initial values by global index.
+                            let copy =
+                                VocabParallelEmbedding::new(&mut layout, WTE, vocab, c, tp, 0.02)?;
+                            debug_assert!(pp > 1);
+                            tied_copy = Some(copy.w.range());
+                            copy.w
+                        }
+                    };
+                    ColumnParallelLinear::tied(table, c)
+                } else {
+                    ColumnParallelLinear::new(&mut layout, "lm_head", c, vocab, false, tp, 0.02)?
+                };
+                Some(Head { norm, proj })
+            } else {
+                None
+            };
+            chunks.push(Chunk {
+                virtual_stage: ch.virtual_stage as usize,
+                embedding,
+                blocks,
+                head,
+                region: start..layout.len(),
+            });
+        }
+        Ok(StageModel {
+            layout,
+            chunks,
+            cfg,
+            vocab,
+            tied_copy,
+        })
+    }
+}
+
+/// The part of `region` that DP rank `r` of `n` owns under ZeRO: equal shards of
+/// `ceil(len / n)` elements (the last ones may be short or empty).
+pub fn shard_of(region: &Range<usize>, n: usize, r: usize) -> Range<usize> {
+    let len = region.end - region.start;
+    let s = len.div_ceil(n.max(1));
+    let a = (region.start + r * s).min(region.end);
+    let b = (region.start + (r + 1) * s).min(region.end);
+    a..b
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shards_cover_a_region_once() {
+        for len in [0usize, 1, 7, 8, 9, 100] {
+            for n in 1..=5 {
+                let region = 10..10 + len;
+                let mut covered = Vec::new();
+                for r in 0..n {
+                    covered.extend(shard_of(&region, n, r));
+                }
+                assert_eq!(
+                    covered,
+                    region.clone().collect::<Vec<_>>(),
+                    "len {len} n {n}"
+                );
+            }
+        }
+    }
+}

@@ -1,0 +1,204 @@
+//! The oracle: every layout of the tiny model trains exactly like the single-rank run.
+//!
+//! Each plan starts from the same weights (initialised by global index), sees the same global
+//! batches, and must give the same per-step losses and final parameters as the 1×1×1 plan,
+//! within 1e-5 relative, over 5 steps of the real executor (threads as ranks).
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use tessera_planner::layout::{Layout, Recompute, Sharding};
+use tessera_planner::plan::{Plan, SearchSummary};
+use tessera_planner::schedule::ScheduleKind;
+use tessera_planner::spec::{load_cluster, load_model, ClusterOverrides, TrainingOverrides};
+use tessera_runtime::data::Tokens;
+use tessera_runtime::exec::{train, TrainOptions, TrainReport};
+
+const STEPS: usize = 5;
+
+fn plan(
+    dp: u64,
+    pp: u64,
+    tp: u64,
+    zero: u8,
+    schedule: ScheduleKind,
+    v: u64,
+    recompute: Recompute,
+) -> Plan {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let model = load_model(
+        &root.join("specs/models/tiny.toml"),
+        TrainingOverrides::default(),
+    )
+    .unwrap();
+    let cluster = load_cluster(
+        &root.join("specs/clusters/cpu-8.toml"),
+        ClusterOverrides {
+            nodes: None,
+            devices: Some(dp * pp * tp),
+        },
+    )
+    .unwrap();
+    let layout = Layout {
+        dp,
+        pp,
+        tp,
+        micro_batch: 2,
+        sharding: Sharding {
+            zero_stage: zero,
+            hybrid: false,
+        },
+        recompute,
+        sequence_parallel: false,
+        schedule,
+        virtual_stages: v,
+    };
+    layout
+        .check(&model, &cluster)
+        .unwrap_or_else(|e| panic!("{}: {e}", layout.label()));
+    let summary = SearchSummary {
+        ordering: "pinned".into(),
+        evaluated: 1,
+        fitting: 1,
+        alternatives: vec![],
+    };
+    Plan::new(&model, &cluster, &layout, summary)
+}
+
+fn data() -> Tokens {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/data/parallelism.txt");
+    Tokens::load(&path).unwrap()
+}
+
+fn run(plan: &Plan) -> TrainReport {
+    let opts = TrainOptions {
+        steps: STEPS,
+        ..TrainOptions::default()
+    };
+    train(plan, &data(), &opts, &mut |_| {})
+        .unwrap_or_else(|e| panic!("{}: {e}", plan.parallel.layout().label()))
+}
+
+fn assert_same(got: &TrainReport, want: &TrainReport, what: &str) {
+    assert_eq!(got.steps.len(), STEPS, "{what}: every step reports a loss");
+    for (a, b) in got.steps.iter().zip(&want.steps) {
+        assert!(
+            (a.loss - b.loss).abs() <= 1e-5 * b.loss.abs(),
+            "{what}: step {} loss {} vs {}",
+            a.step,
+            a.loss,
+            b.loss
+        );
+    }
+    assert_params_close(&got.params, &want.params, what);
+}
+
+/// Each tensor within 1e-5 of the reference in relative L2 norm, ‖a − b‖ / ‖b‖. (Element-wise
+/// maxima are the wrong yardstick after Adam: an element whose gradient is near zero moves by
+/// ±lr on rounding noise alone, which no reordering of sums can avoid.)
+fn assert_params_close(
+    got: &BTreeMap<String, Vec<f32>>,
+    want: &BTreeMap<String, Vec<f32>>,
+    what: &str,
+) {
+    assert_eq!(
+        got.keys().collect::<Vec<_>>(),
+        want.keys().collect::<Vec<_>>(),
+        "{what}: same tensors"
+    );
+    for (name, w) in want {
+        let g = &got[name];
+        let diff: f64 = g
+            .iter()
+            .zip(w)
+            .map(|(a, b)| f64::from(a - b).powi(2))
+            .sum::<f64>()
+            .sqrt();
+        let norm: f64 = w.iter().map(|b| f64::from(*b).powi(2)).sum::<f64>().sqrt();
+        assert!(
+            diff <= 1e-5 * norm,
+            "{what}: {name} differs by {:e} relative",
+            diff / norm
+        );
+    }
+}
+
+fn reference() -> TrainReport {
+    let r = run(&plan(
+        1,
+        1,
+        1,
+        0,
+        ScheduleKind::OneFOneB,
+        1,
+        Recompute::None,
+    ));
+    let first = r.steps[0].loss;
+    let last = r.steps[STEPS - 1].loss;
+    assert!(last < first, "the single-rank run learns: {first} → {last}");
+    r
+}
+
+#[test]
+fn every_dp_pp_tp_layout_up_to_8_ranks() {
+    let want = reference();
+    let degrees = [1u64, 2, 4];
+    for dp in degrees {
+        for pp in degrees {
+            for tp in degrees {
+                if dp * pp * tp > 8 || dp * pp * tp == 1 {
+                    continue;
+                }
+                let p = plan(dp, pp, tp, 0, ScheduleKind::OneFOneB, 1, Recompute::None);
+                assert_same(&run(&p), &want, &format!("dp{dp} pp{pp} tp{tp}"));
+            }
+        }
+    }
+}
+
+#[test]
+fn zero_stages_1_to_3() {
+    let want = reference();
+    for zero in 1..=3u8 {
+        for (dp, pp, tp) in [(2, 1, 1), (4, 1, 2), (2, 2, 2), (4, 2, 1)] {
+            let p = plan(dp, pp, tp, zero, ScheduleKind::OneFOneB, 1, Recompute::None);
+            assert_same(&run(&p), &want, &format!("zero{zero} dp{dp} pp{pp} tp{tp}"));
+        }
+    }
+}
+
+#[test]
+fn every_schedule() {
+    let want = reference();
+    for (pp, dp, tp, kind, v) in [
+        (2, 1, 1, ScheduleKind::Gpipe, 1),
+        (4, 2, 1, ScheduleKind::Gpipe, 1),
+        (2, 2, 2, ScheduleKind::OneFOneB, 1),
+        (4, 1, 2, ScheduleKind::OneFOneB, 1),
+        (2, 1, 1, ScheduleKind::Interleaved, 2),
+        (2, 2, 2, ScheduleKind::Interleaved, 2),
+        (2, 1, 4, ScheduleKind::Interleaved, 2),
+    ] {
+        let p = plan(dp, pp, tp, 1, kind, v, Recompute::None);
+        assert_same(
+            &run(&p),
+            &want,
+            &format!("{kind:?}×{v} dp{dp} pp{pp} tp{tp}"),
+        );
+    }
+}
+
+#[test]
+fn every_recompute_mode() {
+    let want = reference();
+    for recompute in [Recompute::Selective, Recompute::Full] {
+        for (dp, pp, tp) in [(1, 1, 1), (2, 2, 2), (1, 4, 2)] {
+            let p = plan(dp, pp, tp, 0, ScheduleKind::OneFOneB, 1, recompute);
+            assert_same(
+                &run(&p),
+                &want,
+                &format!("{recompute:?} dp{dp} pp{pp} tp{tp}"),
+            );
+        }
+    }
+}
