@@ -5,6 +5,9 @@
 mod commands;
 mod output;
 
+#[global_allocator]
+static ALLOC: tessera_runtime::alloc::TrackingAlloc = tessera_runtime::alloc::TrackingAlloc;
+
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
@@ -28,6 +31,8 @@ enum Command {
     Validate(commands::validate::ValidateArgs),
     /// Print a plan's per-stage memory, with the reason for each term.
     Explain(commands::explain::ExplainArgs),
+    /// Train as a plan says (CPU backend: threads as ranks) and compare with its predictions.
+    Run(commands::run::RunArgs),
 }
 
 fn main() -> ExitCode {
@@ -43,6 +48,7 @@ fn main() -> ExitCode {
         Command::Plan(args) => commands::plan::run(*args),
         Command::Validate(args) => commands::validate::run(args),
         Command::Explain(args) => commands::explain::run(args),
+        Command::Run(args) => commands::run::run(args),
     };
     match result {
         Ok(code) => code,

@@ -197,7 +197,9 @@ impl Layout {
                 ),
             ));
         }
-        if self.recompute == Recompute::Selective && t.attention == crate::model::AttentionImpl::Flash {
+        if self.recompute == Recompute::Selective
+            && t.attention == crate::model::AttentionImpl::Flash
+        {
             return Err(Rejection::new(
                 "selective recompute is what flash attention already does",
                 "flash attention stores no s×s tensors, so selective recompute changes nothing; use none or full".to_string(),

@@ -2,4 +2,5 @@
 
 pub mod explain;
 pub mod plan;
+pub mod run;
 pub mod validate;

@@ -22,7 +22,7 @@ use crate::layers::LayerError;
 use crate::params::ParamLayout;
 
 pub use model::{shard_of, StageModel};
-pub use trace::TraceEvent;
+pub use trace::{chrome_trace, TraceEvent};
 
 /// Why a run cannot start or failed.
 #[derive(Debug, thiserror::Error)]
@@ -54,6 +54,8 @@ pub struct TrainOptions {
     pub weight_decay: f32,
     /// Record a Chrome trace of every op.
     pub trace: bool,
+    /// Threads each rank's matmuls may use (1 keeps runs bit-reproducible across machines).
+    pub threads_per_rank: usize,
 }
 
 impl Default for TrainOptions {
@@ -67,6 +69,7 @@ impl Default for TrainOptions {
             clip: 1.0,
             weight_decay: 0.1,
             trace: false,
+            threads_per_rank: 1,
         }
     }
 }
@@ -104,7 +107,7 @@ pub fn check_supported(plan: &Plan) -> Result<(), RunError> {
         });
     }
     let a = &plan.job.model.architecture;
-    if a.vocab % p.tp != 0 {
+    if !a.vocab.is_multiple_of(p.tp) {
         return Err(RunError::Unsupported {
             what: format!("vocab {} is not divisible by TP {}", a.vocab, p.tp),
             fix: "pad the vocabulary to a multiple of TP in the model spec".into(),
@@ -148,6 +151,7 @@ pub fn train(
                 let tx = tx.clone();
                 s.spawn(move || {
                     crate::alloc::set_rank(r);
+                    crate::cpu::set_threads(opts.threads_per_rank);
                     let ctx = rank::RankCtx {
                         plan,
                         rank: r,

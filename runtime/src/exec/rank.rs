@@ -158,7 +158,7 @@ impl<'a> Rank<'a> {
             ..AdamWConfig::default()
         };
         let ranges: Vec<Range<usize>> = if zero == 0 {
-            vec![0..model.layout.len()]
+            std::iter::once(0..model.layout.len()).collect()
         } else {
             model
                 .chunks

@@ -1,0 +1,160 @@
+//! CPU training speed: GPT-2 124M at micro-batch 4 and sequence 64 on 1 and 2 ranks, side by
+//! side with the GEMM crate's standalone rate on the model's own matmul shapes.
+//!
+//! Run: `cargo bench -p tessera-runtime --bench cpu_train` (results go to docs/performance.md by
+//! hand, with the machine and the date). Ratios, not absolute numbers, are what to compare.
+
+use std::path::Path;
+use std::time::Instant;
+
+use tessera_planner::layout::{Layout, Recompute, Sharding};
+use tessera_planner::plan::{Plan, SearchSummary};
+use tessera_planner::schedule::ScheduleKind;
+use tessera_planner::spec::{load_cluster, load_model, ClusterOverrides, TrainingOverrides};
+use tessera_runtime::data::Tokens;
+use tessera_runtime::exec::{train, TrainOptions};
+
+const SEQ: u64 = 64;
+const MICRO: u64 = 4;
+const STEPS: usize = 4;
+
+fn plan(dp: u64) -> Plan {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    // Global batch 8: two micro-batches of 4 on one rank, one each on two DP ranks.
+    let over = TrainingOverrides {
+        seq_len: Some(SEQ),
+        global_batch: Some(8),
+    };
+    let model = load_model(&root.join("specs/models/gpt2-124m.toml"), over).expect("preset loads");
+    let cluster = load_cluster(
+        &root.join("specs/clusters/cpu-8.toml"),
+        ClusterOverrides {
+            nodes: None,
+            devices: Some(dp),
+        },
+    )
+    .expect("preset loads");
+    let layout = Layout {
+        dp,
+        pp: 1,
+        tp: 1,
+        micro_batch: MICRO,
+        sharding: Sharding {
+            zero_stage: 0,
+            hybrid: false,
+        },
+        recompute: Recompute::None,
+        sequence_parallel: false,
+        schedule: ScheduleKind::OneFOneB,
+        virtual_stages: 1,
+    };
+    let summary = SearchSummary {
+        ordering: "pinned".into(),
+        evaluated: 1,
+        fitting: 1,
+        alternatives: vec![],
+    };
+    Plan::new(&model, &cluster, &layout, summary)
+}
+
+/// Matmul FLOPs of one training step (forward 2·N·tokens for the linear layers and the tied
+/// head, backward twice that), and the attention score/value matmuls (4·s²·h per sequence
+/// per layer forward, causal half not skipped by the kernel counted as computed).
+fn step_flops(plan: &Plan) -> (f64, f64) {
+    let a = &plan.job.model.architecture;
+    let t = &plan.job.model.training;
+    let tokens = (t.global_batch * t.seq_len) as f64;
+    let linear_params =
+        a.layers as f64 * (a.layer_params().sharded as f64) + (a.vocab * a.hidden) as f64;
+    let linear = 6.0 * linear_params * tokens;
+    let attention = 3.0
+        * a.layers as f64
+        * t.global_batch as f64
+        * 4.0
+        * (t.seq_len * t.seq_len * a.hidden) as f64;
+    (linear, attention)
+}
+
+fn gemm_gflops(m: usize, k: usize, n: usize, threads: usize) -> f64 {
+    let a = vec![0.5f32; m * k];
+    let b = vec![0.25f32; k * n];
+    let mut c = vec![0.0f32; m * n];
+    let par = if threads > 1 {
+        gemm::Parallelism::Rayon(threads)
+    } else {
+        gemm::Parallelism::None
+    };
+    let run = |c: &mut [f32]| unsafe {
+        gemm::gemm(
+            m,
+            n,
+            k,
+            c.as_mut_ptr(),
+            1,
+            n as isize,
+            false,
+            a.as_ptr(),
+            1,
+            k as isize,
+            b.as_ptr(),
+            1,
+            n as isize,
+            0.0,
+            1.0,
+            false,
+            false,
+            false,
+            par,
+        )
+    };
+    run(&mut c);
+    let reps = 20;
+    let start = Instant::now();
+    for _ in 0..reps {
+        run(&mut c);
+    }
+    2.0 * (m * k * n * reps) as f64 / start.elapsed().as_secs_f64() / 1e9
+}
+
+fn main() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let data = Tokens::load(&root.join("examples/data/parallelism.txt")).expect("bundled text");
+    // The tokenizer is byte-level; GPT-2's vocabulary covers every byte.
+    println!("GPT-2 124M, micro-batch {MICRO}, sequence {SEQ}, global batch 8, {STEPS} steps (first excluded)");
+    let rows = (MICRO * SEQ) as usize;
+    let gemm_ref = [
+        (rows, 768, 2304),
+        (rows, 768, 3072),
+        (rows, 3072, 768),
+        (rows, 768, 768),
+    ];
+    let single: f64 = gemm_ref
+        .iter()
+        .map(|&(m, k, n)| gemm_gflops(m, k, n, 1))
+        .sum::<f64>()
+        / gemm_ref.len() as f64;
+    println!(
+        "gemm crate standalone, 1 thread, model shapes {gemm_ref:?}: {single:.1} GFLOP/s (mean)"
+    );
+    for dp in [1u64, 2] {
+        let plan = plan(dp);
+        let opts = TrainOptions {
+            steps: STEPS,
+            ..TrainOptions::default()
+        };
+        let report = train(&plan, &data, &opts, &mut |_| {}).expect("trains");
+        let timed: Vec<f64> = report.steps.iter().skip(1).map(|m| m.step_time_s).collect();
+        let step = timed.iter().sum::<f64>() / timed.len() as f64;
+        let (linear, attention) = step_flops(&plan);
+        let tokens = (8 * SEQ) as f64;
+        println!(
+            "{dp} rank(s): {:.3} s/step, {:.0} tokens/s, {:.1} GFLOP/s on the linear layers ({:.1} per rank, {:.0}% of standalone gemm per rank), {:.1} GFLOP/s with attention",
+            step,
+            tokens / step,
+            linear / step / 1e9,
+            linear / step / 1e9 / dp as f64,
+            100.0 * linear / step / 1e9 / dp as f64 / single,
+            (linear + attention) / step / 1e9,
+        );
+    }
+}

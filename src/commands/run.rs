@@ -1,0 +1,214 @@
+//! `tessera run plan.json`: train for real as the plan says, and compare with its predictions.
+
+use std::io::Write;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::{bail, Context};
+use clap::{Args, ValueEnum};
+use indicatif::{ProgressBar, ProgressStyle};
+use tessera_planner::plan::Plan;
+use tessera_planner::spec::{DeviceKind, GIB};
+use tessera_runtime::data::Tokens;
+use tessera_runtime::exec::{self, chrome_trace, TrainOptions};
+
+use crate::output::{table, write_atomic};
+
+/// The text the default run trains on (ships with the repository, so it works offline).
+const DEFAULT_DATA: &str = "examples/data/parallelism.txt";
+
+#[derive(Clone, Copy, ValueEnum, PartialEq, Debug)]
+enum Backend {
+    /// f32 on the host CPU, threads as ranks.
+    Cpu,
+    /// NVIDIA GPUs (needs a build with `--features cuda`).
+    Cuda,
+}
+
+#[derive(Args)]
+pub struct RunArgs {
+    /// A plan written by `tessera plan -o`.
+    plan: PathBuf,
+    /// Optimizer steps to run.
+    #[arg(long, default_value_t = 50)]
+    steps: usize,
+    /// Training data: UTF-8 text (byte tokens) or a token file (.bin u16, .u32 u32, little-endian).
+    #[arg(long, default_value = DEFAULT_DATA)]
+    data: PathBuf,
+    /// Seed of the weights and of the data order.
+    #[arg(long, default_value_t = 1234)]
+    seed: u64,
+    /// Peak learning rate (warm-up, then cosine decay to a tenth of it).
+    #[arg(long, default_value_t = 3e-3)]
+    lr: f32,
+    /// Write one JSON line per step (step, loss, step_time_s, tokens_per_s).
+    #[arg(long)]
+    metrics: Option<PathBuf>,
+    /// Write a Chrome trace (Perfetto-readable) of the executed schedule, one track per rank.
+    #[arg(long)]
+    trace: Option<PathBuf>,
+    /// Where to run.
+    #[arg(long, value_enum, default_value_t = Backend::Cpu)]
+    backend: Backend,
+}
+
+/// Bytes of host memory a CPU run of `plan` needs: f32 weights, gradients and Adam moments for
+/// every rank's parameters (ZeRO shards the moments), plus the plan's activations at 4 bytes
+/// instead of 2.
+fn host_bytes_needed(plan: &Plan) -> f64 {
+    let p = &plan.parallel;
+    let per_stage = &plan.predicted.memory.per_stage;
+    let shard = if p.zero_stage >= 1 { p.dp as f64 } else { 1.0 };
+    per_stage
+        .iter()
+        .map(|s| {
+            let act: u64 = s
+                .terms
+                .iter()
+                .filter(|t| t.kind == "activations")
+                .map(|t| t.bytes)
+                .sum();
+            let states = s.params_per_rank as f64 * (8.0 + 8.0 / shard);
+            (states + 2.0 * act as f64) * (p.dp * p.tp) as f64
+        })
+        .sum()
+}
+
+fn host_available_bytes() -> Option<f64> {
+    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = text.lines().find(|l| l.starts_with("MemAvailable:"))?;
+    let kb: f64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kb * 1024.0)
+}
+
+pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
+    let plan = Plan::load(&args.plan)?;
+    let cluster = &plan.job.cluster;
+    if args.backend == Backend::Cuda || cluster.device.kind == DeviceKind::Gpu {
+        bail!(
+            "{}: this plan is for {} × {} ({}); running it needs the CUDA backend, and this tessera was built without CUDA support\n  fix: build with `cargo build --release --features cuda` on a machine with NVIDIA GPUs, or plan for a CPU cluster (specs/clusters/cpu-8.toml) to run here",
+            args.plan.display(),
+            cluster.devices,
+            cluster.device.name,
+            if args.backend == Backend::Cuda { "--backend cuda" } else { "a GPU cluster" },
+        );
+    }
+    exec::check_supported(&plan).map_err(|e| anyhow::anyhow!("{}: {e}", args.plan.display()))?;
+    let need = host_bytes_needed(&plan);
+    if let Some(have) = host_available_bytes() {
+        if need > have {
+            bail!(
+                "{}: this CPU run needs about {:.1} GiB of host memory ({} ranks), and {:.1} GiB is available\n  fix: plan a smaller model, a smaller micro-batch or more recompute, or free memory",
+                args.plan.display(),
+                need / GIB,
+                plan.parallel.world,
+                have / GIB
+            );
+        }
+    }
+    let data = Tokens::load(&args.data)
+        .with_context(|| format!("{}: cannot load the training data", args.data.display()))?;
+    let opts = TrainOptions {
+        steps: args.steps,
+        seed: args.seed,
+        max_lr: args.lr,
+        min_lr: args.lr / 10.0,
+        trace: args.trace.is_some(),
+        threads_per_rank: std::thread::available_parallelism()
+            .map_or(1, |n| (n.get() / plan.parallel.world as usize).max(1)),
+        ..TrainOptions::default()
+    };
+    let p = &plan.parallel;
+    println!(
+        "{}: {} parameters, dp {} × tp {} × pp {} on {} CPU ranks, micro-batch {} × {} micro-batches, ZeRO-{}, {} recompute, schedule {}",
+        plan.job.model.name,
+        plan.job.parameters,
+        p.dp,
+        p.tp,
+        p.pp,
+        p.world,
+        p.micro_batch,
+        p.microbatches,
+        p.zero_stage,
+        p.recompute.name(),
+        p.schedule.name()
+    );
+    let bar = ProgressBar::new(args.steps as u64);
+    bar.set_style(
+        ProgressStyle::with_template("{bar:30} {pos}/{len} steps  {msg}")
+            .expect("a valid template"),
+    );
+    let mut metrics_file = match &args.metrics {
+        Some(path) => Some(std::io::BufWriter::new(
+            std::fs::File::create(path)
+                .with_context(|| format!("{}: cannot write the metrics", path.display()))?,
+        )),
+        None => None,
+    };
+    let mut write_error = None;
+    let report = exec::train(&plan, &data, &opts, &mut |m| {
+        bar.set_position(m.step as u64 + 1);
+        bar.set_message(format!("loss {:.4}  {:.0} tokens/s", m.loss, m.tokens_per_s));
+        if let Some(f) = metrics_file.as_mut() {
+            let line = serde_json::json!({"step": m.step, "loss": m.loss, "step_time_s": m.step_time_s, "tokens_per_s": m.tokens_per_s});
+            if let Err(e) = writeln!(f, "{line}") {
+                write_error.get_or_insert(e);
+            }
+        }
+    })
+    .map_err(|e| anyhow::anyhow!("{e}"))?;
+    bar.finish();
+    if let Some(e) = write_error {
+        bail!("cannot write the metrics: {e}");
+    }
+    if let Some(mut f) = metrics_file {
+        f.flush()?;
+    }
+    let (first, last) = (report.steps.first(), report.steps.last());
+    if let (Some(a), Some(b)) = (first, last) {
+        println!(
+            "loss {:.4} → {:.4} over {} steps",
+            a.loss,
+            b.loss,
+            report.steps.len()
+        );
+    }
+    // Measured against predicted. Steps after the first exclude one-time allocation.
+    let timed: Vec<f64> = report.steps.iter().skip(1).map(|m| m.step_time_s).collect();
+    if !timed.is_empty() {
+        let mean = timed.iter().sum::<f64>() / timed.len() as f64;
+        let t = &plan.job.model.training;
+        println!(
+            "step time {:.4} s measured (mean of steps 2..{}), {:.0} tokens/s",
+            mean,
+            report.steps.len(),
+            (t.global_batch * t.seq_len) as f64 / mean
+        );
+    }
+    let mib = |b: u64| format!("{:.1}", b as f64 / (1024.0 * 1024.0));
+    let mut mem = table(
+        &["rank", "stage", "measured MiB", "predicted MiB"],
+        &[0, 1, 2, 3],
+    );
+    let mesh = tessera_planner::Mesh::new(p.dp, p.pp, p.tp, cluster.gpus_per_node);
+    for (r, bytes) in report.peak_bytes.iter().enumerate() {
+        let stage = mesh.coord(r as u64).pp as usize;
+        let predicted = plan.predicted.memory.per_stage[stage].total_bytes;
+        mem.add_row(vec![
+            r.to_string(),
+            stage.to_string(),
+            mib(*bytes),
+            mib(predicted),
+        ]);
+    }
+    println!("{mem}");
+    println!(
+        "measured: peak bytes the allocator gave each rank's thread (f32 weights, gradients and Adam moments); predicted: the plan's per-device total under the \"{}\" precision policy",
+        plan.job.model.training.precision
+    );
+    if let Some(path) = &args.trace {
+        write_atomic(path, &chrome_trace(&report.trace, "measured"))?;
+        println!("wrote {} (open in https://ui.perfetto.dev)", path.display());
+    }
+    Ok(ExitCode::SUCCESS)
+}
