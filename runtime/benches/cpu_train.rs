@@ -75,45 +75,57 @@ fn step_flops(plan: &Plan) -> (f64, f64) {
     (linear, attention)
 }
 
-fn gemm_gflops(m: usize, k: usize, n: usize, threads: usize) -> f64 {
-    let a = vec![0.5f32; m * k];
-    let b = vec![0.25f32; k * n];
-    let mut c = vec![0.0f32; m * n];
-    let par = if threads > 1 {
-        gemm::Parallelism::Rayon(threads)
-    } else {
-        gemm::Parallelism::None
-    };
-    let run = |c: &mut [f32]| unsafe {
-        gemm::gemm(
-            m,
-            n,
-            k,
-            c.as_mut_ptr(),
-            1,
-            n as isize,
-            false,
-            a.as_ptr(),
-            1,
-            k as isize,
-            b.as_ptr(),
-            1,
-            n as isize,
-            0.0,
-            1.0,
-            false,
-            false,
-            false,
-            par,
-        )
-    };
-    run(&mut c);
+/// GFLOP/s of one single-threaded gemm of `(m×k)·(k×n)`, while `concurrent` threads run the
+/// same gemm at once (as `concurrent` rank threads do): the per-thread rate.
+fn gemm_gflops(m: usize, k: usize, n: usize, concurrent: usize) -> f64 {
     let reps = 20;
-    let start = Instant::now();
-    for _ in 0..reps {
-        run(&mut c);
-    }
-    2.0 * (m * k * n * reps) as f64 / start.elapsed().as_secs_f64() / 1e9
+    let rates: Vec<f64> = std::thread::scope(|s| {
+        let hs: Vec<_> = (0..concurrent)
+            .map(|_| {
+                s.spawn(move || {
+                    let a = vec![0.5f32; m * k];
+                    let b = vec![0.25f32; k * n];
+                    let mut c = vec![0.0f32; m * n];
+                    let run = |c: &mut [f32]| {
+                        // SAFETY: the pointers and strides describe the three row-major buffers above.
+                        unsafe {
+                            gemm::gemm(
+                                m,
+                                n,
+                                k,
+                                c.as_mut_ptr(),
+                                1,
+                                n as isize,
+                                false,
+                                a.as_ptr(),
+                                1,
+                                k as isize,
+                                b.as_ptr(),
+                                1,
+                                n as isize,
+                                0.0,
+                                1.0,
+                                false,
+                                false,
+                                false,
+                                gemm::Parallelism::None,
+                            )
+                        }
+                    };
+                    run(&mut c);
+                    let start = Instant::now();
+                    for _ in 0..reps {
+                        run(&mut c);
+                    }
+                    2.0 * (m * k * n * reps) as f64 / start.elapsed().as_secs_f64() / 1e9
+                })
+            })
+            .collect();
+        hs.into_iter()
+            .map(|h| h.join().expect("gemm thread"))
+            .collect()
+    });
+    rates.iter().sum::<f64>() / rates.len() as f64
 }
 
 fn main() {
@@ -128,15 +140,14 @@ fn main() {
         (rows, 3072, 768),
         (rows, 768, 768),
     ];
-    let single: f64 = gemm_ref
-        .iter()
-        .map(|&(m, k, n)| gemm_gflops(m, k, n, 1))
-        .sum::<f64>()
-        / gemm_ref.len() as f64;
-    println!(
-        "gemm crate standalone, 1 thread, model shapes {gemm_ref:?}: {single:.1} GFLOP/s (mean)"
-    );
+    println!("gemm crate standalone on the model's shapes {gemm_ref:?}, one thread per rank:");
     for dp in [1u64, 2] {
+        let single: f64 = gemm_ref
+            .iter()
+            .map(|&(m, k, n)| gemm_gflops(m, k, n, dp as usize))
+            .sum::<f64>()
+            / gemm_ref.len() as f64;
+        println!("  gemm alone, {dp} concurrent thread(s): {single:.1} GFLOP/s per thread (mean over the shapes)");
         let plan = plan(dp);
         let opts = TrainOptions {
             steps: STEPS,
