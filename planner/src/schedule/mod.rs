@@ -329,7 +329,6 @@ impl Schedule {
     }
 }
 
-
 #[cfg(test)]
 mod tests {
     use super::*;
