@@ -33,6 +33,9 @@ enum Command {
     Explain(commands::explain::ExplainArgs),
     /// Train as a plan says (CPU backend: threads as ranks) and compare with its predictions.
     Run(commands::run::RunArgs),
+    /// Replay the published runs of runs.toml through the planner; write docs/validation.md.
+    #[command(hide = true)]
+    ValidatePlanner(commands::validate_planner::ValidatePlannerArgs),
 }
 
 fn main() -> ExitCode {
@@ -49,6 +52,7 @@ fn main() -> ExitCode {
         Command::Validate(args) => commands::validate::run(args),
         Command::Explain(args) => commands::explain::run(args),
         Command::Run(args) => commands::run::run(args),
+        Command::ValidatePlanner(args) => commands::validate_planner::run(args),
     };
     match result {
         Ok(code) => code,

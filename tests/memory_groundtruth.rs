@@ -36,6 +36,7 @@ fn cluster(devices: u64, memory_gib: f64) -> Cluster {
             context_gib: 0.0,
             fragmentation: 0.0,
         },
+        calibration: Default::default(),
     }
 }
 

@@ -96,3 +96,73 @@ fn json_output_is_the_same_document_as_the_file() {
     );
     std::fs::remove_dir_all(&dir).ok();
 }
+
+/// A pipeline whose head is heavy (Llama 3 8B: the 128K-vocabulary output layer costs about two
+/// transformer layers) gets fewer layers on its last stage; the uneven plan reads back, and a
+/// plan whose chunks leave a gap is refused.
+#[test]
+fn uneven_stage_split_round_trips_and_gaps_are_refused() {
+    let dir = std::env::temp_dir().join(format!("tessera-uneven-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let out = dir.join("plan.json");
+    let run = Command::new(env!("CARGO_BIN_EXE_tessera"))
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .args([
+            "plan",
+            "specs/models/llama3-8b.toml",
+            "specs/clusters/dgx-h100-80g.toml",
+            "--tp",
+            "2",
+            "--pp",
+            "4",
+            "--dp",
+            "1",
+            "--schedule",
+            "1f1b",
+            "--format",
+            "json",
+            "-o",
+        ])
+        .arg(&out)
+        .output()
+        .unwrap();
+    assert!(
+        run.status.success(),
+        "{}",
+        String::from_utf8_lossy(&run.stderr)
+    );
+    let text = std::fs::read_to_string(&out).unwrap();
+    let plan = Plan::parse(&Source::from_text(&out, text.clone())).unwrap();
+    let layers: Vec<u64> = plan
+        .stages
+        .iter()
+        .map(|s| s.chunks[0].layers[1] - s.chunks[0].layers[0])
+        .collect();
+    assert_eq!(layers.iter().sum::<u64>(), 32);
+    assert!(
+        layers[3] < layers[0],
+        "the head's stage should hold fewer layers: {layers:?}"
+    );
+    let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let step = v["predicted"]["step_time_s"].as_f64().unwrap();
+    let sum: f64 = v["predicted"]["breakdown"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["seconds"].as_f64().unwrap())
+        .sum();
+    assert!(
+        (sum - step).abs() <= 1e-9 * step,
+        "terms {sum} vs step {step}"
+    );
+    // Open a gap between stage 0 and stage 1.
+    let mut damaged = v.clone();
+    let start = damaged["stages"][1]["chunks"][0]["layers"][0]
+        .as_u64()
+        .unwrap();
+    damaged["stages"][1]["chunks"][0]["layers"][0] = (start + 1).into();
+    let text = serde_json::to_string_pretty(&damaged).unwrap();
+    let err = Plan::parse(&Source::from_text(&out, text)).unwrap_err();
+    assert_eq!(err.field, "stages", "{err}");
+    std::fs::remove_dir_all(&dir).ok();
+}

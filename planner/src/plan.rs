@@ -10,6 +10,7 @@ use std::path::Path;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
+use crate::cost::{Options, Prediction, TimeTerm, FLOP_CONVENTION};
 use crate::error::Diagnostic;
 use crate::layout::{Layout, Recompute, Sharding};
 use crate::memory::{self, MemoryReport};
@@ -99,6 +100,37 @@ pub struct Chunk {
 #[serde(deny_unknown_fields)]
 pub struct Predicted {
     pub memory: MemoryReport,
+    /// Seconds per optimizer step: the simulated pipeline makespan plus the exposed DP sync
+    /// and the optimizer step. Other tools read this key.
+    pub step_time_s: f64,
+    /// The step time's named terms (compute, recompute, tp_comm, pipeline_bubble, dp_exposed,
+    /// optimizer), which sum to `step_time_s`.
+    pub breakdown: Vec<TimeTerm>,
+    /// Tokens per second of the whole job: global_batch · seq_len / step_time_s.
+    pub tokens_per_s: f64,
+    pub tokens_per_s_per_device: f64,
+    /// Model FLOPs utilisation, under `flop_convention`.
+    pub mfu: f64,
+    pub model_flops_per_step: f64,
+    pub flop_convention: String,
+    /// The pipeline stage whose busy time the breakdown describes.
+    pub bottleneck_stage: u64,
+}
+
+impl Predicted {
+    fn new(memory: MemoryReport, p: &Prediction) -> Predicted {
+        Predicted {
+            memory,
+            step_time_s: p.step_time_s,
+            breakdown: p.breakdown.clone(),
+            tokens_per_s: p.tokens_per_s,
+            tokens_per_s_per_device: p.tokens_per_s_per_device,
+            mfu: p.mfu,
+            model_flops_per_step: p.model_flops_per_step,
+            flop_convention: FLOP_CONVENTION.to_string(),
+            bottleneck_stage: p.bottleneck_stage,
+        }
+    }
 }
 
 /// How the layout was chosen.
@@ -122,6 +154,13 @@ pub struct Alternative {
     pub rank: u64,
     pub layout: String,
     pub peak_bytes: u64,
+    /// Predicted seconds per optimizer step.
+    pub step_time_s: f64,
+    pub tokens_per_s: f64,
+    pub mfu: f64,
+    pub breakdown: Vec<TimeTerm>,
+    /// Why it ranks where it does: "chosen" for rank 1, else what it lost on.
+    pub why: String,
 }
 
 impl Parallel {
@@ -161,9 +200,13 @@ impl Parallel {
     }
 }
 
-/// The stages and chunks of a layout, with layer ranges.
+/// The stages and chunks of a layout, with layer ranges, for the layout's even split.
 pub fn stages(layout: &Layout, layers: u64) -> Vec<Stage> {
-    let split = layout.split_layers(layers);
+    stages_for_split(layout, &layout.split_layers(layers))
+}
+
+/// The stages and chunks of a layout for a split (layers per virtual stage, pipeline order).
+pub fn stages_for_split(layout: &Layout, split: &[u64]) -> Vec<Stage> {
     let starts: Vec<u64> = split
         .iter()
         .scan(0, |acc, n| {
@@ -212,9 +255,13 @@ fn key_location(src: &Source, field: &str) -> Option<(usize, usize)> {
 }
 
 impl Plan {
-    /// Builds the plan document of a layout.
+    /// Builds the plan document of a layout: the balanced split of its layers (the search's),
+    /// its memory and its predicted step time under the default framework options.
     pub fn new(model: &Model, cluster: &Cluster, layout: &Layout, search: SearchSummary) -> Plan {
-        let memory = memory::estimate(model, cluster, layout);
+        let (assessed, prediction) =
+            crate::search::predict_layout(model, cluster, layout, Options::default());
+        let split = assessed.split;
+        let memory = memory::estimate_split(model, cluster, layout, &split);
         Plan {
             format: FORMAT.to_string(),
             generator: format!("tessera {}", env!("CARGO_PKG_VERSION")),
@@ -225,8 +272,8 @@ impl Plan {
                 parameters: model.architecture.param_count(),
             },
             parallel: Parallel::from_layout(layout, model),
-            stages: stages(layout, model.architecture.layers),
-            predicted: Predicted { memory },
+            stages: stages_for_split(layout, &split),
+            predicted: Predicted::new(memory, &prediction),
             search,
         }
     }
@@ -319,10 +366,14 @@ impl Plan {
                 ),
             ));
         }
-        if self.stages != stages(&layout, self.job.model.architecture.layers) {
+        let split = split_of(&self.stages, &layout, self.job.model.architecture.layers);
+        if split
+            .as_ref()
+            .is_none_or(|sp| self.stages != stages_for_split(&layout, sp))
+        {
             return Err(bad(
                 "stages",
-                "the stage layer ranges do not cover the model's layers as the layout splits them"
+                "the stage layer ranges do not cover the model's layers in pipeline order (each chunk at least one layer, embedding on the first, head on the last)"
                     .into(),
             ));
         }
@@ -334,4 +385,31 @@ impl Plan {
         }
         Ok(())
     }
+}
+
+/// The split (layers per virtual stage) that `stages` describe, if their chunks cover
+/// `0..layers` contiguously in virtual-stage order with at least one layer each.
+fn split_of(stages: &[Stage], layout: &Layout, layers: u64) -> Option<Vec<u64>> {
+    let chunks = (layout.pp * layout.virtual_stages) as usize;
+    let mut ranges = vec![None; chunks];
+    for st in stages {
+        for ch in &st.chunks {
+            let slot = ranges.get_mut(ch.virtual_stage as usize)?;
+            if slot.is_some() {
+                return None;
+            }
+            *slot = Some(ch.layers);
+        }
+    }
+    let mut next = 0;
+    let mut split = Vec::with_capacity(chunks);
+    for r in ranges {
+        let [start, end] = r?;
+        if start != next || end <= start {
+            return None;
+        }
+        split.push(end - start);
+        next = end;
+    }
+    (next == layers).then_some(split)
 }

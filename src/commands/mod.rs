@@ -4,3 +4,4 @@ pub mod explain;
 pub mod plan;
 pub mod run;
 pub mod validate;
+pub mod validate_planner;

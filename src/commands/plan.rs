@@ -8,7 +8,7 @@ use clap::{Args, ValueEnum};
 use tessera_planner::plan::{Alternative, Plan, SearchSummary};
 use tessera_planner::precision::Policy;
 use tessera_planner::schedule::ScheduleKind;
-use tessera_planner::search::{self, Pins, ORDERING};
+use tessera_planner::search::{self, Pins, SearchOptions, ORDERING};
 use tessera_planner::spec::{self, ClusterOverrides, TrainingOverrides, GIB};
 use tessera_planner::{memory, Diagnostic, Layout, Recompute};
 
@@ -178,20 +178,39 @@ pub fn run(args: PlanArgs) -> anyhow::Result<ExitCode> {
             ));
         }
     }
-    let result = search::search(&model, &cluster, &pins);
+    let options = SearchOptions {
+        top: args.top.max(1),
+        ..SearchOptions::default()
+    };
+    let result = search::search_with(&model, &cluster, &pins, options);
     let params = model.architecture.param_count();
     let Some(best) = result.fits.first() else {
         return no_fit(&args, &model, &cluster, &result, &pins);
     };
+    let fastest = result
+        .fits
+        .iter()
+        .filter(|c| c.prediction.is_some())
+        .map(|c| c.step_time())
+        .fold(f64::INFINITY, f64::min);
     let top: Vec<Alternative> = result
         .fits
         .iter()
         .take(args.top.max(1))
+        .filter_map(|c| c.prediction.as_ref().map(|p| (c, p)))
         .enumerate()
-        .map(|(i, c)| Alternative {
+        .map(|(i, (c, p))| Alternative {
             rank: i as u64 + 1,
             layout: c.layout.label(),
             peak_bytes: c.peak_bytes,
+            step_time_s: p.step_time_s,
+            tokens_per_s: p.tokens_per_s,
+            mfu: p.mfu,
+            breakdown: p.breakdown.clone(),
+            why: c
+                .why
+                .clone()
+                .unwrap_or_else(|| chosen_why(p.step_time_s, fastest)),
         })
         .collect();
     let summary = SearchSummary {
@@ -216,9 +235,10 @@ pub fn run(args: PlanArgs) -> anyhow::Result<ExitCode> {
         );
         println!("precision policy \"{}\": {}", policy.name, policy.summary);
         println!(
-            "{} layouts evaluated, {} fit; ranked {}\n",
+            "{} layouts evaluated, {} fit, {} pipeline simulations; ranked {}\n",
             result.evaluated,
             result.fits.len(),
+            result.simulated,
             ORDERING
         );
         let mut t = table(
@@ -233,13 +253,24 @@ pub fn run(args: PlanArgs) -> anyhow::Result<ExitCode> {
                 "recompute",
                 "sp",
                 "schedule",
+                "step s",
+                "tokens/s/GPU",
+                "MFU",
                 "peak GiB",
                 "% of mem",
             ],
-            &[0, 1, 2, 3, 4, 5, 6, 10, 11],
+            &[0, 1, 2, 3, 4, 5, 6, 10, 11, 12, 13, 14],
         );
         for (i, c) in result.fits.iter().take(args.top.max(1)).enumerate() {
             let l = &c.layout;
+            let (step, tokens, mfu) = match &c.prediction {
+                Some(p) => (
+                    format!("{:.3}", p.step_time_s),
+                    format!("{:.0}", p.tokens_per_s_per_device),
+                    format!("{:.1}%", 100.0 * p.mfu),
+                ),
+                None => ("-".into(), "-".into(), "-".into()),
+            };
             t.add_row(vec![
                 (i + 1).to_string(),
                 l.dp.to_string(),
@@ -255,6 +286,9 @@ pub fn run(args: PlanArgs) -> anyhow::Result<ExitCode> {
                 l.recompute.name().to_string(),
                 if l.sequence_parallel { "yes" } else { "no" }.to_string(),
                 schedule_label(l),
+                step,
+                tokens,
+                mfu,
                 gib(c.peak_bytes),
                 format!(
                     "{:.0}%",
@@ -263,7 +297,8 @@ pub fn run(args: PlanArgs) -> anyhow::Result<ExitCode> {
             ]);
         }
         println!("{t}\n");
-        println!("chosen: {}\n", best.layout.label());
+        print_prediction(&plan);
+        print_alternatives(&plan.search.alternatives);
         print!("{}", memory_tables(&plan.predicted.memory, false));
         print_rejections(&result);
         if let Some(path) = &args.output {
@@ -271,6 +306,68 @@ pub fn run(args: PlanArgs) -> anyhow::Result<ExitCode> {
         }
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// Why the chosen layout (rank 1) is chosen.
+fn chosen_why(step: f64, fastest: f64) -> String {
+    if step <= fastest {
+        "chosen: the fastest predicted step".into()
+    } else {
+        format!(
+            "chosen: {:.1}% slower than the fastest, within {:.0}%, and the least complex",
+            100.0 * (step / fastest - 1.0),
+            100.0 * search::NEAR_TIE
+        )
+    }
+}
+
+/// The chosen layout's predicted step time, throughput, MFU and breakdown.
+fn print_prediction(plan: &Plan) {
+    let p = &plan.predicted;
+    println!(
+        "chosen: {}\npredicted step {:.3} s, {:.0} tokens/s ({:.0} per GPU), MFU {:.1}% (bottleneck stage {})",
+        plan.parallel.layout().label(),
+        p.step_time_s,
+        p.tokens_per_s,
+        p.tokens_per_s_per_device,
+        100.0 * p.mfu,
+        p.bottleneck_stage
+    );
+    println!("MFU counts {}\n", p.flop_convention);
+    let mut t = table(&["term", "seconds", "% of step", "why"], &[1, 2]);
+    for term in &p.breakdown {
+        t.add_row(vec![
+            term.name.clone(),
+            format!("{:.3}", term.seconds),
+            format!("{:.1}%", 100.0 * term.seconds / p.step_time_s),
+            term.reason.clone(),
+        ]);
+    }
+    t.add_row(vec![
+        "step".to_string(),
+        format!("{:.3}", p.step_time_s),
+        "100.0%".to_string(),
+        "the sum of the terms".to_string(),
+    ]);
+    println!("{t}\n");
+}
+
+/// Why each ranked alternative lost to the chosen layout.
+fn print_alternatives(alternatives: &[Alternative]) {
+    if alternatives.len() < 2 {
+        return;
+    }
+    println!("why the alternatives lost:");
+    let mut t = table(&["#", "layout", "step s", "why"], &[0, 2]);
+    for a in alternatives.iter().skip(1) {
+        t.add_row(vec![
+            a.rank.to_string(),
+            a.layout.clone(),
+            format!("{:.3}", a.step_time_s),
+            a.why.clone(),
+        ]);
+    }
+    println!("{t}\n");
 }
 
 fn schedule_label(l: &Layout) -> String {

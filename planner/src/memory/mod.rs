@@ -132,7 +132,7 @@ struct Ctx<'a> {
 }
 
 impl<'a> Ctx<'a> {
-    fn new(model: &'a Model, cluster: &'a Cluster, layout: &'a Layout) -> Self {
+    fn new(model: &'a Model, cluster: &'a Cluster, layout: &'a Layout, split: &[u64]) -> Self {
         let policy = Policy::by_name(&model.training.precision)
             .expect("the precision policy is validated when the spec is resolved");
         Ctx {
@@ -140,7 +140,7 @@ impl<'a> Ctx<'a> {
             cluster,
             layout,
             policy,
-            split: layout.split_layers(model.architecture.layers),
+            split: split.to_vec(),
             microbatches: layout.microbatches(model),
             shard: layout.shard_degree(cluster),
             per_layer_act: activations::layer_bytes(
@@ -284,9 +284,20 @@ impl<'a> Ctx<'a> {
     }
 }
 
-/// The largest per-device total over all stages, without building the breakdown.
+/// The largest per-device total over all stages, without building the breakdown, for the
+/// layout's even split of the layers.
 pub fn peak_bytes(model: &Model, cluster: &Cluster, layout: &Layout) -> u64 {
-    let ctx = Ctx::new(model, cluster, layout);
+    peak_bytes_split(
+        model,
+        cluster,
+        layout,
+        &layout.split_layers(model.architecture.layers),
+    )
+}
+
+/// Like [`peak_bytes`], for a given split: layers per virtual stage, in pipeline order.
+pub fn peak_bytes_split(model: &Model, cluster: &Cluster, layout: &Layout, split: &[u64]) -> u64 {
+    let ctx = Ctx::new(model, cluster, layout, split);
     (0..layout.pp)
         .map(|s| {
             let mut t = Total(0);
@@ -297,9 +308,25 @@ pub fn peak_bytes(model: &Model, cluster: &Cluster, layout: &Layout) -> u64 {
         .unwrap_or(0)
 }
 
-/// The memory of every stage of a layout, every term named with its reason.
+/// The memory of every stage of a layout, every term named with its reason, for the layout's
+/// even split of the layers.
 pub fn estimate(model: &Model, cluster: &Cluster, layout: &Layout) -> MemoryReport {
-    let ctx = Ctx::new(model, cluster, layout);
+    estimate_split(
+        model,
+        cluster,
+        layout,
+        &layout.split_layers(model.architecture.layers),
+    )
+}
+
+/// Like [`estimate`], for a given split: layers per virtual stage, in pipeline order.
+pub fn estimate_split(
+    model: &Model,
+    cluster: &Cluster,
+    layout: &Layout,
+    split: &[u64],
+) -> MemoryReport {
+    let ctx = Ctx::new(model, cluster, layout, split);
     let per_stage: Vec<StageMemory> = (0..layout.pp)
         .map(|stage| {
             let mut terms: Vec<MemoryTerm> = Vec::new();
@@ -323,5 +350,182 @@ pub fn estimate(model: &Model, cluster: &Cluster, layout: &Layout) -> MemoryRepo
         peak_stage: peak.stage,
         capacity_bytes: cluster.memory_bytes() as u64,
         per_stage,
+    }
+}
+
+/// A stage's memory as an affine function of how many layers it holds:
+/// `bytes(stage, n) = per_layer[stage] · n + fixed[stage]`. The same terms as [`estimate`]
+/// (to rounding, which a test bounds), without building them, so that the search and the
+/// partitioner can ask "how many layers fit on this stage" in O(1).
+#[derive(Debug, Clone, PartialEq)]
+pub struct StageBytes {
+    pub per_layer: Vec<f64>,
+    pub fixed: Vec<f64>,
+}
+
+impl StageBytes {
+    pub fn new(model: &Model, cluster: &Cluster, layout: &Layout) -> StageBytes {
+        let a = &model.architecture;
+        let (pp, tp, v, b) = (
+            layout.pp,
+            layout.tp,
+            layout.virtual_stages,
+            layout.micro_batch,
+        );
+        let sp = layout.sequence_parallel;
+        let zero = layout.sharding.zero_stage;
+        let shard = layout.shard_degree(cluster);
+        let policy = Policy::by_name(&model.training.precision)
+            .expect("the precision policy is validated when the spec is resolved");
+        let m = layout.microbatches(model);
+        let bpp: f64 = policy
+            .states
+            .iter()
+            .map(|s| per_param(s, zero, shard))
+            .sum();
+        let act = activations::layer_bytes(model, b, tp, sp, layout.recompute);
+        let layer_states = a.layer_params().per_tp_rank(tp) * bpp;
+        let grow = 1.0 + cluster.overhead.fragmentation;
+        let mut fixed_all = 0.0;
+        if zero == 3 && shard > 1 {
+            let wb = policy.class_bytes(StateClass::Param) as f64;
+            fixed_all += a.layer_params().per_tp_rank(tp) * (2.0 * wb + 2.0);
+        }
+        let held0 = in_flight(layout.schedule, pp, m, 1, 0).min(m) as f64;
+        let first = a.embedding_params().per_tp_rank(tp) * bpp
+            + activations::embedding_bytes(model, b, tp, sp) * held0;
+        let held_last = if layout.schedule == ScheduleKind::Gpipe {
+            m
+        } else {
+            1
+        } as f64;
+        let last = a.head_params(a.tied_embeddings && pp == 1).per_tp_rank(tp) * bpp
+            + activations::head_terms(model, b, tp, sp)
+                .iter()
+                .map(|(_, x)| x * held_last)
+                .sum::<f64>();
+        let context = cluster.overhead.context_gib * GIB;
+        let (mut per_layer, mut fixed) = (Vec::new(), Vec::new());
+        for s in 0..pp {
+            let flight = in_flight(layout.schedule, pp, m, v, s) as f64;
+            per_layer.push(grow * (layer_states + act * flight / v as f64));
+            let mut f = fixed_all;
+            if s == 0 {
+                f += first;
+            }
+            if s == pp - 1 {
+                f += last;
+            }
+            fixed.push(grow * f + context);
+        }
+        StageBytes { per_layer, fixed }
+    }
+
+    /// Bytes on `stage` when it holds `layers` layers.
+    pub fn bytes(&self, stage: usize, layers: u64) -> f64 {
+        self.per_layer[stage] * layers as f64 + self.fixed[stage]
+    }
+
+    /// The most layers `stage` can hold within `capacity` bytes (0 if not even one).
+    pub fn max_layers(&self, stage: usize, capacity: f64) -> u64 {
+        let room = capacity - self.fixed[stage];
+        if room < self.per_layer[stage] {
+            return 0;
+        }
+        // A small slack for the rounding of the exact per-term report.
+        ((room - 64.0) / self.per_layer[stage]).floor().max(0.0) as u64
+    }
+
+    /// The peak over stages of a split given as layers per stage.
+    pub fn peak(&self, per_stage: &[u64]) -> f64 {
+        per_stage
+            .iter()
+            .enumerate()
+            .map(|(s, &n)| self.bytes(s, n))
+            .fold(0.0, f64::max)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::layout::{Recompute, Sharding};
+    use crate::spec::{self, ClusterOverrides, TrainingOverrides};
+    use std::path::Path;
+
+    fn preset(kind: &str, name: &str) -> std::path::PathBuf {
+        Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../specs")
+            .join(kind)
+            .join(name)
+    }
+
+    /// The affine per-stage model equals the per-term report, stage by stage, for uneven
+    /// splits, every schedule, ZeRO stage, recompute and sequence parallelism.
+    #[test]
+    fn stage_bytes_equal_the_report_for_any_split() {
+        let model = spec::load_model(
+            &preset("models", "gpt3-175b.toml"),
+            TrainingOverrides::default(),
+        )
+        .unwrap();
+        let cluster = spec::load_cluster(
+            &preset("clusters", "dgx-a100-80g.toml"),
+            ClusterOverrides {
+                nodes: Some(16),
+                devices: None,
+            },
+        )
+        .unwrap();
+        let mut checked = 0;
+        for (pp, v, kind) in [
+            (1, 1, ScheduleKind::OneFOneB),
+            (4, 1, ScheduleKind::OneFOneB),
+            (4, 1, ScheduleKind::Gpipe),
+            (8, 3, ScheduleKind::Interleaved),
+        ] {
+            for (zero, hybrid) in [(0, false), (1, false), (3, false), (3, true)] {
+                for recompute in Recompute::ALL {
+                    for sp in [false, true] {
+                        let l = Layout {
+                            dp: 128 / (8 * pp),
+                            pp,
+                            tp: 8,
+                            micro_batch: 1,
+                            sharding: Sharding {
+                                zero_stage: zero,
+                                hybrid,
+                            },
+                            recompute,
+                            sequence_parallel: sp,
+                            schedule: kind,
+                            virtual_stages: v,
+                        };
+                        let chunks = (pp * v) as usize;
+                        // An uneven split: one layer moved from the last chunk to the first.
+                        let mut split = l.split_layers(model.architecture.layers);
+                        if chunks > 1 {
+                            split[0] += 1;
+                            split[chunks - 1] -= 1;
+                        }
+                        let report = estimate_split(&model, &cluster, &l, &split);
+                        let fast = StageBytes::new(&model, &cluster, &l);
+                        for s in &report.per_stage {
+                            let got = fast.bytes(s.stage as usize, s.layers);
+                            let diff = (got - s.total_bytes as f64).abs();
+                            assert!(
+                                diff <= 64.0,
+                                "{} stage {}: {got} vs {}",
+                                l.label(),
+                                s.stage,
+                                s.total_bytes
+                            );
+                            checked += 1;
+                        }
+                    }
+                }
+            }
+        }
+        assert!(checked > 200);
     }
 }

@@ -1,6 +1,8 @@
 //! The cluster spec in TOML: raw structs close to the file, then one resolved [`Cluster`].
 //!
 //! The keys are a contract documented in specs/README.md; add keys, never rename them.
+//! The optional `[calibration]` table holds the cost model's constants (how close kernels and
+//! collectives get to the peaks); every other part of the cost model is derived from the spec.
 
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
@@ -62,6 +64,71 @@ pub struct Cluster {
     pub intra_node: Link,
     pub inter_node: Link,
     pub overhead: Overhead,
+    /// Cost-model constants; the defaults when the spec has no `[calibration]` table.
+    #[serde(default)]
+    pub calibration: Calibration,
+}
+
+/// How close real kernels and collectives get to the device's and links' peaks: the cost
+/// model's constants. They live here, in the cluster spec, and nowhere else.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Calibration {
+    /// Fraction of `peak_tflops` a matrix multiply reaches, by its smallest dimension
+    /// (min of M, N, K): `[dimension, fraction]` points, linear in log2(dimension) between
+    /// points and flat beyond the first and last.
+    pub matmul_efficiency: Vec<[f64; 2]>,
+    /// Fraction of `memory_bandwidth_gbps` that memory-bound (element-wise) kernels reach.
+    pub memory_efficiency: f64,
+    /// Fraction of `peak_tflops` that fused (flash) attention reaches on the FLOPs it executes.
+    pub flash_attention_efficiency: f64,
+    /// NCCL bus bandwidth of a collective inside a node, as a fraction of the intra-node link.
+    pub intra_node_efficiency: f64,
+    /// NCCL bus bandwidth across nodes, as a fraction of the inter-node link (NIC line rate).
+    pub inter_node_efficiency: f64,
+}
+
+impl Default for Calibration {
+    /// The A100 preset's values (specs/clusters/dgx-a100-80g.toml says where they come from).
+    fn default() -> Self {
+        Calibration {
+            matmul_efficiency: DEFAULT_MATMUL_EFFICIENCY.to_vec(),
+            memory_efficiency: 0.75,
+            flash_attention_efficiency: 0.31,
+            intra_node_efficiency: 0.775,
+            inter_node_efficiency: 0.86,
+        }
+    }
+}
+
+const DEFAULT_MATMUL_EFFICIENCY: [[f64; 2]; 8] = [
+    [64.0, 0.18],
+    [128.0, 0.56],
+    [256.0, 0.58],
+    [512.0, 0.60],
+    [1024.0, 0.61],
+    [2048.0, 0.67],
+    [4096.0, 0.68],
+    [8192.0, 0.70],
+];
+
+impl Calibration {
+    /// The matmul efficiency curve at smallest dimension `dim`.
+    pub fn matmul_efficiency_at(&self, dim: f64) -> f64 {
+        let pts = &self.matmul_efficiency;
+        let x = dim.max(1.0).log2();
+        let first = pts[0];
+        if x <= first[0].log2() {
+            return first[1];
+        }
+        for w in pts.windows(2) {
+            let (x0, x1) = (w[0][0].log2(), w[1][0].log2());
+            if x <= x1 {
+                return w[0][1] + (w[1][1] - w[0][1]) * (x - x0) / (x1 - x0);
+            }
+        }
+        pts[pts.len() - 1][1]
+    }
 }
 
 impl Cluster {
@@ -82,6 +149,7 @@ struct RawCluster {
     intra_node: Option<RawLink>,
     inter_node: Option<RawLink>,
     overhead: Option<RawOverhead>,
+    calibration: Option<RawCalibration>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -108,6 +176,16 @@ struct RawOverhead {
     fragmentation: Field<Num>,
 }
 
+#[derive(Debug, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct RawCalibration {
+    matmul_efficiency: Field<Vec<(Num, Num)>>,
+    memory_efficiency: Field<Num>,
+    flash_attention_efficiency: Field<Num>,
+    intra_node_efficiency: Field<Num>,
+    inter_node_efficiency: Field<Num>,
+}
+
 pub const CLUSTER_KEYS: &[&str] = &[
     "name",
     "nodes",
@@ -124,6 +202,12 @@ pub const CLUSTER_KEYS: &[&str] = &[
     "latency_us",
     "context_gib",
     "fragmentation",
+    "calibration",
+    "matmul_efficiency",
+    "memory_efficiency",
+    "flash_attention_efficiency",
+    "intra_node_efficiency",
+    "inter_node_efficiency",
 ];
 
 /// Command-line choices of how much of the cluster to use.
@@ -191,6 +275,7 @@ pub fn parse_cluster_toml(src: &Source, over: ClusterOverrides) -> Result<Cluste
             .opt_nonneg_num("overhead", "fragmentation", &o.fragmentation)?
             .unwrap_or(0.0),
     };
+    let calibration = calibration(&f, raw.calibration.unwrap_or_default())?;
     let cli = std::path::Path::new("<command line>");
     if let Some(n) = over.nodes {
         if n == 0 {
@@ -225,5 +310,69 @@ pub fn parse_cluster_toml(src: &Source, over: ClusterOverrides) -> Result<Cluste
         intra_node,
         inter_node,
         overhead,
+        calibration,
     })
+}
+
+/// Resolves `[calibration]`: each key optional (the default replaces it), fractions in (0, 1],
+/// curve dimensions positive and increasing.
+fn calibration(f: &Fields, c: RawCalibration) -> Result<Calibration, Diagnostic> {
+    const T: &str = "calibration";
+    let mut out = Calibration::default();
+    let fraction = |field: &str, v: &Field<Num>, slot: &mut f64| -> Result<(), Diagnostic> {
+        if let Some(x) = f.opt_nonneg_num(T, field, v)? {
+            if x == 0.0 || x > 1.0 {
+                let span = v.as_ref().map(|s| s.span());
+                return Err(f.err(
+                    span,
+                    &format!("{T}.{field}"),
+                    format!("must be a fraction in (0, 1], found {x}"),
+                    format!("set `{field}` to a fraction of the peak, such as 0.8"),
+                ));
+            }
+            *slot = x;
+        }
+        Ok(())
+    };
+    fraction(
+        "memory_efficiency",
+        &c.memory_efficiency,
+        &mut out.memory_efficiency,
+    )?;
+    fraction(
+        "flash_attention_efficiency",
+        &c.flash_attention_efficiency,
+        &mut out.flash_attention_efficiency,
+    )?;
+    fraction(
+        "intra_node_efficiency",
+        &c.intra_node_efficiency,
+        &mut out.intra_node_efficiency,
+    )?;
+    fraction(
+        "inter_node_efficiency",
+        &c.inter_node_efficiency,
+        &mut out.inter_node_efficiency,
+    )?;
+    if let Some(curve) = &c.matmul_efficiency {
+        let points: Vec<[f64; 2]> = curve
+            .get_ref()
+            .iter()
+            .map(|(d, e)| [d.as_f64(), e.as_f64()])
+            .collect();
+        let increasing = points.windows(2).all(|w| w[0][0] < w[1][0]);
+        let valid = points
+            .iter()
+            .all(|[d, e]| d.is_finite() && *d >= 1.0 && *e > 0.0 && *e <= 1.0);
+        if points.is_empty() || !increasing || !valid {
+            return Err(f.err(
+                Some(curve.span()),
+                "calibration.matmul_efficiency",
+                "must be a non-empty list of [dimension, fraction] pairs with dimensions of at least 1 in increasing order and fractions in (0, 1]",
+                "write it as `matmul_efficiency = [[256, 0.5], [1024, 0.6], [4096, 0.7]]`",
+            ));
+        }
+        out.matmul_efficiency = points;
+    }
+    Ok(out)
 }

@@ -9,7 +9,8 @@ mod hf;
 mod model;
 
 pub use cluster::{
-    parse_cluster_toml, Cluster, ClusterOverrides, Device, DeviceKind, Link, Overhead, GIB,
+    parse_cluster_toml, Calibration, Cluster, ClusterOverrides, Device, DeviceKind, Link, Overhead,
+    GIB,
 };
 pub use hf::parse_hf_config;
 pub use model::{parse_model_toml, TrainingOverrides};

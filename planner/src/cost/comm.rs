@@ -1,0 +1,258 @@
+//! Collectives on the links a group of ranks actually spans: ring α-β costs.
+//!
+//! A group's bandwidth comes from the topology (`Mesh` groups and `nodes_spanned`): inside one
+//! node it is the intra-node link's NCCL bus bandwidth; across nodes, each node's members send
+//! through their own NICs, so the ring gets `members per node × NIC bandwidth`, capped by the
+//! intra-node link when several members share a node (a "mixed" group). NCCL's bus-bandwidth
+//! convention matches these formulas, with S the full buffer and B the per-rank bandwidth:
+//! all-reduce `2(n−1)/n·S/B + 2(n−1)·α`; all-gather and reduce-scatter `(n−1)/n·S/B + (n−1)·α`;
+//! point-to-point `S/B + α` (DESIGN §6). Nothing here knows about layers or schedules.
+
+use crate::mesh::Mesh;
+use crate::spec::Cluster;
+
+/// The effective link of a group: per-rank bandwidth (bytes/s) and per-step latency (s).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct GroupLink {
+    /// Ranks in the group.
+    pub ranks: u64,
+    /// Nodes the group spans.
+    pub nodes: u64,
+    pub bandwidth: f64,
+    pub latency: f64,
+}
+
+impl GroupLink {
+    /// A group of one rank: every collective is free.
+    pub const SOLO: GroupLink = GroupLink {
+        ranks: 1,
+        nodes: 1,
+        bandwidth: f64::INFINITY,
+        latency: 0.0,
+    };
+
+    /// The link of `ranks` ranks spread over `nodes` nodes with at most `per_node` in one node.
+    pub fn new(cluster: &Cluster, ranks: u64, nodes: u64, per_node: u64) -> GroupLink {
+        let c = &cluster.calibration;
+        let intra = cluster.intra_node.bandwidth_gbps * 1e9 * c.intra_node_efficiency;
+        let nic = cluster.inter_node.bandwidth_gbps * 1e9 * c.inter_node_efficiency;
+        let (bandwidth, latency) = if nodes <= 1 {
+            (intra, cluster.intra_node.latency_us * 1e-6)
+        } else {
+            let across = per_node as f64 * nic;
+            let bw = if per_node > 1 {
+                across.min(intra)
+            } else {
+                across
+            };
+            (bw, cluster.inter_node.latency_us * 1e-6)
+        };
+        GroupLink {
+            ranks,
+            nodes,
+            bandwidth,
+            latency,
+        }
+    }
+
+    /// The link of a group of ranks laid out on `mesh`.
+    pub fn of_group(cluster: &Cluster, mesh: &Mesh, group: &[u64]) -> GroupLink {
+        let nodes = mesh.nodes_spanned(group);
+        let mut per_node = std::collections::BTreeMap::new();
+        for r in group {
+            *per_node.entry(mesh.node(*r)).or_insert(0u64) += 1;
+        }
+        let most = per_node.values().copied().max().unwrap_or(1);
+        GroupLink::new(cluster, group.len() as u64, nodes, most)
+    }
+
+    /// Whether the group leaves its node.
+    pub fn crosses_nodes(&self) -> bool {
+        self.nodes > 1
+    }
+
+    /// Seconds to all-reduce a buffer of `bytes` on every rank.
+    pub fn all_reduce(&self, bytes: f64) -> f64 {
+        if self.ranks <= 1 {
+            return 0.0;
+        }
+        let n = self.ranks as f64;
+        2.0 * (n - 1.0) / n * bytes / self.bandwidth + 2.0 * (n - 1.0) * self.latency
+    }
+
+    /// Seconds to all-gather (or reduce-scatter) a full buffer of `bytes`.
+    pub fn all_gather(&self, bytes: f64) -> f64 {
+        if self.ranks <= 1 {
+            return 0.0;
+        }
+        let n = self.ranks as f64;
+        (n - 1.0) / n * bytes / self.bandwidth + (n - 1.0) * self.latency
+    }
+
+    /// Seconds to reduce-scatter a full buffer of `bytes` (the same ring traffic as all-gather).
+    pub fn reduce_scatter(&self, bytes: f64) -> f64 {
+        self.all_gather(bytes)
+    }
+}
+
+/// Seconds for one point-to-point message of `bytes` between two ranks.
+pub fn p2p(cluster: &Cluster, mesh: &Mesh, from: u64, to: u64, bytes: f64) -> f64 {
+    let link = GroupLink::of_group(cluster, mesh, &[from, to]);
+    bytes / link.bandwidth + link.latency
+}
+
+/// The links of one layout's groups, computed once from the mesh.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Links {
+    pub tp: GroupLink,
+    /// The whole data-parallel group.
+    pub dp: GroupLink,
+    /// The data-parallel ranks inside one node (HYBRID_SHARD's shard group).
+    pub dp_in_node: GroupLink,
+    /// One data-parallel rank per node (HYBRID_SHARD's replica group).
+    pub dp_across_nodes: GroupLink,
+    /// Between the first and the last pipeline stage (tied embeddings' gradient).
+    pub first_last: GroupLink,
+    /// `pp_next[s]`: between stage `s` and stage `(s + 1) % pp`, as (bandwidth, latency).
+    pub pp_next: Vec<GroupLink>,
+}
+
+impl Links {
+    pub fn new(cluster: &Cluster, mesh: &Mesh) -> Links {
+        let tp = GroupLink::of_group(cluster, mesh, &mesh.tp_group(0));
+        let dp_group = mesh.dp_group(0);
+        let dp = GroupLink::of_group(cluster, mesh, &dp_group);
+        let home = mesh.node(0);
+        let local: Vec<u64> = dp_group
+            .iter()
+            .copied()
+            .filter(|r| mesh.node(*r) == home)
+            .collect();
+        let dp_in_node = GroupLink::of_group(cluster, mesh, &local);
+        let mut seen = std::collections::BTreeSet::new();
+        let heads: Vec<u64> = dp_group
+            .iter()
+            .copied()
+            .filter(|r| seen.insert(mesh.node(*r)))
+            .collect();
+        let dp_across_nodes = GroupLink::of_group(cluster, mesh, &heads);
+        let stages = mesh.pp_group(0);
+        let last = *stages.last().expect("pp ≥ 1");
+        let first_last = GroupLink::of_group(cluster, mesh, &[0, last]);
+        let pp_next = (0..stages.len())
+            .map(|s| {
+                let to = stages[(s + 1) % stages.len()];
+                GroupLink::of_group(cluster, mesh, &[stages[s], to])
+            })
+            .collect();
+        Links {
+            tp,
+            dp,
+            dp_in_node,
+            dp_across_nodes,
+            first_last,
+            pp_next,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::spec::{Calibration, Device, DeviceKind, Link, Overhead};
+
+    fn cluster() -> Cluster {
+        Cluster {
+            name: "t".into(),
+            nodes: 4,
+            gpus_per_node: 8,
+            devices: 32,
+            device: Device {
+                name: "t".into(),
+                kind: DeviceKind::Gpu,
+                memory_gib: 80.0,
+                peak_tflops: 100.0,
+                memory_bandwidth_gbps: 1000.0,
+            },
+            intra_node: Link {
+                bandwidth_gbps: 300.0,
+                latency_us: 2.0,
+            },
+            inter_node: Link {
+                bandwidth_gbps: 25.0,
+                latency_us: 5.0,
+            },
+            overhead: Overhead {
+                context_gib: 0.0,
+                fragmentation: 0.0,
+            },
+            calibration: Calibration {
+                intra_node_efficiency: 0.5,
+                inter_node_efficiency: 0.8,
+                ..Calibration::default()
+            },
+        }
+    }
+
+    fn check(l: GroupLink, nodes: u64, bandwidth: f64, latency: f64) {
+        assert_eq!(l.nodes, nodes, "{l:?}");
+        assert!((l.bandwidth - bandwidth).abs() < 1e-3, "{l:?}");
+        assert!((l.latency - latency).abs() < 1e-15, "{l:?}");
+    }
+
+    #[test]
+    fn cost_group_link_intra_inter_and_mixed() {
+        let c = cluster();
+        // TP 8 inside a node: NVLink at 50% of 300 GB/s, intra latency.
+        let m = Mesh::new(4, 1, 8, 8);
+        let tp = GroupLink::of_group(&c, &m, &m.tp_group(0));
+        check(tp, 1, 150e9, 2e-6);
+        // DP across 4 nodes, one rank per node: one NIC at 80% of 25 GB/s.
+        let dp = GroupLink::of_group(&c, &m, &m.dp_group(0));
+        check(dp, 4, 20e9, 5e-6);
+        // TP 1: each node holds 8 DP ranks, 8 NICs: 160 GB/s, capped at NVLink's 150.
+        let m = Mesh::new(32, 1, 1, 8);
+        let dp = GroupLink::of_group(&c, &m, &m.dp_group(0));
+        check(dp, 4, 150e9, 5e-6);
+        // TP 4: 2 DP ranks per node, two NICs: 40 GB/s.
+        let m = Mesh::new(8, 1, 4, 8);
+        let dp = GroupLink::of_group(&c, &m, &m.dp_group(0));
+        check(dp, 4, 40e9, 5e-6);
+        // TP 16 crosses the node boundary: 8 members per node, 8 NICs = 160, capped at 150,
+        // but with the inter-node latency on every ring step.
+        let m = Mesh::new(2, 1, 16, 8);
+        let tp = GroupLink::of_group(&c, &m, &m.tp_group(0));
+        check(tp, 2, 150e9, 5e-6);
+    }
+
+    #[test]
+    fn cost_ring_collectives_follow_the_alpha_beta_formulas() {
+        let l = GroupLink {
+            ranks: 4,
+            nodes: 1,
+            bandwidth: 100e9,
+            latency: 1e-6,
+        };
+        let s = 1e9;
+        // 2·3/4·1e9/1e11 + 6·1e-6 and 3/4·1e9/1e11 + 3·1e-6, written out.
+        assert!((l.all_reduce(s) - (0.015 + 6e-6)).abs() < 1e-15);
+        assert!((l.all_gather(s) - (0.0075 + 3e-6)).abs() < 1e-15);
+        assert_eq!(GroupLink::SOLO.all_reduce(s), 0.0);
+        let c = cluster();
+        let m = Mesh::new(1, 2, 8, 8);
+        // Stage 0 (ranks 0-7) to stage 1 (ranks 8-15): different nodes, one NIC.
+        assert!((p2p(&c, &m, 0, 8, 1e6) - (1e6 / 20e9 + 5e-6)).abs() < 1e-15);
+    }
+
+    #[test]
+    fn cost_layout_links_cover_the_pipeline_ring() {
+        let c = cluster();
+        let m = Mesh::new(2, 4, 4, 8);
+        let l = Links::new(&c, &m);
+        assert_eq!(l.pp_next.len(), 4);
+        // tp 4 × dp 2 fill a node, so every stage boundary crosses nodes.
+        assert!(l.pp_next.iter().all(|x| x.nodes == 2));
+        assert_eq!(l.dp_in_node.ranks, 2);
+        assert_eq!(l.dp_across_nodes.ranks, 1);
+    }
+}

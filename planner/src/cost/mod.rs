@@ -1,0 +1,539 @@
+//! The cost model: seconds per optimizer step of a layout, every term named.
+//!
+//! Per micro-batch, each chunk (virtual stage) takes its layers' compute (`ops`: a roofline per
+//! op), the TP collectives on the links the TP group spans (`comm`), recompute's extra forward,
+//! and any ZeRO-3 parameter traffic compute cannot hide. The step time is the makespan of the
+//! event simulation of the planner's own schedule op lists with those durations and the p2p
+//! transfers on the edges (`pipeline`), plus the data-parallel gradient sync that the backward
+//! did not hide, plus the optimizer step (costed by its bytes). Constants come from the cluster
+//! spec's `[calibration]` only. This module predicts; it does not choose layouts or print.
+
+pub mod comm;
+pub mod ops;
+pub mod pipeline;
+#[cfg(test)]
+mod tests;
+
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use crate::layout::{Layout, Recompute};
+use crate::model::Model;
+use crate::precision::{Policy, StateClass};
+use crate::spec::Cluster;
+use comm::Links;
+use ops::Device;
+use pipeline::{ChunkTime, Parts, Pipeline, Simulated};
+
+/// The FLOP convention of `mfu`, stated in the output and in plan.json.
+pub const FLOP_CONVENTION: &str = "model FLOPs (Korthikanti et al. 2022 Eq. 7, PaLM's MFU): 3 × forward FLOPs of every matmul, the attention scores and their product with V over the full sequence (no causal halving) and the logits; recompute excluded; MFU = model FLOPs per step / (step time × devices × peak_tflops)";
+
+/// Framework behaviour that the specs do not say.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Options {
+    /// Overlap the data-parallel gradient reduction with the backward pass (buckets go out as
+    /// gradients become ready: PyTorch DDP and FSDP, Megatron's `overlap_grad_reduce`). Off,
+    /// the whole reduction follows the last backward (Megatron-LM in 2021–22: Korthikanti et
+    /// al. §6.3 "the gradient all-reduce was not overlapped").
+    pub overlap_dp: bool,
+    /// A fused loss kernel: the cross-entropy reads the logits once and writes their gradient
+    /// in place (llm.c's `fused_classifier`, Megatron-core's cross-entropy fusion) instead of
+    /// PyTorch's separate upcast, log-softmax and backward passes over fp32 logits.
+    pub fused_loss: bool,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Options {
+            overlap_dp: true,
+            fused_loss: false,
+        }
+    }
+}
+
+/// One named term of the step time.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct TimeTerm {
+    /// `compute`, `recompute`, `tp_comm`, `pipeline_bubble`, `dp_exposed` or `optimizer`.
+    pub name: String,
+    pub seconds: f64,
+    /// What the term is and how it was sized.
+    pub reason: String,
+}
+
+/// The predicted performance of one layout.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Prediction {
+    /// Seconds per optimizer step; the breakdown's terms sum to it.
+    pub step_time_s: f64,
+    pub breakdown: Vec<TimeTerm>,
+    /// Tokens per second of the whole job.
+    pub tokens_per_s: f64,
+    pub tokens_per_s_per_device: f64,
+    /// Model FLOPs utilisation under [`FLOP_CONVENTION`].
+    pub mfu: f64,
+    pub model_flops_per_step: f64,
+    /// The stage whose busy time sets the breakdown.
+    pub bottleneck_stage: u64,
+}
+
+impl Prediction {
+    /// Seconds of a named term (0 when absent).
+    pub fn term(&self, name: &str) -> f64 {
+        self.breakdown
+            .iter()
+            .find(|t| t.name == name)
+            .map_or(0.0, |t| t.seconds)
+    }
+}
+
+/// Per micro-batch: one transformer layer, the embedding, the head.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct LayerTimes {
+    pub layer: ChunkTime,
+    pub embedding: ChunkTime,
+    pub head: ChunkTime,
+    /// The first layer's ZeRO-3 gather, which nothing hides, per micro-batch per stage.
+    pub zero3_first_gather: f64,
+}
+
+impl LayerTimes {
+    /// Forward plus backward of one layer, for the partitioner.
+    pub fn per_layer(&self) -> f64 {
+        self.layer.fwd.total() + self.layer.bwd.total()
+    }
+}
+
+/// Bytes per parameter of the gradient that DP reduces and of the weights ZeRO gathers.
+fn dtype_bytes(model: &Model) -> (f64, f64, f64) {
+    let policy = Policy::by_name(&model.training.precision)
+        .expect("the precision policy is validated when the spec is resolved");
+    let grad = policy
+        .states
+        .iter()
+        .filter(|s| s.class == StateClass::Grad)
+        .map(|s| s.bytes)
+        .max()
+        .unwrap_or(2) as f64;
+    let weight = policy.class_bytes(StateClass::Param) as f64;
+    // Adam reads and writes master, m and v, reads the gradient, writes the 16-bit weight.
+    let update = 2.0 * policy.class_bytes(StateClass::Optim) as f64 + grad + weight;
+    (grad, weight, update)
+}
+
+/// The per-micro-batch times of a layout's parts.
+pub fn layer_times(
+    model: &Model,
+    cluster: &Cluster,
+    layout: &Layout,
+    links: &Links,
+    options: Options,
+) -> LayerTimes {
+    let dev = Device::of(cluster);
+    let (tp, sp, b) = (layout.tp, layout.sequence_parallel, layout.micro_batch);
+    let lc = ops::layer(model, &dev, tp, sp, b);
+    let a = &model.architecture;
+    let act = (b * model.training.seq_len * a.hidden) as f64 * 2.0;
+    let t = &links.tp;
+    // Two collectives per layer each way: all-reduces, or all-gather + reduce-scatter with SP.
+    let per_pass = if sp {
+        2.0 * (t.all_gather(act) + t.reduce_scatter(act))
+    } else {
+        2.0 * t.all_reduce(act)
+    };
+    let mut layer = ChunkTime {
+        fwd: Parts {
+            compute: lc.fwd,
+            tp: per_pass,
+            ..Parts::default()
+        },
+        bwd: Parts {
+            compute: lc.bwd,
+            tp: per_pass,
+            ..Parts::default()
+        },
+    };
+    match layout.recompute {
+        Recompute::None => {}
+        Recompute::Selective => layer.bwd.recompute = lc.attention_core_fwd,
+        Recompute::Full => {
+            layer.bwd.recompute = lc.fwd;
+            layer.bwd.tp += per_pass;
+        }
+    }
+    let mut zero3_first_gather = 0.0;
+    if layout.sharding.zero_stage == 3 && layout.shard_degree(cluster) > 1 {
+        let (grad, weight, _) = dtype_bytes(model);
+        let group = if layout.sharding.hybrid {
+            &links.dp_in_node
+        } else {
+            &links.dp
+        };
+        let params = a.layer_params().per_tp_rank(tp);
+        let gather = group.all_gather(params * weight);
+        let scatter = group.reduce_scatter(params * grad);
+        layer.fwd.zero3 = (gather - layer.fwd.total()).max(0.0);
+        layer.bwd.zero3 = (gather + scatter - layer.bwd.total()).max(0.0);
+        zero3_first_gather = gather;
+    }
+    let (ef, eb) = ops::embedding(model, &dev, tp, sp, b);
+    let (hf, hb) = ops::head(model, &dev, tp, sp, b, options.fused_loss);
+    let (emb_tp_f, emb_tp_b, head_tp_f, head_tp_b) = if sp {
+        (
+            t.reduce_scatter(act),
+            t.all_gather(act),
+            t.all_gather(act),
+            t.reduce_scatter(act),
+        )
+    } else {
+        (t.all_reduce(act), 0.0, 0.0, 0.0)
+    };
+    // Vocabulary-parallel cross-entropy all-reduces the max, the sum and the target logit.
+    let ce = 3.0 * t.all_reduce(4.0 * (b * model.training.seq_len) as f64);
+    let part = |compute, tp| Parts {
+        compute,
+        tp,
+        ..Parts::default()
+    };
+    LayerTimes {
+        layer,
+        embedding: ChunkTime {
+            fwd: part(ef, emb_tp_f),
+            bwd: part(eb, emb_tp_b),
+        },
+        head: ChunkTime {
+            fwd: part(hf, head_tp_f + ce),
+            bwd: part(hb, head_tp_b),
+        },
+        zero3_first_gather,
+    }
+}
+
+/// A layout with its split, costed up to the pipeline simulation.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Evaluation {
+    pub pipeline: Pipeline,
+    /// Per stage: seconds of DP gradient sync after its last backward (not hidden by it).
+    sync: Vec<f64>,
+    /// Per stage: seconds of the optimizer step.
+    optimizer: Vec<f64>,
+    /// Per stage: parameters one rank updates in the optimizer step.
+    updated: Vec<f64>,
+    /// A lower bound of the step time (the simulation can only add).
+    pub lower_bound: f64,
+    model_flops_per_step: f64,
+    tokens_per_step: f64,
+    devices: f64,
+    peak: f64,
+    layers: Vec<u64>,
+    dp_reason: String,
+    tp_reason: String,
+    update_bytes: f64,
+    layout: Layout,
+}
+
+/// Costs `layout` with `split` (layers per virtual stage) up to the simulation.
+pub fn evaluate(
+    model: &Model,
+    cluster: &Cluster,
+    layout: &Layout,
+    split: &[u64],
+    links: &Links,
+    times: &LayerTimes,
+    options: Options,
+) -> Evaluation {
+    let (pp, v) = (layout.pp as usize, layout.virtual_stages as usize);
+    let m = layout.microbatches(model);
+    let last = pp * v - 1;
+    let chunks: Vec<ChunkTime> = (0..pp * v)
+        .map(|vs| {
+            let n = split[vs] as f64;
+            let mut c = ChunkTime {
+                fwd: times.layer.fwd.scale(n),
+                bwd: times.layer.bwd.scale(n),
+            };
+            if vs == 0 {
+                c.fwd = c.fwd.add(&times.embedding.fwd);
+                c.bwd = c.bwd.add(&times.embedding.bwd);
+            }
+            if vs == last {
+                c.fwd = c.fwd.add(&times.head.fwd);
+                c.bwd = c.bwd.add(&times.head.bwd);
+            }
+            if vs < pp {
+                c.fwd.zero3 += times.zero3_first_gather;
+            }
+            c
+        })
+        .collect();
+    let a = &model.architecture;
+    let (tp, sp) = (layout.tp, layout.sequence_parallel);
+    let act = (layout.micro_batch * model.training.seq_len * a.hidden) as f64 * 2.0;
+    // Each TP rank sends its 1/TP slice (sequence parallelism, or Megatron's scatter/gather);
+    // without SP the receiver all-gathers the slices inside its node.
+    let regather = if tp > 1 && !sp {
+        links.tp.all_gather(act)
+    } else {
+        0.0
+    };
+    let p2p_next: Vec<f64> = links
+        .pp_next
+        .iter()
+        .map(|l| act / tp as f64 / l.bandwidth + l.latency + regather)
+        .collect();
+    let pipeline = Pipeline {
+        kind: layout.schedule,
+        pp,
+        microbatches: m as usize,
+        virtual_stages: v,
+        chunks,
+        p2p_next: if pp > 1 { p2p_next } else { vec![0.0] },
+    };
+    // Parameters per stage, as the memory model counts them.
+    let layers: Vec<u64> = (0..pp)
+        .map(|s| (0..v).map(|c| split[c * pp + s]).sum())
+        .collect();
+    let params: Vec<f64> = (0..pp)
+        .map(|s| {
+            let mut p = a.layer_params().per_tp_rank(tp) * layers[s] as f64;
+            if s == 0 {
+                p += a.embedding_params().per_tp_rank(tp);
+            }
+            if s == pp - 1 {
+                p += a.head_params(a.tied_embeddings && pp == 1).per_tp_rank(tp);
+            }
+            p
+        })
+        .collect();
+    let (grad, weight, update) = dtype_bytes(model);
+    let zero = layout.sharding.zero_stage;
+    let shard = layout.shard_degree(cluster) as f64;
+    let hybrid = layout.sharding.hybrid;
+    let (grad_sync, after_step): (Vec<f64>, Vec<f64>) = params
+        .iter()
+        .map(|&p| {
+            let (g, w) = (p * grad, p * weight);
+            match (zero, hybrid) {
+                (0, _) => (links.dp.all_reduce(g), 0.0),
+                (1 | 2, false) => (links.dp.reduce_scatter(g), links.dp.all_gather(w)),
+                (1 | 2, true) => (
+                    links.dp_in_node.reduce_scatter(g)
+                        + links.dp_across_nodes.all_reduce(g / shard),
+                    links.dp_in_node.all_gather(w),
+                ),
+                // ZeRO-3 moves weights and gradients per micro-batch (in the chunk times);
+                // hybrid sharding also all-reduces the shards across nodes once per step.
+                (_, true) => (links.dp_across_nodes.all_reduce(g / shard), 0.0),
+                (_, false) => (0.0, 0.0),
+            }
+        })
+        .unzip();
+    let mut sync: Vec<f64> = (0..pp)
+        .map(|s| {
+            let g = grad_sync[s];
+            let hidden = if options.overlap_dp {
+                // Buckets go out during the last micro-batch's backward; the last bucket
+                // (one layer's gradients) always waits for it.
+                let window: f64 = (0..v)
+                    .map(|c| pipeline.chunks[c * pp + s].bwd.total())
+                    .sum();
+                let last_bucket = g / layers[s].max(1) as f64;
+                (g - last_bucket).min(window).max(0.0)
+            } else {
+                0.0
+            };
+            g - hidden + after_step[s]
+        })
+        .collect();
+    if a.tied_embeddings && pp > 1 {
+        // The first and last stage all-reduce the shared embedding's gradient.
+        sync[0] += links
+            .first_last
+            .all_reduce(a.embedding_params().per_tp_rank(tp) * grad);
+    }
+    let dev = Device::of(cluster);
+    let per_rank = if zero >= 1 { shard } else { 1.0 };
+    let updated: Vec<f64> = params.iter().map(|p| p / per_rank).collect();
+    let optimizer: Vec<f64> = updated.iter().map(|p| dev.memory(p * update)).collect();
+    let tokens_per_step = (model.training.global_batch * model.training.seq_len) as f64;
+    let mut e = Evaluation {
+        lower_bound: 0.0,
+        sync,
+        optimizer,
+        updated,
+        model_flops_per_step: 3.0 * ops::model_flops_per_token(model) * tokens_per_step,
+        tokens_per_step,
+        devices: cluster.devices as f64,
+        peak: dev.peak,
+        layers,
+        dp_reason: dp_reason(layout, links),
+        tp_reason: tp_reason(layout, links, sp),
+        update_bytes: update,
+        layout: *layout,
+        pipeline,
+    };
+    e.lower_bound = e.pipeline.lower_bound() + e.tail().0;
+    e
+}
+
+fn link_words(l: &comm::GroupLink) -> String {
+    if l.crosses_nodes() {
+        format!(
+            "across {} nodes at {:.0} GB/s per rank",
+            l.nodes,
+            l.bandwidth / 1e9
+        )
+    } else {
+        format!("inside a node at {:.0} GB/s per rank", l.bandwidth / 1e9)
+    }
+}
+
+fn tp_reason(layout: &Layout, links: &Links, sp: bool) -> String {
+    if layout.tp == 1 {
+        return "no tensor parallelism".into();
+    }
+    let what = if sp {
+        "2 all-gathers + 2 reduce-scatters (sequence parallel)"
+    } else {
+        "2 all-reduces"
+    };
+    let extra = if layout.recompute == Recompute::Full {
+        ", again in the recomputed forward"
+    } else {
+        ""
+    };
+    format!(
+        "{what} of the layer's activations per layer in forward and in backward{extra}, over TP {} {}",
+        layout.tp,
+        link_words(&links.tp)
+    )
+}
+
+fn dp_reason(layout: &Layout, links: &Links) -> String {
+    if layout.dp == 1 {
+        return "no data parallelism".into();
+    }
+    let what = match (layout.sharding.zero_stage, layout.sharding.hybrid) {
+        (0, _) => "gradient all-reduce",
+        (1 | 2, false) => "gradient reduce-scatter + parameter all-gather (ZeRO)",
+        (1 | 2, true) => "gradient reduce-scatter in the node + all-reduce across nodes + parameter all-gather (hybrid ZeRO)",
+        (_, false) => "ZeRO-3 per-micro-batch parameter all-gathers and gradient reduce-scatters",
+        (_, true) => "hybrid ZeRO-3 in-node gathers and scatters + cross-node gradient all-reduce",
+    };
+    format!("{what} over DP {} {}", layout.dp, link_words(&links.dp))
+}
+
+impl Evaluation {
+    /// Seconds after the pipeline's makespan: `(total, of which DP sync)`. Stage `s` finishes
+    /// its last backward at least `drain(s)` before the makespan, so its sync and optimizer step
+    /// only show past the makespan by what the drain does not cover.
+    fn tail(&self) -> (f64, f64) {
+        let mut best = (0.0, 0.0);
+        for s in 0..self.pipeline.pp {
+            let drain = self.pipeline.drain(s);
+            let total = self.sync[s] + self.optimizer[s] - drain;
+            if total > best.0 {
+                best = (total, (self.sync[s] - drain).clamp(0.0, total));
+            }
+        }
+        best
+    }
+
+    /// The prediction, given the simulation of [`Evaluation::pipeline`].
+    pub fn predict(&self, sim: &Simulated) -> Prediction {
+        let p = &self.pipeline;
+        let l = &self.layout;
+        let b = (0..p.pp)
+            .max_by(|&x, &y| sim.busy[x].total_cmp(&sim.busy[y]).then(y.cmp(&x)))
+            .unwrap_or(0);
+        let m = p.microbatches as f64;
+        let sum = (0..p.virtual_stages)
+            .map(|c| {
+                let ch = &p.chunks[c * p.pp + b];
+                ch.fwd.add(&ch.bwd)
+            })
+            .fold(Parts::default(), |acc, x| acc.add(&x))
+            .scale(m);
+        let (tail, dp_tail) = self.tail();
+        let bubble = (sim.makespan - sim.busy[b]).max(0.0);
+        let step = sim.makespan + tail;
+        let kind = l.schedule.name();
+        let mut terms = vec![
+            (
+                "compute",
+                sum.compute,
+                format!(
+                    "matmuls, attention and element-wise ops (a roofline per op) of stage {b}'s {} layers{} for {} micro-batches",
+                    self.layers[b],
+                    match (b == 0, b + 1 == p.pp) {
+                        (true, true) => " with the embedding and the head",
+                        (true, false) => " with the embedding",
+                        (false, true) => " with the head and loss",
+                        _ => "",
+                    },
+                    p.microbatches
+                ),
+            ),
+            (
+                "recompute",
+                sum.recompute,
+                match l.recompute {
+                    Recompute::None => "no activation recompute".to_string(),
+                    Recompute::Selective => "selective recompute re-runs the attention core in the backward".into(),
+                    Recompute::Full => "full recompute re-runs each layer's forward in the backward".into(),
+                },
+            ),
+            ("tp_comm", sum.tp, self.tp_reason.clone()),
+            (
+                "pipeline_bubble",
+                bubble,
+                if p.pp == 1 {
+                    "no pipeline".to_string()
+                } else {
+                    format!(
+                        "idle time of stage {b} in the simulated {kind} schedule ({} stages, {} micro-batches{}), including waits for p2p transfers; textbook (p−1)/(v·m) = {:.1}%",
+                        p.pp,
+                        p.microbatches,
+                        if p.virtual_stages > 1 { format!(", {} chunks per stage", p.virtual_stages) } else { String::new() },
+                        100.0 * crate::schedule::bubble_formula(l.schedule, p.pp, p.microbatches, p.virtual_stages)
+                    )
+                },
+            ),
+            (
+                "dp_exposed",
+                sum.zero3 + dp_tail,
+                format!(
+                    "{} not hidden behind the backward{}",
+                    self.dp_reason,
+                    if sum.zero3 > 0.0 { format!(" ({:.3} s of it inside the pipeline, ZeRO-3 gathers)", sum.zero3) } else { String::new() }
+                ),
+            ),
+            (
+                "optimizer",
+                tail - dp_tail,
+                format!(
+                    "Adam update moving {:.0} B per parameter of the {:.0} parameters a rank of the slowest stage updates, at the calibrated memory bandwidth",
+                    self.update_bytes, self.updated[b]
+                ),
+            ),
+        ];
+        terms.retain(|t| t.1 > 0.0 || t.0 == "compute");
+        Prediction {
+            step_time_s: step,
+            breakdown: terms
+                .into_iter()
+                .map(|(name, seconds, reason)| TimeTerm {
+                    name: name.to_string(),
+                    seconds,
+                    reason,
+                })
+                .collect(),
+            tokens_per_s: self.tokens_per_step / step,
+            tokens_per_s_per_device: self.tokens_per_step / step / self.devices,
+            mfu: self.model_flops_per_step / (step * self.devices * self.peak),
+            model_flops_per_step: self.model_flops_per_step,
+            bottleneck_stage: b as u64,
+        }
+    }
+}

@@ -1,0 +1,355 @@
+//! Compute time of one micro-batch through the model's parts on one device: a roofline per op.
+//!
+//! Each op is `max(FLOPs / (peak · efficiency), bytes / (bandwidth · memory efficiency))`.
+//! Matrix multiplies take their efficiency from the cluster's calibration curve at the op's
+//! smallest dimension (so large TP, which shrinks the per-GPU matrices, costs efficiency);
+//! element-wise ops are costed by the bytes they read and write; flash attention by the FLOPs it
+//! executes (causal: half the score matrix) at its calibrated efficiency, with the backward
+//! executing 2.5× the forward's FLOPs (it recomputes the scores; Dao 2023, FlashAttention-2 §3).
+//! Byte counts per element are written out next to each op. No communication here (`comm`),
+//! no schedules (`pipeline`), no I/O.
+
+use crate::model::{Activation, AttentionImpl, Model, Position};
+use crate::spec::{Calibration, Cluster};
+
+/// The device's peaks and calibration, in SI units.
+#[derive(Debug, Clone, Copy)]
+pub struct Device<'a> {
+    /// FLOP/s.
+    pub peak: f64,
+    /// Bytes/s.
+    pub bandwidth: f64,
+    pub cal: &'a Calibration,
+}
+
+impl<'a> Device<'a> {
+    pub fn of(cluster: &'a Cluster) -> Device<'a> {
+        Device {
+            peak: cluster.device.peak_tflops * 1e12,
+            bandwidth: cluster.device.memory_bandwidth_gbps * 1e9,
+            cal: &cluster.calibration,
+        }
+    }
+
+    /// Seconds to move `bytes` through memory.
+    pub fn memory(&self, bytes: f64) -> f64 {
+        bytes / (self.bandwidth * self.cal.memory_efficiency)
+    }
+
+    /// Seconds for `batch` multiplies of an (m × k) by a (k × n) 16-bit matrix.
+    pub fn matmul(&self, m: f64, k: f64, n: f64, batch: f64) -> f64 {
+        let flops = 2.0 * m * k * n * batch;
+        let eff = self.cal.matmul_efficiency_at(m.min(k).min(n));
+        let bytes = 2.0 * (m * k + k * n + m * n) * batch;
+        (flops / (self.peak * eff)).max(self.memory(bytes))
+    }
+
+    /// Forward and backward (input gradient + weight gradient) of `x (m × k) · w (k × n)`.
+    pub fn linear(&self, m: f64, k: f64, n: f64) -> (f64, f64) {
+        let fwd = self.matmul(m, k, n, 1.0);
+        let bwd = self.matmul(m, n, k, 1.0) + self.matmul(k, m, n, 1.0);
+        (fwd, bwd)
+    }
+}
+
+/// Compute time of one transformer layer for one micro-batch on one TP rank, in seconds.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct LayerCompute {
+    pub fwd: f64,
+    pub bwd: f64,
+    /// The attention core's forward (scores, softmax, dropout, scores × V): what selective
+    /// recompute runs again in the backward.
+    pub attention_core_fwd: f64,
+}
+
+/// Shapes of one layer on one TP rank, in elements.
+struct Shapes {
+    /// Tokens of the micro-batch.
+    t: f64,
+    /// Tokens a replicated op (norm, residual) touches: all, or 1/TP with sequence parallelism.
+    t_rep: f64,
+    h: f64,
+    /// Per-rank widths: query, key/value, MLP.
+    q: f64,
+    kv: f64,
+    f: f64,
+    s: f64,
+    b: f64,
+    heads: f64,
+    d: f64,
+}
+
+fn shapes(model: &Model, tp: u64, sp: bool, b: u64) -> Shapes {
+    let a = &model.architecture;
+    let s = model.training.seq_len as f64;
+    let t = b as f64 * s;
+    let tp = tp as f64;
+    Shapes {
+        t,
+        t_rep: if sp { t / tp } else { t },
+        h: a.hidden as f64,
+        q: a.q_dim() as f64 / tp,
+        kv: a.kv_dim() as f64 / tp,
+        f: a.ffn_hidden as f64 / tp,
+        s,
+        b: b as f64,
+        heads: a.heads as f64 / tp,
+        d: a.head_dim as f64,
+    }
+}
+
+/// One transformer layer: QKV, attention core, output projection, MLP, two norms, two
+/// residual adds (with bias and dropout fused in, as in Megatron), the MLP activation, RoPE.
+pub fn layer(model: &Model, dev: &Device, tp: u64, sp: bool, b: u64) -> LayerCompute {
+    let x = shapes(model, tp, sp, b);
+    let a = &model.architecture;
+    let dropout = model.training.dropout > 0.0;
+    let mut fwd = 0.0;
+    let mut bwd = 0.0;
+    let mut add = |(f, b): (f64, f64)| {
+        fwd += f;
+        bwd += b;
+    };
+    // Linear layers (column-parallel in, row-parallel out).
+    add(dev.linear(x.t, x.h, x.q + 2.0 * x.kv));
+    add(dev.linear(x.t, x.q, x.h));
+    let mlp_in = match a.activation {
+        Activation::Gelu => 1.0,
+        Activation::Swiglu => 2.0,
+    };
+    for _ in 0..mlp_in as usize {
+        add(dev.linear(x.t, x.h, x.f));
+    }
+    add(dev.linear(x.t, x.f, x.h));
+    // Attention core.
+    let core = match model.training.attention {
+        AttentionImpl::Eager => {
+            let bh = x.b * x.heads;
+            // scores = Q·Kᵀ (s×d by d×s), out = P·V (s×s by s×d); backward: two each.
+            let scores = dev.matmul(x.s, x.d, x.s, bh);
+            let pv = dev.matmul(x.s, x.s, x.d, bh);
+            let scores_b = 2.0 * dev.matmul(x.s, x.s, x.d, bh);
+            let pv_b = dev.matmul(x.s, x.d, x.s, bh) + dev.matmul(x.s, x.s, x.d, bh);
+            let elems = bh * x.s * x.s;
+            // Fused scale-mask-softmax: read 2 + write 2 B/element; backward reads the output
+            // and its gradient and writes one (6). Dropout: read 2, write 2 + a 1-byte mask;
+            // backward reads gradient and mask, writes 2 (5).
+            let (mut ew_f, mut ew_b) = (4.0 * elems, 6.0 * elems);
+            if dropout {
+                ew_f += 5.0 * elems;
+                ew_b += 5.0 * elems;
+            }
+            let f = scores + pv + dev.memory(ew_f);
+            add((f, scores_b + pv_b + dev.memory(ew_b)));
+            f
+        }
+        AttentionImpl::Flash => {
+            // Causal: half of the 4·b·s²·d FLOPs per head; reads Q, K, V and writes O.
+            let flops = 0.5 * 4.0 * x.b * x.heads * x.s * x.s * x.d;
+            let eff = dev.peak * dev.cal.flash_attention_efficiency;
+            let io = dev.memory(2.0 * x.t * (2.0 * x.q + 2.0 * x.kv));
+            let f = (flops / eff).max(io);
+            add((f, (2.5 * flops / eff).max(2.0 * io)));
+            f
+        }
+    };
+    // Element-wise ops (16-bit activations). Norm: read 2, write 2; backward reads input and
+    // gradient, writes one (6). Residual add with bias and dropout: read 2 + 2, write 2 (+ 1 mask);
+    // backward the same. MLP activation on the f-wide tensor: GeLU read 2 write 2 (backward 6),
+    // SwiGLU reads two, writes one (6; backward 10). RoPE rotates Q and K in place (4; same back).
+    let drop = if dropout { 1.0 } else { 0.0 };
+    let mut ew_f = x.t_rep * x.h * (2.0 * 4.0 + 2.0 * (6.0 + drop));
+    let mut ew_b = x.t_rep * x.h * (2.0 * 6.0 + 2.0 * (6.0 + drop));
+    let (act_f, act_b) = match a.activation {
+        Activation::Gelu => (4.0, 6.0),
+        Activation::Swiglu => (6.0, 10.0),
+    };
+    ew_f += x.t * x.f * act_f;
+    ew_b += x.t * x.f * act_b;
+    if a.position == Position::Rope {
+        ew_f += x.t * (x.q + x.kv) * 4.0;
+        ew_b += x.t * (x.q + x.kv) * 4.0;
+    }
+    add((dev.memory(ew_f), dev.memory(ew_b)));
+    LayerCompute {
+        fwd,
+        bwd,
+        attention_core_fwd: core,
+    }
+}
+
+/// The token embedding (and learned positions, and dropout) on the first stage: forward and
+/// backward seconds for one micro-batch. Forward: gather rows (read 2, write 2 per element);
+/// learned positions add one more table (read 2 + 2, write 2); dropout writes a mask (1) and
+/// reads, writes (4). Backward: scatter-add into the fp32 gradient rows (read 2, read and write
+/// 4 + 4).
+pub fn embedding(model: &Model, dev: &Device, tp: u64, sp: bool, b: u64) -> (f64, f64) {
+    let x = shapes(model, tp, sp, b);
+    let mut fwd = 4.0;
+    if model.architecture.position == Position::Learned {
+        fwd += 6.0;
+    }
+    if model.training.dropout > 0.0 {
+        fwd += 5.0;
+    }
+    (dev.memory(x.t * x.h * fwd), dev.memory(x.t * x.h * 10.0))
+}
+
+/// Final norm, output projection and loss on the last stage: forward and backward seconds for
+/// one micro-batch. The vocabulary-parallel cross-entropy, unfused as PyTorch runs it under
+/// autocast, works on fp32 logits: forward upcasts (read 2, write 4), log-softmax reads twice
+/// and writes once (12); backward writes a zeroed gradient (4), log-softmax's backward reads two
+/// and writes one (12), and the downcast reads 4 and writes 2: 40 B per logit. A fused loss
+/// kernel reads the 16-bit logits twice (max, then sums) and writes their gradient once: 6 B.
+pub fn head(
+    model: &Model,
+    dev: &Device,
+    tp: u64,
+    sp: bool,
+    b: u64,
+    fused_loss: bool,
+) -> (f64, f64) {
+    let x = shapes(model, tp, sp, b);
+    let v = model.architecture.vocab as f64 / tp as f64;
+    let (lf, lb) = dev.linear(x.t, x.h, v);
+    let norm_f = dev.memory(x.t_rep * x.h * 4.0);
+    let norm_b = dev.memory(x.t_rep * x.h * 6.0);
+    let (ce_f, ce_b) = if fused_loss { (4.0, 2.0) } else { (18.0, 22.0) };
+    (
+        norm_f + lf + dev.memory(x.t * v * ce_f),
+        norm_b + lb + dev.memory(x.t * v * ce_b),
+    )
+}
+
+/// Model FLOPs of one token's forward pass: every matrix multiply of every layer (2 per
+/// multiply-add), the attention scores and their product with V over the full sequence (no
+/// causal halving), and the output layer. Training counts 3× this, without recompute: the
+/// convention of Korthikanti et al. 2022 (Eq. 7) and PaLM's MFU, which for a GPT layer is
+/// `24·h² + 4·s·h` per token, plus `2·h·V` for the logits.
+pub fn model_flops_per_token(model: &Model) -> f64 {
+    let a = &model.architecture;
+    let (h, q, kv, f) = (
+        a.hidden as f64,
+        a.q_dim() as f64,
+        a.kv_dim() as f64,
+        a.ffn_hidden as f64,
+    );
+    let mlp = match a.activation {
+        Activation::Gelu => 2.0,
+        Activation::Swiglu => 3.0,
+    };
+    let s = model.training.seq_len as f64;
+    let layer = 2.0 * (h * (q + 2.0 * kv) + q * h + mlp * h * f) + 4.0 * s * q;
+    a.layers as f64 * layer + 2.0 * h * a.vocab as f64
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::{Architecture, Norm, Training};
+
+    fn cal(eff: f64) -> Calibration {
+        Calibration {
+            matmul_efficiency: vec![[1.0, eff]],
+            memory_efficiency: 1.0,
+            flash_attention_efficiency: 0.5,
+            intra_node_efficiency: 1.0,
+            inter_node_efficiency: 1.0,
+        }
+    }
+
+    fn gpt(h: u64, heads: u64, s: u64, v: u64) -> Model {
+        Model {
+            name: "gpt".into(),
+            architecture: Architecture {
+                layers: 2,
+                hidden: h,
+                heads,
+                kv_heads: heads,
+                head_dim: h / heads,
+                ffn_hidden: 4 * h,
+                vocab: v,
+                activation: Activation::Gelu,
+                norm: Norm::Layernorm,
+                position: Position::Learned,
+                tied_embeddings: true,
+                bias: true,
+                qkv_bias: true,
+                max_positions: s,
+            },
+            training: Training {
+                seq_len: s,
+                global_batch: 8,
+                precision: "default".into(),
+                attention: AttentionImpl::Eager,
+                dropout: 0.0,
+            },
+        }
+    }
+
+    #[test]
+    fn cost_matmul_is_a_roofline() {
+        let c = cal(0.5);
+        let dev = Device {
+            peak: 100e12,
+            bandwidth: 1e12,
+            cal: &c,
+        };
+        // 4096³: 2·4096³ FLOPs at 50 TFLOP/s, far above its 3·2·4096² bytes at 1 TB/s.
+        let n = 4096.0;
+        assert!((dev.matmul(n, n, n, 1.0) - 2.0 * n * n * n / 50e12).abs() < 1e-15);
+        // A matrix-vector product is memory-bound: 2·(n·n + n + n) bytes.
+        let mv = dev.matmul(n, n, 1.0, 1.0);
+        assert!((mv - 2.0 * (n * n + 2.0 * n) / 1e12).abs() < 1e-15);
+    }
+
+    #[test]
+    fn cost_model_flops_match_korthikanti_eq_7() {
+        // Per token: 72·L·h²·(1 + s/(6h) + V/(12·h·L)) / 3 for the forward pass.
+        let (l, h, s, v) = (96.0, 12288.0, 2048.0, 51200.0);
+        let mut m = gpt(12288, 96, 2048, 51200);
+        m.architecture.layers = 96;
+        let want = 72.0 * l * h * h * (1.0 + s / (6.0 * h) + v / (12.0 * h * l)) / 3.0;
+        let got = model_flops_per_token(&m);
+        assert!((got - want).abs() <= 1e-12 * want, "{got} vs {want}");
+    }
+
+    #[test]
+    fn cost_layer_compute_at_full_efficiency_is_the_flop_count() {
+        // With efficiency 1, infinite bandwidth and no TP, the forward matmuls of a GPT layer
+        // take 24·T·h² + 4·T·s·h FLOPs (T tokens), the backward twice that.
+        let c = cal(1.0);
+        let dev = Device {
+            peak: 1e15,
+            bandwidth: f64::INFINITY,
+            cal: &c,
+        };
+        let m = gpt(1024, 16, 512, 1000);
+        let (t, h, s) = (2.0 * 512.0, 1024.0, 512.0);
+        let l = layer(&m, &dev, 1, false, 2);
+        let want = (24.0 * t * h * h + 4.0 * t * s * h) / 1e15;
+        assert!((l.fwd - want).abs() <= 1e-9 * want, "{} vs {want}", l.fwd);
+        assert!((l.bwd - 2.0 * want).abs() <= 1e-9 * want);
+        assert!((l.attention_core_fwd - 4.0 * t * s * h / 1e15).abs() <= 1e-9 * want);
+        // TP divides every matmul of the layer.
+        let l4 = layer(&m, &dev, 4, false, 2);
+        assert!((l4.fwd - want / 4.0).abs() <= 1e-9 * want);
+    }
+
+    #[test]
+    fn cost_element_wise_bytes_shrink_with_sequence_parallelism() {
+        let c = cal(1.0);
+        let dev = Device {
+            peak: f64::INFINITY,
+            bandwidth: 1e12,
+            cal: &c,
+        };
+        let m = gpt(1024, 16, 512, 1000);
+        let plain = layer(&m, &dev, 4, false, 1);
+        let sp = layer(&m, &dev, 4, true, 1);
+        // Norms and residual adds: (2·4 + 2·6) B/element forward over T·h, split 4 ways by SP.
+        let t = 512.0 * 1024.0;
+        let saved = t * 20.0 * (1.0 - 0.25) / 1e12;
+        assert!((plain.fwd - sp.fwd - saved).abs() < 1e-12);
+    }
+}

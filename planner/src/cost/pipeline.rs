@@ -1,0 +1,302 @@
+//! The pipeline part of the step time: per-chunk op durations, a lower bound, and the makespan
+//! of the event simulation of the planner's own schedule op lists (`schedule::simulate_summary`).
+//!
+//! The lower bound lets the search skip simulations that cannot matter: stage `s` cannot start
+//! before the first micro-batch's forward has crossed virtual stages `0..s`, is busy for the sum
+//! of its ops, and its last backward still has to cross virtual stages `s−1..0`, so
+//! `makespan ≥ max_s (Σ_{j<s} (F_j + p2p_j) + busy_s + Σ_{j<s} (B_j + p2p_j))`. For equal stages
+//! and free p2p this is the textbook makespan, `(1 + (p−1)/(v·m))` times the busy time; tests
+//! check both the bound and that equality against the simulator. This module does not cost ops.
+
+use std::collections::HashMap;
+
+use crate::schedule::{self, Schedule, ScheduleKind, SimCosts};
+
+/// Seconds of one micro-batch through one model chunk, in named parts.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Parts {
+    /// Matmuls, attention and element-wise ops (including the embedding and the head).
+    pub compute: f64,
+    /// The forward ops that recompute runs again inside the backward.
+    pub recompute: f64,
+    /// Tensor-parallel collectives.
+    pub tp: f64,
+    /// ZeRO-3 parameter gathers and gradient scatters that compute does not hide.
+    pub zero3: f64,
+}
+
+impl Parts {
+    pub fn total(&self) -> f64 {
+        self.compute + self.recompute + self.tp + self.zero3
+    }
+
+    pub fn add(&self, o: &Parts) -> Parts {
+        Parts {
+            compute: self.compute + o.compute,
+            recompute: self.recompute + o.recompute,
+            tp: self.tp + o.tp,
+            zero3: self.zero3 + o.zero3,
+        }
+    }
+
+    pub fn scale(&self, k: f64) -> Parts {
+        Parts {
+            compute: self.compute * k,
+            recompute: self.recompute * k,
+            tp: self.tp * k,
+            zero3: self.zero3 * k,
+        }
+    }
+}
+
+/// Forward and backward of one micro-batch through one chunk (virtual stage).
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct ChunkTime {
+    pub fwd: Parts,
+    pub bwd: Parts,
+}
+
+/// The op durations of one layout's pipeline: what the simulator needs.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Pipeline {
+    pub kind: ScheduleKind,
+    pub pp: usize,
+    pub microbatches: usize,
+    pub virtual_stages: usize,
+    /// By virtual stage (`chunk · pp + stage`).
+    pub chunks: Vec<ChunkTime>,
+    /// `p2p_next[s]`: one activation or gradient between stage `s` and `(s + 1) % pp`.
+    pub p2p_next: Vec<f64>,
+}
+
+impl Pipeline {
+    fn chunk(&self, stage: usize, chunk: usize) -> &ChunkTime {
+        &self.chunks[chunk * self.pp + stage]
+    }
+
+    /// Seconds for a message between two stages (the link is the same both ways).
+    pub fn p2p(&self, from: usize, to: usize) -> f64 {
+        if (from + 1) % self.pp == to {
+            self.p2p_next[from]
+        } else {
+            self.p2p_next[to]
+        }
+    }
+
+    /// Busy seconds of every stage over the step (all micro-batches, all its chunks).
+    pub fn busy(&self) -> Vec<f64> {
+        (0..self.pp)
+            .map(|s| {
+                (0..self.virtual_stages)
+                    .map(|c| self.chunk(s, c).fwd.total() + self.chunk(s, c).bwd.total())
+                    .sum::<f64>()
+                    * self.microbatches as f64
+            })
+            .collect()
+    }
+
+    /// The least time stage `s` needs after its last backward: that micro-batch's gradient
+    /// still crosses virtual stages `s−1..0`.
+    pub fn drain(&self, stage: usize) -> f64 {
+        (0..stage)
+            .map(|j| self.chunks[j].bwd.total() + self.p2p(j + 1, j))
+            .sum()
+    }
+
+    /// A lower bound of the simulated makespan (module docs).
+    pub fn lower_bound(&self) -> f64 {
+        let busy = self.busy();
+        let mut fill = 0.0;
+        let mut best: f64 = 0.0;
+        for (s, b) in busy.iter().enumerate() {
+            if s > 0 {
+                fill += self.chunks[s - 1].fwd.total() + self.p2p(s - 1, s);
+            }
+            best = best.max(fill + b + self.drain(s));
+        }
+        best
+    }
+
+    /// Bit patterns of every duration: equal keys simulate to equal makespans.
+    fn key(&self) -> Vec<u64> {
+        let mut k = vec![
+            self.kind as u64,
+            self.pp as u64,
+            self.microbatches as u64,
+            self.virtual_stages as u64,
+        ];
+        for c in &self.chunks {
+            k.push(c.fwd.total().to_bits());
+            k.push(c.bwd.total().to_bits());
+        }
+        k.extend(self.p2p_next.iter().map(|x| x.to_bits()));
+        k
+    }
+}
+
+/// What a simulation gives: the makespan and each stage's busy time.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Simulated {
+    pub makespan: f64,
+    pub busy: Vec<f64>,
+}
+
+/// Simulates pipelines, building each schedule's op lists once and remembering results, so
+/// layouts with identical op durations (ZeRO stages, hybrid sharding…) share one simulation.
+#[derive(Default)]
+pub struct Simulator {
+    schedules: Vec<((ScheduleKind, usize, usize, usize), Schedule)>,
+    results: HashMap<Vec<u64>, Simulated>,
+    /// Simulations actually run (not served from memory).
+    pub runs: u64,
+}
+
+/// Built schedules kept at once (each can hold a few hundred thousand ops).
+const KEEP_SCHEDULES: usize = 4;
+
+impl Simulator {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// The simulated makespan of `p`.
+    pub fn run(&mut self, p: &Pipeline) -> Simulated {
+        let key = p.key();
+        if let Some(r) = self.results.get(&key) {
+            return r.clone();
+        }
+        let id = (p.kind, p.pp, p.microbatches, p.virtual_stages);
+        let at = match self.schedules.iter().position(|(k, _)| *k == id) {
+            Some(i) => i,
+            None => {
+                let s = schedule::build(p.kind, p.pp, p.microbatches, p.virtual_stages)
+                    .expect("the layout was checked buildable before it is costed");
+                if self.schedules.len() >= KEEP_SCHEDULES {
+                    self.schedules.remove(0);
+                }
+                self.schedules.push((id, s));
+                self.schedules.len() - 1
+            }
+        };
+        let fwd = |s: usize, c: usize| p.chunk(s, c).fwd.total();
+        let bwd = |s: usize, c: usize| p.chunk(s, c).bwd.total();
+        let p2p = |a: usize, b: usize| p.p2p(a, b);
+        let costs = SimCosts {
+            forward: &fwd,
+            backward: &bwd,
+            p2p: &p2p,
+        };
+        let r = schedule::simulate_summary(&self.schedules[at].1, &costs)
+            .expect("schedules built by `schedule::build` do not deadlock");
+        self.runs += 1;
+        let out = Simulated {
+            makespan: r.makespan,
+            busy: r.busy,
+        };
+        self.results.insert(key, out.clone());
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn uniform(kind: ScheduleKind, pp: usize, m: usize, v: usize, f: f64, b: f64) -> Pipeline {
+        let part = |x: f64| Parts {
+            compute: x,
+            ..Parts::default()
+        };
+        Pipeline {
+            kind,
+            pp,
+            microbatches: m,
+            virtual_stages: v,
+            chunks: vec![
+                ChunkTime {
+                    fwd: part(f),
+                    bwd: part(b)
+                };
+                pp * v
+            ],
+            p2p_next: vec![0.0; pp],
+        }
+    }
+
+    /// Equal stages, free p2p: the bound is the textbook makespan, busy · (1 + bubble), and the
+    /// simulation of the real op lists lands on it.
+    #[test]
+    fn cost_lower_bound_equals_simulation_for_equal_stages() {
+        let mut sim = Simulator::new();
+        for (kind, pp, m, v) in [
+            (ScheduleKind::Gpipe, 4, 8, 1),
+            (ScheduleKind::OneFOneB, 8, 32, 1),
+            (ScheduleKind::OneFOneB, 1, 5, 1),
+            (ScheduleKind::Interleaved, 4, 16, 2),
+            (ScheduleKind::Interleaved, 8, 24, 3),
+        ] {
+            let p = uniform(kind, pp, m, v, 1.0 / v as f64, 2.0 / v as f64);
+            let busy = 3.0 * m as f64;
+            let textbook = busy * (1.0 + schedule::bubble_formula(kind, pp, m, v));
+            let lb = p.lower_bound();
+            let got = sim.run(&p).makespan;
+            assert!(
+                (lb - textbook).abs() < 1e-9,
+                "{kind} {pp} {m} {v}: {lb} vs {textbook}"
+            );
+            assert!(
+                (got - textbook).abs() <= 0.01 * textbook,
+                "{kind}: sim {got} vs {textbook}"
+            );
+        }
+    }
+
+    /// Uneven stages and p2p costs: the bound never exceeds the simulated makespan.
+    #[test]
+    fn cost_lower_bound_never_exceeds_simulation() {
+        let mut seed = 5u64;
+        let mut rnd = || {
+            seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1);
+            (seed >> 11) as f64 / (1u64 << 53) as f64
+        };
+        let mut sim = Simulator::new();
+        for case in 0..120 {
+            let kind = ScheduleKind::ALL[case % 3];
+            let pp = 1 + case % 6;
+            let v = if kind == ScheduleKind::Interleaved {
+                2 + case % 3
+            } else {
+                1
+            };
+            let m = pp * (1 + case % 4);
+            let mut p = uniform(kind, pp, m, v, 1.0, 2.0);
+            for c in p.chunks.iter_mut() {
+                c.fwd.compute = 0.1 + rnd();
+                c.bwd.tp = 0.1 + 2.0 * rnd();
+            }
+            for x in p.p2p_next.iter_mut() {
+                *x = 0.2 * rnd();
+            }
+            let lb = p.lower_bound();
+            let got = sim.run(&p).makespan;
+            assert!(
+                lb <= got * (1.0 + 1e-12),
+                "case {case}: bound {lb} > simulated {got}"
+            );
+        }
+    }
+
+    #[test]
+    fn cost_simulator_remembers_equal_pipelines() {
+        let mut sim = Simulator::new();
+        let p = uniform(ScheduleKind::OneFOneB, 4, 8, 1, 1.0, 2.0);
+        let a = sim.run(&p);
+        let b = sim.run(&p.clone());
+        assert_eq!(a, b);
+        assert_eq!(sim.runs, 1);
+        let mut q = p.clone();
+        q.chunks[3].bwd.compute = 5.0;
+        assert!(sim.run(&q).makespan > a.makespan);
+        assert_eq!(sim.runs, 2);
+    }
+}

@@ -1,0 +1,147 @@
+//! The cost model's terms against formulas written out by hand.
+
+use super::*;
+use crate::layout::Sharding;
+use crate::schedule::ScheduleKind;
+use crate::spec::{self as specs, ClusterOverrides, TrainingOverrides};
+use std::path::Path;
+
+fn job(model: &str, nodes: u64) -> (Model, Cluster) {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../specs");
+    let m = specs::load_model(
+        &root.join("models").join(model),
+        TrainingOverrides::default(),
+    )
+    .unwrap();
+    let c = specs::load_cluster(
+        &root.join("clusters/dgx-a100-80g.toml"),
+        ClusterOverrides {
+            nodes: Some(nodes),
+            devices: None,
+        },
+    )
+    .unwrap();
+    (m, c)
+}
+
+fn layout(dp: u64, pp: u64, tp: u64, zero: u8, kind: ScheduleKind, v: u64) -> Layout {
+    Layout {
+        dp,
+        pp,
+        tp,
+        micro_batch: 1,
+        sharding: Sharding {
+            zero_stage: zero,
+            hybrid: false,
+        },
+        recompute: Recompute::Full,
+        sequence_parallel: false,
+        schedule: kind,
+        virtual_stages: v,
+    }
+}
+
+fn predict(m: &Model, c: &Cluster, l: &Layout, o: Options) -> (Evaluation, Prediction) {
+    let links = Links::new(c, &l.mesh(c));
+    let t = layer_times(m, c, l, &links, o);
+    let e = evaluate(
+        m,
+        c,
+        l,
+        &l.split_layers(m.architecture.layers),
+        &links,
+        &t,
+        o,
+    );
+    let p = e.predict(&pipeline::Simulator::new().run(&e.pipeline));
+    (e, p)
+}
+
+/// The named terms add up to the step time, whatever the layout.
+#[test]
+fn cost_breakdown_sums_to_the_step_time() {
+    let (m, c) = job("gpt3-175b.toml", 16);
+    for l in [
+        layout(16, 1, 8, 0, ScheduleKind::OneFOneB, 1),
+        layout(2, 8, 8, 1, ScheduleKind::OneFOneB, 1),
+        layout(2, 8, 8, 0, ScheduleKind::Interleaved, 3),
+        layout(4, 4, 8, 3, ScheduleKind::Gpipe, 1),
+    ] {
+        let (e, p) = predict(&m, &c, &l, Options::default());
+        let sum: f64 = p.breakdown.iter().map(|t| t.seconds).sum();
+        assert!(
+            (sum - p.step_time_s).abs() <= 1e-9 * p.step_time_s,
+            "{}",
+            l.label()
+        );
+        assert!(e.lower_bound <= p.step_time_s * (1.0 + 1e-12));
+        // MFU restated from its definition.
+        let mfu = p.model_flops_per_step / (p.step_time_s * 128.0 * 312e12);
+        assert!((p.mfu - mfu).abs() < 1e-12);
+    }
+}
+
+/// Without overlap the exposed DP term is the whole ring all-reduce of the fp32 gradients,
+/// `2(n−1)/n · S/B + 2(n−1)·α`, written out here; with overlap the backward hides some of it.
+#[test]
+fn cost_dp_all_reduce_exposed_without_overlap() {
+    let (m, c) = job("gpt3-175b.toml", 16);
+    let l = layout(16, 1, 8, 0, ScheduleKind::OneFOneB, 1);
+    let off = Options {
+        overlap_dp: false,
+        ..Options::default()
+    };
+    let (_, p) = predict(&m, &c, &l, off);
+    // DP 16 with TP 8: one rank per node, one HDR NIC at 86% of 25 GB/s, 5 µs per step.
+    let a = &m.architecture;
+    let params = a.layer_params().per_tp_rank(8) * 96.0
+        + a.embedding_params().per_tp_rank(8)
+        + a.head_params(true).per_tp_rank(8);
+    let bytes = params * 4.0;
+    let want = 2.0 * 15.0 / 16.0 * bytes / (0.86 * 25e9) + 30.0 * 5e-6;
+    let got = p.term("dp_exposed");
+    assert!((got - want).abs() <= 1e-9 * want, "{got} vs {want}");
+    let (_, hidden) = predict(&m, &c, &l, Options::default());
+    assert!(hidden.term("dp_exposed") < got);
+}
+
+/// TP 16 spans two nodes: its collectives take the inter-node latency on each ring step and
+/// the NICs' aggregate bandwidth, so a layer's TP time grows by more than the 15/7 of the ring.
+#[test]
+fn cost_tp_across_nodes_costs_more_than_inside_one() {
+    let (m, c) = job("gpt3-175b.toml", 16);
+    let inside = layout(16, 1, 8, 0, ScheduleKind::OneFOneB, 1);
+    let across = layout(8, 1, 16, 0, ScheduleKind::OneFOneB, 1);
+    let t = |l: &Layout| {
+        let links = Links::new(&c, &l.mesh(&c));
+        (
+            links.tp.crosses_nodes(),
+            layer_times(&m, &c, l, &links, Options::default()),
+        )
+    };
+    let ((x8, a), (x16, b)) = (t(&inside), t(&across));
+    assert!(!x8 && x16);
+    // Per rank, a ring all-reduce moves 2(n−1)/n of the buffer: 14/8 for TP 8, 30/16 for 16.
+    let ratio = b.layer.fwd.tp / a.layer.fwd.tp;
+    assert!(ratio > (30.0 / 16.0) / (14.0 / 8.0), "{ratio}");
+}
+
+/// ZeRO-3's per-layer gathers cost nothing while compute hides them, and show once compute is
+/// shorter than the gather (fewer tokens per micro-batch on a slower network).
+#[test]
+fn cost_zero3_gathers_show_only_when_compute_cannot_hide_them() {
+    let (m, c) = job("gpt3-175b.toml", 16);
+    let mut big = layout(128, 1, 1, 3, ScheduleKind::OneFOneB, 1);
+    big.micro_batch = 4;
+    let links = Links::new(&c, &big.mesh(&c));
+    let t = layer_times(&m, &c, &big, &links, Options::default());
+    assert_eq!(t.layer.fwd.zero3, 0.0);
+    let mut slow = c.clone();
+    slow.inter_node.bandwidth_gbps = 0.5;
+    let links = Links::new(&slow, &big.mesh(&slow));
+    let t = layer_times(&m, &slow, &big, &links, Options::default());
+    let params = m.architecture.layer_params().per_tp_rank(1);
+    let gather = links.dp.all_gather(params * 2.0);
+    let compute = t.layer.fwd.compute + t.layer.fwd.tp;
+    assert!((t.layer.fwd.zero3 - (gather - compute)).abs() <= 1e-9 * gather);
+}

@@ -1,0 +1,456 @@
+//! The search: every layout of the cluster, pruned by divisibility and memory, ranked by the
+//! cost model's predicted step time.
+//!
+//! Each buildable layout gets its layers split over the stages (`partition`, under each stage's
+//! memory cap) and a lower bound of its step time; layouts that fit are then simulated in order
+//! of that bound until no unsimulated layout can enter the top K or come within 2% of the
+//! fastest (branch and bound: the ranking is the one full simulation would give). Within 2% of
+//! the fastest, the seeds' least-complex-first rule decides ("start with the least complex
+//! strategy that addresses the actual bottleneck"); for the layouts that lost, the breakdown
+//! difference says why. Every rejected layout keeps its reason. This module never formats
+//! output beyond those reasons.
+
+#[cfg(test)]
+mod tests;
+mod why;
+
+use std::collections::{BTreeMap, HashMap};
+
+use crate::cost::comm::Links;
+use crate::cost::pipeline::Simulator;
+use crate::cost::{self, Evaluation, Options, Prediction};
+use crate::layout::{Layout, Recompute, Sharding};
+use crate::memory::StageBytes;
+use crate::model::Model;
+use crate::partition;
+use crate::schedule::ScheduleKind;
+use crate::spec::Cluster;
+
+/// The ordering rule, stated in the output and in plan.json.
+pub const ORDERING: &str = "fastest predicted step time first (simulated pipeline makespan + exposed DP sync + optimizer step); among layouts within 2% of the fastest, least-complex-first: PP=1 before PP>1, TP inside a node, smaller TP, lower ZeRO stage, less recompute, no SP, gpipe < 1f1b < interleaved, larger micro-batch";
+
+/// Layouts whose step time is within this fraction of the fastest count as a tie.
+pub const NEAR_TIE: f64 = 0.02;
+
+/// Values the user fixed; `None` lets the search choose.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Pins {
+    pub dp: Option<u64>,
+    pub pp: Option<u64>,
+    pub tp: Option<u64>,
+    pub micro_batch: Option<u64>,
+    pub zero: Option<u8>,
+    pub hybrid: Option<bool>,
+    pub recompute: Option<Recompute>,
+    pub sp: Option<bool>,
+    pub schedule: Option<ScheduleKind>,
+    pub virtual_stages: Option<u64>,
+}
+
+/// A layout that fits: its split, its peak memory per device and its predicted step time.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Candidate {
+    pub layout: Layout,
+    pub peak_bytes: u64,
+    /// Layers per virtual stage, in pipeline order.
+    pub split: Vec<u64>,
+    /// A lower bound of the step time, from the cost model without simulation.
+    pub lower_bound: f64,
+    /// The simulated prediction; present for the ranked head of the list.
+    pub prediction: Option<Prediction>,
+    /// Why this layout ranks below the chosen one (ranks 2 and up of the ranked head).
+    pub why: Option<String>,
+}
+
+impl Candidate {
+    /// The predicted step time, or the lower bound where the layout was not simulated.
+    pub fn step_time(&self) -> f64 {
+        self.prediction
+            .as_ref()
+            .map_or(self.lower_bound, |p| p.step_time_s)
+    }
+}
+
+/// How the search ranks: how many layouts to rank exactly, and the framework behaviour.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct SearchOptions {
+    /// Layouts to rank with a simulated prediction (at least 1).
+    pub top: usize,
+    pub cost: Options,
+}
+
+impl Default for SearchOptions {
+    fn default() -> Self {
+        SearchOptions {
+            top: 10,
+            cost: Options::default(),
+        }
+    }
+}
+
+/// Rejections of one kind: how many, and one example.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RejectionGroup {
+    pub count: u64,
+    pub example: String,
+}
+
+/// What the search found.
+#[derive(Debug, Clone)]
+pub struct SearchResult {
+    /// Layouts that fit, in ranking order: first those ranked by simulation (with a
+    /// prediction), then the rest by their lower bound.
+    pub fits: Vec<Candidate>,
+    /// Layouts that were built and evaluated against memory and the cost model.
+    pub evaluated: u64,
+    /// Pipeline simulations run (layouts with equal op durations share one).
+    pub simulated: u64,
+    /// The smallest layout that was buildable but does not fit, if nothing fits.
+    pub closest_miss: Option<Candidate>,
+    /// Rejections grouped by reason.
+    pub rejected: BTreeMap<String, RejectionGroup>,
+}
+
+fn divisors(n: u64) -> Vec<u64> {
+    (1..=n).filter(|d| n.is_multiple_of(*d)).collect()
+}
+
+fn pick<T: Copy>(pin: Option<T>, all: Vec<T>) -> Vec<T> {
+    match pin {
+        Some(v) => vec![v],
+        None => all,
+    }
+}
+
+/// Enumerates the layouts allowed by the pins (buildable or not).
+pub fn enumerate(model: &Model, cluster: &Cluster, pins: &Pins) -> Vec<Layout> {
+    let n = cluster.devices;
+    let a = &model.architecture;
+    let mut out = Vec::new();
+    for tp in pick(pins.tp, divisors(n)) {
+        for pp in pick(
+            pins.pp,
+            divisors(n / tp.max(1))
+                .into_iter()
+                .filter(|p| *p <= a.layers)
+                .collect(),
+        ) {
+            let dp = pins.dp.unwrap_or(n / (tp * pp).max(1));
+            let per_replica = model.training.global_batch / dp.max(1);
+            let mbs = pick(pins.micro_batch, divisors(per_replica.max(1)));
+            let schedules = schedules(a.layers, pp, pins);
+            let zeros = pick(pins.zero, vec![0, 1, 2, 3]);
+            let sps = pick(
+                pins.sp,
+                if tp > 1 {
+                    vec![false, true]
+                } else {
+                    vec![false]
+                },
+            );
+            for &micro_batch in &mbs {
+                for &(schedule, virtual_stages) in &schedules {
+                    for &zero_stage in &zeros {
+                        let hybrids = pick(
+                            pins.hybrid,
+                            if zero_stage > 0 && cluster.nodes > 1 && dp > cluster.gpus_per_node {
+                                vec![false, true]
+                            } else {
+                                vec![false]
+                            },
+                        );
+                        for &hybrid in &hybrids {
+                            for recompute in pick(pins.recompute, Recompute::ALL.to_vec()) {
+                                for &sequence_parallel in &sps {
+                                    out.push(Layout {
+                                        dp,
+                                        pp,
+                                        tp,
+                                        micro_batch,
+                                        sharding: Sharding { zero_stage, hybrid },
+                                        recompute,
+                                        sequence_parallel,
+                                        schedule,
+                                        virtual_stages,
+                                    });
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+    out
+}
+
+/// Schedule and virtual-stage choices for `pp` stages. With PP = 1 the schedule does not
+/// matter, so only 1F1B is tried (unless pinned); interleaving tries v chunks that split the
+/// layers evenly.
+fn schedules(layers: u64, pp: u64, pins: &Pins) -> Vec<(ScheduleKind, u64)> {
+    let kinds = match pins.schedule {
+        Some(k) => vec![k],
+        None if pp == 1 => vec![ScheduleKind::OneFOneB],
+        None => ScheduleKind::ALL.to_vec(),
+    };
+    let mut out = Vec::new();
+    for kind in kinds {
+        match (kind, pins.virtual_stages) {
+            (_, Some(v)) => out.push((kind, v)),
+            (ScheduleKind::Interleaved, None) => out.extend(
+                (2..=8)
+                    .filter(|v| layers.is_multiple_of(pp * v))
+                    .map(|v| (kind, v)),
+            ),
+            (_, None) => out.push((kind, 1)),
+        }
+    }
+    out
+}
+
+/// The ranking key of the least-complex-first rule (smaller is preferred).
+fn complexity(l: &Layout, cluster: &Cluster) -> impl Ord {
+    let crosses = l.tp > cluster.gpus_per_node;
+    (
+        l.pp,
+        crosses,
+        l.tp,
+        l.sharding.zero_stage,
+        l.sharding.hybrid,
+        l.recompute,
+        l.sequence_parallel,
+        l.schedule,
+        l.virtual_stages,
+        std::cmp::Reverse(l.micro_batch),
+    )
+}
+
+/// A layout split over its stages and costed up to the pipeline simulation.
+pub struct Assessed {
+    pub split: Vec<u64>,
+    /// Peak bytes per device; for a layout that does not fit, that of the even split.
+    pub peak_bytes: u64,
+    pub fits: bool,
+    /// Present when the layout fits.
+    pub evaluation: Option<Evaluation>,
+}
+
+/// Splits `layout`'s layers over its stages and costs it. Interleaved layouts keep Megatron's
+/// equal chunks; others get the balanced split of `partition` under each stage's memory cap.
+pub fn assess(
+    model: &Model,
+    cluster: &Cluster,
+    layout: &Layout,
+    links: &Links,
+    options: Options,
+) -> Assessed {
+    let layers = model.architecture.layers;
+    let pp = layout.pp as usize;
+    let capacity = cluster.memory_bytes();
+    let mem = StageBytes::new(model, cluster, layout);
+    let times = cost::layer_times(model, cluster, layout, links, options);
+    let even = layout.split_layers(layers);
+    let per_stage = |split: &[u64]| -> Vec<u64> {
+        (0..pp)
+            .map(|s| {
+                (0..layout.virtual_stages as usize)
+                    .map(|c| split[c * pp + s])
+                    .sum()
+            })
+            .collect()
+    };
+    let split = if layout.virtual_stages == 1 && pp > 1 {
+        let mut extra = vec![0.0; pp];
+        extra[0] += times.embedding.fwd.total() + times.embedding.bwd.total();
+        extra[pp - 1] += times.head.fwd.total() + times.head.bwd.total();
+        partition::balance(&partition::Problem {
+            layers,
+            layer_time: vec![times.per_layer(); pp],
+            extra_time: extra,
+            max_layers: (0..pp).map(|s| mem.max_layers(s, capacity)).collect(),
+        })
+    } else {
+        let peak = mem.peak(&per_stage(&even));
+        (peak <= capacity && (0..pp).all(|s| per_stage(&even)[s] <= mem.max_layers(s, capacity)))
+            .then(|| even.clone())
+    };
+    match split {
+        None => Assessed {
+            peak_bytes: mem.peak(&per_stage(&even)).ceil() as u64,
+            split: even,
+            fits: false,
+            evaluation: None,
+        },
+        Some(split) => {
+            let e = cost::evaluate(model, cluster, layout, &split, links, &times, options);
+            Assessed {
+                peak_bytes: mem.peak(&per_stage(&split)).ceil() as u64,
+                split,
+                fits: true,
+                evaluation: Some(e),
+            }
+        }
+    }
+}
+
+/// A layout's split, peak memory and simulated prediction, whether or not it fits (a layout
+/// that does not fit keeps the even split): what `Plan::new` and the validation need.
+pub fn predict_layout(
+    model: &Model,
+    cluster: &Cluster,
+    layout: &Layout,
+    options: Options,
+) -> (Assessed, Prediction) {
+    let links = Links::new(cluster, &layout.mesh(cluster));
+    let mut a = assess(model, cluster, layout, &links, options);
+    let e = a.evaluation.take().unwrap_or_else(|| {
+        let times = cost::layer_times(model, cluster, layout, &links, options);
+        cost::evaluate(model, cluster, layout, &a.split, &links, &times, options)
+    });
+    let p = e.predict(&Simulator::new().run(&e.pipeline));
+    a.evaluation = Some(e);
+    (a, p)
+}
+
+/// Runs the search with the default options.
+pub fn search(model: &Model, cluster: &Cluster, pins: &Pins) -> SearchResult {
+    search_with(model, cluster, pins, SearchOptions::default())
+}
+
+/// Runs the search.
+pub fn search_with(
+    model: &Model,
+    cluster: &Cluster,
+    pins: &Pins,
+    options: SearchOptions,
+) -> SearchResult {
+    let mut fits = Vec::new();
+    let mut rejected: BTreeMap<String, RejectionGroup> = BTreeMap::new();
+    let mut evaluated = 0;
+    let mut closest_miss: Option<Candidate> = None;
+    let mut links: HashMap<(u64, u64, u64), Links> = HashMap::new();
+    let mut reject = |key: &str, example: String| {
+        let g = rejected
+            .entry(key.to_string())
+            .or_insert(RejectionGroup { count: 0, example });
+        g.count += 1;
+    };
+    for layout in enumerate(model, cluster, pins) {
+        if let Err(why) = layout.check(model, cluster) {
+            reject(why.rule, format!("{}: {why}", layout.label()));
+            continue;
+        }
+        evaluated += 1;
+        let l = links
+            .entry((layout.dp, layout.pp, layout.tp))
+            .or_insert_with(|| Links::new(cluster, &layout.mesh(cluster)));
+        let a = assess(model, cluster, &layout, l, options.cost);
+        let c = Candidate {
+            layout,
+            peak_bytes: a.peak_bytes,
+            split: a.split,
+            lower_bound: a
+                .evaluation
+                .as_ref()
+                .map_or(f64::INFINITY, |e| e.lower_bound),
+            prediction: None,
+            why: None,
+        };
+        if a.fits {
+            fits.push(c);
+        } else {
+            reject(
+                "does not fit in device memory",
+                format!(
+                    "{}: needs {:.1} GiB per device, has {:.1} GiB",
+                    c.layout.label(),
+                    c.peak_bytes as f64 / crate::spec::GIB,
+                    cluster.device.memory_gib
+                ),
+            );
+            if closest_miss
+                .as_ref()
+                .is_none_or(|m| c.peak_bytes < m.peak_bytes)
+            {
+                closest_miss = Some(c);
+            }
+        }
+    }
+    let simulated = rank(model, cluster, &mut fits, &mut links, options);
+    SearchResult {
+        fits,
+        evaluated,
+        simulated,
+        closest_miss,
+        rejected,
+    }
+}
+
+/// Simulates the fitting layouts in order of their lower bound until none left can matter,
+/// then orders them: the near-tie group least-complex-first, then by step time, then the
+/// unsimulated rest by bound. Returns the number of simulations run.
+fn rank(
+    model: &Model,
+    cluster: &Cluster,
+    fits: &mut [Candidate],
+    links: &mut HashMap<(u64, u64, u64), Links>,
+    options: SearchOptions,
+) -> u64 {
+    fits.sort_by(|a, b| {
+        a.lower_bound
+            .total_cmp(&b.lower_bound)
+            .then_with(|| complexity(&a.layout, cluster).cmp(&complexity(&b.layout, cluster)))
+    });
+    let top = options.top.max(1);
+    let mut sim = Simulator::new();
+    let mut times: Vec<f64> = Vec::new();
+    let mut done = 0;
+    for c in fits.iter_mut() {
+        if let Some(&best) = times.first() {
+            let kth = if times.len() >= top {
+                times[top - 1]
+            } else {
+                f64::INFINITY
+            };
+            if c.lower_bound > kth.max(best * (1.0 + NEAR_TIE)) {
+                break;
+            }
+        }
+        let l = links
+            .entry((c.layout.dp, c.layout.pp, c.layout.tp))
+            .or_insert_with(|| Links::new(cluster, &c.layout.mesh(cluster)));
+        let e = cost::evaluate(
+            model,
+            cluster,
+            &c.layout,
+            &c.split,
+            l,
+            &cost::layer_times(model, cluster, &c.layout, l, options.cost),
+            options.cost,
+        );
+        let p = e.predict(&sim.run(&e.pipeline));
+        let at = times.partition_point(|t| *t <= p.step_time_s);
+        times.insert(at, p.step_time_s);
+        c.prediction = Some(p);
+        done += 1;
+    }
+    let best = times.first().copied().unwrap_or(f64::INFINITY);
+    let head = &mut fits[..done];
+    head.sort_by(|a, b| {
+        let (ta, tb) = (a.step_time(), b.step_time());
+        let (na, nb) = (ta <= best * (1.0 + NEAR_TIE), tb <= best * (1.0 + NEAR_TIE));
+        nb.cmp(&na).then_with(|| {
+            if na && nb {
+                complexity(&a.layout, cluster).cmp(&complexity(&b.layout, cluster))
+            } else {
+                ta.total_cmp(&tb)
+            }
+        })
+    });
+    if let Some((chosen, others)) = head.split_first_mut() {
+        for c in others.iter_mut().take(top) {
+            c.why = Some(why::lost(chosen, c, cluster, model));
+        }
+    }
+    sim.runs
+}

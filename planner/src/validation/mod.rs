@@ -1,0 +1,473 @@
+//! Replays published training runs through the planner and compares the predicted step time
+//! with the measured one (../shared/groundtruth/runs.toml and the README beside it).
+//!
+//! Each run is pinned to its published configuration. Knobs a source does not state (the
+//! micro-batch and the interleaving depth of Megatron's Table 1, for instance) are left to the
+//! planner's own search — the fastest layout that fits, with the near-tie rule — one rule for
+//! every run; the report lists which knobs each run left open. What a source's framework does
+//! that a spec cannot say (its model conventions, whether DP sync overlaps the backward) is set
+//! once per source with its citation, never per run. Calibration constants come only from the
+//! cluster presets. This module reads no files: callers pass the text of runs.toml and the
+//! resolved presets; `report` renders docs/validation.md.
+
+pub mod fit;
+pub mod layer;
+pub mod report;
+
+use toml::Value;
+
+use crate::cost::Options;
+use crate::layout::{Layout, Recompute};
+use crate::memory;
+use crate::model::{Activation, Architecture, AttentionImpl, Model, Norm, Position, Training};
+use crate::schedule::ScheduleKind;
+use crate::search::{self, Pins, SearchOptions};
+use crate::spec::Cluster;
+
+/// Why the validation could not run at all.
+#[derive(Debug, thiserror::Error)]
+pub enum ValidationError {
+    #[error("runs.toml is not valid TOML: {0}")]
+    Toml(String),
+    #[error("runs.toml has no [[run]] entries")]
+    NoRuns,
+}
+
+/// The sources the validation knows, each with its framework's conventions.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Family {
+    /// Narayanan et al. SC'21 (Megatron-LM).
+    Megatron,
+    /// Korthikanti et al. 2022 (Megatron-LM with sequence parallelism, selective recompute).
+    Korthikanti,
+    /// karpathy/llm.c.
+    LlmC,
+    /// mosaicml/llm-foundry (Composer, PyTorch FSDP).
+    Mpt,
+}
+
+impl Family {
+    fn of(source: &str) -> Option<Family> {
+        if source.starts_with("Narayanan") {
+            Some(Family::Megatron)
+        } else if source.starts_with("Korthikanti") {
+            Some(Family::Korthikanti)
+        } else if source.starts_with("karpathy/llm.c") {
+            Some(Family::LlmC)
+        } else if source.starts_with("mosaicml/llm-foundry") {
+            Some(Family::Mpt)
+        } else {
+            None
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Family::Megatron => "Megatron-LM SC'21",
+            Family::Korthikanti => "Korthikanti et al. 2022",
+            Family::LlmC => "llm.c",
+            Family::Mpt => "MosaicML llm-foundry",
+        }
+    }
+
+    /// What the source's framework does, as the specs and options say it, with the why.
+    pub fn conventions(self) -> &'static str {
+        match self {
+            Family::Megatron | Family::Korthikanti => "GPT as Megatron-LM builds it: GeLU MLP, LayerNorm, learned positions, tied embeddings, biases, dropout 0.1, a materialised softmax (no flash attention in 2021–22), fp32 main gradients (the `megatron` policy), no ZeRO; the DP all-reduce follows the backward (Korthikanti et al. §6.3: \"the gradient all-reduce was not overlapped\")",
+            Family::LlmC => "GPT-2 as llm.c trains it: GeLU, LayerNorm, learned positions, tied embeddings, biases, no dropout, cuDNN flash attention, a fused classifier (`fused_classifier`: loss and its gradient in one pass over the logits), bf16 weights and gradients with fp32 master and Adam (`mixed16`), ZeRO-1 as stated; DP sync overlapped with the backward",
+            Family::Mpt => "MPT as llm-foundry trains it: GeLU, LayerNorm, learned positions (the source's NumParams grows with the sequence length), tied embeddings, no biases, no dropout, flash attention (\"our models use Flash Attention\"), bf16 with fp32 master and Adam (`mixed16`), FSDP FULL_SHARD = ZeRO-3 with prefetch",
+        }
+    }
+
+    fn megatron_like(self) -> bool {
+        matches!(self, Family::Megatron | Family::Korthikanti)
+    }
+
+    pub(crate) fn options(self) -> Options {
+        Options {
+            overlap_dp: !self.megatron_like(),
+            fused_loss: self == Family::LlmC,
+        }
+    }
+}
+
+/// A published run, resolved into what the planner takes.
+#[derive(Debug, Clone)]
+pub struct Run {
+    pub id: String,
+    pub family: Family,
+    pub model: Model,
+    pub cluster: Cluster,
+    pub pins: Pins,
+    /// Knobs the source does not state, which the planner chose.
+    pub open: Vec<&'static str>,
+    /// Seconds per optimizer step as published (or derived in runs.toml).
+    pub measured_step_s: Option<f64>,
+    pub measured_tokens_per_s_per_gpu: Option<f64>,
+    pub measured_mfu: Option<f64>,
+    pub measured_memory_gib: Option<f64>,
+    /// Achieved TFLOP/s per GPU as reported (for runs without a step time).
+    pub measured_tflops: Option<f64>,
+}
+
+/// A run the validation cannot replay, and why.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Skipped {
+    pub id: String,
+    pub reason: String,
+}
+
+/// One replayed run.
+#[derive(Debug, Clone)]
+pub struct Row {
+    pub id: String,
+    pub family: Family,
+    pub layout: Layout,
+    pub open: Vec<&'static str>,
+    pub measured_s: f64,
+    pub predicted_s: f64,
+    /// (predicted − measured) / measured.
+    pub error: f64,
+    pub measured_tokens: Option<f64>,
+    pub predicted_tokens: f64,
+    pub measured_mfu: Option<f64>,
+    pub predicted_mfu: f64,
+    pub measured_memory_gib: Option<f64>,
+    /// Predicted peak per GPU, and its tensors alone (without the overhead terms).
+    pub predicted_memory_gib: f64,
+    pub predicted_tensors_gib: f64,
+    /// False when the published layout exceeds device memory in this planner's memory model.
+    pub fits: bool,
+    /// How the measured step time was obtained, when runs.toml did not give it.
+    pub derived: Option<String>,
+}
+
+fn get<'a>(v: &'a Value, path: &str) -> Option<&'a Value> {
+    path.split('.').try_fold(v, |v, k| v.get(k))
+}
+
+fn int(v: &Value, path: &str) -> Option<u64> {
+    get(v, path)?
+        .as_integer()
+        .and_then(|i| u64::try_from(i).ok())
+}
+
+fn num(v: &Value, path: &str) -> Option<f64> {
+    let x = get(v, path)?;
+    x.as_float().or_else(|| x.as_integer().map(|i| i as f64))
+}
+
+fn text<'a>(v: &'a Value, path: &str) -> Option<&'a str> {
+    get(v, path)?.as_str()
+}
+
+/// Resolves every run of runs.toml; `a100` and `h100` are the cluster presets the runs' GPUs
+/// map to (their node counts are replaced by each run's).
+pub fn load(
+    runs_toml: &str,
+    a100: &Cluster,
+    h100: &Cluster,
+) -> Result<(Vec<Run>, Vec<Skipped>), ValidationError> {
+    let doc: Value = runs_toml
+        .parse::<toml::Table>()
+        .map(Value::Table)
+        .map_err(|e| ValidationError::Toml(e.to_string()))?;
+    let list = doc
+        .get("run")
+        .and_then(Value::as_array)
+        .ok_or(ValidationError::NoRuns)?;
+    let mut runs = Vec::new();
+    let mut skipped = Vec::new();
+    for r in list {
+        let id = text(r, "id").unwrap_or("?").to_string();
+        match resolve(r, a100, h100) {
+            Ok(run) => runs.push(run),
+            Err(reason) => skipped.push(Skipped { id, reason }),
+        }
+    }
+    Ok((runs, skipped))
+}
+
+fn resolve(r: &Value, a100: &Cluster, h100: &Cluster) -> Result<Run, String> {
+    let id = text(r, "id").unwrap_or("?").to_string();
+    let source = text(r, "source").unwrap_or("");
+    let family = Family::of(source).ok_or("no framework conventions for this source")?;
+    let need = |path: &str| int(r, path).ok_or(format!("the source does not give `{path}`"));
+    let (layers, hidden, heads) = (
+        need("model.layers")?,
+        need("model.hidden")?,
+        need("model.heads")?,
+    );
+    let seq_len = need("model.seq_len")?;
+    let global_batch = need("parallel.global_batch")?;
+    let gpus = need("cluster.num_gpus")?;
+    let gpu = text(r, "cluster.gpu").unwrap_or("");
+    let base = if gpu.contains("H100") {
+        h100
+    } else if gpu.contains("A100") {
+        a100
+    } else {
+        return Err(format!("no cluster preset for the GPU \"{gpu}\""));
+    };
+    let mut cluster = base.clone();
+    cluster.gpus_per_node = int(r, "cluster.gpus_per_node").unwrap_or(base.gpus_per_node);
+    cluster.devices = gpus;
+    cluster.nodes = gpus.div_ceil(cluster.gpus_per_node);
+    let megatron = family.megatron_like();
+    let llmc = family == Family::LlmC;
+    let model = Model {
+        name: id.clone(),
+        architecture: Architecture {
+            layers,
+            hidden,
+            heads,
+            kv_heads: int(r, "model.kv_heads").unwrap_or(heads),
+            head_dim: hidden / heads,
+            ffn_hidden: int(r, "model.ffn_hidden").unwrap_or(4 * hidden),
+            vocab: need("model.vocab")?,
+            activation: Activation::Gelu,
+            norm: Norm::Layernorm,
+            position: Position::Learned,
+            tied_embeddings: true,
+            bias: megatron || llmc,
+            qkv_bias: megatron || llmc,
+            max_positions: seq_len,
+        },
+        training: Training {
+            seq_len,
+            global_batch,
+            precision: if megatron { "megatron" } else { "mixed16" }.into(),
+            attention: if megatron {
+                AttentionImpl::Eager
+            } else {
+                AttentionImpl::Flash
+            },
+            dropout: if megatron { 0.1 } else { 0.0 },
+        },
+    };
+    let (tp, pp) = (int(r, "parallel.tp"), int(r, "parallel.pp"));
+    if tp.is_none() || pp.is_none() {
+        return Err("the source does not give TP and PP".into());
+    }
+    let recompute = match text(r, "parallel.recompute") {
+        Some("none") => Some(Recompute::None),
+        Some("selective") => Some(Recompute::Selective),
+        Some("full") => Some(Recompute::Full),
+        _ => None,
+    };
+    let v = int(r, "parallel.virtual_stages");
+    let named = text(r, "parallel.schedule").unwrap_or("");
+    let pipelined = pp.unwrap_or(1) > 1;
+    let schedule = if v.is_some() || (named.contains("interleaved") && pipelined) {
+        Some(ScheduleKind::Interleaved)
+    } else if !pipelined {
+        Some(ScheduleKind::OneFOneB)
+    } else {
+        None
+    };
+    let sp = get(r, "parallel.sequence_parallel")
+        .and_then(Value::as_bool)
+        .or((tp == Some(1)).then_some(false));
+    let zero = int(r, "parallel.zero_stage")
+        .map(|z| z as u8)
+        .or(megatron.then_some(0));
+    let pins = Pins {
+        dp: int(r, "parallel.dp"),
+        pp,
+        tp,
+        micro_batch: int(r, "parallel.micro_batch"),
+        zero,
+        hybrid: Some(false),
+        recompute,
+        sp,
+        schedule,
+        virtual_stages: v.or((!pipelined || schedule == Some(ScheduleKind::OneFOneB)).then_some(1)),
+    };
+    let mut open = Vec::new();
+    for (name, missing) in [
+        ("micro-batch", pins.micro_batch.is_none()),
+        ("schedule", pins.schedule.is_none()),
+        ("virtual stages", pins.virtual_stages.is_none()),
+        ("recompute", pins.recompute.is_none()),
+        ("SP", pins.sp.is_none()),
+        ("ZeRO", pins.zero.is_none()),
+    ] {
+        if missing {
+            open.push(name);
+        }
+    }
+    Ok(Run {
+        id,
+        family,
+        model,
+        cluster,
+        pins,
+        open,
+        measured_step_s: num(r, "measured.iter_time_s"),
+        measured_tokens_per_s_per_gpu: num(r, "measured.tokens_per_s"),
+        measured_mfu: num(r, "measured.mfu"),
+        measured_memory_gib: num(r, "measured.memory_gb"),
+        measured_tflops: num(r, "measured.tflops_per_gpu"),
+    })
+}
+
+/// Megatron's Eq. 3 (Narayanan et al. 2021): FLOPs per step with full recompute, which its
+/// TFLOP/s figures count; how runs.toml derives Table 1's step times, applied to the runs that
+/// give only TFLOP/s.
+pub fn megatron_eq3_flops(model: &Model) -> f64 {
+    let a = &model.architecture;
+    let (b, s, l, h, v) = (
+        model.training.global_batch as f64,
+        model.training.seq_len as f64,
+        a.layers as f64,
+        a.hidden as f64,
+        a.vocab as f64,
+    );
+    96.0 * b * s * l * h * h * (1.0 + s / (6.0 * h) + v / (16.0 * l * h))
+}
+
+/// Replays one run: the planner's layout under the pins, its prediction, the comparison.
+pub fn replay(run: &Run) -> Result<Row, String> {
+    let tokens_per_step = (run.model.training.global_batch * run.model.training.seq_len) as f64;
+    let per_gpu = run.measured_tokens_per_s_per_gpu;
+    let (measured_s, derived) = match (run.measured_step_s, run.measured_tflops) {
+        (Some(t), _) => (t, None),
+        (None, _) if per_gpu.is_some() => (
+            tokens_per_step / (per_gpu.unwrap_or(1.0) * run.cluster.devices as f64),
+            Some("from tokens/s".to_string()),
+        ),
+        (None, Some(x)) if run.family.megatron_like() => (
+            megatron_eq3_flops(&run.model) / (run.cluster.devices as f64 * x * 1e12),
+            Some(format!(
+                "from {x} TFLOP/s per GPU with Eq. 3, as runs.toml derives Table 1"
+            )),
+        ),
+        _ => return Err("no step time, tokens/s or TFLOP/s to compare with".into()),
+    };
+    let options = SearchOptions {
+        top: 1,
+        cost: run.family.options(),
+    };
+    let result = search::search_with(&run.model, &run.cluster, &run.pins, options);
+    let (layout, fits) = match (result.fits.first(), &result.closest_miss) {
+        (Some(c), _) => (c.layout, true),
+        (None, Some(m)) => (m.layout, false),
+        (None, None) => {
+            let why: Vec<String> = result
+                .rejected
+                .values()
+                .map(|g| g.example.clone())
+                .collect();
+            return Err(format!(
+                "the published layout cannot be built: {}",
+                why.join("; ")
+            ));
+        }
+    };
+    let (assessed, p) =
+        search::predict_layout(&run.model, &run.cluster, &layout, run.family.options());
+    let mem = memory::estimate_split(&run.model, &run.cluster, &layout, &assessed.split);
+    let peak = &mem.per_stage[mem.peak_stage as usize];
+    let tensors: u64 = peak
+        .terms
+        .iter()
+        .filter(|t| t.kind != "overhead")
+        .map(|t| t.bytes)
+        .sum();
+    let gib = crate::spec::GIB;
+    Ok(Row {
+        id: run.id.clone(),
+        family: run.family,
+        layout,
+        open: run.open.clone(),
+        measured_s,
+        predicted_s: p.step_time_s,
+        error: p.step_time_s / measured_s - 1.0,
+        measured_tokens: run.measured_tokens_per_s_per_gpu,
+        predicted_tokens: p.tokens_per_s_per_device,
+        measured_mfu: run.measured_mfu,
+        predicted_mfu: p.mfu,
+        measured_memory_gib: run.measured_memory_gib,
+        predicted_memory_gib: mem.peak_bytes as f64 / gib,
+        predicted_tensors_gib: tensors as f64 / gib,
+        fits,
+        derived,
+    })
+}
+
+/// Median of absolute errors (0 for none).
+pub fn median_abs(errors: &[f64]) -> f64 {
+    let mut a: Vec<f64> = errors.iter().map(|e| e.abs()).collect();
+    if a.is_empty() {
+        return 0.0;
+    }
+    a.sort_by(f64::total_cmp);
+    let n = a.len();
+    if n % 2 == 1 {
+        a[n / 2]
+    } else {
+        0.5 * (a[n / 2 - 1] + a[n / 2])
+    }
+}
+
+/// The whole validation: runs with a published step time or tokens/s are the scored set;
+/// runs with only TFLOP/s are replayed too and reported apart (not scored).
+#[derive(Debug, Clone)]
+pub struct Validation {
+    pub scored: Vec<Row>,
+    pub unscored: Vec<Row>,
+    pub skipped: Vec<Skipped>,
+}
+
+impl Validation {
+    pub fn median_abs_error(&self) -> f64 {
+        median_abs(&self.scored.iter().map(|r| r.error).collect::<Vec<_>>())
+    }
+
+    pub fn worst(&self) -> Option<&Row> {
+        self.scored
+            .iter()
+            .max_by(|a, b| a.error.abs().total_cmp(&b.error.abs()))
+    }
+}
+
+/// Loads and replays every run.
+pub fn run_all(
+    runs_toml: &str,
+    a100: &Cluster,
+    h100: &Cluster,
+) -> Result<Validation, ValidationError> {
+    let (runs, mut skipped) = load(runs_toml, a100, h100)?;
+    let (mut scored, mut unscored) = (Vec::new(), Vec::new());
+    for run in &runs {
+        let has_time = run.measured_step_s.is_some() || run.measured_tokens_per_s_per_gpu.is_some();
+        match replay(run) {
+            Ok(row) if has_time => scored.push(row),
+            Ok(row) => unscored.push(row),
+            Err(reason) => skipped.push(Skipped {
+                id: run.id.clone(),
+                reason,
+            }),
+        }
+    }
+    Ok(Validation {
+        scored,
+        unscored,
+        skipped,
+    })
+}
+
+/// How docs/validation.md is regenerated.
+pub const COMMAND: &str = "cargo run --release -- validate-planner";
+
+/// The validation and its Markdown document (docs/validation.md).
+pub fn document(
+    runs_toml: &str,
+    a100: &Cluster,
+    h100: &Cluster,
+) -> Result<(Validation, String), ValidationError> {
+    let v = run_all(runs_toml, a100, h100)?;
+    let layer = layer::layer_benchmark(runs_toml, a100, h100);
+    let md = report::markdown(&v, &layer, &[a100, h100], COMMAND);
+    Ok((v, md))
+}
