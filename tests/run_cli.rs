@@ -104,6 +104,55 @@ fn the_readme_job_trains_on_8_cpu_ranks_and_the_loss_falls() {
         events.iter().any(|e| e["name"] == "F0.0"),
         "forward ops are named by micro-batch and chunk"
     );
+    // The planner's predicted timeline is in the same format, one track per pipeline stage,
+    // with the same op names as one step of the measured one.
+    let predicted = dir.join("predicted.json");
+    let o = tessera(&[
+        "plan",
+        "specs/models/tiny.toml",
+        "specs/clusters/cpu-8.toml",
+        "--dp",
+        "2",
+        "--pp",
+        "2",
+        "--tp",
+        "2",
+        "--no-sp",
+        "--micro-batch",
+        "2",
+        "--schedule",
+        "1f1b",
+        "--zero",
+        "1",
+        "--trace",
+        predicted.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let p: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&predicted).unwrap()).unwrap();
+    let names = |evs: &[serde_json::Value], track: u64| -> Vec<String> {
+        evs.iter()
+            .filter(|e| {
+                e["ph"] == "X"
+                    && e["tid"] == track
+                    && e["args"]["step"] == 0
+                    && e["cat"] != "optimizer"
+            })
+            .map(|e| e["name"].as_str().unwrap().to_string())
+            .collect()
+    };
+    let pe = p["traceEvents"].as_array().unwrap();
+    assert!(!names(pe, 0).is_empty());
+    assert_eq!(
+        names(pe, 0),
+        names(events, 0),
+        "stage 0 predicted = rank 0 executed, op for op"
+    );
+    assert_eq!(
+        names(pe, 1),
+        names(events, 4),
+        "stage 1 predicted = rank 4 (stage 1) executed"
+    );
     std::fs::remove_dir_all(&dir).ok();
 }
 

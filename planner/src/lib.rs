@@ -19,6 +19,7 @@ pub mod schedule;
 pub mod search;
 pub mod source;
 pub mod spec;
+pub mod trace;
 pub mod validation;
 
 pub use error::{Diagnostic, PlanError};

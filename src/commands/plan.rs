@@ -98,6 +98,10 @@ pub struct PlanArgs {
     /// Write the plan even if the layout does not fit (marked infeasible).
     #[arg(long)]
     force: bool,
+    /// Write the predicted timeline of one step (Chrome trace, one track per pipeline stage),
+    /// in the format `tessera run --trace` writes.
+    #[arg(long)]
+    trace: Option<PathBuf>,
 }
 
 impl PlanArgs {
@@ -384,6 +388,18 @@ fn emit(args: &PlanArgs, plan: &Plan) -> anyhow::Result<()> {
     let json = plan.to_json();
     if let Some(path) = &args.output {
         write_atomic(path, &json)?;
+    }
+    if let Some(path) = &args.trace {
+        let events = tessera_planner::trace::predicted(
+            &plan.job.model,
+            &plan.job.cluster,
+            &plan.parallel.layout(),
+        )
+        .map_err(|e| anyhow::anyhow!("cannot simulate the schedule: {e}"))?;
+        write_atomic(
+            path,
+            &tessera_planner::trace::chrome_trace(&events, "predicted", "stage"),
+        )?;
     }
     if args.format == Format::Json {
         print!("{json}");

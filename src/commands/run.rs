@@ -179,10 +179,17 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
         let mean = timed.iter().sum::<f64>() / timed.len() as f64;
         let t = &plan.job.model.training;
         println!(
-            "step time {:.4} s measured (mean of steps 2..{}), {:.0} tokens/s",
+            "step time {:.4} s measured (mean of steps 2..{}), {:.0} tokens/s; predicted {:.4} s ({:.2}× measured){}",
             mean,
             report.steps.len(),
-            (t.global_batch * t.seq_len) as f64 / mean
+            (t.global_batch * t.seq_len) as f64 / mean,
+            plan.predicted.step_time_s,
+            plan.predicted.step_time_s / mean,
+            if plan.job.cluster.device.kind == DeviceKind::Cpu {
+                " — the CPU cluster presets are nominal, not calibrated"
+            } else {
+                ""
+            }
         );
     }
     let mib = |b: u64| format!("{:.1}", b as f64 / (1024.0 * 1024.0));
@@ -207,7 +214,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
         plan.job.model.training.precision
     );
     if let Some(path) = &args.trace {
-        write_atomic(path, &chrome_trace(&report.trace, "measured"))?;
+        write_atomic(path, &chrome_trace(&report.trace))?;
         println!("wrote {} (open in https://ui.perfetto.dev)", path.display());
     }
     Ok(ExitCode::SUCCESS)
