@@ -33,6 +33,8 @@ enum Command {
     Explain(commands::explain::ExplainArgs),
     /// Train as a plan says (CPU backend: threads as ranks) and compare with its predictions.
     Run(commands::run::RunArgs),
+    /// Start one `tessera run` process per local rank and stop them all if one fails.
+    Launch(commands::launch::LaunchArgs),
     /// Replay the published runs of runs.toml through the planner; write docs/validation.md.
     #[command(hide = true)]
     ValidatePlanner(commands::validate_planner::ValidatePlannerArgs),
@@ -52,6 +54,7 @@ fn main() -> ExitCode {
         Command::Validate(args) => commands::validate::run(args),
         Command::Explain(args) => commands::explain::run(args),
         Command::Run(args) => commands::run::run(args),
+        Command::Launch(args) => commands::launch::run(args),
         Command::ValidatePlanner(args) => commands::validate_planner::run(args),
     };
     match result {

@@ -30,11 +30,16 @@ impl fmt::Display for Diagnostic {
         if let Some((line, col)) = self.location {
             write!(f, ":{line}:{col}")?;
         }
-        write!(
-            f,
-            ": `{}`: {}\n  fix: {}",
-            self.field, self.problem, self.fix
-        )
+        if self.field == "-" {
+            // A problem with the whole file (unreadable, not JSON): there is no field to name.
+            write!(f, ": {}\n  fix: {}", self.problem, self.fix)
+        } else {
+            write!(
+                f,
+                ": `{}`: {}\n  fix: {}",
+                self.field, self.problem, self.fix
+            )
+        }
     }
 }
 

@@ -2,10 +2,19 @@
 
 pub mod alloc;
 pub mod comm;
+pub mod comm_parity;
 pub mod cpu;
+#[cfg(feature = "cuda")]
+pub mod cuda;
+#[cfg(not(feature = "cuda"))]
+#[path = "cuda_standin.rs"]
+pub mod cuda;
 pub mod data;
 pub mod exec;
+pub mod gpu;
+pub mod launch;
 pub mod layers;
+pub mod ops;
 pub mod optim;
 pub mod params;
 pub mod rng;

@@ -1,6 +1,7 @@
 //! One module per subcommand: build the options, call a library function, print.
 
 pub mod explain;
+pub mod launch;
 pub mod plan;
 pub mod run;
 pub mod validate;

@@ -1,4 +1,10 @@
 //! `tessera run plan.json`: train for real as the plan says, and compare with its predictions.
+//!
+//! Under a launcher (`tessera launch`, torchrun, Slurm: `RANK` / `WORLD_SIZE` set) every rank
+//! process first meets the others (`tessera_runtime::launch::rendezvous`) and checks that they
+//! all run the same plan. The CPU backend then trains every rank as a thread of rank 0's
+//! process, and the other processes wait for rank 0 and exit with its outcome (docs/cuda.md,
+//! "Launching").
 
 use std::io::Write;
 use std::path::PathBuf;
@@ -11,6 +17,9 @@ use tessera_planner::plan::Plan;
 use tessera_planner::spec::{DeviceKind, GIB};
 use tessera_runtime::data::Tokens;
 use tessera_runtime::exec::{self, chrome_trace, TrainOptions};
+use tessera_runtime::launch::env::LaunchEnv;
+use tessera_runtime::launch::rendezvous::{rendezvous, RendezvousError};
+use tessera_runtime::launch::EXIT_PEER_FAILED;
 
 use crate::output::{table, write_atomic};
 
@@ -50,6 +59,9 @@ pub struct RunArgs {
     /// Where to run.
     #[arg(long, value_enum, default_value_t = Backend::Cpu)]
     backend: Backend,
+    /// Test hook: under a launcher, the process with this RANK fails before the rendezvous.
+    #[arg(long, hide = true)]
+    fail_rank: Option<usize>,
 }
 
 /// Bytes of host memory a CPU run of `plan` needs: f32 weights, gradients and Adam moments for
@@ -81,20 +93,121 @@ fn host_available_bytes() -> Option<f64> {
     Some(kb * 1024.0)
 }
 
+/// Why a plan cannot run on the CUDA backend here, with the fix.
+fn cuda_refusal(args: &RunArgs, plan: &Plan) -> String {
+    let cluster = &plan.job.cluster;
+    let why = if args.backend == Backend::Cuda {
+        "--backend cuda"
+    } else {
+        "a GPU cluster"
+    };
+    let cpu =
+        "plan for a CPU cluster (specs/clusters/cpu-8.toml) to train here with the CPU backend";
+    let status = match tessera_runtime::cuda::devices() {
+        Err(tessera_runtime::gpu::GpuError::NotCompiledWithCudaSupport) => format!(
+            "this tessera was built without CUDA support\n  fix: build with `cargo build --release --features cuda` on a machine with NVIDIA GPUs (docs/cuda.md), or {cpu}"
+        ),
+        // The error carries its own fix.
+        Err(e) => format!("the CUDA backend is built in, but {e}\n  or {cpu}"),
+        Ok(devices) => format!(
+            "{} GPU(s) found ({}), but the CUDA executor that trains a plan on them is not written yet: the kernels, cuBLAS, NCCL and the launcher are (docs/cuda.md)\n  fix: {cpu}",
+            devices.len(),
+            devices.iter().map(|d| d.to_string()).collect::<Vec<_>>().join("; ")
+        ),
+    };
+    format!(
+        "{}: this plan is for {} × {} ({why}); running it needs the CUDA backend: {status}",
+        args.plan.display(),
+        cluster.devices,
+        cluster.device.name,
+    )
+}
+
 pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     let plan = Plan::load(&args.plan)?;
     let cluster = &plan.job.cluster;
     if args.backend == Backend::Cuda || cluster.device.kind == DeviceKind::Gpu {
-        bail!(
-            "{}: this plan is for {} × {} ({}); running it needs the CUDA backend, and this tessera was built without CUDA support\n  fix: build with `cargo build --release --features cuda` on a machine with NVIDIA GPUs, or plan for a CPU cluster (specs/clusters/cpu-8.toml) to run here",
-            args.plan.display(),
-            cluster.devices,
-            cluster.device.name,
-            if args.backend == Backend::Cuda { "--backend cuda" } else { "a GPU cluster" },
-        );
+        bail!("{}", cuda_refusal(&args, &plan));
     }
     exec::check_supported(&plan).map_err(|e| anyhow::anyhow!("{}: {e}", args.plan.display()))?;
-    let need = host_bytes_needed(&plan);
+    let launch = LaunchEnv::from_env().context("reading the launch environment")?;
+    match launch {
+        Some(env) if env.world_size > 1 => distributed(&args, &plan, &env),
+        _ => train_here(&args, &plan),
+    }
+}
+
+/// One rank process of a launched CPU run: rendezvous, check the plan, then rank 0 trains and
+/// the others wait for its outcome.
+fn distributed(args: &RunArgs, plan: &Plan, env: &LaunchEnv) -> anyhow::Result<ExitCode> {
+    let (rank, world) = (env.rank, env.world_size);
+    if world as u64 != plan.parallel.world {
+        bail!(
+            "{}: the plan has {} ranks, this launch {world} (WORLD_SIZE)\n  fix: launch {} processes (`tessera launch {} --nproc {}`)",
+            args.plan.display(),
+            plan.parallel.world,
+            plan.parallel.world,
+            args.plan.display(),
+            plan.parallel.world
+        );
+    }
+    if args.fail_rank == Some(rank) {
+        bail!("rank {rank}: injected failure (--fail-rank {rank}), before the rendezvous");
+    }
+    let cfg = env
+        .rendezvous_config(&|k| std::env::var(k).ok())
+        .with_context(|| format!("rank {rank}: cannot start the rendezvous"))?;
+    let bytes = std::fs::read(&args.plan)
+        .with_context(|| format!("{}: cannot read the plan", args.plan.display()))?;
+    let digest = format!(
+        "plan {:016x}",
+        tessera_runtime::gpu::kernels::fnv1a64(&bytes)
+    );
+    let joined = rendezvous(&cfg, || Ok(digest.clone().into_bytes()))
+        .with_context(|| format!("rank {rank}: rendezvous"))?;
+    if joined.blob != digest.as_bytes() {
+        bail!(
+            "rank {rank}: {} is not the plan rank 0 runs ({} here, {} there)\n  fix: give every rank the same plan file",
+            args.plan.display(),
+            digest,
+            String::from_utf8_lossy(&joined.blob)
+        );
+    }
+    if joined.session.is_root() {
+        println!(
+            "rank 0 of {world}: all ranks joined and run the same plan; the CPU backend trains all {world} ranks as threads of this process"
+        );
+        let result = train_here(args, plan);
+        let outcome = match &result {
+            Ok(code) if *code == ExitCode::SUCCESS => Ok(()),
+            Ok(_) => Err("rank 0 exited with an error".to_string()),
+            Err(e) => Err(format!("{e:#}")),
+        };
+        if let Err(e) = joined.session.finish(outcome) {
+            eprintln!("warning: could not tell the other ranks how the run ended: {e}");
+        }
+        return result;
+    }
+    println!(
+        "rank {rank} of {world}: joined rank 0 (same plan); the CPU backend trains every rank as a thread of rank 0's process: waiting for it"
+    );
+    match joined.session.wait() {
+        Ok(()) => {
+            println!("rank {rank}: rank 0 finished");
+            Ok(ExitCode::SUCCESS)
+        }
+        Err(RendezvousError::RootFailed { message }) => {
+            eprintln!("error: rank {rank}: stopped because rank 0 failed: {message}");
+            Ok(ExitCode::from(EXIT_PEER_FAILED))
+        }
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// Trains in this process (every rank a thread).
+fn train_here(args: &RunArgs, plan: &Plan) -> anyhow::Result<ExitCode> {
+    let cluster = &plan.job.cluster;
+    let need = host_bytes_needed(plan);
     if let Some(have) = host_available_bytes() {
         if need > have {
             bail!(
@@ -146,7 +259,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
         None => None,
     };
     let mut write_error = None;
-    let report = exec::train(&plan, &data, &opts, &mut |m| {
+    let report = exec::train(plan, &data, &opts, &mut |m| {
         bar.set_position(m.step as u64 + 1);
         bar.set_message(format!("loss {:.4}  {:.0} tokens/s", m.loss, m.tokens_per_s));
         if let Some(f) = metrics_file.as_mut() {

@@ -1,7 +1,9 @@
 //! Communication: one rank's view of a process group (a TP, DP or PP group of the mesh).
 //!
 //! The [`Comm`] trait is the only way ranks exchange data. Implementations: [`LocalComm`]
-//! (threads are ranks, always built); NCCL later, behind a feature.
+//! (threads are ranks, always built); [`ChannelComm`] (threads are ranks, payloads moved by a
+//! [`Carrier`]: host memory, or one GPU's memory for `cuda-local`, feature `cuda`); `NcclComm`
+//! (one process per GPU, feature `cuda`).
 //!
 //! Contract every implementation must keep, because parity between plans rests on it:
 //! reductions are **deterministic and identical on every rank** — each element is summed in
@@ -9,12 +11,20 @@
 //! differs from the single-rank run only by the (tiny) reassociation of partial sums, never by
 //! run-to-run noise, and replicated tensors stay bitwise equal across the ranks of a group.
 //!
-//! This module must not know about layers or plans, and only `groups.rs` reads the mesh: to
-//! everything else a group is just `size()` ranks.
+//! This module must not know about layers or plans, and only the group builders (`groups.rs`,
+//! `group_ids.rs`, `channel::channel_groups`, `nccl::nccl_groups`) ask the mesh which ranks
+//! form a group: to everything else a group is just `size()` ranks.
 
+mod channel;
+#[cfg(feature = "cuda")]
+pub mod cuda_local;
+pub mod group_ids;
 mod groups;
 mod local;
+#[cfg(feature = "cuda")]
+pub mod nccl;
 
+pub use channel::{channel_groups, Carrier, ChannelComm, HostCarrier};
 pub use groups::{local_groups, RankGroups};
 pub use local::LocalComm;
 
@@ -46,6 +56,9 @@ pub enum CommError {
         expected: String,
         got: String,
     },
+    /// The transport itself failed (a CUDA or NCCL call); the message names the call.
+    #[error("{op}: {message}")]
+    Transport { op: &'static str, message: String },
     /// A rank argument (root, peer) outside `0..size`, or a rank sending to itself.
     #[error("{op}: rank {rank} is not a valid peer in a group of {size}")]
     BadRank {

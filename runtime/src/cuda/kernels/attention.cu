@@ -1,0 +1,330 @@
+// Causal attention with grouped-query heads, flash-style: K/V tiles in shared memory, an online
+// softmax, and no T x T matrix in memory. runtime/src/cpu/attention.rs is the reference.
+//
+// Layout (what the fused qkv projection writes): qkv (B, T, W) bf16, W = (hq + 2*hkv)*hd, each
+// row [q heads | k heads | v heads]; q head h reads kv head h / (hq / hkv). y (B, T, hq*hd) bf16.
+// lse, delta: (B, hq, T) fp32 (log-sum-exp of each score row; rowsum(dy * y)).
+//
+// Work split (host side: runtime/src/gpu/launch.rs computes grids and shared memory):
+// - forward and dq: a block of ATT_WARPS warps owns ATT_BR = ATT_WARPS*ATT_ROWS query rows of
+//   one (batch, head); each warp owns ATT_ROWS rows; a key tile has ATT_BC = 32 keys, one per
+//   lane for the scores; for the outputs each lane owns dims lane + 32*i (i < ATT_MAXD).
+// - dk/dv: a block owns ATT_BR keys of one kv head and loops over that head's q heads and the
+//   query tiles at or after its keys, so it writes dk, dv without atomics.
+// Shared rows are padded to hd+1 floats (odd stride: lanes reading k_s[lane][d] hit distinct
+// banks). hd <= 32*ATT_MAXD = 128.
+
+#define ATT_WARPS 4
+#define ATT_ROWS 4
+#define ATT_BR (ATT_WARPS * ATT_ROWS)
+#define ATT_BC 32
+#define ATT_MAXD 4
+
+// Loads `rows` rows of one head (column offset col) starting at token t0 into s (row stride
+// ld), zero-filling rows at or past T. All threads of the block take part.
+__device__ void load_rows(float* s, const bf16* src, long long row_stride, int col, int t0,
+                          int rows, int T, int hd, int ld) {
+    for (int idx = threadIdx.x; idx < rows * hd; idx += blockDim.x) {
+        const int r = idx / hd;
+        const int d = idx % hd;
+        const int t = t0 + r;
+        s[r * ld + d] = t < T ? bf2f(src[(long long)t * row_stride + col + d]) : 0.0f;
+    }
+}
+
+extern "C" __global__ void attention_forward(bf16* __restrict__ y, float* __restrict__ lse,
+                                             const bf16* __restrict__ qkv, int B, int T, int hq,
+                                             int hkv, int hd, float scale) {
+    TESSERA_DYNAMIC_SHARED(float, smem);
+    const int ld = hd + 1;
+    float* q_s = smem;
+    float* k_s = q_s + ATT_BR * ld;
+    float* v_s = k_s + ATT_BC * ld;
+    const int b = blockIdx.z;
+    const int h = blockIdx.y;
+    const int g = h / (hq / hkv);
+    const int q0 = blockIdx.x * ATT_BR;
+    const int warp = threadIdx.x / 32;
+    const int lane = threadIdx.x % 32;
+    const long long W = (long long)(hq + 2 * hkv) * hd;
+    const bf16* base = qkv + (long long)b * T * W;
+
+    load_rows(q_s, base, W, h * hd, q0, ATT_BR, T, hd, ld);
+    float m[ATT_ROWS];
+    float l[ATT_ROWS];
+    float o[ATT_ROWS][ATT_MAXD];
+#pragma unroll
+    for (int rr = 0; rr < ATT_ROWS; rr++) {
+        m[rr] = TS_NEG_INF;
+        l[rr] = 0.0f;
+#pragma unroll
+        for (int i = 0; i < ATT_MAXD; i++) {
+            o[rr][i] = 0.0f;
+        }
+    }
+    const int last_q = (q0 + ATT_BR < T ? q0 + ATT_BR : T) - 1;
+    for (int k0 = 0; k0 <= last_q; k0 += ATT_BC) {
+        __syncthreads();
+        load_rows(k_s, base, W, (hq + g) * hd, k0, ATT_BC, T, hd, ld);
+        load_rows(v_s, base, W, (hq + hkv + g) * hd, k0, ATT_BC, T, hd, ld);
+        __syncthreads();
+#pragma unroll
+        for (int rr = 0; rr < ATT_ROWS; rr++) {
+            const int r = warp * ATT_ROWS + rr;
+            const int qi = q0 + r;
+            const int kj = k0 + lane;
+            const bool live = qi < T && kj <= qi;
+            float s = 0.0f;
+            for (int d = 0; d < hd; d++) {
+                s += q_s[r * ld + d] * k_s[lane * ld + d];
+            }
+            s = live ? s * scale : TS_NEG_INF;
+            const float m_new = fmaxf(m[rr], warp_max(s));
+            const float p = live ? expf(s - m_new) : 0.0f;
+            const float corr = m[rr] == TS_NEG_INF ? 0.0f : expf(m[rr] - m_new);
+            l[rr] = l[rr] * corr + warp_sum(p);
+#pragma unroll
+            for (int i = 0; i < ATT_MAXD; i++) {
+                o[rr][i] *= corr;
+            }
+            for (int j = 0; j < ATT_BC; j++) {
+                const float pj = __shfl_sync(0xffffffffu, p, j);
+#pragma unroll
+                for (int i = 0; i < ATT_MAXD; i++) {
+                    const int d = lane + 32 * i;
+                    if (d < hd) {
+                        o[rr][i] += pj * v_s[j * ld + d];
+                    }
+                }
+            }
+            m[rr] = m_new;
+        }
+    }
+#pragma unroll
+    for (int rr = 0; rr < ATT_ROWS; rr++) {
+        const int qi = q0 + warp * ATT_ROWS + rr;
+        if (qi < T) {
+            const float inv = 1.0f / l[rr];
+            bf16* yr = y + ((long long)b * T + qi) * hq * hd + (long long)h * hd;
+#pragma unroll
+            for (int i = 0; i < ATT_MAXD; i++) {
+                const int d = lane + 32 * i;
+                if (d < hd) {
+                    yr[d] = f2bf(o[rr][i] * inv);
+                }
+            }
+            if (lane == 0) {
+                lse[((long long)b * hq + h) * T + qi] = m[rr] + logf(l[rr]);
+            }
+        }
+    }
+}
+
+// delta[b, h, t] = sum_d dy[b, t, h, d] * y[b, t, h, d]; one warp per (b, h, t) row.
+extern "C" __global__ void attention_delta(float* __restrict__ delta,
+                                           const bf16* __restrict__ dy,
+                                           const bf16* __restrict__ y, int B, int T, int hq,
+                                           int hd) {
+    const long long rows = (long long)B * hq * T;
+    const long long row = (long long)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
+    const int lane = threadIdx.x % 32;
+    if (row >= rows) {
+        return;
+    }
+    const long long t = row % T;
+    const long long h = (row / T) % hq;
+    const long long b = row / ((long long)T * hq);
+    const long long off = (b * T + t) * hq * hd + h * hd;
+    float acc = 0.0f;
+    for (int d = lane; d < hd; d += 32) {
+        acc += bf2f(dy[off + d]) * bf2f(y[off + d]);
+    }
+    acc = warp_sum(acc);
+    if (lane == 0) {
+        delta[row] = acc;
+    }
+}
+
+// dq for ATT_BR query rows of one (batch, q head); overwrites the q slots of dqkv.
+extern "C" __global__ void attention_backward_dq(bf16* __restrict__ dqkv,
+                                                 const bf16* __restrict__ dy,
+                                                 const bf16* __restrict__ qkv,
+                                                 const float* __restrict__ lse,
+                                                 const float* __restrict__ delta, int B, int T,
+                                                 int hq, int hkv, int hd, float scale) {
+    TESSERA_DYNAMIC_SHARED(float, smem);
+    const int ld = hd + 1;
+    float* q_s = smem;
+    float* do_s = q_s + ATT_BR * ld;
+    float* k_s = do_s + ATT_BR * ld;
+    float* v_s = k_s + ATT_BC * ld;
+    const int b = blockIdx.z;
+    const int h = blockIdx.y;
+    const int g = h / (hq / hkv);
+    const int q0 = blockIdx.x * ATT_BR;
+    const int warp = threadIdx.x / 32;
+    const int lane = threadIdx.x % 32;
+    const long long W = (long long)(hq + 2 * hkv) * hd;
+    const long long Y = (long long)hq * hd;
+    const bf16* base = qkv + (long long)b * T * W;
+
+    load_rows(q_s, base, W, h * hd, q0, ATT_BR, T, hd, ld);
+    load_rows(do_s, dy + (long long)b * T * Y, Y, h * hd, q0, ATT_BR, T, hd, ld);
+    float L[ATT_ROWS];
+    float D[ATT_ROWS];
+    float dq[ATT_ROWS][ATT_MAXD];
+#pragma unroll
+    for (int rr = 0; rr < ATT_ROWS; rr++) {
+        const int qi = q0 + warp * ATT_ROWS + rr;
+        const long long at = ((long long)b * hq + h) * T + qi;
+        L[rr] = qi < T ? lse[at] : 0.0f;
+        D[rr] = qi < T ? delta[at] : 0.0f;
+#pragma unroll
+        for (int i = 0; i < ATT_MAXD; i++) {
+            dq[rr][i] = 0.0f;
+        }
+    }
+    const int last_q = (q0 + ATT_BR < T ? q0 + ATT_BR : T) - 1;
+    for (int k0 = 0; k0 <= last_q; k0 += ATT_BC) {
+        __syncthreads();
+        load_rows(k_s, base, W, (hq + g) * hd, k0, ATT_BC, T, hd, ld);
+        load_rows(v_s, base, W, (hq + hkv + g) * hd, k0, ATT_BC, T, hd, ld);
+        __syncthreads();
+#pragma unroll
+        for (int rr = 0; rr < ATT_ROWS; rr++) {
+            const int r = warp * ATT_ROWS + rr;
+            const int qi = q0 + r;
+            const int kj = k0 + lane;
+            const bool live = qi < T && kj <= qi;
+            float s = 0.0f;
+            float dp = 0.0f;
+            for (int d = 0; d < hd; d++) {
+                s += q_s[r * ld + d] * k_s[lane * ld + d];
+                dp += do_s[r * ld + d] * v_s[lane * ld + d];
+            }
+            const float p = live ? expf(s * scale - L[rr]) : 0.0f;
+            const float ds = p * (dp - D[rr]);
+            for (int j = 0; j < ATT_BC; j++) {
+                const float dsj = __shfl_sync(0xffffffffu, ds, j);
+#pragma unroll
+                for (int i = 0; i < ATT_MAXD; i++) {
+                    const int d = lane + 32 * i;
+                    if (d < hd) {
+                        dq[rr][i] += dsj * k_s[j * ld + d];
+                    }
+                }
+            }
+        }
+    }
+#pragma unroll
+    for (int rr = 0; rr < ATT_ROWS; rr++) {
+        const int qi = q0 + warp * ATT_ROWS + rr;
+        if (qi < T) {
+            bf16* out = dqkv + ((long long)b * T + qi) * W + (long long)h * hd;
+#pragma unroll
+            for (int i = 0; i < ATT_MAXD; i++) {
+                const int d = lane + 32 * i;
+                if (d < hd) {
+                    out[d] = f2bf(dq[rr][i] * scale);
+                }
+            }
+        }
+    }
+}
+
+// dk, dv for ATT_BR keys of one (batch, kv head), summed over the head's q heads; overwrites
+// the k and v slots of dqkv.
+extern "C" __global__ void attention_backward_dkv(bf16* __restrict__ dqkv,
+                                                  const bf16* __restrict__ dy,
+                                                  const bf16* __restrict__ qkv,
+                                                  const float* __restrict__ lse,
+                                                  const float* __restrict__ delta, int B, int T,
+                                                  int hq, int hkv, int hd, float scale) {
+    TESSERA_DYNAMIC_SHARED(float, smem);
+    const int ld = hd + 1;
+    float* k_s = smem;
+    float* v_s = k_s + ATT_BR * ld;
+    float* q_s = v_s + ATT_BR * ld;
+    float* do_s = q_s + ATT_BC * ld;
+    float* lse_s = do_s + ATT_BC * ld;
+    float* dl_s = lse_s + ATT_BC;
+    const int b = blockIdx.z;
+    const int g = blockIdx.y;
+    const int rep = hq / hkv;
+    const int k0 = blockIdx.x * ATT_BR;
+    const int warp = threadIdx.x / 32;
+    const int lane = threadIdx.x % 32;
+    const long long W = (long long)(hq + 2 * hkv) * hd;
+    const long long Y = (long long)hq * hd;
+    const bf16* base = qkv + (long long)b * T * W;
+
+    load_rows(k_s, base, W, (hq + g) * hd, k0, ATT_BR, T, hd, ld);
+    load_rows(v_s, base, W, (hq + hkv + g) * hd, k0, ATT_BR, T, hd, ld);
+    float dk[ATT_ROWS][ATT_MAXD];
+    float dv[ATT_ROWS][ATT_MAXD];
+#pragma unroll
+    for (int kk = 0; kk < ATT_ROWS; kk++) {
+#pragma unroll
+        for (int i = 0; i < ATT_MAXD; i++) {
+            dk[kk][i] = 0.0f;
+            dv[kk][i] = 0.0f;
+        }
+    }
+    for (int hh = 0; hh < rep; hh++) {
+        const int h = g * rep + hh;
+        const long long stat = ((long long)b * hq + h) * T;
+        for (int t0 = (k0 / ATT_BC) * ATT_BC; t0 < T; t0 += ATT_BC) {
+            __syncthreads();
+            load_rows(q_s, base, W, h * hd, t0, ATT_BC, T, hd, ld);
+            load_rows(do_s, dy + (long long)b * T * Y, Y, h * hd, t0, ATT_BC, T, hd, ld);
+            if (threadIdx.x < ATT_BC) {
+                const int t = t0 + threadIdx.x;
+                lse_s[threadIdx.x] = t < T ? lse[stat + t] : 0.0f;
+                dl_s[threadIdx.x] = t < T ? delta[stat + t] : 0.0f;
+            }
+            __syncthreads();
+#pragma unroll
+            for (int kk = 0; kk < ATT_ROWS; kk++) {
+                const int kr = warp * ATT_ROWS + kk;
+                const int kj = k0 + kr;
+                const int qi = t0 + lane;
+                const bool live = qi < T && kj <= qi;
+                float s = 0.0f;
+                float dp = 0.0f;
+                for (int d = 0; d < hd; d++) {
+                    s += q_s[lane * ld + d] * k_s[kr * ld + d];
+                    dp += do_s[lane * ld + d] * v_s[kr * ld + d];
+                }
+                const float p = live ? expf(s * scale - lse_s[lane]) : 0.0f;
+                const float ds = p * (dp - dl_s[lane]);
+                for (int j = 0; j < ATT_BC; j++) {
+                    const float pj = __shfl_sync(0xffffffffu, p, j);
+                    const float dsj = __shfl_sync(0xffffffffu, ds, j);
+#pragma unroll
+                    for (int i = 0; i < ATT_MAXD; i++) {
+                        const int d = lane + 32 * i;
+                        if (d < hd) {
+                            dv[kk][i] += pj * do_s[j * ld + d];
+                            dk[kk][i] += dsj * q_s[j * ld + d];
+                        }
+                    }
+                }
+            }
+        }
+    }
+#pragma unroll
+    for (int kk = 0; kk < ATT_ROWS; kk++) {
+        const int kj = k0 + warp * ATT_ROWS + kk;
+        if (kj < T) {
+            bf16* row = dqkv + ((long long)b * T + kj) * W;
+#pragma unroll
+            for (int i = 0; i < ATT_MAXD; i++) {
+                const int d = lane + 32 * i;
+                if (d < hd) {
+                    row[(long long)(hq + g) * hd + d] = f2bf(dk[kk][i] * scale);
+                    row[(long long)(hq + hkv + g) * hd + d] = f2bf(dv[kk][i]);
+                }
+            }
+        }
+    }
+}

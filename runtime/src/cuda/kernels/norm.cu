@@ -1,0 +1,177 @@
+// LayerNorm and RMSNorm over the last dimension C (runtime/src/cpu/norm.rs is the reference).
+// inp, out, dinp, dout: (N, C) bf16; mean, rstd: (N) fp32; weight, bias: (C) bf16.
+// One block per row for the row kernels (grid.x = N). Backward ACCUMULATES into dinp (the
+// residual gradient may be pre-loaded there). Parameter gradients are reduced without atomics:
+// `*_param_grads` writes one fp32 partial per chunk of rows (grid.y = chunks), then
+// `sum_partials` (reduce.cu) adds the chunks in order, so results are deterministic.
+
+extern "C" __global__ void layernorm_forward(bf16* __restrict__ out, float* __restrict__ mean,
+                                             float* __restrict__ rstd,
+                                             const bf16* __restrict__ inp,
+                                             const bf16* __restrict__ weight,
+                                             const bf16* __restrict__ bias, long long n_rows,
+                                             int c, float eps) {
+    __shared__ float scratch[32];
+    const long long row = blockIdx.x;
+    if (row >= n_rows) {
+        return;
+    }
+    const bf16* x = inp + row * c;
+    float s = 0.0f;
+    for (int i = threadIdx.x; i < c; i += blockDim.x) {
+        s += bf2f(x[i]);
+    }
+    const float mu = block_sum(s, scratch) / c;
+    float v = 0.0f;
+    for (int i = threadIdx.x; i < c; i += blockDim.x) {
+        const float d = bf2f(x[i]) - mu;
+        v += d * d;
+    }
+    const float rs = rsqrtf(block_sum(v, scratch) / c + eps);
+    bf16* o = out + row * c;
+    for (int i = threadIdx.x; i < c; i += blockDim.x) {
+        float y = (bf2f(x[i]) - mu) * rs * bf2f(weight[i]);
+        if (bias != 0) {
+            y += bf2f(bias[i]);
+        }
+        o[i] = f2bf(y);
+    }
+    if (threadIdx.x == 0) {
+        mean[row] = mu;
+        rstd[row] = rs;
+    }
+}
+
+// dinp += rstd * (w*dy - mean(w*dy) - xhat * mean(w*dy*xhat)).
+extern "C" __global__ void layernorm_backward(bf16* __restrict__ dinp,
+                                              const bf16* __restrict__ dout,
+                                              const bf16* __restrict__ inp,
+                                              const bf16* __restrict__ weight,
+                                              const float* __restrict__ mean,
+                                              const float* __restrict__ rstd, long long n_rows,
+                                              int c) {
+    __shared__ float scratch[32];
+    const long long row = blockIdx.x;
+    if (row >= n_rows) {
+        return;
+    }
+    const float mu = mean[row];
+    const float rs = rstd[row];
+    const bf16* x = inp + row * c;
+    const bf16* dy = dout + row * c;
+    float g = 0.0f;
+    float gx = 0.0f;
+    for (int i = threadIdx.x; i < c; i += blockDim.x) {
+        const float wdy = bf2f(weight[i]) * bf2f(dy[i]);
+        g += wdy;
+        gx += wdy * (bf2f(x[i]) - mu) * rs;
+    }
+    const float g_mean = block_sum(g, scratch) / c;
+    const float gx_mean = block_sum(gx, scratch) / c;
+    bf16* dx = dinp + row * c;
+    for (int i = threadIdx.x; i < c; i += blockDim.x) {
+        const float xh = (bf2f(x[i]) - mu) * rs;
+        const float d = rs * (bf2f(weight[i]) * bf2f(dy[i]) - g_mean - xh * gx_mean);
+        dx[i] = f2bf(bf2f(dx[i]) + d);
+    }
+}
+
+// partial (chunks, 2, C): [sum dy*xhat | sum dy] over rows [chunk*rpc, (chunk+1)*rpc).
+// grid: (ceil(C / blockDim.x), chunks).
+extern "C" __global__ void layernorm_param_grads(float* __restrict__ partial,
+                                                 const bf16* __restrict__ dout,
+                                                 const bf16* __restrict__ inp,
+                                                 const float* __restrict__ mean,
+                                                 const float* __restrict__ rstd,
+                                                 long long n_rows, int c,
+                                                 long long rows_per_chunk) {
+    const int ch = blockIdx.x * blockDim.x + threadIdx.x;
+    if (ch >= c) {
+        return;
+    }
+    const long long chunk = blockIdx.y;
+    const long long r0 = chunk * rows_per_chunk;
+    const long long r1 = r0 + rows_per_chunk < n_rows ? r0 + rows_per_chunk : n_rows;
+    float dw = 0.0f;
+    float db = 0.0f;
+    for (long long r = r0; r < r1; r++) {
+        const float dy = bf2f(dout[r * c + ch]);
+        dw += dy * (bf2f(inp[r * c + ch]) - mean[r]) * rstd[r];
+        db += dy;
+    }
+    partial[(chunk * 2) * c + ch] = dw;
+    partial[(chunk * 2 + 1) * c + ch] = db;
+}
+
+extern "C" __global__ void rmsnorm_forward(bf16* __restrict__ out, float* __restrict__ rstd,
+                                           const bf16* __restrict__ inp,
+                                           const bf16* __restrict__ weight, long long n_rows,
+                                           int c, float eps) {
+    __shared__ float scratch[32];
+    const long long row = blockIdx.x;
+    if (row >= n_rows) {
+        return;
+    }
+    const bf16* x = inp + row * c;
+    float s = 0.0f;
+    for (int i = threadIdx.x; i < c; i += blockDim.x) {
+        const float v = bf2f(x[i]);
+        s += v * v;
+    }
+    const float rs = rsqrtf(block_sum(s, scratch) / c + eps);
+    bf16* o = out + row * c;
+    for (int i = threadIdx.x; i < c; i += blockDim.x) {
+        o[i] = f2bf(bf2f(x[i]) * rs * bf2f(weight[i]));
+    }
+    if (threadIdx.x == 0) {
+        rstd[row] = rs;
+    }
+}
+
+// dinp += rstd*w*dy - rstd^3 * x * mean(w*dy*x).
+extern "C" __global__ void rmsnorm_backward(bf16* __restrict__ dinp,
+                                            const bf16* __restrict__ dout,
+                                            const bf16* __restrict__ inp,
+                                            const bf16* __restrict__ weight,
+                                            const float* __restrict__ rstd, long long n_rows,
+                                            int c) {
+    __shared__ float scratch[32];
+    const long long row = blockIdx.x;
+    if (row >= n_rows) {
+        return;
+    }
+    const float rs = rstd[row];
+    const bf16* x = inp + row * c;
+    const bf16* dy = dout + row * c;
+    float gx = 0.0f;
+    for (int i = threadIdx.x; i < c; i += blockDim.x) {
+        gx += bf2f(weight[i]) * bf2f(dy[i]) * bf2f(x[i]);
+    }
+    const float k = rs * rs * rs * (block_sum(gx, scratch) / c);
+    bf16* dx = dinp + row * c;
+    for (int i = threadIdx.x; i < c; i += blockDim.x) {
+        const float d = rs * bf2f(weight[i]) * bf2f(dy[i]) - k * bf2f(x[i]);
+        dx[i] = f2bf(bf2f(dx[i]) + d);
+    }
+}
+
+// partial (chunks, C): sum dy*x*rstd over the chunk's rows.
+extern "C" __global__ void rmsnorm_param_grads(float* __restrict__ partial,
+                                               const bf16* __restrict__ dout,
+                                               const bf16* __restrict__ inp,
+                                               const float* __restrict__ rstd,
+                                               long long n_rows, int c,
+                                               long long rows_per_chunk) {
+    const int ch = blockIdx.x * blockDim.x + threadIdx.x;
+    if (ch >= c) {
+        return;
+    }
+    const long long chunk = blockIdx.y;
+    const long long r0 = chunk * rows_per_chunk;
+    const long long r1 = r0 + rows_per_chunk < n_rows ? r0 + rows_per_chunk : n_rows;
+    float dw = 0.0f;
+    for (long long r = r0; r < r1; r++) {
+        dw += bf2f(dout[r * c + ch]) * bf2f(inp[r * c + ch]) * rstd[r];
+    }
+    partial[chunk * c + ch] = dw;
+}

@@ -1,0 +1,59 @@
+// Small helpers of the linear layers and of mixed precision: partial-sum reduction, bias add
+// and reduce, fp32 <-> bf16 casts.
+
+// dst[i] += sum_k partial[k*stride + offset + i], chunks k in order (deterministic).
+extern "C" __global__ void sum_partials(float* __restrict__ dst,
+                                        const float* __restrict__ partial, int chunks,
+                                        long long len, long long stride, long long offset) {
+    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < len;
+         i += (long long)gridDim.x * blockDim.x) {
+        float acc = 0.0f;
+        for (int k = 0; k < chunks; k++) {
+            acc += partial[k * stride + offset + i];
+        }
+        dst[i] += acc;
+    }
+}
+
+// partial (chunks, C): column sums of x (N, C) over each chunk of rows. Bias backward.
+extern "C" __global__ void column_sums(float* __restrict__ partial, const bf16* __restrict__ x,
+                                       long long n_rows, int c, long long rows_per_chunk) {
+    const int ch = blockIdx.x * blockDim.x + threadIdx.x;
+    if (ch >= c) {
+        return;
+    }
+    const long long chunk = blockIdx.y;
+    const long long r0 = chunk * rows_per_chunk;
+    const long long r1 = r0 + rows_per_chunk < n_rows ? r0 + rows_per_chunk : n_rows;
+    float acc = 0.0f;
+    for (long long r = r0; r < r1; r++) {
+        acc += bf2f(x[r * c + ch]);
+    }
+    partial[chunk * c + ch] = acc;
+}
+
+// out (N, C) += bias (C).
+extern "C" __global__ void add_bias(bf16* __restrict__ out, const bf16* __restrict__ bias,
+                                    long long n_rows, int c) {
+    const long long total = n_rows * c;
+    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < total;
+         i += (long long)gridDim.x * blockDim.x) {
+        out[i] = f2bf(bf2f(out[i]) + bf2f(bias[i % c]));
+    }
+}
+
+extern "C" __global__ void cast_f32_to_bf16(bf16* __restrict__ out,
+                                            const float* __restrict__ inp, long long n) {
+    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+         i += (long long)gridDim.x * blockDim.x) {
+        out[i] = f2bf(inp[i]);
+    }
+}
+
+extern "C" __global__ void cast_bf16_to_f32(float* __restrict__ out,
+                                            const bf16* __restrict__ inp, long long n) {
+    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+         i += (long long)gridDim.x * blockDim.x) {
+        out[i] = bf2f(inp[i]);
+    }
+}

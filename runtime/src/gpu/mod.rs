@@ -1,0 +1,147 @@
+//! The host side of the CUDA backend, built with or without the `cuda` feature: kernel sources
+//! and their signatures, launch geometry, the row-major → column-major GEMM mapping, bf16
+//! conversions, the compile cache, and [`GpuKernels`], which runs [`crate::ops::Kernels`] on any
+//! [`Launcher`].
+//!
+//! A [`Launcher`] is the only thing that touches a device: allocate, copy, launch a named kernel,
+//! call a GEMM. `crate::cuda` implements it with cudarc (feature `cuda`); the tests implement it
+//! with a C++ emulator of the same .cu files (`runtime/tests/emu/`), so everything here runs in
+//! CI on a machine without a GPU.
+//!
+//! This module must not depend on cudarc.
+
+pub mod bf16;
+mod error;
+pub mod gemm;
+pub mod kernels;
+pub mod launch;
+mod ops;
+mod ops_layers;
+
+pub use error::GpuError;
+pub use launch::Geometry;
+pub use ops::GpuKernels;
+
+use gemm::ColMajorGemm;
+use kernels::Module;
+
+/// Element type of a device buffer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum DType {
+    /// bf16 stored as its 16-bit pattern.
+    Bf16,
+    F32,
+    U32,
+}
+
+impl DType {
+    /// Bytes per element.
+    pub fn size(self) -> usize {
+        match self {
+            DType::Bf16 => 2,
+            DType::F32 | DType::U32 => 4,
+        }
+    }
+}
+
+/// What device discovery reports about one GPU.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeviceInfo {
+    pub ordinal: usize,
+    pub name: String,
+    /// Compute capability (major, minor), e.g. (9, 0) for an H100.
+    pub compute_capability: (i32, i32),
+    pub total_memory_bytes: u64,
+    pub multiprocessors: u32,
+    /// Largest dynamic shared memory one block may opt into.
+    pub max_shared_bytes: u32,
+}
+
+impl std::fmt::Display for DeviceInfo {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "GPU {}: {} (sm_{}{}, {:.1} GiB, {} SMs)",
+            self.ordinal,
+            self.name,
+            self.compute_capability.0,
+            self.compute_capability.1,
+            self.total_memory_bytes as f64 / (1u64 << 30) as f64,
+            self.multiprocessors
+        )
+    }
+}
+
+/// Host data to upload.
+#[derive(Debug, Clone, Copy)]
+pub enum HostData<'a> {
+    Bf16(&'a [u16]),
+    F32(&'a [f32]),
+    U32(&'a [u32]),
+}
+
+/// Host data downloaded.
+#[derive(Debug, Clone, PartialEq)]
+pub enum HostVec {
+    Bf16(Vec<u16>),
+    F32(Vec<f32>),
+    U32(Vec<u32>),
+}
+
+/// One kernel argument.
+#[derive(Debug)]
+pub enum KArg<'a, B> {
+    /// A device buffer (the kernel may write it even though it is borrowed shared: device
+    /// memory is not Rust memory; ordering comes from the launcher's single stream).
+    Buf(&'a B),
+    /// A null pointer, for optional inputs the kernel tests against 0.
+    Null,
+    I32(i32),
+    I64(i64),
+    F32(f32),
+}
+
+/// What a device must do for [`GpuKernels`]. All work is ordered on one stream.
+pub trait Launcher {
+    type Buf;
+    /// Device name, for messages.
+    fn describe(&self) -> String;
+    /// Largest dynamic shared memory a block may opt into.
+    fn max_shared_bytes(&self) -> u32;
+    fn dtype(buf: &Self::Buf) -> DType;
+    fn len(buf: &Self::Buf) -> usize;
+    fn alloc_zeros(&self, dtype: DType, len: usize) -> Result<Self::Buf, GpuError>;
+    fn upload(&self, data: HostData<'_>) -> Result<Self::Buf, GpuError>;
+    /// Waits for all queued work, then copies back.
+    fn download(&self, buf: &Self::Buf) -> Result<HostVec, GpuError>;
+    /// Launches `module::function`; [`GpuKernels`] has already checked the arguments against
+    /// the kernel's signature.
+    fn launch(
+        &self,
+        module: &'static Module,
+        function: &'static str,
+        geometry: &Geometry,
+        args: &[KArg<'_, Self::Buf>],
+    ) -> Result<(), GpuError>;
+    /// `c = alpha·op(first)·op(second) + beta·c` (cublasGemmEx, f32 accumulation). `first`,
+    /// `second` are bf16; `c` is bf16 or f32.
+    fn gemm(
+        &self,
+        g: &ColMajorGemm,
+        first: &Self::Buf,
+        second: &Self::Buf,
+        c: &mut Self::Buf,
+        alpha: f32,
+        beta: f32,
+    ) -> Result<(), GpuError>;
+    /// `c = op(first)·op(second) + bias` broadcast over the columns of the column-major `c`
+    /// (cuBLASLt with the bias epilogue); all bf16, `bias` of length `g.m`.
+    fn gemm_bias(
+        &self,
+        g: &ColMajorGemm,
+        first: &Self::Buf,
+        second: &Self::Buf,
+        c: &mut Self::Buf,
+        bias: &Self::Buf,
+    ) -> Result<(), GpuError>;
+}

@@ -1,0 +1,534 @@
+//! One interface to the numeric kernels of every backend, on host slices: the test bodies shared
+//! by the CPU and the CUDA backend call it (`runtime/tests/ops.rs`), with an f64 reference as the
+//! oracle and a tolerance per backend ([`Kernels::rtol`]).
+//!
+//! Semantics are the CPU kernels' (`crate::cpu`): row-major, parameter gradients accumulated,
+//! norm input gradients accumulated, other input gradients overwritten. A GPU backend rounds
+//! activations and weights to bf16 on the way in and keeps statistics, gradient accumulators,
+//! master weights and optimizer state in f32.
+//!
+//! This is a test and debugging surface (every call copies to the device and back), not the
+//! training path: it must not grow state between calls.
+#![allow(clippy::too_many_arguments)]
+
+use crate::cpu::{self, AttnShape, MatMut, MatRef};
+use crate::gpu::{bf16, GpuError};
+use crate::optim::{AdamW, AdamWConfig};
+use crate::params::{Init, ParamLayout, ParamSpec, Shard};
+
+pub use crate::gpu::gemm::RowMajorGemm as GemmShape;
+
+/// What a buffer is stored as on a backend; selects the tolerance of a comparison.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Storage {
+    /// Activations and weights (bf16 on a GPU, f32 on the CPU).
+    Bf16,
+    /// Statistics, gradient accumulators, master weights, optimizer state.
+    F32,
+}
+
+/// One AdamW update of a run of tensors with the same weight decay.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct AdamWStep {
+    pub lr: f32,
+    pub beta1: f32,
+    pub beta2: f32,
+    pub eps: f32,
+    pub weight_decay: f32,
+    /// The step number after this update (1 for the first), for the bias corrections.
+    pub t: u64,
+    /// Gradient multiplier (the clip factor).
+    pub grad_scale: f32,
+}
+
+impl AdamWStep {
+    /// `(1 − β1ᵗ, 1 − β2ᵗ)`, computed exactly as `optim::AdamW::step` does.
+    pub fn bias_corrections(&self) -> (f32, f32) {
+        let t = self.t as i32;
+        (
+            (1.0 - f64::from(self.beta1).powi(t)) as f32,
+            (1.0 - f64::from(self.beta2).powi(t)) as f32,
+        )
+    }
+}
+
+/// The kernels every backend provides. Shapes in each method's doc; `N` is the number of rows.
+pub trait Kernels {
+    /// Backend and device, for test output.
+    fn name(&self) -> String;
+    /// Relative tolerance (of the tensor's largest magnitude) against an f64 reference.
+    fn rtol(&self, storage: Storage) -> f32;
+
+    /// `out [+]= op(a)·op(b)` (row-major; see [`GemmShape`]).
+    fn gemm(
+        &self,
+        out: &mut [f32],
+        a: &[f32],
+        b: &[f32],
+        g: GemmShape,
+        acc: bool,
+    ) -> Result<(), GpuError>;
+    /// `out (n, out_f) = x (n, in_f) · wᵀ + bias`, `w: (out_f, in_f)`.
+    fn linear_forward(
+        &self,
+        out: &mut [f32],
+        x: &[f32],
+        w: &[f32],
+        bias: Option<&[f32]>,
+        n: usize,
+        in_f: usize,
+        out_f: usize,
+    ) -> Result<(), GpuError>;
+    /// `dbias (c) += Σ_rows dout (N, c)`.
+    fn bias_backward(&self, dbias: &mut [f32], dout: &[f32], c: usize) -> Result<(), GpuError>;
+    /// `out (N, c) = wte[tokens − vocab_start]` or zeros outside the shard.
+    fn embedding_forward(
+        &self,
+        out: &mut [f32],
+        tokens: &[u32],
+        wte: &[f32],
+        vocab_start: usize,
+        c: usize,
+    ) -> Result<(), GpuError>;
+    /// `dwte[tokens − vocab_start] += dout`.
+    fn embedding_backward(
+        &self,
+        dwte: &mut [f32],
+        tokens: &[u32],
+        dout: &[f32],
+        vocab_start: usize,
+        c: usize,
+    ) -> Result<(), GpuError>;
+    /// `out (B·t, c) += wpe[row % t]`.
+    fn pos_embedding_forward(
+        &self,
+        out: &mut [f32],
+        wpe: &[f32],
+        t: usize,
+        c: usize,
+    ) -> Result<(), GpuError>;
+    /// `dwpe[p] += Σ_b dout[b, p]`.
+    fn pos_embedding_backward(
+        &self,
+        dwpe: &mut [f32],
+        dout: &[f32],
+        t: usize,
+        c: usize,
+    ) -> Result<(), GpuError>;
+    fn layernorm_forward(
+        &self,
+        out: &mut [f32],
+        mean: &mut [f32],
+        rstd: &mut [f32],
+        inp: &[f32],
+        weight: &[f32],
+        bias: Option<&[f32]>,
+        c: usize,
+        eps: f32,
+    ) -> Result<(), GpuError>;
+    fn layernorm_backward(
+        &self,
+        dinp: &mut [f32],
+        dweight: &mut [f32],
+        dbias: Option<&mut [f32]>,
+        dout: &[f32],
+        inp: &[f32],
+        weight: &[f32],
+        mean: &[f32],
+        rstd: &[f32],
+        c: usize,
+    ) -> Result<(), GpuError>;
+    fn rmsnorm_forward(
+        &self,
+        out: &mut [f32],
+        rstd: &mut [f32],
+        inp: &[f32],
+        weight: &[f32],
+        c: usize,
+        eps: f32,
+    ) -> Result<(), GpuError>;
+    fn rmsnorm_backward(
+        &self,
+        dinp: &mut [f32],
+        dweight: &mut [f32],
+        dout: &[f32],
+        inp: &[f32],
+        weight: &[f32],
+        rstd: &[f32],
+        c: usize,
+    ) -> Result<(), GpuError>;
+    /// Causal GQA attention: `y (B, T, hq·hd)` from `qkv (B, T, (hq+2hkv)·hd)`; `saved` gets
+    /// what this backend's backward needs (probabilities on the CPU, log-sum-exp on a GPU).
+    fn attention_forward(
+        &self,
+        y: &mut [f32],
+        saved: &mut Vec<f32>,
+        qkv: &[f32],
+        s: AttnShape,
+    ) -> Result<(), GpuError>;
+    /// `dqkv` overwritten.
+    fn attention_backward(
+        &self,
+        dqkv: &mut [f32],
+        dy: &[f32],
+        qkv: &[f32],
+        y: &[f32],
+        saved: &[f32],
+        s: AttnShape,
+    ) -> Result<(), GpuError>;
+    fn gelu_forward(&self, out: &mut [f32], inp: &[f32]) -> Result<(), GpuError>;
+    fn gelu_backward(&self, dinp: &mut [f32], inp: &[f32], dout: &[f32]) -> Result<(), GpuError>;
+    /// `out (N, f)` from `inp (N, 2f)` rows `[gate | up]`.
+    fn swiglu_forward(&self, out: &mut [f32], inp: &[f32], f: usize) -> Result<(), GpuError>;
+    fn swiglu_backward(
+        &self,
+        dinp: &mut [f32],
+        inp: &[f32],
+        dout: &[f32],
+        f: usize,
+    ) -> Result<(), GpuError>;
+    /// Single shard: `losses (N)`, saving `max` and `sumexp`.
+    fn crossentropy_forward(
+        &self,
+        losses: &mut [f32],
+        max: &mut [f32],
+        sumexp: &mut [f32],
+        logits: &[f32],
+        targets: &[u32],
+        v: usize,
+    ) -> Result<(), GpuError>;
+    /// In place: `logits ← (softmax − onehot) · dlosses`, from GLOBAL row statistics.
+    fn crossentropy_backward(
+        &self,
+        logits: &mut [f32],
+        max: &[f32],
+        sumexp: &[f32],
+        targets: &[u32],
+        dlosses: &[f32],
+        vocab_start: usize,
+        v: usize,
+    ) -> Result<(), GpuError>;
+    /// Single shard, one pass: `losses` and, in place, the gradient over `logits`.
+    fn crossentropy_fused(
+        &self,
+        losses: &mut [f32],
+        logits: &mut [f32],
+        targets: &[u32],
+        dlosses: &[f32],
+        v: usize,
+    ) -> Result<(), GpuError>;
+    /// One AdamW update of f32 master `params` and moments; `params_bf16`, when given, gets the
+    /// bf16 working copy of the updated weights (as f32 values).
+    fn adamw(
+        &self,
+        params: &mut [f32],
+        params_bf16: Option<&mut [f32]>,
+        grads: &[f32],
+        m: &mut [f32],
+        v: &mut [f32],
+        step: &AdamWStep,
+    ) -> Result<(), GpuError>;
+}
+
+/// The CPU kernels behind [`Kernels`] (f32; the training path calls `crate::cpu` directly).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct CpuKernels;
+
+fn rows(len: usize, width: usize) -> usize {
+    len.checked_div(width).unwrap_or(0)
+}
+
+impl Kernels for CpuKernels {
+    fn name(&self) -> String {
+        "cpu (f32)".into()
+    }
+
+    fn rtol(&self, _storage: Storage) -> f32 {
+        1e-5
+    }
+
+    fn gemm(
+        &self,
+        out: &mut [f32],
+        a: &[f32],
+        b: &[f32],
+        g: GemmShape,
+        acc: bool,
+    ) -> Result<(), GpuError> {
+        let av = if g.trans_a {
+            MatRef::rows(a, g.k, g.m).t()
+        } else {
+            MatRef::rows(a, g.m, g.k)
+        };
+        let bv = if g.trans_b {
+            MatRef::rows(b, g.n, g.k).t()
+        } else {
+            MatRef::rows(b, g.k, g.n)
+        };
+        cpu::gemm(MatMut::rows(out, g.m, g.n), av, bv, 1.0, acc);
+        Ok(())
+    }
+
+    fn linear_forward(
+        &self,
+        out: &mut [f32],
+        x: &[f32],
+        w: &[f32],
+        bias: Option<&[f32]>,
+        n: usize,
+        in_f: usize,
+        out_f: usize,
+    ) -> Result<(), GpuError> {
+        cpu::matmul_bt(out, x, w, n, in_f, out_f, false);
+        if let Some(b) = bias {
+            cpu::add_bias(out, b);
+        }
+        Ok(())
+    }
+
+    fn bias_backward(&self, dbias: &mut [f32], dout: &[f32], _c: usize) -> Result<(), GpuError> {
+        cpu::bias_backward(dbias, dout);
+        Ok(())
+    }
+
+    fn embedding_forward(
+        &self,
+        out: &mut [f32],
+        tokens: &[u32],
+        wte: &[f32],
+        vocab_start: usize,
+        c: usize,
+    ) -> Result<(), GpuError> {
+        cpu::embedding_forward(out, tokens, wte, vocab_start, c);
+        Ok(())
+    }
+
+    fn embedding_backward(
+        &self,
+        dwte: &mut [f32],
+        tokens: &[u32],
+        dout: &[f32],
+        vocab_start: usize,
+        c: usize,
+    ) -> Result<(), GpuError> {
+        cpu::embedding_backward(dwte, tokens, dout, vocab_start, c);
+        Ok(())
+    }
+
+    fn pos_embedding_forward(
+        &self,
+        out: &mut [f32],
+        wpe: &[f32],
+        t: usize,
+        c: usize,
+    ) -> Result<(), GpuError> {
+        cpu::pos_embedding_forward(out, wpe, t, c);
+        Ok(())
+    }
+
+    fn pos_embedding_backward(
+        &self,
+        dwpe: &mut [f32],
+        dout: &[f32],
+        t: usize,
+        c: usize,
+    ) -> Result<(), GpuError> {
+        cpu::pos_embedding_backward(dwpe, dout, t, c);
+        Ok(())
+    }
+
+    fn layernorm_forward(
+        &self,
+        out: &mut [f32],
+        mean: &mut [f32],
+        rstd: &mut [f32],
+        inp: &[f32],
+        weight: &[f32],
+        bias: Option<&[f32]>,
+        c: usize,
+        eps: f32,
+    ) -> Result<(), GpuError> {
+        cpu::layernorm_forward(out, mean, rstd, inp, weight, bias, c, eps);
+        Ok(())
+    }
+
+    fn layernorm_backward(
+        &self,
+        dinp: &mut [f32],
+        dweight: &mut [f32],
+        dbias: Option<&mut [f32]>,
+        dout: &[f32],
+        inp: &[f32],
+        weight: &[f32],
+        mean: &[f32],
+        rstd: &[f32],
+        c: usize,
+    ) -> Result<(), GpuError> {
+        cpu::layernorm_backward(dinp, dweight, dbias, dout, inp, weight, mean, rstd, c);
+        Ok(())
+    }
+
+    fn rmsnorm_forward(
+        &self,
+        out: &mut [f32],
+        rstd: &mut [f32],
+        inp: &[f32],
+        weight: &[f32],
+        c: usize,
+        eps: f32,
+    ) -> Result<(), GpuError> {
+        cpu::rmsnorm_forward(out, rstd, inp, weight, c, eps);
+        Ok(())
+    }
+
+    fn rmsnorm_backward(
+        &self,
+        dinp: &mut [f32],
+        dweight: &mut [f32],
+        dout: &[f32],
+        inp: &[f32],
+        weight: &[f32],
+        rstd: &[f32],
+        c: usize,
+    ) -> Result<(), GpuError> {
+        cpu::rmsnorm_backward(dinp, dweight, dout, inp, weight, rstd, c);
+        Ok(())
+    }
+
+    fn attention_forward(
+        &self,
+        y: &mut [f32],
+        saved: &mut Vec<f32>,
+        qkv: &[f32],
+        s: AttnShape,
+    ) -> Result<(), GpuError> {
+        saved.clear();
+        saved.resize(s.att_len(), 0.0);
+        cpu::attention_forward(y, saved, qkv, s);
+        Ok(())
+    }
+
+    fn attention_backward(
+        &self,
+        dqkv: &mut [f32],
+        dy: &[f32],
+        qkv: &[f32],
+        _y: &[f32],
+        saved: &[f32],
+        s: AttnShape,
+    ) -> Result<(), GpuError> {
+        let mut scratch = vec![0.0; cpu::attention_scratch_len(&s)];
+        cpu::attention_backward(dqkv, &mut scratch, dy, qkv, saved, s);
+        Ok(())
+    }
+
+    fn gelu_forward(&self, out: &mut [f32], inp: &[f32]) -> Result<(), GpuError> {
+        cpu::gelu_forward(out, inp);
+        Ok(())
+    }
+
+    fn gelu_backward(&self, dinp: &mut [f32], inp: &[f32], dout: &[f32]) -> Result<(), GpuError> {
+        cpu::gelu_backward(dinp, inp, dout);
+        Ok(())
+    }
+
+    fn swiglu_forward(&self, out: &mut [f32], inp: &[f32], f: usize) -> Result<(), GpuError> {
+        cpu::swiglu_forward(out, inp, f);
+        Ok(())
+    }
+
+    fn swiglu_backward(
+        &self,
+        dinp: &mut [f32],
+        inp: &[f32],
+        dout: &[f32],
+        f: usize,
+    ) -> Result<(), GpuError> {
+        cpu::swiglu_backward(dinp, inp, dout, f);
+        Ok(())
+    }
+
+    fn crossentropy_forward(
+        &self,
+        losses: &mut [f32],
+        max: &mut [f32],
+        sumexp: &mut [f32],
+        logits: &[f32],
+        targets: &[u32],
+        v: usize,
+    ) -> Result<(), GpuError> {
+        cpu::crossentropy_forward(losses, max, sumexp, logits, targets, v);
+        Ok(())
+    }
+
+    fn crossentropy_backward(
+        &self,
+        logits: &mut [f32],
+        max: &[f32],
+        sumexp: &[f32],
+        targets: &[u32],
+        dlosses: &[f32],
+        vocab_start: usize,
+        v: usize,
+    ) -> Result<(), GpuError> {
+        cpu::crossentropy_backward(logits, max, sumexp, targets, dlosses, vocab_start, v);
+        Ok(())
+    }
+
+    fn crossentropy_fused(
+        &self,
+        losses: &mut [f32],
+        logits: &mut [f32],
+        targets: &[u32],
+        dlosses: &[f32],
+        v: usize,
+    ) -> Result<(), GpuError> {
+        let n = rows(logits.len(), v);
+        let (mut max, mut sumexp) = (vec![0.0; n], vec![0.0; n]);
+        cpu::crossentropy_forward(losses, &mut max, &mut sumexp, logits, targets, v);
+        cpu::crossentropy_backward(logits, &max, &sumexp, targets, dlosses, 0, v);
+        Ok(())
+    }
+
+    fn adamw(
+        &self,
+        params: &mut [f32],
+        params_bf16: Option<&mut [f32]>,
+        grads: &[f32],
+        m: &mut [f32],
+        v: &mut [f32],
+        step: &AdamWStep,
+    ) -> Result<(), GpuError> {
+        // The real optimizer on a one-tensor layout, so this is the code training runs.
+        let n = params.len();
+        let mut layout = ParamLayout::new();
+        layout
+            .add(ParamSpec {
+                name: "p".into(),
+                global_shape: vec![n],
+                shard: Shard::Replicated,
+                decay: step.weight_decay != 0.0,
+                init: Init::Const(0.0),
+            })
+            .map_err(|e| GpuError::shape("adamw", e.to_string()))?;
+        let cfg = AdamWConfig {
+            beta1: step.beta1,
+            beta2: step.beta2,
+            eps: step.eps,
+            weight_decay: step.weight_decay,
+        };
+        let mut opt = AdamW::new(cfg, &layout, 0..n);
+        opt.t = step.t.saturating_sub(1);
+        opt.m.copy_from_slice(m);
+        opt.v.copy_from_slice(v);
+        opt.step(params, grads, step.lr, step.grad_scale);
+        m.copy_from_slice(&opt.m);
+        v.copy_from_slice(&opt.v);
+        if let Some(p16) = params_bf16 {
+            p16.iter_mut()
+                .zip(params.iter())
+                .for_each(|(o, &p)| *o = bf16::round(p));
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,455 @@
+//! The same kernel test bodies on every backend: the CPU kernels, the CUDA kernels emulated on
+//! the CPU (`emu/`: the .cu sources compiled with the host C++ compiler), and — built with
+//! `--features cuda` — the CUDA kernels on a real GPU. The oracle is an f64 reference
+//! (`reference/`); each backend states its tolerance (`Kernels::rtol`): 1e-5 for the f32 CPU,
+//! 2e-2 of the tensor's largest magnitude for bf16 storage, 1e-5 for fp32-only paths.
+//!
+//! Without a C++ compiler the emulated variants print "skipped: …" and pass; without a GPU (or
+//! its libraries) the CUDA variants print "skipped: no CUDA device (…)" and pass.
+
+mod emu;
+mod reference;
+
+use reference as r;
+use tessera_runtime::cpu::AttnShape;
+use tessera_runtime::ops::{AdamWStep, GemmShape, Kernels, Storage};
+use tessera_runtime::rng;
+
+/// One test per backend from one body: `cpu`, `emulated_gpu`, and `cuda` with the feature.
+macro_rules! test_device {
+    ($name:ident, $body:path) => {
+        mod $name {
+            #[test]
+            fn cpu() {
+                $body(&tessera_runtime::ops::CpuKernels)
+            }
+
+            #[test]
+            fn emulated_gpu() {
+                match crate::emu::kernels() {
+                    Ok(k) => $body(&k),
+                    Err(why) => eprintln!("skipped: no kernel emulator ({why})"),
+                }
+            }
+
+            #[cfg(feature = "cuda")]
+            #[test]
+            fn cuda() {
+                match tessera_runtime::cuda::kernels(0) {
+                    Ok(k) => $body(&k),
+                    Err(why) => eprintln!("skipped: no CUDA device ({why})"),
+                }
+            }
+        }
+    };
+}
+
+fn randn(n: usize, seed: u64, std: f32) -> Vec<f32> {
+    let mut v = vec![0.0; n];
+    rng::fill_normal(&mut v, seed, 0x0b5, 0, std);
+    v
+}
+
+/// `max|got − want| ≤ rtol · max|want|`, no NaN.
+fn check(k: &dyn Kernels, what: &str, got: &[f32], want: &[f64], storage: Storage) {
+    assert_eq!(got.len(), want.len(), "{what}: lengths");
+    let rtol = f64::from(k.rtol(storage));
+    let scale = want.iter().fold(0.0f64, |m, v| m.max(v.abs())).max(1e-30);
+    let (mut at, mut err) = (0, 0.0f64);
+    for (i, (&g, &w)) in got.iter().zip(want).enumerate() {
+        let e = (f64::from(g) - w).abs();
+        if e.is_nan() || e > err {
+            (at, err) = (i, if e.is_nan() { f64::INFINITY } else { e });
+        }
+    }
+    assert!(
+        err <= rtol * scale,
+        "{what} on {}: max error {err:e} at {at} ({} vs {}) exceeds {rtol:e} × {scale:e}",
+        k.name(),
+        got[at],
+        want[at]
+    );
+}
+
+fn plus(a: &[f32], b: &[f64]) -> Vec<f64> {
+    a.iter().zip(b).map(|(&a, b)| f64::from(a) + b).collect()
+}
+
+fn gemm_body(k: &dyn Kernels) {
+    for &(m, kk, n) in &[(5, 7, 3), (33, 17, 9)] {
+        for ta in [false, true] {
+            for tb in [false, true] {
+                let g = GemmShape {
+                    m,
+                    k: kk,
+                    n,
+                    trans_a: ta,
+                    trans_b: tb,
+                };
+                let (a, b) = (randn(m * kk, 1, 1.0), randn(kk * n, 2, 1.0));
+                let want = r::gemm(&a, &b, m, kk, n, ta, tb);
+                let mut out = vec![f32::NAN; m * n];
+                k.gemm(&mut out, &a, &b, g, false).unwrap();
+                check(k, &format!("gemm {g:?}"), &out, &want, Storage::Bf16);
+                let init = randn(m * n, 3, 1.0);
+                let mut acc = init.clone();
+                k.gemm(&mut acc, &a, &b, g, true).unwrap();
+                check(
+                    k,
+                    &format!("gemm acc {g:?}"),
+                    &acc,
+                    &plus(&init, &want),
+                    Storage::Bf16,
+                );
+            }
+        }
+    }
+}
+test_device!(gemm, super::gemm_body);
+
+fn linear_body(k: &dyn Kernels) {
+    let (n, i, o) = (13, 24, 10);
+    let (x, w, b) = (randn(n * i, 4, 1.0), randn(o * i, 5, 0.5), randn(o, 6, 1.0));
+    let prod = r::gemm(&x, &w, n, i, o, false, true);
+    let with_bias: Vec<f64> = prod
+        .iter()
+        .enumerate()
+        .map(|(j, p)| p + f64::from(b[j % o]))
+        .collect();
+    let mut out = vec![f32::NAN; n * o];
+    k.linear_forward(&mut out, &x, &w, Some(&b), n, i, o)
+        .unwrap();
+    check(k, "linear + bias", &out, &with_bias, Storage::Bf16);
+    k.linear_forward(&mut out, &x, &w, None, n, i, o).unwrap();
+    check(k, "linear", &out, &prod, Storage::Bf16);
+    // Bias backward over 150 rows (three row chunks on a GPU).
+    let dout = randn(150 * o, 7, 1.0);
+    let init = randn(o, 8, 1.0);
+    let sums: Vec<f64> = (0..o)
+        .map(|c| (0..150).map(|rw| f64::from(dout[rw * o + c])).sum())
+        .collect();
+    let mut db = init.clone();
+    k.bias_backward(&mut db, &dout, o).unwrap();
+    check(k, "bias backward", &db, &plus(&init, &sums), Storage::Bf16);
+}
+test_device!(linear, super::linear_body);
+
+fn embedding_body(k: &dyn Kernels) {
+    let (c, vs, vl, t) = (40, 10usize, 13usize, 5);
+    let tokens: Vec<u32> = (0..50u32).map(|i| (i * 7) % 30).collect(); // some outside 10..23
+    let wte = randn(vl * c, 9, 1.0);
+    let mut out = vec![f32::NAN; tokens.len() * c];
+    k.embedding_forward(&mut out, &tokens, &wte, vs, c).unwrap();
+    let want: Vec<f64> = (0..out.len())
+        .map(|i| {
+            let tok = tokens[i / c] as usize;
+            if (vs..vs + vl).contains(&tok) {
+                f64::from(wte[(tok - vs) * c + i % c])
+            } else {
+                0.0
+            }
+        })
+        .collect();
+    check(k, "embedding forward", &out, &want, Storage::Bf16);
+    let wpe = randn(8 * c, 10, 1.0); // T_max = 8 ≥ t
+    let base = out.clone();
+    k.pos_embedding_forward(&mut out, &wpe, t, c).unwrap();
+    let want: Vec<f64> = (0..out.len())
+        .map(|i| f64::from(base[i]) + f64::from(wpe[((i / c) % t) * c + i % c]))
+        .collect();
+    check(k, "position embedding forward", &out, &want, Storage::Bf16);
+    let dout = randn(tokens.len() * c, 11, 1.0);
+    let init = randn(vl * c, 12, 1.0);
+    let mut dwte = init.clone();
+    k.embedding_backward(&mut dwte, &tokens, &dout, vs, c)
+        .unwrap();
+    let mut want = r::f64s(&init);
+    for (n, &tok) in tokens.iter().enumerate() {
+        if (vs..vs + vl).contains(&(tok as usize)) {
+            for i in 0..c {
+                want[(tok as usize - vs) * c + i] += f64::from(dout[n * c + i]);
+            }
+        }
+    }
+    check(k, "embedding backward", &dwte, &want, Storage::Bf16);
+    let init = randn(8 * c, 13, 1.0);
+    let mut dwpe = init.clone();
+    k.pos_embedding_backward(&mut dwpe, &dout, t, c).unwrap();
+    let mut want = r::f64s(&init);
+    for (row, g) in dout.chunks_exact(c).enumerate() {
+        for i in 0..c {
+            want[(row % t) * c + i] += f64::from(g[i]);
+        }
+    }
+    check(
+        k,
+        "position embedding backward",
+        &dwpe,
+        &want,
+        Storage::Bf16,
+    );
+}
+test_device!(embedding, super::embedding_body);
+
+fn layernorm_body(k: &dyn Kernels) {
+    for &(n, c) in &[(150, 45), (6, 300)] {
+        let (x, w, b) = (randn(n * c, 14, 1.0), randn(c, 15, 1.0), randn(c, 16, 1.0));
+        let (want, wm, wr) = r::layernorm(&x, &w, Some(&b), c, 1e-5);
+        let (mut out, mut mean, mut rstd) =
+            (vec![f32::NAN; n * c], vec![f32::NAN; n], vec![f32::NAN; n]);
+        k.layernorm_forward(&mut out, &mut mean, &mut rstd, &x, &w, Some(&b), c, 1e-5)
+            .unwrap();
+        check(k, "layernorm forward", &out, &want, Storage::Bf16);
+        check(k, "layernorm mean", &mean, &wm, Storage::Bf16);
+        check(k, "layernorm rstd", &rstd, &wr, Storage::Bf16);
+        let (nb, _, _) = r::layernorm(&x, &w, None, c, 1e-5);
+        k.layernorm_forward(&mut out, &mut mean, &mut rstd, &x, &w, None, c, 1e-5)
+            .unwrap();
+        check(
+            k,
+            "layernorm forward without bias",
+            &out,
+            &nb,
+            Storage::Bf16,
+        );
+        let dy = randn(n * c, 17, 1.0);
+        let (dx0, dw0, db0) = (randn(n * c, 18, 1.0), randn(c, 19, 1.0), randn(c, 20, 1.0));
+        let (mut dx, mut dw, mut db) = (dx0.clone(), dw0.clone(), db0.clone());
+        k.layernorm_backward(
+            &mut dx,
+            &mut dw,
+            Some(&mut db),
+            &dy,
+            &x,
+            &w,
+            &mean,
+            &rstd,
+            c,
+        )
+        .unwrap();
+        let (wdx, wdw, wdb) = r::layernorm_backward(&dy, &x, &w, c, 1e-5);
+        check(
+            k,
+            "layernorm dinp (accumulated)",
+            &dx,
+            &plus(&dx0, &wdx),
+            Storage::Bf16,
+        );
+        check(
+            k,
+            "layernorm dweight",
+            &dw,
+            &plus(&dw0, &wdw),
+            Storage::Bf16,
+        );
+        check(k, "layernorm dbias", &db, &plus(&db0, &wdb), Storage::Bf16);
+    }
+}
+test_device!(layernorm, super::layernorm_body);
+
+fn rmsnorm_body(k: &dyn Kernels) {
+    for &(n, c) in &[(150, 45), (6, 300)] {
+        let (x, w) = (randn(n * c, 21, 1.0), randn(c, 22, 1.0));
+        let (want, wr) = r::rmsnorm(&x, &w, c, 1e-5);
+        let (mut out, mut rstd) = (vec![f32::NAN; n * c], vec![f32::NAN; n]);
+        k.rmsnorm_forward(&mut out, &mut rstd, &x, &w, c, 1e-5)
+            .unwrap();
+        check(k, "rmsnorm forward", &out, &want, Storage::Bf16);
+        check(k, "rmsnorm rstd", &rstd, &wr, Storage::Bf16);
+        let dy = randn(n * c, 23, 1.0);
+        let (dx0, dw0) = (randn(n * c, 24, 1.0), randn(c, 25, 1.0));
+        let (mut dx, mut dw) = (dx0.clone(), dw0.clone());
+        k.rmsnorm_backward(&mut dx, &mut dw, &dy, &x, &w, &rstd, c)
+            .unwrap();
+        let (wdx, wdw) = r::rmsnorm_backward(&dy, &x, &w, c, 1e-5);
+        check(
+            k,
+            "rmsnorm dinp (accumulated)",
+            &dx,
+            &plus(&dx0, &wdx),
+            Storage::Bf16,
+        );
+        check(k, "rmsnorm dweight", &dw, &plus(&dw0, &wdw), Storage::Bf16);
+    }
+}
+test_device!(rmsnorm, super::rmsnorm_body);
+
+fn attention_body(k: &dyn Kernels) {
+    let shapes = [
+        AttnShape {
+            b: 2,
+            t: 37,
+            hq: 4,
+            hkv: 2,
+            hd: 24,
+        },
+        AttnShape {
+            b: 1,
+            t: 70,
+            hq: 2,
+            hkv: 1,
+            hd: 64,
+        },
+        AttnShape {
+            b: 1,
+            t: 20,
+            hq: 2,
+            hkv: 2,
+            hd: 128,
+        },
+    ];
+    for s in shapes {
+        let qkv = randn(s.b * s.t * s.qkv_width(), 26, 1.0);
+        let mut y = vec![f32::NAN; s.b * s.t * s.y_width()];
+        let mut saved = Vec::new();
+        k.attention_forward(&mut y, &mut saved, &qkv, s).unwrap();
+        check(
+            k,
+            &format!("attention forward {s:?}"),
+            &y,
+            &r::attention(&qkv, &s),
+            Storage::Bf16,
+        );
+        let dy = randn(y.len(), 27, 1.0);
+        let mut dqkv = vec![f32::NAN; qkv.len()];
+        k.attention_backward(&mut dqkv, &dy, &qkv, &y, &saved, s)
+            .unwrap();
+        check(
+            k,
+            &format!("attention backward {s:?}"),
+            &dqkv,
+            &r::attention_backward(&qkv, &dy, &s),
+            Storage::Bf16,
+        );
+    }
+}
+test_device!(attention, super::attention_body);
+
+fn activations_body(k: &dyn Kernels) {
+    let x = randn(300, 28, 2.0);
+    let dy = randn(300, 29, 1.0);
+    let mut out = vec![f32::NAN; 300];
+    k.gelu_forward(&mut out, &x).unwrap();
+    check(
+        k,
+        "gelu forward",
+        &out,
+        &x.iter().map(|&v| r::gelu(f64::from(v))).collect::<Vec<_>>(),
+        Storage::Bf16,
+    );
+    k.gelu_backward(&mut out, &x, &dy).unwrap();
+    let want: Vec<f64> = x
+        .iter()
+        .zip(&dy)
+        .map(|(&v, &g)| r::gelu_grad(f64::from(v)) * f64::from(g))
+        .collect();
+    check(k, "gelu backward", &out, &want, Storage::Bf16);
+    let f = 25;
+    let (n, xs) = (6, randn(6 * 2 * f, 30, 2.0));
+    let dys = randn(n * f, 31, 1.0);
+    let mut o = vec![f32::NAN; n * f];
+    k.swiglu_forward(&mut o, &xs, f).unwrap();
+    let (mut fw, mut bw) = (vec![0.0; n * f], vec![0.0; n * 2 * f]);
+    for rw in 0..n {
+        for j in 0..f {
+            let (g, u) = (
+                f64::from(xs[rw * 2 * f + j]),
+                f64::from(xs[rw * 2 * f + f + j]),
+            );
+            let (s, d) = (r::sigmoid(g), f64::from(dys[rw * f + j]));
+            fw[rw * f + j] = g * s * u;
+            bw[rw * 2 * f + j] = d * u * s * (1.0 + g * (1.0 - s));
+            bw[rw * 2 * f + f + j] = d * g * s;
+        }
+    }
+    check(k, "swiglu forward", &o, &fw, Storage::Bf16);
+    let mut d = vec![f32::NAN; n * 2 * f];
+    k.swiglu_backward(&mut d, &xs, &dys, f).unwrap();
+    check(k, "swiglu backward", &d, &bw, Storage::Bf16);
+}
+test_device!(activations, super::activations_body);
+
+fn crossentropy_body(k: &dyn Kernels) {
+    let (n, v) = (9, 300);
+    let logits = randn(n * v, 32, 2.0);
+    let targets: Vec<u32> = (0..n as u32).map(|i| (i * 37 + 5) % v as u32).collect();
+    let dl = randn(n, 33, 1.0);
+    let (wl, wg) = r::crossentropy(&logits, &targets, &dl, v);
+    let (mut loss, mut max, mut sumexp) = (vec![f32::NAN; n], vec![f32::NAN; n], vec![f32::NAN; n]);
+    k.crossentropy_forward(&mut loss, &mut max, &mut sumexp, &logits, &targets, v)
+        .unwrap();
+    check(k, "cross-entropy loss", &loss, &wl, Storage::Bf16);
+    let mut g = logits.clone();
+    k.crossentropy_backward(&mut g, &max, &sumexp, &targets, &dl, 0, v)
+        .unwrap();
+    check(k, "cross-entropy gradient", &g, &wg, Storage::Bf16);
+    // One vocabulary shard (columns 100..200) with the global row statistics.
+    let shard: Vec<f32> = logits
+        .chunks_exact(v)
+        .flat_map(|rw| rw[100..200].to_vec())
+        .collect();
+    let want: Vec<f64> = wg
+        .chunks_exact(v)
+        .flat_map(|rw| rw[100..200].to_vec())
+        .collect();
+    let mut gs = shard.clone();
+    k.crossentropy_backward(&mut gs, &max, &sumexp, &targets, &dl, 100, 100)
+        .unwrap();
+    check(
+        k,
+        "cross-entropy gradient of a vocabulary shard",
+        &gs,
+        &want,
+        Storage::Bf16,
+    );
+    let (mut fl, mut fg) = (vec![f32::NAN; n], logits.clone());
+    k.crossentropy_fused(&mut fl, &mut fg, &targets, &dl, v)
+        .unwrap();
+    check(k, "fused cross-entropy loss", &fl, &wl, Storage::Bf16);
+    check(k, "fused cross-entropy gradient", &fg, &wg, Storage::Bf16);
+}
+test_device!(crossentropy, super::crossentropy_body);
+
+fn adamw_body(k: &dyn Kernels) {
+    let n = 1000;
+    let (p0, g) = (randn(n, 34, 1.0), randn(n, 35, 0.1));
+    let (m0, v0) = (
+        randn(n, 36, 0.01),
+        randn(n, 37, 0.01).iter().map(|x| x * x).collect::<Vec<_>>(),
+    );
+    let step = AdamWStep {
+        lr: 1e-2,
+        beta1: 0.9,
+        beta2: 0.95,
+        eps: 1e-8,
+        weight_decay: 0.1,
+        t: 3,
+        grad_scale: 0.5,
+    };
+    let (bc1, bc2) = (1.0 - 0.9f64.powi(3), 1.0 - 0.95f64.powi(3));
+    let (mut wp, mut wm, mut wv) = (vec![0.0; n], vec![0.0; n], vec![0.0; n]);
+    for i in 0..n {
+        let gi = f64::from(g[i]) * 0.5;
+        wm[i] = 0.9 * f64::from(m0[i]) + 0.1 * gi;
+        wv[i] = 0.95 * f64::from(v0[i]) + 0.05 * gi * gi;
+        let p = f64::from(p0[i]);
+        wp[i] = p - 1e-2 * ((wm[i] / bc1) / ((wv[i] / bc2).sqrt() + 1e-8) + 0.1 * p);
+    }
+    let (mut p, mut m, mut v, mut p16) = (p0.clone(), m0.clone(), v0.clone(), vec![f32::NAN; n]);
+    k.adamw(&mut p, Some(&mut p16), &g, &mut m, &mut v, &step)
+        .unwrap();
+    check(k, "adamw params", &p, &wp, Storage::F32);
+    check(k, "adamw m", &m, &wm, Storage::F32);
+    check(k, "adamw v", &v, &wv, Storage::F32);
+    // The bf16 working copy is exactly the rounding of the updated f32 master weights.
+    for (i, (&h, &m)) in p16.iter().zip(&p).enumerate() {
+        let want = tessera_runtime::gpu::bf16::round(m);
+        assert_eq!(
+            h.to_bits(),
+            want.to_bits(),
+            "adamw bf16 copy on {} at {i}: {h} vs round({m}) = {want}",
+            k.name()
+        );
+    }
+}
+test_device!(adamw, super::adamw_body);
