@@ -1,6 +1,9 @@
 //! CPU training speed: GPT-2 124M at micro-batch 4 and sequence 64 on 1 and 2 ranks, side by
 //! side with the GEMM crate's standalone rate on the model's own matmul shapes.
 //!
+//! Two ranks run twice: plain DP (each rank updates all 124M parameters) and ZeRO-1 (each rank
+//! updates its half). The binary's tracking allocator is installed, as in `tessera run`.
+//!
 //! Run: `cargo bench -p tessera-runtime --bench cpu_train` (results go to docs/performance.md by
 //! hand, with the machine and the date). Ratios, not absolute numbers, are what to compare.
 
@@ -11,6 +14,8 @@ use tessera_planner::layout::{Layout, Recompute, Sharding};
 use tessera_planner::plan::{Plan, SearchSummary};
 use tessera_planner::schedule::ScheduleKind;
 use tessera_planner::spec::{load_cluster, load_model, ClusterOverrides, TrainingOverrides};
+use tessera_runtime::alloc::{peak_bytes, TrackingAlloc};
+use tessera_runtime::cpu::matmul::{count_matmuls, matmul_stats};
 use tessera_runtime::data::Tokens;
 use tessera_runtime::exec::{train, TrainOptions};
 
@@ -18,7 +23,10 @@ const SEQ: u64 = 64;
 const MICRO: u64 = 4;
 const STEPS: usize = 4;
 
-fn plan(dp: u64) -> Plan {
+#[global_allocator]
+static ALLOC: TrackingAlloc = TrackingAlloc;
+
+fn plan(dp: u64, zero_stage: u8) -> Plan {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
     // Global batch 8: two micro-batches of 4 on one rank, one each on two DP ranks.
     let over = TrainingOverrides {
@@ -40,7 +48,7 @@ fn plan(dp: u64) -> Plan {
         tp: 1,
         micro_batch: MICRO,
         sharding: Sharding {
-            zero_stage: 0,
+            zero_stage,
             hybrid: false,
         },
         recompute: Recompute::None,
@@ -141,31 +149,68 @@ fn main() {
         (rows, 768, 768),
     ];
     println!("gemm crate standalone on the model's shapes {gemm_ref:?}, one thread per rank:");
-    for dp in [1u64, 2] {
-        let single: f64 = gemm_ref
-            .iter()
-            .map(|&(m, k, n)| gemm_gflops(m, k, n, dp as usize))
-            .sum::<f64>()
-            / gemm_ref.len() as f64;
-        println!("  gemm alone, {dp} concurrent thread(s): {single:.1} GFLOP/s per thread (mean over the shapes)");
-        let plan = plan(dp);
+    let mut single = [0.0f64; 3];
+    for (dp, zero) in [(1u64, 0u8), (2, 0), (2, 1)] {
+        if single[dp as usize] == 0.0 {
+            single[dp as usize] = gemm_ref
+                .iter()
+                .map(|&(m, k, n)| gemm_gflops(m, k, n, dp as usize))
+                .sum::<f64>()
+                / gemm_ref.len() as f64;
+            println!(
+                "  gemm alone, {dp} concurrent thread(s): {:.1} GFLOP/s per thread (mean over the shapes)",
+                single[dp as usize]
+            );
+        }
+        let single = single[dp as usize];
+        let plan = plan(dp, zero);
         let opts = TrainOptions {
             steps: STEPS,
+            trace: true,
             ..TrainOptions::default()
         };
-        let report = train(&plan, &data, &opts, &mut |_| {}).expect("trains");
+        // Count the model's own gemm calls from the end of the first (warm-up) step.
+        let mut seen = 0;
+        let report = train(&plan, &data, &opts, &mut |_| {
+            seen += 1;
+            if seen == 1 {
+                count_matmuls(true);
+            }
+        })
+        .expect("trains");
+        let mm = matmul_stats();
+        count_matmuls(false);
         let timed: Vec<f64> = report.steps.iter().skip(1).map(|m| m.step_time_s).collect();
         let step = timed.iter().sum::<f64>() / timed.len() as f64;
+        // Rank 0's time in forward/backward ops and in DP sync + optimizer, timed steps only.
+        let (mut fb, mut opt) = (0.0, 0.0);
+        for e in report.trace.iter().filter(|e| e.track == 0 && e.step >= 1) {
+            match e.cat {
+                "optimizer" => opt += e.dur_us,
+                "forward" | "backward" => fb += e.dur_us,
+                _ => {}
+            }
+        }
+        let per_step = |us: f64| us / 1e6 / timed.len() as f64;
         let (linear, attention) = step_flops(&plan);
         let tokens = (8 * SEQ) as f64;
+        let linear_rate = linear / step / 1e9 / dp as f64;
         println!(
-            "{dp} rank(s): {:.3} s/step, {:.0} tokens/s, {:.1} GFLOP/s on the linear layers ({:.1} per rank, {:.0}% of standalone gemm per rank), {:.1} GFLOP/s with attention",
+            "{dp} rank(s), ZeRO-{zero}: the model's gemm calls ran at {:.1} GFLOP/s per rank thread = {:.0}% of standalone gemm ({:.3} TFLOP counted over the timed steps, {:.3} TFLOP expected from the model)\n    {:.3} s/step ({:.3} s forward+backward, {:.3} s DP sync + optimizer on rank 0), {:.0} tokens/s, {:.1} GFLOP/s on the linear layers ({:.1} per rank, {:.0}% of standalone gemm per rank; {:.0}% counting forward+backward time only), {:.1} GFLOP/s with attention, peak {:.0} MiB on rank 0",
+            mm.gflops_per_thread(),
+            100.0 * mm.gflops_per_thread() / single,
+            mm.flops as f64 / 1e12,
+            (linear + attention) * timed.len() as f64 / 1e12,
             step,
+            per_step(fb),
+            per_step(opt),
             tokens / step,
             linear / step / 1e9,
-            linear / step / 1e9 / dp as f64,
-            100.0 * linear / step / 1e9 / dp as f64 / single,
+            linear_rate,
+            100.0 * linear_rate / single,
+            100.0 * linear / dp as f64 / per_step(fb) / 1e9 / single,
             (linear + attention) / step / 1e9,
+            peak_bytes(0) as f64 / (1u64 << 20) as f64,
         );
     }
 }

@@ -6,12 +6,17 @@
 //! 0..n) followed by an all-gather, so every element is the rank-order sum and every rank ends
 //! with the same bits.
 //!
+//! Message buffers are pooled per sender: a buffer comes back into use once every receiver has
+//! dropped it, so a training step sends its gradients without fresh allocations (each fresh
+//! buffer of hundreds of MiB costs its page faults again).
+//!
 //! A rank whose thread panics drops its handle, which disconnects its channels: peers waiting on
 //! it get [`CommError::PeerGone`] instead of hanging. A timeout (default 300 s) catches ranks
 //! that issue collectives in different orders.
 //!
 //! This module must not decide groups: callers (the mesh) say which world ranks form a group.
 
+use std::cell::RefCell;
 use std::fmt;
 use std::sync::mpsc::{channel, Receiver, RecvTimeoutError, Sender};
 use std::sync::Arc;
@@ -50,7 +55,12 @@ pub struct LocalComm {
     /// `from[p]`: receiver of messages from rank p (None for p == rank).
     from: Vec<Option<Receiver<Msg>>>,
     timeout: Option<Duration>,
+    /// Buffers this rank has sent; one whose receivers all dropped it is reused.
+    pool: RefCell<Vec<Arc<[f32]>>>,
 }
+
+/// Buffers kept for reuse per rank; beyond this the oldest free one is dropped.
+const POOL_CAP: usize = 16;
 
 const DEFAULT_TIMEOUT: Duration = Duration::from_secs(300);
 
@@ -87,6 +97,7 @@ impl LocalComm {
                 to,
                 from,
                 timeout: Some(DEFAULT_TIMEOUT),
+                pool: RefCell::new(Vec::new()),
             })
             .collect()
     }
@@ -163,6 +174,37 @@ impl LocalComm {
         Ok(())
     }
 
+    /// A message buffer of `len` elements filled by `fill`, reusing a pooled buffer that no
+    /// receiver holds any more. The pool keeps a handle, so the buffer returns when received.
+    fn message(&self, len: usize, fill: impl FnOnce(&mut [f32])) -> Arc<[f32]> {
+        let reused = {
+            let mut pool = self.pool.borrow_mut();
+            let free = pool
+                .iter_mut()
+                .position(|b| b.len() == len && Arc::get_mut(b).is_some());
+            free.map(|i| pool.swap_remove(i))
+        };
+        let mut buf = reused.unwrap_or_else(|| Arc::from(vec![0.0f32; len]));
+        // `fill` may itself send (an all-reduce reduces into its message), so no borrow is held.
+        fill(Arc::get_mut(&mut buf).expect("a fresh or free buffer has one owner"));
+        let mut pool = self.pool.borrow_mut();
+        if pool.len() >= POOL_CAP {
+            match pool.iter_mut().position(|b| Arc::get_mut(b).is_some()) {
+                Some(i) => {
+                    pool.remove(i);
+                }
+                None => return buf,
+            }
+        }
+        pool.push(buf.clone());
+        buf
+    }
+
+    /// A message holding a copy of `data`.
+    fn copy_of(&self, data: &[f32]) -> Arc<[f32]> {
+        self.message(data.len(), |b| b.copy_from_slice(data))
+    }
+
     fn post(&self, op: Op, peer: usize, data: Arc<[f32]>) -> Result<(), CommError> {
         let tx = self.to[peer].as_ref().expect("no channel to self");
         tx.send(Msg { op, data }).map_err(|_| CommError::PeerGone {
@@ -212,7 +254,7 @@ impl LocalComm {
         chunk_of: impl Fn(usize) -> std::ops::Range<usize>,
     ) -> Result<(), CommError> {
         for p in self.peers() {
-            self.post(Op::ReduceScatter, p, Arc::from(&input[chunk_of(p)]))?;
+            self.post(Op::ReduceScatter, p, self.copy_of(&input[chunk_of(p)]))?;
         }
         let mine = chunk_of(self.rank);
         let mut parts: Vec<Option<Arc<[f32]>>> = vec![None; self.size];
@@ -257,9 +299,11 @@ impl Comm for LocalComm {
         }
         let (len, n) = (buf.len(), self.size);
         let mine = chunk(len, n, self.rank);
-        let mut reduced = vec![0.0f32; mine.len()];
-        self.reduce_scatter_chunks(buf, &mut reduced, |p| chunk(len, n, p))?;
-        let reduced: Arc<[f32]> = Arc::from(reduced);
+        let mut result = Ok(());
+        let reduced = self.message(mine.len(), |out| {
+            result = self.reduce_scatter_chunks(buf, out, |p| chunk(len, n, p));
+        });
+        result?;
         for p in self.peers() {
             self.post(Op::AllGather, p, reduced.clone())?;
         }
@@ -281,7 +325,7 @@ impl Comm for LocalComm {
                 got: output.len(),
             });
         }
-        let shared: Arc<[f32]> = Arc::from(input);
+        let shared = self.copy_of(input);
         for p in self.peers() {
             self.post(Op::AllGather, p, shared.clone())?;
         }
@@ -318,7 +362,7 @@ impl Comm for LocalComm {
             });
         }
         if self.rank == root {
-            let shared: Arc<[f32]> = Arc::from(&*buf);
+            let shared = self.copy_of(buf);
             for p in self.peers() {
                 self.post(Op::Broadcast, p, shared.clone())?;
             }
@@ -330,7 +374,7 @@ impl Comm for LocalComm {
 
     fn send(&self, buf: &[f32], peer: usize) -> Result<(), CommError> {
         self.check_peer("send", peer)?;
-        self.post(Op::P2p, peer, Arc::from(buf))
+        self.post(Op::P2p, peer, self.copy_of(buf))
     }
 
     fn recv(&self, buf: &mut [f32], peer: usize) -> Result<(), CommError> {

@@ -216,3 +216,39 @@ fn f64_sum_and_max_helpers() {
         assert_eq!(m, vec![2.0, 0.0]);
     }
 }
+
+#[test]
+fn pooled_buffers_are_reused_and_never_leak_old_data() {
+    // Repeated all-reduces of the same size, with data that changes every round, then a
+    // different size: results stay exact, and the pool stops growing once warm.
+    let out = LocalComm::run(3, |c| {
+        let mut sizes = Vec::new();
+        for round in 0..6 {
+            let len = if round < 4 { 1000 } else { 17 };
+            let mut buf: Vec<f32> = data(c.rank(), len)
+                .iter()
+                .map(|x| x + round as f32)
+                .collect();
+            c.all_reduce_sum(&mut buf).unwrap();
+            let mut want = vec![0.0f32; len];
+            for r in 0..3 {
+                let d: Vec<f32> = data(r, len).iter().map(|x| x + round as f32).collect();
+                if r == 0 {
+                    want = d;
+                } else {
+                    want.iter_mut().zip(d).for_each(|(a, b)| *a += b);
+                }
+            }
+            assert_eq!(buf, want, "round {round}");
+            c.barrier().unwrap();
+            sizes.push(c.pool.borrow().len());
+        }
+        sizes
+    });
+    for sizes in out {
+        // Round 0 fills the pool; rounds 1..3 reuse it; a new size adds buffers.
+        assert!(sizes[1..4].iter().all(|&s| s == sizes[0]), "{sizes:?}");
+        assert!(sizes[0] > 0 && sizes[4] > sizes[3], "{sizes:?}");
+        assert!(sizes.iter().all(|&s| s <= POOL_CAP), "{sizes:?}");
+    }
+}

@@ -6,6 +6,43 @@
 //! This module must not allocate or transpose in the hot path.
 
 use std::cell::Cell;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::Instant;
+
+static COUNTING: AtomicBool = AtomicBool::new(false);
+static FLOPS: AtomicU64 = AtomicU64::new(0);
+static NANOS: AtomicU64 = AtomicU64::new(0);
+
+/// Matmul work done by every thread since [`count_matmuls`] turned counting on.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct MatmulStats {
+    /// 2·m·n·k summed over the calls.
+    pub flops: u64,
+    /// Wall time inside the calls, summed over threads.
+    pub seconds: f64,
+}
+
+impl MatmulStats {
+    /// Achieved rate per calling thread, in GFLOP/s.
+    pub fn gflops_per_thread(&self) -> f64 {
+        self.flops as f64 / self.seconds / 1e9
+    }
+}
+
+/// Turns matmul counting on (from zero) or off; off by default, for benchmarks only.
+pub fn count_matmuls(on: bool) {
+    FLOPS.store(0, Ordering::Relaxed);
+    NANOS.store(0, Ordering::Relaxed);
+    COUNTING.store(on, Ordering::Relaxed);
+}
+
+/// What the counters hold now.
+pub fn matmul_stats() -> MatmulStats {
+    MatmulStats {
+        flops: FLOPS.load(Ordering::Relaxed),
+        seconds: NANOS.load(Ordering::Relaxed) as f64 / 1e9,
+    }
+}
 
 thread_local! {
     static THREADS: Cell<usize> = const { Cell::new(1) };
@@ -153,6 +190,7 @@ pub fn gemm(dst: MatMut<'_>, a: MatRef<'_>, b: MatRef<'_>, alpha: f32, acc: bool
         }
         return;
     }
+    let start = COUNTING.load(Ordering::Relaxed).then(Instant::now);
     // SAFETY: the three views were bounds-checked at construction (every addressed element
     // lies inside its slice); `dst` is a unique borrow, so it cannot alias `a` or `b`.
     unsafe {
@@ -177,6 +215,10 @@ pub fn gemm(dst: MatMut<'_>, a: MatRef<'_>, b: MatRef<'_>, alpha: f32, acc: bool
             false,
             parallelism(),
         );
+    }
+    if let Some(start) = start {
+        FLOPS.fetch_add(2 * (m * n * k) as u64, Ordering::Relaxed);
+        NANOS.fetch_add(start.elapsed().as_nanos() as u64, Ordering::Relaxed);
     }
 }
 
@@ -342,5 +384,19 @@ mod tests {
     fn views_are_bounds_checked() {
         let d = [0.0; 10];
         let _ = MatRef::new(&d, 2, 3, 3, 3, 1);
+    }
+
+    #[test]
+    fn counting_adds_each_calls_flops() {
+        // Only this test turns counting on, but other tests' gemms may run meanwhile and add
+        // theirs: the count is at least this thread's.
+        count_matmuls(true);
+        let (a, b) = (randn(6, 1, 1.0), randn(12, 2, 1.0));
+        let mut out = vec![0.0; 8];
+        matmul(&mut out, &a, &b, 2, 3, 4, false);
+        let on = matmul_stats();
+        assert!(on.flops >= 2 * 2 * 3 * 4, "{on:?}");
+        assert!(on.seconds > 0.0, "{on:?}");
+        count_matmuls(false);
     }
 }

@@ -121,7 +121,11 @@ struct Rank<'a> {
     pool: Vec<Vec<ChunkActs>>,
     inbox: HashMap<Key, Vec<f32>>,
     outbox: HashMap<Key, Vec<f32>>,
+    /// Padded copy of a region, for regions whose length DP does not divide.
     scratch: Vec<f32>,
+    /// One DP shard of a region (reduce-scatter output, all-gather input); kept between steps
+    /// so the step allocates nothing.
+    shard_buf: Vec<f32>,
     trace: Vec<TraceEvent>,
     loss_sum: f64,
 }
@@ -210,6 +214,7 @@ impl<'a> Rank<'a> {
             inbox: HashMap::new(),
             outbox: HashMap::new(),
             scratch: Vec::new(),
+            shard_buf: Vec::new(),
             trace: Vec::new(),
             loss_sum: 0.0,
             model,
@@ -506,14 +511,19 @@ impl<'a> Rank<'a> {
     fn reduce_scatter_region(&mut self, c: usize) -> Result<(), RunError> {
         let region = self.model.chunks[c].region.clone();
         let s = region.len().div_ceil(self.dp);
-        self.scratch.clear();
-        self.scratch.extend_from_slice(&self.grads[region.clone()]);
-        self.scratch.resize(s * self.dp, 0.0);
-        let mut out = vec![0.0; s];
-        self.ctx.dp.reduce_scatter_sum(&self.scratch, &mut out)?;
+        self.shard_buf.resize(s, 0.0);
+        let input = if region.len() == s * self.dp {
+            &self.grads[region.clone()]
+        } else {
+            self.scratch.clear();
+            self.scratch.extend_from_slice(&self.grads[region.clone()]);
+            self.scratch.resize(s * self.dp, 0.0);
+            &self.scratch
+        };
+        self.ctx.dp.reduce_scatter_sum(input, &mut self.shard_buf)?;
         let shard = shard_of(&region, self.dp, self.dp_rank);
         let len = shard.len();
-        self.grads[shard].copy_from_slice(&out[..len]);
+        self.grads[shard].copy_from_slice(&self.shard_buf[..len]);
         Ok(())
     }
 
@@ -522,12 +532,19 @@ impl<'a> Rank<'a> {
         let region = self.model.chunks[c].region.clone();
         let s = region.len().div_ceil(self.dp);
         let shard = shard_of(&region, self.dp, self.dp_rank);
-        let mut input = vec![0.0; s];
-        input[..shard.len()].copy_from_slice(&self.params[shard]);
-        self.scratch.resize(s * self.dp, 0.0);
-        self.ctx.dp.all_gather(&input, &mut self.scratch)?;
-        let len = region.len();
-        self.params[region].copy_from_slice(&self.scratch[..len]);
+        self.shard_buf.clear();
+        self.shard_buf.extend_from_slice(&self.params[shard]);
+        self.shard_buf.resize(s, 0.0);
+        if region.len() == s * self.dp {
+            self.ctx
+                .dp
+                .all_gather(&self.shard_buf, &mut self.params[region])?;
+        } else {
+            self.scratch.resize(s * self.dp, 0.0);
+            self.ctx.dp.all_gather(&self.shard_buf, &mut self.scratch)?;
+            let len = region.len();
+            self.params[region].copy_from_slice(&self.scratch[..len]);
+        }
         Ok(())
     }
 
