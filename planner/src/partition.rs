@@ -13,8 +13,10 @@
 //! - [`balance_dp`] for layers of different cost: the classic dynamic program over prefixes,
 //!   O(stages · L²), with an arbitrary memory test per (stage, layer range).
 //!
-//! Both are checked against brute force on small instances. Memory caps here do not depend on
-//! time, and contiguous splits are a DP's home ground, so no LP solver is needed. This module
+//! Both are checked against brute force on small instances, and [`balance`] against an integer
+//! program solved by good_lp on large ones (tests/partition_milp.rs). Memory caps here do not
+//! depend on time, and contiguous splits are a DP's home ground, so the planner itself needs no
+//! LP solver; good_lp is the test oracle. This module
 //! knows nothing of models or clusters: the caller supplies times and caps.
 
 /// A split problem over identical layers.

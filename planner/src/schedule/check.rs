@@ -1,8 +1,8 @@
 //! `Schedule::check`: the invariants every op list must satisfy before anything executes it.
 //!
 //! Every (mb, chunk) runs Forward and Backward exactly once per stage, Backward after Forward;
-//! sends and receives pair up in channel order; and a unit-cost simulation under buffered sends
-//! and blocking receives terminates. This module only checks; it builds nothing.
+//! sends and receives pair up in channel order; and the happens-before graph ([`graph`]) has no
+//! cycle, so under buffered sends and blocking receives every op list runs to its end. This module only checks; it builds nothing.
 
 use super::*;
 
@@ -11,7 +11,8 @@ impl Schedule {
     /// Backward exactly once per stage, Backward after Forward; each input from another stage is
     /// received before the compute using it and each output is sent after the compute making it,
     /// to the stage the layout says; each channel's receives are exactly its sends, in order; and
-    /// a simulation with unit durations under buffered sends / blocking receives terminates.
+    /// the happens-before graph has no cycle (no deadlock under buffered sends / blocking
+    /// receives).
     pub fn check(&self) -> Result<(), String> {
         let (pp, m, v) = (self.pp, self.microbatches, self.virtual_stages);
         if pp == 0 || m == 0 || v == 0 || self.stages.len() != pp {
@@ -57,17 +58,23 @@ impl Schedule {
                 ));
             }
         }
-        let unit = |_: usize, _: usize| 1.0;
-        let free = |_: usize, _: usize| 0.0;
-        let costs = SimCosts {
-            forward: &unit,
-            backward: &unit,
-            p2p: &free,
-        };
-        sim::simulate_summary(self, &costs)
-            .map(|_| ())
-            .map_err(|e| e.to_string())
+        let deps = graph::DependencyGraph::new(self).map_err(|e| e.to_string())?;
+        deps.order(self).map(|_| ()).map_err(|e| e.to_string())
     }
+}
+
+/// 1F1B with pp = 2 and `m` micro-batches, with stage 0's first gradient receive moved to
+/// the very front of its list: a schedule that deadlocks although its data flow is consistent.
+#[cfg(test)]
+pub(super) fn recv_grad_first(m: usize) -> Schedule {
+    let mut s = build(ScheduleKind::OneFOneB, 2, m, 1).expect("valid degrees");
+    let i = s.stages[0]
+        .iter()
+        .position(|op| matches!(op, Op::RecvGrad { .. }))
+        .expect("stage 0 receives gradients");
+    let op = s.stages[0].remove(i);
+    s.stages[0].insert(0, op);
+    s
 }
 
 fn check_stage(sched: &Schedule, s: usize, ops: &[Op]) -> Result<(), String> {
@@ -263,15 +270,9 @@ mod tests {
 
     #[test]
     fn schedule_check_catches_deadlock_with_consistent_data_flow() {
-        // 1F1B pp = 2, m = 2: move stage 0's first RecvGrad to the very front. Data flow and
-        // channel order still hold, but stage 0 now waits for a gradient that needs its forward.
-        let mut s = build(ScheduleKind::OneFOneB, 2, 2, 1).unwrap();
-        let i = s.stages[0]
-            .iter()
-            .position(|op| matches!(op, Op::RecvGrad { .. }))
-            .unwrap();
-        let op = s.stages[0].remove(i);
-        s.stages[0].insert(0, op);
+        // Data flow and channel order still hold, but stage 0 waits for a gradient that needs
+        // its own forward.
+        let s = recv_grad_first(2);
         assert!(s.check().unwrap_err().contains("deadlock"));
     }
 }

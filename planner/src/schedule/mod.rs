@@ -12,6 +12,7 @@
 
 mod check;
 mod gpipe;
+pub mod graph;
 mod interleaved;
 mod one_f_one_b;
 pub mod sim;
@@ -162,6 +163,11 @@ pub enum ScheduleError {
         done: usize,
         total: usize,
     },
+    #[error(
+        "pipeline deadlock: stage {stage} op {index} ({op:?}) waits on itself through a cycle \
+         of sends and receives. Check the order of sends and receives"
+    )]
+    Cycle { stage: usize, index: usize, op: Op },
 }
 
 /// The one entry point, a pure function: validates the degrees and builds the op lists.

@@ -59,19 +59,19 @@ pub fn bubble_formula(
 
 /// Slot of a message in the arrival array: direction, micro-batch, and the boundary between
 /// virtual stages `b` and `b + 1` it crosses.
-struct Keys {
-    pp: usize,
-    m: usize,
-    v: usize,
+pub(super) struct Keys {
+    pub(super) pp: usize,
+    pub(super) m: usize,
+    pub(super) v: usize,
 }
 
 impl Keys {
-    fn len(&self) -> usize {
+    pub(super) fn len(&self) -> usize {
         2 * self.m * (self.pp * self.v - 1)
     }
 
     /// Slot of a send or receive on `stage` (compute ops have none and are an error here).
-    fn of(&self, stage: usize, op: &Op) -> Result<usize, ScheduleError> {
+    pub(super) fn of(&self, stage: usize, op: &Op) -> Result<usize, ScheduleError> {
         let (grad, send, mb, chunk, peer) = match *op {
             Op::Forward { .. } | Op::Backward { .. } => (false, false, usize::MAX, 0, 0),
             Op::SendActivation { mb, chunk, peer } => (false, true, mb, chunk, peer),
