@@ -37,6 +37,7 @@ fn cluster(devices: u64, memory_gib: f64) -> Cluster {
             fragmentation: 0.0,
         },
         calibration: Default::default(),
+        calibrated: false,
     }
 }
 

@@ -19,6 +19,7 @@ use crate::model::Model;
 use crate::schedule::ScheduleKind;
 use crate::source::Source;
 use crate::spec::Cluster;
+use crate::validation::caveats::{caveats, Caveat};
 
 /// The format identifier of this version of plan.json.
 pub const FORMAT: &str = "tessera.plan/v1";
@@ -115,10 +116,15 @@ pub struct Predicted {
     pub flop_convention: String,
     /// The pipeline stage whose busy time the breakdown describes.
     pub bottleneck_stage: u64,
+    /// Where this prediction leaves the ground the validation covers (stable `id`s:
+    /// `zero3_at_scale`, `uncalibrated_cluster`); empty when none applies. Absent in plans
+    /// written before it existed.
+    #[serde(default)]
+    pub caveats: Vec<Caveat>,
 }
 
 impl Predicted {
-    fn new(memory: MemoryReport, p: &Prediction) -> Predicted {
+    fn new(memory: MemoryReport, p: &Prediction, caveats: Vec<Caveat>) -> Predicted {
         Predicted {
             memory,
             step_time_s: p.step_time_s,
@@ -129,6 +135,7 @@ impl Predicted {
             model_flops_per_step: p.model_flops_per_step,
             flop_convention: FLOP_CONVENTION.to_string(),
             bottleneck_stage: p.bottleneck_stage,
+            caveats,
         }
     }
 }
@@ -273,7 +280,7 @@ impl Plan {
             },
             parallel: Parallel::from_layout(layout, model),
             stages: stages_for_split(layout, &split),
-            predicted: Predicted::new(memory, &prediction),
+            predicted: Predicted::new(memory, &prediction, caveats(cluster, layout)),
             search,
         }
     }

@@ -354,6 +354,12 @@ fn print_prediction(plan: &Plan) {
         "the sum of the terms".to_string(),
     ]);
     println!("{t}\n");
+    for c in &p.caveats {
+        println!("caveat ({}): {}", c.id, c.text);
+    }
+    if !p.caveats.is_empty() {
+        println!();
+    }
 }
 
 /// Why each ranked alternative lost to the chosen layout.

@@ -191,6 +191,7 @@ mod tests {
                 inter_node_efficiency: 0.8,
                 ..Calibration::default()
             },
+            calibrated: true,
         }
     }
 

@@ -67,6 +67,10 @@ pub struct Cluster {
     /// Cost-model constants; the defaults when the spec has no `[calibration]` table.
     #[serde(default)]
     pub calibration: Calibration,
+    /// Whether the spec has a `[calibration]` table; false means every constant above is the
+    /// default (a plan then carries the `uncalibrated_cluster` caveat).
+    #[serde(default)]
+    pub calibrated: bool,
 }
 
 /// How close real kernels and collectives get to the device's and links' peaks: the cost
@@ -275,6 +279,7 @@ pub fn parse_cluster_toml(src: &Source, over: ClusterOverrides) -> Result<Cluste
             .opt_nonneg_num("overhead", "fragmentation", &o.fragmentation)?
             .unwrap_or(0.0),
     };
+    let calibrated = raw.calibration.is_some();
     let calibration = calibration(&f, raw.calibration.unwrap_or_default())?;
     let cli = std::path::Path::new("<command line>");
     if let Some(n) = over.nodes {
@@ -311,6 +316,7 @@ pub fn parse_cluster_toml(src: &Source, over: ClusterOverrides) -> Result<Cluste
         inter_node,
         overhead,
         calibration,
+        calibrated,
     })
 }
 

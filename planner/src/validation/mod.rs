@@ -10,6 +10,7 @@
 //! cluster presets. This module reads no files: callers pass the text of runs.toml and the
 //! resolved presets; `report` renders docs/validation.md.
 
+pub mod caveats;
 pub mod fit;
 pub mod layer;
 pub mod report;
