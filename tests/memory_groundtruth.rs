@@ -2,7 +2,7 @@
 //!
 //! Expected values are copied from the sources, never computed by the code under test.
 
-use tessera_planner::layout::{Layout, Recompute, Sharding};
+use tessera_planner::layout::Layout;
 use tessera_planner::memory::{self, per_param};
 use tessera_planner::model::{
     Activation, Architecture, AttentionImpl, Model, Norm, Position, Training,
@@ -71,20 +71,7 @@ fn gpt2(layers: u64, hidden: u64, heads: u64, vocab: u64, precision: &str) -> Mo
 }
 
 fn layout(dp: u64, tp: u64, zero_stage: u8, micro_batch: u64) -> Layout {
-    Layout {
-        dp,
-        pp: 1,
-        tp,
-        micro_batch,
-        sharding: Sharding {
-            zero_stage,
-            hybrid: false,
-        },
-        recompute: Recompute::None,
-        sequence_parallel: false,
-        schedule: ScheduleKind::OneFOneB,
-        virtual_stages: 1,
-    }
+    Layout::without_pipeline(dp, tp, zero_stage, micro_batch)
 }
 
 /// llm.c GPT-2 1558M (d48, padded vocab 50304) on 8 GPUs with ZeRO-1 prints:

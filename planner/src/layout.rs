@@ -71,6 +71,26 @@ pub struct Layout {
 }
 
 impl Layout {
+    /// A layout without a pipeline: DP × TP with the given ZeRO stage and micro-batch, no
+    /// recompute, no sequence parallelism, no hybrid sharding (the schedule is 1F1B over one
+    /// stage, which is no pipeline at all).
+    pub fn without_pipeline(dp: u64, tp: u64, zero_stage: u8, micro_batch: u64) -> Layout {
+        Layout {
+            dp,
+            pp: 1,
+            tp,
+            micro_batch,
+            sharding: Sharding {
+                zero_stage,
+                hybrid: false,
+            },
+            recompute: Recompute::None,
+            sequence_parallel: false,
+            schedule: ScheduleKind::OneFOneB,
+            virtual_stages: 1,
+        }
+    }
+
     /// Micro-batches per optimizer step on each DP replica.
     pub fn microbatches(&self, model: &Model) -> u64 {
         model.training.global_batch / (self.dp * self.micro_batch)

@@ -10,9 +10,8 @@
 use std::path::Path;
 use std::time::Instant;
 
-use tessera_planner::layout::{Layout, Recompute, Sharding};
+use tessera_planner::layout::Layout;
 use tessera_planner::plan::{Plan, SearchSummary};
-use tessera_planner::schedule::ScheduleKind;
 use tessera_planner::spec::{load_cluster, load_model, ClusterOverrides, TrainingOverrides};
 use tessera_runtime::alloc::{peak_bytes, TrackingAlloc};
 use tessera_runtime::cpu::matmul::{count_matmuls, matmul_stats};
@@ -42,20 +41,7 @@ fn plan(dp: u64, zero_stage: u8) -> Plan {
         },
     )
     .expect("preset loads");
-    let layout = Layout {
-        dp,
-        pp: 1,
-        tp: 1,
-        micro_batch: MICRO,
-        sharding: Sharding {
-            zero_stage,
-            hybrid: false,
-        },
-        recompute: Recompute::None,
-        sequence_parallel: false,
-        schedule: ScheduleKind::OneFOneB,
-        virtual_stages: 1,
-    };
+    let layout = Layout::without_pipeline(dp, 1, zero_stage, MICRO);
     let summary = SearchSummary {
         ordering: "pinned".into(),
         evaluated: 1,

@@ -56,8 +56,6 @@ pub fn caveats(cluster: &Cluster, layout: &Layout) -> Vec<Caveat> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::layout::{Recompute, Sharding};
-    use crate::schedule::ScheduleKind;
     use crate::spec::{load_cluster, ClusterOverrides};
     use std::path::Path;
 
@@ -71,20 +69,7 @@ mod tests {
     }
 
     fn layout(dp: u64, zero_stage: u8) -> Layout {
-        Layout {
-            dp,
-            pp: 1,
-            tp: 1,
-            micro_batch: 1,
-            sharding: Sharding {
-                zero_stage,
-                hybrid: false,
-            },
-            recompute: Recompute::None,
-            sequence_parallel: false,
-            schedule: ScheduleKind::OneFOneB,
-            virtual_stages: 1,
-        }
+        Layout::without_pipeline(dp, 1, zero_stage, 1)
     }
 
     #[test]
