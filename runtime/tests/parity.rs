@@ -7,7 +7,7 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use tessera_planner::layout::{Layout, Recompute, Sharding};
+use tessera_planner::layout::{Layout, Recompute};
 use tessera_planner::plan::{Plan, SearchSummary};
 use tessera_planner::schedule::ScheduleKind;
 use tessera_planner::spec::{load_cluster, load_model, ClusterOverrides, TrainingOverrides};
@@ -25,6 +25,29 @@ fn plan(
     v: u64,
     recompute: Recompute,
 ) -> Plan {
+    plan_with(layout(dp, pp, tp, zero, schedule, v, recompute))
+}
+
+/// The layouts of these tests: micro-batch 2, no hybrid sharding, no sequence parallelism.
+fn layout(
+    dp: u64,
+    pp: u64,
+    tp: u64,
+    zero: u8,
+    schedule: ScheduleKind,
+    v: u64,
+    recompute: Recompute,
+) -> Layout {
+    Layout {
+        pp,
+        recompute,
+        schedule,
+        virtual_stages: v,
+        ..Layout::without_pipeline(dp, tp, zero, 2)
+    }
+}
+
+fn plan_with(layout: Layout) -> Plan {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
     let model = load_model(
         &root.join("specs/models/tiny.toml"),
@@ -35,24 +58,10 @@ fn plan(
         &root.join("specs/clusters/cpu-8.toml"),
         ClusterOverrides {
             nodes: None,
-            devices: Some(dp * pp * tp),
+            devices: Some(layout.dp * layout.pp * layout.tp),
         },
     )
     .unwrap();
-    let layout = Layout {
-        dp,
-        pp,
-        tp,
-        micro_batch: 2,
-        sharding: Sharding {
-            zero_stage: zero,
-            hybrid: false,
-        },
-        recompute,
-        sequence_parallel: false,
-        schedule,
-        virtual_stages: v,
-    };
     layout
         .check(&model, &cluster)
         .unwrap_or_else(|e| panic!("{}: {e}", layout.label()));
@@ -201,4 +210,51 @@ fn every_recompute_mode() {
             );
         }
     }
+}
+
+#[test]
+fn sequence_parallel_layouts() {
+    let want = reference();
+    for (dp, pp, tp, zero, kind, v, recompute) in [
+        (1, 1, 2, 0, ScheduleKind::OneFOneB, 1, Recompute::None),
+        (1, 1, 4, 0, ScheduleKind::OneFOneB, 1, Recompute::None),
+        (2, 1, 2, 1, ScheduleKind::OneFOneB, 1, Recompute::None),
+        (1, 2, 2, 0, ScheduleKind::Gpipe, 1, Recompute::Selective),
+        (1, 2, 4, 0, ScheduleKind::OneFOneB, 1, Recompute::Full),
+        (
+            2,
+            2,
+            2,
+            2,
+            ScheduleKind::Interleaved,
+            2,
+            Recompute::Selective,
+        ),
+        (2, 1, 4, 3, ScheduleKind::OneFOneB, 1, Recompute::Full),
+    ] {
+        let p = plan_with(Layout {
+            sequence_parallel: true,
+            ..layout(dp, pp, tp, zero, kind, v, recompute)
+        });
+        assert_same(
+            &run(&p),
+            &want,
+            &format!("sp {kind:?}×{v} zero{zero} {recompute:?} dp{dp} pp{pp} tp{tp}"),
+        );
+    }
+}
+
+#[test]
+fn sequence_parallel_needs_tp_to_divide_the_micro_batch_rows() {
+    let mut p = plan_with(Layout {
+        sequence_parallel: true,
+        ..Layout::without_pipeline(1, 2, 0, 1)
+    });
+    assert!(tessera_runtime::exec::check_supported(&p).is_ok());
+    // A hand-edited plan: 1 × 63 tokens do not split over TP 2.
+    p.job.model.training.seq_len = 63;
+    let err = tessera_runtime::exec::check_supported(&p)
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("63") && err.contains("--no-sp"), "{err}");
 }

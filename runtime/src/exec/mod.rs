@@ -99,11 +99,16 @@ pub struct TrainReport {
 /// Checks that this runtime can execute the plan at all.
 pub fn check_supported(plan: &Plan) -> Result<(), RunError> {
     let p = &plan.parallel;
-    if p.sequence_parallel {
+    let rows = p.micro_batch * plan.job.model.training.seq_len;
+    if p.sequence_parallel && !rows.is_multiple_of(p.tp) {
         return Err(RunError::Unsupported {
-            what: "the plan uses sequence parallelism, which the CPU runtime does not implement"
+            what: format!(
+                "sequence parallelism splits the {rows} tokens of a micro-batch \
+                 (micro_batch × seq_len) over TP {}, which does not divide them",
+                p.tp
+            ),
+            fix: "re-plan with a micro-batch or sequence length that TP divides, or with --no-sp"
                 .into(),
-            fix: "re-plan with --no-sp".into(),
         });
     }
     let a = &plan.job.model.architecture;

@@ -86,8 +86,12 @@ impl StageModel {
                 None
             };
             let blocks = (ch.layers[0]..ch.layers[1])
-                .map(|l| TransformerBlock::new(&mut layout, &format!("h.{l}"), &cfg, tp))
-                .collect::<Result<Vec<_>, _>>()?;
+                .map(|l| {
+                    let mut b = TransformerBlock::new(&mut layout, &format!("h.{l}"), &cfg, tp)?;
+                    b.sequence_parallel = plan.parallel.sequence_parallel;
+                    Ok(b)
+                })
+                .collect::<Result<Vec<_>, LayerError>>()?;
             let head = if ch.head {
                 let norm = Norm::new(&mut layout, "ln_f", cfg.norm, c, cfg.norm_eps)?;
                 let proj = if a.tied_embeddings {
@@ -125,6 +129,22 @@ impl StageModel {
             vocab,
             tied_copy,
         })
+    }
+}
+
+impl StageModel {
+    /// The flat ranges of every norm's parameters on this stage. Under sequence parallelism
+    /// each TP rank computes their gradients from its own rows, so these are summed over TP.
+    pub fn norm_ranges(&self) -> Vec<Range<usize>> {
+        let norms = self.chunks.iter().flat_map(|c| {
+            c.blocks
+                .iter()
+                .flat_map(|b| [&b.ln1, &b.ln2])
+                .chain(c.head.as_ref().map(|h| &h.norm))
+        });
+        norms
+            .flat_map(|n| std::iter::once(n.w.range()).chain(n.b.map(|b| b.range())))
+            .collect()
     }
 }
 

@@ -18,6 +18,7 @@ use super::trace::TraceEvent;
 use super::{RunError, StepMetrics, TrainOptions};
 use crate::comm::{all_reduce_f64, Comm, LocalComm};
 use crate::data::{Sampler, Tokens};
+use crate::layers::tp::{gather_rows, scatter_rows};
 use crate::layers::{
     vocab_parallel_cross_entropy_backward, vocab_parallel_cross_entropy_forward, BlockActs,
     BlockWorkspace, Dims, TpShard,
@@ -269,8 +270,20 @@ impl<'a> Rank<'a> {
         Ok((c.dp == 0 && c.tp == 0).then_some(mean))
     }
 
+    /// Rows of the activations this rank holds between layers (all `B·T`, or its share
+    /// under sequence parallelism), and the first of them.
+    fn rows(&self) -> (usize, usize) {
+        let n = self.dims.n();
+        if self.ctx.plan.parallel.sequence_parallel {
+            let rows = n / self.tp.size;
+            (rows, self.tp.rank * rows)
+        } else {
+            (n, 0)
+        }
+    }
+
     fn op(&mut self, op: Op, step: u64) -> Result<(), RunError> {
-        let n = self.dims.n() * self.model.cfg.hidden;
+        let n = self.rows().0 * self.model.cfg.hidden;
         match op {
             Op::RecvActivation { mb, chunk, peer } | Op::RecvGrad { mb, chunk, peer } => {
                 let mut buf = vec![0.0; n];
@@ -303,6 +316,7 @@ impl<'a> Rank<'a> {
             self.gather_region(chunk)?;
         }
         let (n, c) = (self.dims.n(), self.model.cfg.hidden);
+        let ((rows, first), sp) = (self.rows(), self.ctx.plan.parallel.sequence_parallel);
         let tp = self.ctx.tp;
         let mut acts = self.pool[chunk].pop().unwrap_or_else(|| ChunkActs {
             blocks: self.model.chunks[chunk]
@@ -315,6 +329,17 @@ impl<'a> Rank<'a> {
         let ch = &self.model.chunks[chunk];
         let p = &self.params;
         let mut x = match &ch.embedding {
+            Some(e) if sp => {
+                let (inputs, _) = self.tokens(step, mb);
+                let mut partial = vec![0.0; n * c];
+                e.wte.forward_partial(p, &inputs, &mut partial);
+                let mut x = vec![0.0; rows * c];
+                scatter_rows(tp, &partial, &mut x)?;
+                if let Some(wpe) = &e.wpe {
+                    wpe.forward_rows(p, &mut x, self.dims.t, first);
+                }
+                x
+            }
             Some(e) => {
                 let (inputs, _) = self.tokens(step, mb);
                 let mut x = vec![0.0; n * c];
@@ -330,7 +355,7 @@ impl<'a> Rank<'a> {
                 .expect("the schedule receives before it computes"),
         };
         for (blk, a) in ch.blocks.iter().zip(acts.blocks.iter_mut()) {
-            let mut out = vec![0.0; n * c];
+            let mut out = vec![0.0; rows * c];
             blk.forward(p, &x, &mut out, a, &mut self.ws, tp)?;
             x = out;
         }
@@ -339,8 +364,14 @@ impl<'a> Rank<'a> {
                 let (_, targets) = self.tokens(step, mb);
                 let v_local = self.model.vocab / self.tp.size;
                 let mut h = vec![0.0; n * c];
-                let (mut mean, mut rstd) = (vec![0.0; head.norm.mean_len(n)], vec![0.0; n]);
-                head.norm.forward(p, &x, &mut h, &mut mean, &mut rstd);
+                let (mut mean, mut rstd) = (vec![0.0; head.norm.mean_len(rows)], vec![0.0; rows]);
+                if sp {
+                    let mut h_rows = vec![0.0; rows * c];
+                    head.norm.forward(p, &x, &mut h_rows, &mut mean, &mut rstd);
+                    gather_rows(tp, &h_rows, &mut h)?;
+                } else {
+                    head.norm.forward(p, &x, &mut h, &mut mean, &mut rstd);
+                }
                 let mut logits = vec![0.0; n * v_local];
                 head.proj.forward(p, &h, &mut logits);
                 let (mut losses, mut max, mut sumexp) = (vec![0.0; n], vec![0.0; n], vec![0.0; n]);
@@ -381,6 +412,7 @@ impl<'a> Rank<'a> {
             self.gather_region(chunk)?;
         }
         let (n, c) = (self.dims.n(), self.model.cfg.hidden);
+        let ((rows, _), sp) = (self.rows(), self.ctx.plan.parallel.sequence_parallel);
         let tp = self.ctx.tp;
         let mut acts = self
             .acts
@@ -403,8 +435,15 @@ impl<'a> Rank<'a> {
                     start,
                 );
                 let mut dh = vec![0.0; n * c];
-                head.proj.backward(p, g, &s.h, &s.logits, &mut dh, tp)?;
-                let mut dx = vec![0.0; n * c];
+                if sp {
+                    head.proj.backward_partial(p, g, &s.h, &s.logits, &mut dh);
+                    let mut dh_rows = vec![0.0; rows * c];
+                    scatter_rows(tp, &dh, &mut dh_rows)?;
+                    dh = dh_rows;
+                } else {
+                    head.proj.backward(p, g, &s.h, &s.logits, &mut dh, tp)?;
+                }
+                let mut dx = vec![0.0; rows * c];
                 head.norm
                     .backward(p, g, &dh, &s.x, &s.mean, &s.rstd, &mut dx);
                 dx
@@ -415,12 +454,18 @@ impl<'a> Rank<'a> {
                 .expect("the schedule receives the gradient before backward"),
         };
         for (blk, a) in ch.blocks.iter().zip(acts.blocks.iter()).rev() {
-            let mut din = vec![0.0; n * c];
+            let mut din = vec![0.0; rows * c];
             blk.backward(p, g, &dx, &mut din, a, &mut self.ws, tp)?;
             dx = din;
         }
         match &ch.embedding {
             Some(e) => {
+                if sp {
+                    // Every TP rank needs every row's gradient: its table rows may be used anywhere.
+                    let mut full = vec![0.0; n * c];
+                    gather_rows(tp, &dx, &mut full)?;
+                    dx = full;
+                }
                 e.wte.backward(g, &inputs, &dx);
                 if let Some(wpe) = &e.wpe {
                     wpe.backward(g, &dx, self.dims.t);
@@ -440,6 +485,11 @@ impl<'a> Rank<'a> {
     /// Gradient sync over DP (all-reduce, or reduce-scatter under ZeRO), global-norm clipping,
     /// the optimizer on this rank's part, and the parameter all-gather.
     fn sync_and_update(&mut self, step: usize) -> Result<(), RunError> {
+        if self.ctx.plan.parallel.sequence_parallel && self.tp.size > 1 {
+            for r in self.model.norm_ranges() {
+                self.ctx.tp.all_reduce_sum(&mut self.grads[r])?;
+            }
+        }
         if let Some(emb) = self.ctx.embedding {
             let range = match &self.model.tied_copy {
                 Some(r) => r.clone(),

@@ -12,7 +12,7 @@ use crate::cpu::{self, AttnShape};
 use crate::params::{ParamLayout, ParamRef};
 
 use super::linear::{ColumnParallelLinear, RowParallelLinear};
-use super::tp::TpShard;
+use super::tp::{copy_to_tp_backward, reduce_from_tp_forward, TpShard};
 use super::{BlockConfig, Dims, LayerError};
 
 /// RoPE tables for sequences of `t` positions, heads of size `hd`.
@@ -168,6 +168,25 @@ impl ParallelAttention {
         d: Dims,
         comm: &dyn Comm,
     ) -> Result<(), LayerError> {
+        self.forward_partial(p, x, qkv, att, y, out, rope, d);
+        reduce_from_tp_forward(comm, out)?;
+        self.proj.add_bias(p, out);
+        Ok(())
+    }
+
+    /// [`forward`](Self::forward) up to the output projection's partial sum: `out` is
+    /// `y · Wo_localᵀ` before the TP reduction and the bias (sequence parallelism).
+    pub fn forward_partial(
+        &self,
+        p: &[f32],
+        x: &[f32],
+        qkv: &mut [f32],
+        att: &mut [f32],
+        y: &mut [f32],
+        out: &mut [f32],
+        rope: Option<&RopeTables>,
+        d: Dims,
+    ) {
         let s = self.shape(d);
         self.qkv.forward(p, x, qkv);
         if let Some(r) = self.rope_check(rope, d) {
@@ -182,7 +201,7 @@ impl ParallelAttention {
             );
         }
         cpu::attention_forward(y, att, qkv, s);
-        self.proj.forward(p, y, out, comm)
+        self.proj.forward_partial(p, y, out);
     }
 
     /// Selective recompute: the probabilities alone, by the same code as the forward.
@@ -207,6 +226,27 @@ impl ParallelAttention {
         d: Dims,
         comm: &dyn Comm,
     ) -> Result<(), LayerError> {
+        self.backward_partial(p, g, x, qkv, att, y, dout, dx, gr, rope, d);
+        copy_to_tp_backward(comm, dx)?;
+        Ok(())
+    }
+
+    /// [`backward`](Self::backward) without the final all-reduce: `dx` is this rank's
+    /// partial sum (sequence parallelism reduce-scatters it instead).
+    pub fn backward_partial(
+        &self,
+        p: &[f32],
+        g: &mut [f32],
+        x: &[f32],
+        qkv: &[f32],
+        att: &[f32],
+        y: &[f32],
+        dout: &[f32],
+        dx: &mut [f32],
+        gr: &mut AttnGrads,
+        rope: Option<&RopeTables>,
+        d: Dims,
+    ) {
         let s = self.shape(d);
         self.proj.backward(p, g, y, dout, &mut gr.dy);
         cpu::attention_backward(&mut gr.dqkv, &mut gr.scratch, &gr.dy, qkv, att, s);
@@ -224,10 +264,9 @@ impl ParallelAttention {
         if let Some(kb) = self.k_bias {
             gr.k_bias.copy_from_slice(kb.of(g));
         }
-        self.qkv.backward(p, g, x, &gr.dqkv, dx, comm)?;
+        self.qkv.backward_partial(p, g, x, &gr.dqkv, dx);
         if let Some(kb) = self.k_bias {
             kb.of_mut(g).copy_from_slice(&gr.k_bias);
         }
-        Ok(())
     }
 }

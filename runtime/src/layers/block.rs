@@ -20,7 +20,7 @@ use crate::params::ParamLayout;
 use super::attention::{AttnGrads, ParallelAttention, RopeTables};
 use super::mlp::ParallelMlp;
 use super::norm::Norm;
-use super::tp::TpShard;
+use super::tp::{gather_rows, scatter_rows, TpShard};
 use super::{BlockConfig, Dims, LayerError, Recompute};
 
 /// The intermediate tensors of one block forward (local TP shapes, `N = B·T`).
@@ -40,18 +40,21 @@ struct Saved {
 }
 
 impl Saved {
+    /// Under sequence parallelism the norms' statistics and the residual `x2` hold this rank's
+    /// rows only; the norms' outputs are kept gathered (the linears' weight gradients read them).
     fn new(b: &TransformerBlock, d: Dims) -> Self {
         let (n, c, s) = (d.n(), b.cfg.hidden, b.attn.shape(d));
+        let rows = b.rows(d);
         Saved {
             ln1: vec![0.0; n * c],
-            ln1_mean: vec![0.0; b.ln1.mean_len(n)],
-            ln1_rstd: vec![0.0; n],
+            ln1_mean: vec![0.0; b.ln1.mean_len(rows)],
+            ln1_rstd: vec![0.0; rows],
             qkv: vec![0.0; n * s.qkv_width()],
             y: vec![0.0; n * s.y_width()],
-            x2: vec![0.0; n * c],
+            x2: vec![0.0; rows * c],
             ln2: vec![0.0; n * c],
-            ln2_mean: vec![0.0; b.ln2.mean_len(n)],
-            ln2_rstd: vec![0.0; n],
+            ln2_mean: vec![0.0; b.ln2.mean_len(rows)],
+            ln2_rstd: vec![0.0; rows],
             h: vec![0.0; n * b.mlp.h_width()],
             a: vec![0.0; n * b.mlp.f_local],
         }
@@ -78,7 +81,7 @@ impl Saved {
 pub struct BlockActs {
     pub recompute: Recompute,
     pub dims: Dims,
-    /// `(N, C)`: the block input, always kept.
+    /// `(rows, C)`: the block input, always kept (`rows = N`, or `N / t` under SP).
     x: Vec<f32>,
     /// Everything else, unless `Full`.
     saved: Option<Saved>,
@@ -97,7 +100,7 @@ impl BlockActs {
         Self {
             recompute,
             dims,
-            x: vec![0.0; dims.n() * block.cfg.hidden],
+            x: vec![0.0; block.rows(dims) * block.cfg.hidden],
             saved,
             att: vec![0.0; att_len],
         }
@@ -112,8 +115,8 @@ impl BlockActs {
 /// Gradient temporaries of a block backward.
 #[derive(Debug, Clone)]
 struct Grads {
-    dln: Vec<f32>, // (N, C)
-    dx2: Vec<f32>, // (N, C)
+    dln: Vec<f32>, // (rows, C)
+    dx2: Vec<f32>, // (rows, C)
     dh: Vec<f32>,  // like h
     da: Vec<f32>,  // like a
     attn: AttnGrads,
@@ -129,11 +132,22 @@ pub struct BlockWorkspace {
     /// Recomputed tensors (Full), allocated on first use.
     saved: Option<Saved>,
     grads: Grads,
+    /// Sequence parallelism only: full-row buffers for gathers and partial sums.
+    sp: Option<SpScratch>,
+}
+
+/// Buffers of the sequence-parallel path: a norm's output on this rank's rows, and two
+/// `(N, C)` buffers (a gathered input or gradient, and a partial sum to reduce-scatter).
+#[derive(Debug, Clone)]
+struct SpScratch {
+    ln: Vec<f32>,
+    full_in: Vec<f32>,
+    partial: Vec<f32>,
 }
 
 impl BlockWorkspace {
     pub fn new(block: &TransformerBlock, dims: Dims) -> Self {
-        let (n, c) = (dims.n(), block.cfg.hidden);
+        let (n, c, rows) = (dims.n(), block.cfg.hidden, block.rows(dims));
         Self {
             dims,
             rope: block
@@ -142,9 +156,14 @@ impl BlockWorkspace {
                 .map(|th| RopeTables::new(dims.t, block.attn.hd, th)),
             att: Vec::new(),
             saved: None,
+            sp: block.sequence_parallel.then(|| SpScratch {
+                ln: vec![0.0; rows * c],
+                full_in: vec![0.0; n * c],
+                partial: vec![0.0; n * c],
+            }),
             grads: Grads {
-                dln: vec![0.0; n * c],
-                dx2: vec![0.0; n * c],
+                dln: vec![0.0; rows * c],
+                dx2: vec![0.0; rows * c],
                 dh: vec![0.0; n * block.mlp.h_width()],
                 da: vec![0.0; n * block.mlp.f_local],
                 attn: AttnGrads::new(&block.attn.shape(dims)),
@@ -162,6 +181,8 @@ pub struct TransformerBlock {
     pub attn: ParallelAttention,
     pub ln2: Norm,
     pub mlp: ParallelMlp,
+    /// Megatron sequence parallelism: activations outside the TP regions are split by rows.
+    pub sequence_parallel: bool,
 }
 
 impl TransformerBlock {
@@ -196,7 +217,18 @@ impl TransformerBlock {
             attn,
             ln2,
             mlp,
+            sequence_parallel: false,
         })
+    }
+
+    /// Rows of the activations this rank holds between blocks: `N`, or `N / t` under sequence
+    /// parallelism.
+    pub fn rows(&self, d: Dims) -> usize {
+        if self.sequence_parallel {
+            d.n() / self.tp.size
+        } else {
+            d.n()
+        }
     }
 
     /// The forward through the MLP activation into `s` (and `att`); with `out`, also the MLP
@@ -210,8 +242,12 @@ impl TransformerBlock {
         rope: Option<&RopeTables>,
         d: Dims,
         comm: &dyn Comm,
+        sp: Option<&mut SpScratch>,
         out: Option<&mut [f32]>,
     ) -> Result<(), LayerError> {
+        if let Some(sp) = sp {
+            return self.forward_core_sp(p, x, s, att, rope, d, comm, sp, out);
+        }
         self.ln1
             .forward(p, x, &mut s.ln1, &mut s.ln1_mean, &mut s.ln1_rstd);
         self.attn.forward(
@@ -223,6 +259,50 @@ impl TransformerBlock {
         self.mlp.forward_hidden(p, &s.ln2, &mut s.h, &mut s.a);
         if let Some(out) = out {
             self.mlp.forward_out(p, &s.a, out, comm)?;
+            add_assign(out, &s.x2);
+        }
+        Ok(())
+    }
+
+    /// [`forward_core`](Self::forward_core) under sequence parallelism: `x`, `s.x2` and `out`
+    /// hold this rank's rows; each norm's output is all-gathered into the TP region, and each
+    /// region's partial output is reduce-scattered back to rows before its bias is added.
+    fn forward_core_sp(
+        &self,
+        p: &[f32],
+        x: &[f32],
+        s: &mut Saved,
+        att: &mut [f32],
+        rope: Option<&RopeTables>,
+        d: Dims,
+        comm: &dyn Comm,
+        sp: &mut SpScratch,
+        out: Option<&mut [f32]>,
+    ) -> Result<(), LayerError> {
+        self.ln1
+            .forward(p, x, &mut sp.ln, &mut s.ln1_mean, &mut s.ln1_rstd);
+        gather_rows(comm, &sp.ln, &mut s.ln1)?;
+        self.attn.forward_partial(
+            p,
+            &s.ln1,
+            &mut s.qkv,
+            att,
+            &mut s.y,
+            &mut sp.partial,
+            rope,
+            d,
+        );
+        scatter_rows(comm, &sp.partial, &mut s.x2)?;
+        self.attn.proj.add_bias(p, &mut s.x2);
+        add_assign(&mut s.x2, x);
+        self.ln2
+            .forward(p, &s.x2, &mut sp.ln, &mut s.ln2_mean, &mut s.ln2_rstd);
+        gather_rows(comm, &sp.ln, &mut s.ln2)?;
+        self.mlp.forward_hidden(p, &s.ln2, &mut s.h, &mut s.a);
+        if let Some(out) = out {
+            self.mlp.proj.forward_partial(p, &s.a, &mut sp.partial);
+            scatter_rows(comm, &sp.partial, out)?;
+            self.mlp.proj.add_bias(p, out);
             add_assign(out, &s.x2);
         }
         Ok(())
@@ -248,6 +328,7 @@ impl TransformerBlock {
             rope,
             att: ws_att,
             saved: ws_saved,
+            sp,
             ..
         } = ws;
         let att_len = self.attn.shape(d).att_len();
@@ -259,7 +340,7 @@ impl TransformerBlock {
                 sized(ws_att, att_len),
             ),
         };
-        self.forward_core(p, x, s, att, rope.as_ref(), d, comm, Some(out))
+        self.forward_core(p, x, s, att, rope.as_ref(), d, comm, sp.as_mut(), Some(out))
     }
 
     /// Given `dout (N, C)`, writes `dx (N, C)` and accumulates parameter gradients into `g`.
@@ -283,6 +364,7 @@ impl TransformerBlock {
             att: ws_att,
             saved: ws_saved,
             grads: gr,
+            sp,
             ..
         } = ws;
         let rope = rope.as_ref();
@@ -297,10 +379,13 @@ impl TransformerBlock {
             _ => {
                 let s = ws_saved.get_or_insert_with(|| Saved::new(self, d));
                 let att = sized(ws_att, att_len);
-                self.forward_core(p, &acts.x, s, att, rope, d, comm, None)?;
+                self.forward_core(p, &acts.x, s, att, rope, d, comm, sp.as_mut(), None)?;
                 (s, att)
             }
         };
+        if let Some(sp) = sp.as_mut() {
+            return self.backward_sp(p, g, dout, dx, acts, s, att, gr, sp, rope, d, comm);
+        }
         let dln = &mut gr.dln;
         self.mlp.backward(
             p, g, &s.ln2, &s.h, &s.a, dout, dln, &mut gr.dh, &mut gr.da, comm,
@@ -325,6 +410,64 @@ impl TransformerBlock {
         dx.copy_from_slice(&gr.dx2);
         self.ln1
             .backward(p, g, dln, &acts.x, &s.ln1_mean, &s.ln1_rstd, dx);
+        Ok(())
+    }
+}
+
+impl TransformerBlock {
+    /// The backward under sequence parallelism: `dout` and `dx` hold this rank's rows. Each TP
+    /// region's output gradient is all-gathered, and its partial input gradient
+    /// reduce-scattered to rows before the norm's backward. The norms' weight gradients come
+    /// from this rank's rows only; the executor sums them over TP after the step.
+    fn backward_sp(
+        &self,
+        p: &[f32],
+        g: &mut [f32],
+        dout: &[f32],
+        dx: &mut [f32],
+        acts: &BlockActs,
+        s: &Saved,
+        att: &[f32],
+        gr: &mut Grads,
+        sp: &mut SpScratch,
+        rope: Option<&RopeTables>,
+        d: Dims,
+        comm: &dyn Comm,
+    ) -> Result<(), LayerError> {
+        gather_rows(comm, dout, &mut sp.full_in)?;
+        self.mlp.backward_partial(
+            p,
+            g,
+            &s.ln2,
+            &s.h,
+            &s.a,
+            &sp.full_in,
+            &mut sp.partial,
+            &mut gr.dh,
+            &mut gr.da,
+        );
+        scatter_rows(comm, &sp.partial, &mut gr.dln)?;
+        gr.dx2.copy_from_slice(dout);
+        self.ln2
+            .backward(p, g, &gr.dln, &s.x2, &s.ln2_mean, &s.ln2_rstd, &mut gr.dx2);
+        gather_rows(comm, &gr.dx2, &mut sp.full_in)?;
+        self.attn.backward_partial(
+            p,
+            g,
+            &s.ln1,
+            &s.qkv,
+            att,
+            &s.y,
+            &sp.full_in,
+            &mut sp.partial,
+            &mut gr.attn,
+            rope,
+            d,
+        );
+        scatter_rows(comm, &sp.partial, &mut gr.dln)?;
+        dx.copy_from_slice(&gr.dx2);
+        self.ln1
+            .backward(p, g, &gr.dln, &acts.x, &s.ln1_mean, &s.ln1_rstd, dx);
         Ok(())
     }
 }

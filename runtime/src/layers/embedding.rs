@@ -61,9 +61,15 @@ impl VocabParallelEmbedding {
         out: &mut [f32],
         comm: &dyn Comm,
     ) -> Result<(), LayerError> {
-        cpu::embedding_forward(out, tokens, self.w.of(p), self.vocab_start, self.c);
+        self.forward_partial(p, tokens, out);
         reduce_from_tp_forward(comm, out)?;
         Ok(())
+    }
+
+    /// This rank's part of [`forward`](Self::forward) before the TP sum: the rows of tokens in
+    /// its vocabulary range, zeros elsewhere (sequence parallelism reduce-scatters it).
+    pub fn forward_partial(&self, p: &[f32], tokens: &[u32], out: &mut [f32]) {
+        cpu::embedding_forward(out, tokens, self.w.of(p), self.vocab_start, self.c);
     }
 
     /// `dW[rows owned] += dout (N, C)`; no communication.
@@ -107,6 +113,22 @@ impl PositionEmbedding {
             self.max_t
         );
         cpu::pos_embedding_forward(out, self.w.of(p), t, self.c);
+    }
+
+    /// `out (rows, C) += wpe[(first + i) mod t]` for rows `first..first + rows` of the `B·T`
+    /// flattened tokens: the rows a sequence-parallel rank holds.
+    pub fn forward_rows(&self, p: &[f32], out: &mut [f32], t: usize, first: usize) {
+        assert!(
+            t <= self.max_t,
+            "sequence length {t} exceeds the position table ({})",
+            self.max_t
+        );
+        let w = self.w.of(p);
+        for (i, row) in out.chunks_exact_mut(self.c).enumerate() {
+            let pos = (first + i) % t;
+            let src = &w[pos * self.c..(pos + 1) * self.c];
+            row.iter_mut().zip(src).for_each(|(o, s)| *o += s);
+        }
     }
 
     /// `dwpe[t] += Σ_b dout[b, t]`.

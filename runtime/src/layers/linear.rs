@@ -148,6 +148,21 @@ impl ColumnParallelLinear {
         dx: &mut [f32],
         comm: &dyn Comm,
     ) -> Result<(), LayerError> {
+        self.backward_partial(p, g, x, dy, dx);
+        copy_to_tp_backward(comm, dx)?;
+        Ok(())
+    }
+
+    /// [`backward`](Self::backward) without the all-reduce: `dx` is this rank's partial sum
+    /// (sequence parallelism reduce-scatters it instead).
+    pub fn backward_partial(
+        &self,
+        p: &[f32],
+        g: &mut [f32],
+        x: &[f32],
+        dy: &[f32],
+        dx: &mut [f32],
+    ) {
         let n = x.len() / self.in_features;
         let (k, m) = (self.in_features, self.out_local);
         cpu::matmul_at(self.w.of_mut(g), dy, x, m, n, k, true);
@@ -155,8 +170,6 @@ impl ColumnParallelLinear {
             cpu::bias_backward(b.of_mut(g), dy);
         }
         cpu::matmul(dx, dy, self.w.of(p), n, m, k, false);
-        copy_to_tp_backward(comm, dx)?;
-        Ok(())
     }
 }
 
@@ -216,6 +229,15 @@ impl RowParallelLinear {
         y: &mut [f32],
         comm: &dyn Comm,
     ) -> Result<(), LayerError> {
+        self.forward_partial(p, x, y);
+        reduce_from_tp_forward(comm, y)?;
+        self.add_bias(p, y);
+        Ok(())
+    }
+
+    /// `y = x_local · W_localᵀ`: this rank's partial sum, before the reduction and the bias
+    /// (sequence parallelism reduce-scatters it, then calls [`add_bias`](Self::add_bias)).
+    pub fn forward_partial(&self, p: &[f32], x: &[f32], y: &mut [f32]) {
         let n = x.len() / self.in_local;
         cpu::matmul_bt(
             y,
@@ -226,11 +248,13 @@ impl RowParallelLinear {
             self.out_features,
             false,
         );
-        reduce_from_tp_forward(comm, y)?;
+    }
+
+    /// `y += b` on the reduced output (rows of any count).
+    pub fn add_bias(&self, p: &[f32], y: &mut [f32]) {
         if let Some(b) = self.b {
             cpu::add_bias(y, b.of(p));
         }
-        Ok(())
     }
 
     /// `dW += dyᵀ·x_local`, `db += Σ dy`, `dx_local = dy · W_local` (overwritten; no comm:

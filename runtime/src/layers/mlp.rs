@@ -7,7 +7,7 @@ use crate::cpu;
 use crate::params::ParamLayout;
 
 use super::linear::{ColumnParallelLinear, RowParallelLinear};
-use super::tp::TpShard;
+use super::tp::{copy_to_tp_backward, TpShard};
 use super::{Activation, LayerError};
 
 /// `out = proj(act(fc(x)))` with hidden size `f_local = ffn / t` on this rank.
@@ -101,11 +101,30 @@ impl ParallelMlp {
         da: &mut [f32],
         comm: &dyn Comm,
     ) -> Result<(), LayerError> {
+        self.backward_partial(p, g, x, h, a, dout, dx, dh, da);
+        copy_to_tp_backward(comm, dx)?;
+        Ok(())
+    }
+
+    /// [`backward`](Self::backward) without the final all-reduce: `dx` is this rank's
+    /// partial sum (sequence parallelism reduce-scatters it instead).
+    pub fn backward_partial(
+        &self,
+        p: &[f32],
+        g: &mut [f32],
+        x: &[f32],
+        h: &[f32],
+        a: &[f32],
+        dout: &[f32],
+        dx: &mut [f32],
+        dh: &mut [f32],
+        da: &mut [f32],
+    ) {
         self.proj.backward(p, g, a, dout, da);
         match self.act {
             Activation::Gelu => cpu::gelu_backward(dh, h, da),
             Activation::SwiGlu => cpu::swiglu_backward(dh, h, da, self.f_local),
         }
-        self.fc.backward(p, g, x, dh, dx, comm)
+        self.fc.backward_partial(p, g, x, dh, dx);
     }
 }

@@ -75,3 +75,16 @@ pub fn reduce_from_tp_forward(comm: &dyn Comm, y: &mut [f32]) -> Result<(), Comm
 /// g, backward: identity (the output gradient is replicated on every TP rank).
 #[inline]
 pub fn reduce_from_tp_backward(_dy: &[f32]) {}
+
+/// Sequence parallelism (Korthikanti et al. 2022, §4.2.2): outside the TP regions each rank
+/// holds rows `[r·N/t, (r+1)·N/t)` of the activations. Entering a region, the rows are
+/// all-gathered (`g` forward); leaving it, the partial sums are reduce-scattered (`ḡ` forward).
+/// In the backward the two swap. Rows are the flattened `B·T` tokens, so `N` must divide by `t`.
+pub fn gather_rows(comm: &dyn Comm, local: &[f32], full: &mut [f32]) -> Result<(), CommError> {
+    comm.all_gather(local, full)
+}
+
+/// The other half of the pair: the rank-order sum of every rank's `full`, this rank's rows only.
+pub fn scatter_rows(comm: &dyn Comm, full: &[f32], local: &mut [f32]) -> Result<(), CommError> {
+    comm.reduce_scatter_sum(full, local)
+}
