@@ -77,9 +77,12 @@ pub struct PlanArgs {
     /// Pin the ZeRO stage (0-3).
     #[arg(long, value_parser = clap::value_parser!(u8).range(0..=3))]
     zero: Option<u8>,
-    /// Shard ZeRO states within a node only (HYBRID_SHARD).
-    #[arg(long)]
+    /// Pin hybrid sharding on: ZeRO states sharded within a node only (HYBRID_SHARD).
+    #[arg(long, conflicts_with = "no_hybrid_shard")]
     hybrid_shard: bool,
+    /// Pin hybrid sharding off: ZeRO states sharded over the whole DP group.
+    #[arg(long)]
+    no_hybrid_shard: bool,
     /// Pin activation recompute.
     #[arg(long, value_enum)]
     recompute: Option<RecomputeArg>,
@@ -112,7 +115,13 @@ impl PlanArgs {
             tp: self.tp,
             micro_batch: self.micro_batch,
             zero: self.zero,
-            hybrid: self.hybrid_shard.then_some(true),
+            hybrid: if self.hybrid_shard {
+                Some(true)
+            } else if self.no_hybrid_shard {
+                Some(false)
+            } else {
+                None
+            },
             recompute: self.recompute.map(|r| match r {
                 RecomputeArg::None => Recompute::None,
                 RecomputeArg::Selective => Recompute::Selective,
