@@ -9,9 +9,14 @@
 //! - [`BlockWorkspace`]: scratch shared by all blocks of a stage (gradient temporaries, RoPE
 //!   tables, and the recomputed tensors), reused across calls.
 //!
+//! With `sequence_parallel` (Korthikanti et al. 2022), the block's input, output, residual and
+//! norms hold this rank's `N / t` rows: each norm's output is all-gathered into its TP region
+//! and the region's partial output reduce-scattered back, in place of Megatron's all-reduces.
+//!
 //! Recompute runs the same functions in the same order on the same inputs, so results are
 //! bitwise identical to keeping the activations. A full recompute re-issues the attention
-//! all-reduce (every TP rank does, in the same order) but not the MLP one.
+//! all-reduce (or, under SP, both gathers and the attention reduce-scatter; every TP rank does,
+//! in the same order) but not the MLP output's.
 //! This module must not allocate in the hot path after the first call.
 
 use crate::comm::Comm;
