@@ -45,19 +45,20 @@ struct Saved {
 }
 
 impl Saved {
-    /// Under sequence parallelism the norms' statistics and the residual `x2` hold this rank's
-    /// rows only; the norms' outputs are kept gathered (the linears' weight gradients read them).
+    /// Under sequence parallelism the norms' outputs and statistics and the residual `x2` hold
+    /// this rank's rows only; the backward all-gathers the norms' outputs again (Megatron's
+    /// sequence-parallel memory saving).
     fn new(b: &TransformerBlock, d: Dims) -> Self {
         let (n, c, s) = (d.n(), b.cfg.hidden, b.attn.shape(d));
         let rows = b.rows(d);
         Saved {
-            ln1: vec![0.0; n * c],
+            ln1: vec![0.0; rows * c],
             ln1_mean: vec![0.0; b.ln1.mean_len(rows)],
             ln1_rstd: vec![0.0; rows],
             qkv: vec![0.0; n * s.qkv_width()],
             y: vec![0.0; n * s.y_width()],
             x2: vec![0.0; rows * c],
-            ln2: vec![0.0; n * c],
+            ln2: vec![0.0; rows * c],
             ln2_mean: vec![0.0; b.ln2.mean_len(rows)],
             ln2_rstd: vec![0.0; rows],
             h: vec![0.0; n * b.mlp.h_width()],
@@ -141,8 +142,8 @@ pub struct BlockWorkspace {
     sp: Option<SpScratch>,
 }
 
-/// Buffers of the sequence-parallel path: a norm's output on this rank's rows, and two
-/// `(N, C)` buffers (a gathered input or gradient, and a partial sum to reduce-scatter).
+/// Buffers of the sequence-parallel path, all `(N, C)`: a gathered norm output (a TP region's
+/// input), a gathered output gradient, and a partial sum to reduce-scatter.
 #[derive(Debug, Clone)]
 struct SpScratch {
     ln: Vec<f32>,
@@ -162,7 +163,7 @@ impl BlockWorkspace {
             att: Vec::new(),
             saved: None,
             sp: block.sequence_parallel.then(|| SpScratch {
-                ln: vec![0.0; rows * c],
+                ln: vec![0.0; n * c],
                 full_in: vec![0.0; n * c],
                 partial: vec![0.0; n * c],
             }),
@@ -285,11 +286,11 @@ impl TransformerBlock {
         out: Option<&mut [f32]>,
     ) -> Result<(), LayerError> {
         self.ln1
-            .forward(p, x, &mut sp.ln, &mut s.ln1_mean, &mut s.ln1_rstd);
-        gather_rows(comm, &sp.ln, &mut s.ln1)?;
+            .forward(p, x, &mut s.ln1, &mut s.ln1_mean, &mut s.ln1_rstd);
+        gather_rows(comm, &s.ln1, &mut sp.ln)?;
         self.attn.forward_partial(
             p,
-            &s.ln1,
+            &sp.ln,
             &mut s.qkv,
             att,
             &mut s.y,
@@ -301,9 +302,9 @@ impl TransformerBlock {
         self.attn.proj.add_bias(p, &mut s.x2);
         add_assign(&mut s.x2, x);
         self.ln2
-            .forward(p, &s.x2, &mut sp.ln, &mut s.ln2_mean, &mut s.ln2_rstd);
-        gather_rows(comm, &sp.ln, &mut s.ln2)?;
-        self.mlp.forward_hidden(p, &s.ln2, &mut s.h, &mut s.a);
+            .forward(p, &s.x2, &mut s.ln2, &mut s.ln2_mean, &mut s.ln2_rstd);
+        gather_rows(comm, &s.ln2, &mut sp.ln)?;
+        self.mlp.forward_hidden(p, &sp.ln, &mut s.h, &mut s.a);
         if let Some(out) = out {
             self.mlp.proj.forward_partial(p, &s.a, &mut sp.partial);
             scatter_rows(comm, &sp.partial, out)?;
@@ -421,8 +422,8 @@ impl TransformerBlock {
 
 impl TransformerBlock {
     /// The backward under sequence parallelism: `dout` and `dx` hold this rank's rows. Each TP
-    /// region's output gradient is all-gathered, and its partial input gradient
-    /// reduce-scattered to rows before the norm's backward. The norms' weight gradients come
+    /// region's output gradient and its saved input (the norm's output) are all-gathered, and
+    /// its partial input gradient reduce-scattered to rows before the norm's backward. The norms' weight gradients come
     /// from this rank's rows only; the executor sums them over TP after the step.
     fn backward_sp(
         &self,
@@ -440,10 +441,11 @@ impl TransformerBlock {
         comm: &dyn Comm,
     ) -> Result<(), LayerError> {
         gather_rows(comm, dout, &mut sp.full_in)?;
+        gather_rows(comm, &s.ln2, &mut sp.ln)?;
         self.mlp.backward_partial(
             p,
             g,
-            &s.ln2,
+            &sp.ln,
             &s.h,
             &s.a,
             &sp.full_in,
@@ -456,10 +458,11 @@ impl TransformerBlock {
         self.ln2
             .backward(p, g, &gr.dln, &s.x2, &s.ln2_mean, &s.ln2_rstd, &mut gr.dx2);
         gather_rows(comm, &gr.dx2, &mut sp.full_in)?;
+        gather_rows(comm, &s.ln1, &mut sp.ln)?;
         self.attn.backward_partial(
             p,
             g,
-            &s.ln1,
+            &sp.ln,
             &s.qkv,
             att,
             &s.y,
