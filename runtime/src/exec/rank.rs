@@ -363,17 +363,19 @@ impl<'a> Rank<'a> {
             Some(head) => {
                 let (_, targets) = self.tokens(step, mb);
                 let v_local = self.model.vocab / self.tp.size;
-                let mut h = vec![0.0; n * c];
+                // `h`: the final norm's output, kept for the backward (this rank's rows under
+                // SP, gathered again there).
+                let mut h = vec![0.0; rows * c];
                 let (mut mean, mut rstd) = (vec![0.0; head.norm.mean_len(rows)], vec![0.0; rows]);
-                if sp {
-                    let mut h_rows = vec![0.0; rows * c];
-                    head.norm.forward(p, &x, &mut h_rows, &mut mean, &mut rstd);
-                    gather_rows(tp, &h_rows, &mut h)?;
-                } else {
-                    head.norm.forward(p, &x, &mut h, &mut mean, &mut rstd);
-                }
+                head.norm.forward(p, &x, &mut h, &mut mean, &mut rstd);
                 let mut logits = vec![0.0; n * v_local];
-                head.proj.forward(p, &h, &mut logits);
+                if sp {
+                    let mut full = vec![0.0; n * c];
+                    gather_rows(tp, &h, &mut full)?;
+                    head.proj.forward(p, &full, &mut logits);
+                } else {
+                    head.proj.forward(p, &h, &mut logits);
+                }
                 let (mut losses, mut max, mut sumexp) = (vec![0.0; n], vec![0.0; n], vec![0.0; n]);
                 let start = self.tp.rank * v_local;
                 vocab_parallel_cross_entropy_forward(
@@ -436,7 +438,9 @@ impl<'a> Rank<'a> {
                 );
                 let mut dh = vec![0.0; n * c];
                 if sp {
-                    head.proj.backward_partial(p, g, &s.h, &s.logits, &mut dh);
+                    let mut h = vec![0.0; n * c];
+                    gather_rows(tp, &s.h, &mut h)?;
+                    head.proj.backward_partial(p, g, &h, &s.logits, &mut dh);
                     let mut dh_rows = vec![0.0; rows * c];
                     scatter_rows(tp, &dh, &mut dh_rows)?;
                     dh = dh_rows;
