@@ -16,8 +16,8 @@
 //! Both are checked against brute force on small instances, and [`balance`] against an integer
 //! program solved by good_lp on large ones (tests/partition_milp.rs). Memory caps here do not
 //! depend on time, and contiguous splits are a DP's home ground, so the planner itself needs no
-//! LP solver; good_lp is the test oracle. This module
-//! knows nothing of models or clusters: the caller supplies times and caps.
+//! LP solver; good_lp is the test oracle. This module knows nothing of models or clusters: the
+//! caller supplies times and caps.
 
 /// A split problem over identical layers.
 #[derive(Debug, Clone, PartialEq)]

@@ -135,20 +135,21 @@ fn main() {
         (rows, 768, 768),
     ];
     println!("gemm crate standalone on the model's shapes {gemm_ref:?}, one thread per rank:");
-    let mut single = [0.0f64; 3];
-    for (dp, zero) in [(1u64, 0u8), (2, 0), (2, 1)] {
-        if single[dp as usize] == 0.0 {
-            single[dp as usize] = gemm_ref
+    // Per-thread rate of the gemm crate alone, with 1 and with 2 threads running at once.
+    let alone: Vec<f64> = [1, 2]
+        .into_iter()
+        .map(|threads| {
+            let rate = gemm_ref
                 .iter()
-                .map(|&(m, k, n)| gemm_gflops(m, k, n, dp as usize))
+                .map(|&(m, k, n)| gemm_gflops(m, k, n, threads))
                 .sum::<f64>()
                 / gemm_ref.len() as f64;
-            println!(
-                "  gemm alone, {dp} concurrent thread(s): {:.1} GFLOP/s per thread (mean over the shapes)",
-                single[dp as usize]
-            );
-        }
-        let single = single[dp as usize];
+            println!("  gemm alone, {threads} concurrent thread(s): {rate:.1} GFLOP/s per thread (mean over the shapes)");
+            rate
+        })
+        .collect();
+    for (dp, zero) in [(1u64, 0u8), (2, 0), (2, 1)] {
+        let single = alone[dp as usize - 1];
         let plan = plan(dp, zero);
         let opts = TrainOptions {
             steps: STEPS,

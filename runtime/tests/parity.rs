@@ -16,18 +16,6 @@ use tessera_runtime::exec::{train, TrainOptions, TrainReport};
 
 const STEPS: usize = 5;
 
-fn plan(
-    dp: u64,
-    pp: u64,
-    tp: u64,
-    zero: u8,
-    schedule: ScheduleKind,
-    v: u64,
-    recompute: Recompute,
-) -> Plan {
-    plan_with(layout(dp, pp, tp, zero, schedule, v, recompute))
-}
-
 /// The layouts of these tests: micro-batch 2, no hybrid sharding, no sequence parallelism.
 fn layout(
     dp: u64,
@@ -47,7 +35,7 @@ fn layout(
     }
 }
 
-fn plan_with(layout: Layout) -> Plan {
+fn plan(layout: Layout) -> Plan {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
     let model = load_model(
         &root.join("specs/models/tiny.toml"),
@@ -133,7 +121,7 @@ fn assert_params_close(
 }
 
 fn reference() -> TrainReport {
-    let r = run(&plan(
+    let r = run(&plan(layout(
         1,
         1,
         1,
@@ -141,7 +129,7 @@ fn reference() -> TrainReport {
         ScheduleKind::OneFOneB,
         1,
         Recompute::None,
-    ));
+    )));
     let first = r.steps[0].loss;
     let last = r.steps[STEPS - 1].loss;
     assert!(last < first, "the single-rank run learns: {first} → {last}");
@@ -158,7 +146,15 @@ fn every_dp_pp_tp_layout_up_to_8_ranks() {
                 if dp * pp * tp > 8 || dp * pp * tp == 1 {
                     continue;
                 }
-                let p = plan(dp, pp, tp, 0, ScheduleKind::OneFOneB, 1, Recompute::None);
+                let p = plan(layout(
+                    dp,
+                    pp,
+                    tp,
+                    0,
+                    ScheduleKind::OneFOneB,
+                    1,
+                    Recompute::None,
+                ));
                 assert_same(&run(&p), &want, &format!("dp{dp} pp{pp} tp{tp}"));
             }
         }
@@ -170,7 +166,15 @@ fn zero_stages_1_to_3() {
     let want = reference();
     for zero in 1..=3u8 {
         for (dp, pp, tp) in [(2, 1, 1), (4, 1, 2), (2, 2, 2), (4, 2, 1)] {
-            let p = plan(dp, pp, tp, zero, ScheduleKind::OneFOneB, 1, Recompute::None);
+            let p = plan(layout(
+                dp,
+                pp,
+                tp,
+                zero,
+                ScheduleKind::OneFOneB,
+                1,
+                Recompute::None,
+            ));
             assert_same(&run(&p), &want, &format!("zero{zero} dp{dp} pp{pp} tp{tp}"));
         }
     }
@@ -188,7 +192,7 @@ fn every_schedule() {
         (2, 2, 2, ScheduleKind::Interleaved, 2),
         (2, 1, 4, ScheduleKind::Interleaved, 2),
     ] {
-        let p = plan(dp, pp, tp, 1, kind, v, Recompute::None);
+        let p = plan(layout(dp, pp, tp, 1, kind, v, Recompute::None));
         assert_same(
             &run(&p),
             &want,
@@ -202,7 +206,7 @@ fn every_recompute_mode() {
     let want = reference();
     for recompute in [Recompute::Selective, Recompute::Full] {
         for (dp, pp, tp) in [(1, 1, 1), (2, 2, 2), (1, 4, 2)] {
-            let p = plan(dp, pp, tp, 0, ScheduleKind::OneFOneB, 1, recompute);
+            let p = plan(layout(dp, pp, tp, 0, ScheduleKind::OneFOneB, 1, recompute));
             assert_same(
                 &run(&p),
                 &want,
@@ -232,7 +236,7 @@ fn sequence_parallel_layouts() {
         ),
         (2, 1, 4, 3, ScheduleKind::OneFOneB, 1, Recompute::Full),
     ] {
-        let p = plan_with(Layout {
+        let p = plan(Layout {
             sequence_parallel: true,
             ..layout(dp, pp, tp, zero, kind, v, recompute)
         });
@@ -246,7 +250,7 @@ fn sequence_parallel_layouts() {
 
 #[test]
 fn sequence_parallel_needs_tp_to_divide_the_micro_batch_rows() {
-    let mut p = plan_with(Layout {
+    let mut p = plan(Layout {
         sequence_parallel: true,
         ..Layout::without_pipeline(1, 2, 0, 1)
     });

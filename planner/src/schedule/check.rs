@@ -2,7 +2,8 @@
 //!
 //! Every (mb, chunk) runs Forward and Backward exactly once per stage, Backward after Forward;
 //! sends and receives pair up in channel order; and the happens-before graph ([`graph`]) has no
-//! cycle, so under buffered sends and blocking receives every op list runs to its end. This module only checks; it builds nothing.
+//! cycle, so under buffered sends and blocking receives every op list runs to its end. This
+//! module only checks; it builds nothing.
 
 use super::*;
 

@@ -26,11 +26,7 @@ impl DependencyGraph {
     /// Builds the graph. Errors when a receive has no matching send or an op crosses no
     /// pipeline boundary (what [`Schedule::check`] reports in more detail).
     pub fn new(schedule: &Schedule) -> Result<Self, ScheduleError> {
-        let keys = Keys {
-            pp: schedule.pp,
-            m: schedule.microbatches,
-            v: schedule.virtual_stages,
-        };
+        let keys = Keys::for_schedule(schedule);
         let mut graph = DiGraph::new();
         let mut sender: Vec<Option<(NodeIndex, usize)>> = vec![None; keys.len()];
         let mut receivers = Vec::new();

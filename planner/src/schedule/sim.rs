@@ -60,12 +60,20 @@ pub fn bubble_formula(
 /// Slot of a message in the arrival array: direction, micro-batch, and the boundary between
 /// virtual stages `b` and `b + 1` it crosses.
 pub(super) struct Keys {
-    pub(super) pp: usize,
-    pub(super) m: usize,
-    pub(super) v: usize,
+    pp: usize,
+    m: usize,
+    v: usize,
 }
 
 impl Keys {
+    pub(super) fn for_schedule(schedule: &Schedule) -> Keys {
+        Keys {
+            pp: schedule.pp,
+            m: schedule.microbatches,
+            v: schedule.virtual_stages,
+        }
+    }
+
     pub(super) fn len(&self) -> usize {
         2 * self.m * (self.pp * self.v - 1)
     }
@@ -110,11 +118,7 @@ fn run(schedule: &Schedule, costs: &SimCosts, record: bool) -> Result<SimResult,
             ),
         });
     }
-    let keys = Keys {
-        pp,
-        m: schedule.microbatches,
-        v: schedule.virtual_stages,
-    };
+    let keys = Keys::for_schedule(schedule);
     let mut arrival = vec![f64::NAN; keys.len()]; // NaN: not sent yet
     let mut pc = vec![0usize; pp];
     let mut clock = vec![0.0f64; pp];

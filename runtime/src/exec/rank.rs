@@ -127,6 +127,9 @@ struct Rank<'a> {
     /// One DP shard of a region (reduce-scatter output, all-gather input); kept between steps
     /// so the step allocates nothing.
     shard_buf: Vec<f32>,
+    /// Gradients summed over TP at the end of a step: the norms' under sequence parallelism
+    /// (each TP rank computes them from its own rows), else none.
+    tp_summed: Vec<Range<usize>>,
     trace: Vec<TraceEvent>,
     loss_sum: f64,
 }
@@ -216,6 +219,11 @@ impl<'a> Rank<'a> {
             outbox: HashMap::new(),
             scratch: Vec::new(),
             shard_buf: Vec::new(),
+            tp_summed: if p.sequence_parallel && tp.size > 1 {
+                model.norm_ranges()
+            } else {
+                Vec::new()
+            },
             trace: Vec::new(),
             loss_sum: 0.0,
             model,
@@ -273,13 +281,9 @@ impl<'a> Rank<'a> {
     /// Rows of the activations this rank holds between layers (all `B·T`, or its share
     /// under sequence parallelism), and the first of them.
     fn rows(&self) -> (usize, usize) {
-        let n = self.dims.n();
-        if self.ctx.plan.parallel.sequence_parallel {
-            let rows = n / self.tp.size;
-            (rows, self.tp.rank * rows)
-        } else {
-            (n, 0)
-        }
+        let sp = self.ctx.plan.parallel.sequence_parallel;
+        let rows = self.dims.rows(self.tp.size, sp);
+        (rows, if sp { self.tp.rank * rows } else { 0 })
     }
 
     fn op(&mut self, op: Op, step: u64) -> Result<(), RunError> {

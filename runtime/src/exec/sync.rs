@@ -14,10 +14,8 @@ impl Rank<'_> {
     /// Gradient sync over DP (all-reduce, or reduce-scatter under ZeRO), global-norm clipping,
     /// the optimizer on this rank's part, and the parameter all-gather.
     pub(super) fn sync_and_update(&mut self, step: usize) -> Result<(), RunError> {
-        if self.ctx.plan.parallel.sequence_parallel && self.tp.size > 1 {
-            for r in self.model.norm_ranges() {
-                self.ctx.tp.all_reduce_sum(&mut self.grads[r])?;
-            }
+        for r in &self.tp_summed {
+            self.ctx.tp.all_reduce_sum(&mut self.grads[r.clone()])?;
         }
         if let Some(emb) = self.ctx.embedding {
             let range = match &self.model.tied_copy {

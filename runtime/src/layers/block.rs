@@ -230,11 +230,7 @@ impl TransformerBlock {
     /// Rows of the activations this rank holds between blocks: `N`, or `N / t` under sequence
     /// parallelism.
     pub fn rows(&self, d: Dims) -> usize {
-        if self.sequence_parallel {
-            d.n() / self.tp.size
-        } else {
-            d.n()
-        }
+        d.rows(self.tp.size, self.sequence_parallel)
     }
 
     /// The forward through the MLP activation into `s` (and `att`); with `out`, also the MLP
@@ -423,8 +419,9 @@ impl TransformerBlock {
 impl TransformerBlock {
     /// The backward under sequence parallelism: `dout` and `dx` hold this rank's rows. Each TP
     /// region's output gradient and its saved input (the norm's output) are all-gathered, and
-    /// its partial input gradient reduce-scattered to rows before the norm's backward. The norms' weight gradients come
-    /// from this rank's rows only; the executor sums them over TP after the step.
+    /// its partial input gradient reduce-scattered to rows before the norm's backward. The
+    /// norms' weight gradients come from this rank's rows only; the executor sums them over TP
+    /// after the step.
     fn backward_sp(
         &self,
         p: &[f32],

@@ -75,6 +75,16 @@ impl Dims {
     pub fn n(&self) -> usize {
         self.b * self.t
     }
+
+    /// Rows a rank holds outside the TP regions: all `n`, or its `n / tp` share under sequence
+    /// parallelism.
+    pub fn rows(&self, tp: usize, sequence_parallel: bool) -> usize {
+        if sequence_parallel {
+            self.n() / tp
+        } else {
+            self.n()
+        }
+    }
 }
 
 /// Why a layer cannot be built or run.
