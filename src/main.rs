@@ -3,7 +3,9 @@
 //! Each subcommand lives in `commands/<name>.rs`. Input errors exit with code 2 and one message.
 
 mod commands;
+mod files;
 mod output;
+mod signals;
 
 #[global_allocator]
 static ALLOC: tessera_runtime::alloc::TrackingAlloc = tessera_runtime::alloc::TrackingAlloc;

@@ -1,6 +1,4 @@
-//! Terminal tables and atomic file writes shared by the subcommands.
-
-use std::path::Path;
+//! Terminal tables shared by the subcommands (file writes: `crate::files`).
 
 use comfy_table::presets::NOTHING;
 use comfy_table::{CellAlignment, Table};
@@ -22,28 +20,6 @@ pub fn table(header: &[&str], right: &[usize]) -> Table {
 
 pub fn gib(bytes: u64) -> String {
     format!("{:.2}", bytes as f64 / GIB)
-}
-
-/// Writes a file through a temporary sibling and a rename, so no half-written file is left.
-pub fn write_atomic(path: &Path, text: &str) -> anyhow::Result<()> {
-    let dir = path
-        .parent()
-        .filter(|p| !p.as_os_str().is_empty())
-        .unwrap_or(Path::new("."));
-    let tmp = dir.join(format!(
-        ".{}.tmp",
-        path.file_name()
-            .map_or("out".into(), |n| n.to_string_lossy())
-    ));
-    std::fs::write(&tmp, text).map_err(|e| {
-        anyhow::anyhow!(
-            "{}: cannot write: {e}\n  fix: check that the folder exists and is writable",
-            path.display()
-        )
-    })?;
-    std::fs::rename(&tmp, path)
-        .map_err(|e| anyhow::anyhow!("{}: cannot write: {e}", path.display()))?;
-    Ok(())
 }
 
 /// Per-stage totals by kind, then every term of the peak stage with its reason.

@@ -12,7 +12,8 @@ use tessera_planner::search::{self, Pins, SearchOptions, ORDERING};
 use tessera_planner::spec::{self, ClusterOverrides, TrainingOverrides, GIB};
 use tessera_planner::{memory, Diagnostic, Layout, Recompute};
 
-use crate::output::{gib, memory_tables, table, write_atomic};
+use crate::files::{check_outputs, named, write_output};
+use crate::output::{gib, memory_tables, table};
 
 #[derive(Clone, Copy, ValueEnum, PartialEq)]
 pub enum Format {
@@ -149,6 +150,17 @@ fn cli_error(field: &str, problem: String, fix: String) -> anyhow::Error {
 }
 
 pub fn run(args: PlanArgs) -> anyhow::Result<ExitCode> {
+    let mut outputs = Vec::new();
+    if let Some(p) = &args.output {
+        outputs.push(named("-o/--output", p));
+    }
+    if let Some(p) = &args.trace {
+        outputs.push(named("--trace", p));
+    }
+    check_outputs(
+        &[named("MODEL", &args.model), named("CLUSTER", &args.cluster)],
+        &outputs,
+    )?;
     let over = TrainingOverrides {
         seq_len: args.seq_len,
         global_batch: args.global_batch,
@@ -402,7 +414,7 @@ fn schedule_label(l: &Layout) -> String {
 fn emit(args: &PlanArgs, plan: &Plan) -> anyhow::Result<()> {
     let json = plan.to_json();
     if let Some(path) = &args.output {
-        write_atomic(path, &json)?;
+        write_output(path, json.as_bytes())?;
     }
     if let Some(path) = &args.trace {
         let events = tessera_planner::trace::predicted(
@@ -411,9 +423,9 @@ fn emit(args: &PlanArgs, plan: &Plan) -> anyhow::Result<()> {
             &plan.parallel.layout(),
         )
         .map_err(|e| anyhow::anyhow!("cannot simulate the schedule: {e}"))?;
-        write_atomic(
+        write_output(
             path,
-            &tessera_planner::trace::chrome_trace(&events, "predicted", "stage"),
+            tessera_planner::trace::chrome_trace(&events, "predicted", "stage").as_bytes(),
         )?;
     }
     if args.format == Format::Json {

@@ -6,9 +6,9 @@
 //! process, and the other processes wait for rank 0 and exit with its outcome (docs/cuda.md,
 //! "Launching").
 
-use std::io::Write;
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::sync::Arc;
 
 use anyhow::{bail, Context};
 use clap::{Args, ValueEnum};
@@ -21,7 +21,9 @@ use tessera_runtime::launch::env::LaunchEnv;
 use tessera_runtime::launch::rendezvous::{rendezvous, RendezvousError};
 use tessera_runtime::launch::EXIT_PEER_FAILED;
 
-use crate::output::{table, write_atomic};
+use crate::files::{check_outputs, named, write_output, LineStream};
+use crate::output::table;
+use crate::signals::Interrupts;
 
 /// The text the default run trains on (ships with the repository, so it works offline).
 const DEFAULT_DATA: &str = "examples/data/parallelism.txt";
@@ -38,9 +40,9 @@ enum Backend {
 pub struct RunArgs {
     /// A plan written by `tessera plan -o`.
     plan: PathBuf,
-    /// Optimizer steps to run.
-    #[arg(long, default_value_t = 50)]
-    steps: usize,
+    /// Optimizer steps to run (at least 1).
+    #[arg(long, default_value_t = 50, value_parser = clap::value_parser!(u64).range(1..=1_000_000_000))]
+    steps: u64,
     /// Training data: UTF-8 text (byte tokens) or a token file (.bin u16, .u32 u32, little-endian).
     #[arg(long, default_value = DEFAULT_DATA)]
     data: PathBuf,
@@ -48,7 +50,7 @@ pub struct RunArgs {
     #[arg(long, default_value_t = 1234)]
     seed: u64,
     /// Peak learning rate (warm-up, then cosine decay to a tenth of it).
-    #[arg(long, default_value_t = 3e-3)]
+    #[arg(long, default_value_t = 3e-3, value_parser = learning_rate)]
     lr: f32,
     /// Write one JSON line per step (step, loss, step_time_s, tokens_per_s).
     #[arg(long)]
@@ -62,6 +64,20 @@ pub struct RunArgs {
     /// Test hook: under a launcher, the process with this RANK fails before the rendezvous.
     #[arg(long, hide = true)]
     fail_rank: Option<usize>,
+}
+
+/// `--lr`: a finite number above zero (f32: at most about 3.4e38).
+fn learning_rate(text: &str) -> Result<f32, String> {
+    let v: f32 = text
+        .trim()
+        .parse()
+        .map_err(|e| format!("not a number ({e}); pass a learning rate such as 3e-4"))?;
+    if !v.is_finite() || v <= 0.0 {
+        return Err(format!(
+            "the learning rate must be a finite number above 0, found {v}; pass one such as 3e-4"
+        ));
+    }
+    Ok(v)
 }
 
 /// Bytes of host memory a CPU run of `plan` needs: f32 weights, gradients and Adam moments for
@@ -124,6 +140,17 @@ fn cuda_refusal(args: &RunArgs, plan: &Plan) -> String {
 }
 
 pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
+    let mut outputs = Vec::new();
+    if let Some(p) = &args.metrics {
+        outputs.push(named("--metrics", p));
+    }
+    if let Some(p) = &args.trace {
+        outputs.push(named("--trace", p));
+    }
+    check_outputs(
+        &[named("PLAN", &args.plan), named("--data", &args.data)],
+        &outputs,
+    )?;
     let plan = Plan::load(&args.plan)?;
     let cluster = &plan.job.cluster;
     if args.backend == Backend::Cuda || cluster.device.kind == DeviceKind::Gpu {
@@ -221,14 +248,17 @@ fn train_here(args: &RunArgs, plan: &Plan) -> anyhow::Result<ExitCode> {
     }
     let data = Tokens::load(&args.data)
         .with_context(|| format!("{}: cannot load the training data", args.data.display()))?;
+    let stop = Arc::new(exec::Stop::new());
+    let interrupts = Interrupts::install(stop.clone())?;
     let opts = TrainOptions {
-        steps: args.steps,
+        steps: args.steps as usize,
         seed: args.seed,
         max_lr: args.lr,
         min_lr: args.lr / 10.0,
         trace: args.trace.is_some(),
         threads_per_rank: std::thread::available_parallelism()
             .map_or(1, |n| (n.get() / plan.parallel.world as usize).max(1)),
+        stop: Some(stop.clone()),
         ..TrainOptions::default()
     };
     let p = &plan.parallel;
@@ -246,37 +276,34 @@ fn train_here(args: &RunArgs, plan: &Plan) -> anyhow::Result<ExitCode> {
         p.recompute.name(),
         p.schedule.name()
     );
-    let bar = ProgressBar::new(args.steps as u64);
+    let bar = ProgressBar::new(args.steps);
     bar.set_style(
         ProgressStyle::with_template("{bar:30} {pos}/{len} steps  {msg}")
             .expect("a valid template"),
     );
-    let mut metrics_file = match &args.metrics {
-        Some(path) => Some(std::io::BufWriter::new(
-            std::fs::File::create(path)
-                .with_context(|| format!("{}: cannot write the metrics", path.display()))?,
-        )),
-        None => None,
-    };
+    let mut metrics = args.metrics.as_deref().map(LineStream::open).transpose()?;
     let mut write_error = None;
-    let report = exec::train(plan, &data, &opts, &mut |m| {
+    let result = exec::train(plan, &data, &opts, &mut |m| {
         bar.set_position(m.step as u64 + 1);
-        bar.set_message(format!("loss {:.4}  {:.0} tokens/s", m.loss, m.tokens_per_s));
-        if let Some(f) = metrics_file.as_mut() {
+        bar.set_message(format!(
+            "loss {:.4}  {:.0} tokens/s",
+            m.loss, m.tokens_per_s
+        ));
+        if let (Some(f), None) = (metrics.as_mut(), &write_error) {
             let line = serde_json::json!({"step": m.step, "loss": m.loss, "step_time_s": m.step_time_s, "tokens_per_s": m.tokens_per_s});
-            if let Err(e) = writeln!(f, "{line}") {
-                write_error.get_or_insert(e);
+            if let Err(e) = f.line(&line.to_string()) {
+                // Stop at this step: the rest of the run could not be recorded.
+                stop.request();
+                write_error = Some(e.context(format!("step {}: the run stops here", m.step)));
             }
         }
-    })
-    .map_err(|e| anyhow::anyhow!("{e}"))?;
+    });
     bar.finish();
     if let Some(e) = write_error {
-        bail!("cannot write the metrics: {e}");
+        return Err(e);
     }
-    if let Some(mut f) = metrics_file {
-        f.flush()?;
-    }
+    let report = result.map_err(|e| anyhow::anyhow!("{e}"))?;
+    let signal = interrupts.received();
     let (first, last) = (report.steps.first(), report.steps.last());
     if let (Some(a), Some(b)) = (first, last) {
         println!(
@@ -313,12 +340,12 @@ fn train_here(args: &RunArgs, plan: &Plan) -> anyhow::Result<ExitCode> {
     let mesh = tessera_planner::Mesh::new(p.dp, p.pp, p.tp, cluster.gpus_per_node);
     for (r, bytes) in report.peak_bytes.iter().enumerate() {
         let stage = mesh.coord(r as u64).pp as usize;
-        let predicted = plan.predicted.memory.per_stage[stage].total_bytes;
+        let predicted = plan.predicted.memory.per_stage.get(stage);
         mem.add_row(vec![
             r.to_string(),
             stage.to_string(),
             mib(*bytes),
-            mib(predicted),
+            predicted.map_or("-".into(), |s| mib(s.total_bytes)),
         ]);
     }
     println!("{mem}");
@@ -327,8 +354,17 @@ fn train_here(args: &RunArgs, plan: &Plan) -> anyhow::Result<ExitCode> {
         plan.job.model.training.precision
     );
     if let Some(path) = &args.trace {
-        write_atomic(path, &chrome_trace(&report.trace))?;
+        write_output(path, chrome_trace(&report.trace).as_bytes())?;
         println!("wrote {} (open in https://ui.perfetto.dev)", path.display());
+    }
+    if let Some(sig) = signal {
+        eprintln!(
+            "stopped by {} after {} of {} steps",
+            Interrupts::name(sig),
+            report.steps.len(),
+            args.steps
+        );
+        return Ok(Interrupts::exit_code(sig));
     }
     Ok(ExitCode::SUCCESS)
 }

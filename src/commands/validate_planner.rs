@@ -9,7 +9,8 @@ use clap::Args;
 use tessera_planner::spec::{self, ClusterOverrides};
 use tessera_planner::validation::{self, report};
 
-use crate::output::{table, write_atomic};
+use crate::files::{check_outputs, named, write_output};
+use crate::output::table;
 
 #[derive(Args)]
 pub struct ValidatePlannerArgs {
@@ -32,6 +33,21 @@ pub struct ValidatePlannerArgs {
 }
 
 pub fn run(args: ValidatePlannerArgs) -> anyhow::Result<ExitCode> {
+    let a100_path = args.clusters.join("dgx-a100-80g.toml");
+    let h100_path = args.clusters.join("dgx-h100-80g.toml");
+    let output = if args.fit {
+        named("--calibration-output", &args.calibration_output)
+    } else {
+        named("--output", &args.output)
+    };
+    check_outputs(
+        &[
+            named("--runs", &args.runs),
+            named("--clusters", &a100_path),
+            named("--clusters", &h100_path),
+        ],
+        &[output],
+    )?;
     let text = std::fs::read_to_string(&args.runs)
         .with_context(|| format!("{}: cannot read the published runs", args.runs.display()))?;
     let preset =
@@ -64,7 +80,7 @@ pub fn run(args: ValidatePlannerArgs) -> anyhow::Result<ExitCode> {
         v.unscored.len(),
         v.skipped.len()
     );
-    write_atomic(&args.output, &md)?;
+    write_output(&args.output, md.as_bytes())?;
     println!("wrote {}", args.output.display());
     Ok(ExitCode::SUCCESS)
 }
@@ -83,7 +99,7 @@ fn fit(
         "cargo run --release -- validate-planner --fit",
     );
     print!("{md}");
-    write_atomic(output, &md)?;
+    write_output(output, md.as_bytes())?;
     println!("\nwrote {}", output.display());
     Ok(ExitCode::SUCCESS)
 }

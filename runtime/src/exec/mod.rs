@@ -7,10 +7,11 @@
 
 mod model;
 mod rank;
+mod stop;
 pub mod trace;
 
 use std::collections::BTreeMap;
-use std::sync::mpsc;
+use std::sync::{mpsc, Arc};
 use std::time::Instant;
 
 use tessera_planner::plan::Plan;
@@ -22,6 +23,7 @@ use crate::layers::LayerError;
 use crate::params::ParamLayout;
 
 pub use model::{shard_of, StageModel};
+pub use stop::Stop;
 pub use trace::{chrome_trace, TraceEvent};
 
 /// Why a run cannot start or failed.
@@ -36,6 +38,14 @@ pub enum RunError {
     /// The plan asks for something this runtime does not do.
     #[error("{what}\n  fix: {fix}")]
     Unsupported { what: String, fix: String },
+    /// The loss or the gradient norm stopped being a finite number (Megatron stops here too:
+    /// every later step would only train on NaN).
+    #[error("step {step}: the {what} is {value}, not a finite number; the run stops here\n  fix: lower the learning rate (--lr), or check the data and the model spec")]
+    NonFinite {
+        step: usize,
+        what: &'static str,
+        value: f64,
+    },
     /// A rank stopped with an error; the others were stopped.
     #[error("rank {rank} failed: {message}")]
     Rank { rank: usize, message: String },
@@ -56,6 +66,8 @@ pub struct TrainOptions {
     pub trace: bool,
     /// Threads each rank's matmuls may use (1 keeps runs bit-reproducible across machines).
     pub threads_per_rank: usize,
+    /// Asks the run to stop early, at the same step on every rank (a signal, a failed output).
+    pub stop: Option<Arc<Stop>>,
 }
 
 impl Default for TrainOptions {
@@ -70,6 +82,7 @@ impl Default for TrainOptions {
             weight_decay: 0.1,
             trace: false,
             threads_per_rank: 1,
+            stop: None,
         }
     }
 }

@@ -74,6 +74,9 @@ pub fn run(ctx: &RankCtx) -> Result<RankResult, RunError> {
     let mut r = Rank::new(ctx)?;
     let mut steps = Vec::new();
     for step in 0..ctx.opts.steps {
+        if ctx.opts.stop.as_ref().is_some_and(|s| !s.may_start(step)) {
+            break;
+        }
         let start = Instant::now();
         let loss = r.step(step)?;
         let step_time_s = start.elapsed().as_secs_f64();
@@ -275,6 +278,15 @@ impl<'a> Rank<'a> {
         let c = self.ctx.mesh.coord(self.ctx.rank as u64);
         let t = &self.ctx.plan.job.model.training;
         let mean = total / (t.global_batch * t.seq_len) as f64;
+        // Every rank of the last stage holds the same sum; the other stages learn of the stop
+        // when their next step's partner is gone.
+        if !mean.is_finite() {
+            return Err(RunError::NonFinite {
+                step,
+                what: "loss",
+                value: mean,
+            });
+        }
         Ok((c.dp == 0 && c.tp == 0).then_some(mean))
     }
 

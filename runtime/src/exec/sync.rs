@@ -46,6 +46,14 @@ impl Rank<'_> {
         if self.zero > 0 {
             sum = all_reduce_f64(self.ctx.dp, sum)?;
         }
+        // The same sum on every rank, so every rank stops here together.
+        if !sum.is_finite() {
+            return Err(RunError::NonFinite {
+                step,
+                what: "gradient norm",
+                value: sum.sqrt(),
+            });
+        }
         let scale = clip_scale(sum.sqrt(), self.ctx.opts.clip);
         let lr = self.lr.lr(step);
         for opt in &mut self.optimizers {
