@@ -4,6 +4,7 @@ use comfy_table::presets::NOTHING;
 use comfy_table::{CellAlignment, Table};
 use tessera_planner::memory::MemoryReport;
 use tessera_planner::spec::GIB;
+use tessera_planner::units;
 
 /// An aligned, borderless table; numeric columns (by index) are right-aligned.
 pub fn table(header: &[&str], right: &[usize]) -> Table {
@@ -22,17 +23,26 @@ pub fn gib(bytes: u64) -> String {
     format!("{:.2}", bytes as f64 / GIB)
 }
 
+/// `bytes` in a table column whose unit is `size` bytes.
+fn in_unit(bytes: u64, size: f64) -> String {
+    format!("{:.2}", bytes as f64 / size)
+}
+
 /// Per-stage totals by kind, then every term of the peak stage with its reason.
+/// The unit is the one in which the peak reads at least 1 (GiB for real models, KiB or MiB
+/// for the tiny ones), so no row reads 0.00.
 pub fn memory_tables(m: &MemoryReport, all_terms: bool) -> String {
+    let (unit, size) = units::unit_for(m.peak_bytes as f64);
+    let gib = |b: u64| in_unit(b, size);
     let mut t = table(
         &[
             "stage",
             "layers",
             "in flight",
-            "states GiB",
-            "activations GiB",
-            "overhead GiB",
-            "total GiB",
+            &format!("states {unit}"),
+            &format!("activations {unit}"),
+            &format!("overhead {unit}"),
+            &format!("total {unit}"),
         ],
         &[0, 1, 2, 3, 4, 5, 6],
     );
@@ -58,14 +68,14 @@ pub fn memory_tables(m: &MemoryReport, all_terms: bool) -> String {
     let stages: Vec<_> = if all_terms {
         m.per_stage.iter().collect()
     } else {
-        vec![&m.per_stage[m.peak_stage as usize]]
+        m.per_stage.get(m.peak_stage as usize).into_iter().collect()
     };
     for s in stages {
         out += &format!(
             "\nstage {} ({} layers, {} params per rank):\n",
             s.stage, s.layers, s.params_per_rank
         );
-        let mut t = table(&["term", "GiB", "why"], &[1]);
+        let mut t = table(&["term", unit, "why"], &[1]);
         for term in &s.terms {
             t.add_row(vec![
                 term.name.clone(),
@@ -76,7 +86,7 @@ pub fn memory_tables(m: &MemoryReport, all_terms: bool) -> String {
         t.add_row(vec![
             "total".to_string(),
             gib(s.total_bytes),
-            format!("of {} GiB per device", gib(m.capacity_bytes)),
+            format!("of {} per device", units::bytes(m.capacity_bytes as f64)),
         ]);
         out += &format!("{t}\n");
     }

@@ -428,18 +428,27 @@ fn model_that_fits_on_no_layout_says_what_it_needs() {
         &err,
         &[
             "no layout of 1 devices fits llama3.1-405b",
-            "GiB per device",
-            "the device has 80.0 GiB",
+            "per device",
+            "the device has 80.00 GiB",
             "fix: use more devices",
         ],
     );
-    // "needs N GiB per device": N is a number well above the 80 GiB the device has.
+    // "needs N UNIT per device": a size well above the 80 GiB the device has, in the unit
+    // that reads it best (TiB here).
     let need: f64 = err
         .split("needs ")
         .nth(1)
-        .and_then(|rest| rest.split(" GiB per device").next())
-        .and_then(|n| n.parse().ok())
-        .unwrap_or_else(|| panic!("no \"needs N GiB per device\" in:\n{err}"));
+        .and_then(|rest| rest.split(" per device").next())
+        .and_then(|n| {
+            let (num, unit) = n.split_once(' ')?;
+            let scale = match unit {
+                "GiB" => 1.0,
+                "TiB" => 1024.0,
+                _ => return None,
+            };
+            Some(num.parse::<f64>().ok()? * scale)
+        })
+        .unwrap_or_else(|| panic!("no \"needs N GiB|TiB per device\" in:\n{err}"));
     assert!(need > 80.0, "{need}");
     assert!(!out.exists(), "a failed plan must not write its output");
 }
@@ -478,7 +487,7 @@ fn pinned_layout_that_does_not_fit() {
         &err,
         &[
             "does not fit",
-            "GiB over the 80 GiB",
+            "GiB over the 80.00 GiB",
             // The memory breakdown: per-stage totals and the peak stage's terms.
             "states GiB",
             "activations GiB",

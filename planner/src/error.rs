@@ -72,13 +72,13 @@ pub enum PlanError {
     #[error("{0}")]
     Input(Box<Diagnostic>),
     /// No layout of the cluster fits the model in memory.
-    #[error("no layout of {devices} devices fits {model}: the smallest layout needs {need_gib:.1} GiB per device ({layout}), the device has {have_gib:.1} GiB\n  fix: {fix}")]
+    #[error("no layout of {devices} devices fits {model}: the smallest layout needs {} per device ({layout}), the device has {}\n  fix: {fix}", crate::units::bytes(*.need_bytes as f64), crate::units::bytes(*.have_bytes as f64))]
     NothingFits {
         model: String,
-        devices: usize,
+        devices: u64,
         layout: String,
-        need_gib: f64,
-        have_gib: f64,
+        need_bytes: u64,
+        have_bytes: u64,
         fix: String,
     },
     /// The pinned layout cannot be built (degrees do not divide, etc.).

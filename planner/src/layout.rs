@@ -45,6 +45,17 @@ impl std::str::FromStr for Recompute {
     }
 }
 
+/// The most micro-batch passes through model chunks (m × PP × virtual stages) in one step
+/// that a layout may have: the pipeline simulation's op lists grow with it (about four ops of
+/// 32 bytes per pass and stage boundary; 2^19 passes build and simulate in about 0.1 s), so a
+/// layout above it is rejected by [`Layout::check`] rather than simulated. Every preset job
+/// stays below it: the most, Megatron's 1T model on 16 GPUs with DP 1, micro-batch 1 and
+/// 16 stages of 8 chunks, has 3072 × 128 = 393,216.
+pub const MAX_SIMULATED_PASSES: u64 = 1 << 19;
+
+/// The rule name of layouts above [`MAX_SIMULATED_PASSES`].
+pub const TOO_MANY_MICROBATCHES: &str = "too many micro-batches per step to simulate";
+
 /// ZeRO sharding of model states over the data-parallel group.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
 pub struct Sharding {
@@ -91,9 +102,18 @@ impl Layout {
         }
     }
 
-    /// Micro-batches per optimizer step on each DP replica.
+    /// Micro-batches per optimizer step on each DP replica (0 where DP × micro-batch is 0 or
+    /// exceeds the global batch).
     pub fn microbatches(&self, model: &Model) -> u64 {
-        model.training.global_batch / (self.dp * self.micro_batch)
+        self.dp
+            .checked_mul(self.micro_batch)
+            .and_then(|q| model.training.global_batch.checked_div(q))
+            .unwrap_or(0)
+    }
+
+    /// Model chunks of the pipeline, PP × virtual stages; `None` when that overflows u64.
+    pub fn chunks(&self) -> Option<u64> {
+        self.pp.checked_mul(self.virtual_stages)
     }
 
     pub fn mesh(&self, cluster: &Cluster) -> Mesh {
@@ -108,12 +128,10 @@ impl Layout {
         if !self.sharding.hybrid {
             return self.dp;
         }
-        let mesh = self.mesh(cluster);
-        let group = mesh.dp_group(0);
-        group
-            .iter()
-            .filter(|r| mesh.node(**r) == mesh.node(0))
-            .count() as u64
+        // The DP group of rank 0 is ranks d·TP (d < DP); those below gpus_per_node share its
+        // node: d < ⌈gpus_per_node / TP⌉. Closed form, so a DP of 10^12 allocates nothing.
+        let per_node = cluster.gpus_per_node.max(1);
+        self.dp.min(per_node.div_ceil(self.tp.max(1)))
     }
 
     /// A short label such as `dp16·tp8·pp8 mb1 zero1 full sp 1f1b`.
@@ -148,7 +166,10 @@ impl Layout {
     pub fn check(&self, model: &Model, cluster: &Cluster) -> Result<(), Rejection> {
         let a = &model.architecture;
         let t = &model.training;
-        if self.dp * self.pp * self.tp != cluster.devices {
+        // Products in u128: three u64 degrees may overflow u64, two may not overflow u128.
+        let world = u128::from(self.dp) * u128::from(self.pp);
+        let world = world.checked_mul(u128::from(self.tp));
+        if world != Some(u128::from(cluster.devices)) {
             return Err(Rejection::new(
                 "degrees do not multiply to the device count",
                 format!(
@@ -156,7 +177,7 @@ impl Layout {
                     self.dp,
                     self.pp,
                     self.tp,
-                    self.dp * self.pp * self.tp,
+                    world.map_or("more than 2^128".to_string(), |w| w.to_string()),
                     cluster.devices
                 ),
             ));
@@ -188,8 +209,8 @@ impl Layout {
                 ),
             ));
         }
-        let chunks = self.pp * self.virtual_stages;
-        if chunks > a.layers {
+        let chunks = u128::from(self.pp) * u128::from(self.virtual_stages);
+        if chunks > u128::from(a.layers) {
             return Err(Rejection::new(
                 "more pipeline chunks than layers",
                 format!(
@@ -234,7 +255,7 @@ impl Layout {
                 ),
             ));
         }
-        let m = per_replica / self.micro_batch;
+        let m = per_replica.checked_div(self.micro_batch).unwrap_or(0);
         match self.schedule {
             ScheduleKind::Interleaved => {
                 if self.pp < 2 || self.virtual_stages < 2 {
@@ -262,13 +283,43 @@ impl Layout {
             }
             _ => {}
         }
+        // Last, so that no layout of a normal-sized job changes its reason: the pipeline's op
+        // lists grow with m × PP × v, and only a bounded number of them is simulated.
+        if m == 0 {
+            return Err(Rejection::new(
+                "the step has no micro-batch",
+                format!(
+                    "global_batch {} leaves no micro-batch to run",
+                    t.global_batch
+                ),
+            ));
+        }
+        let passes = u128::from(m) * chunks;
+        if passes > u128::from(MAX_SIMULATED_PASSES) {
+            let fix = if m > 1 {
+                "pin a larger --micro-batch or a smaller global batch"
+            } else {
+                "pin a smaller --pp or --virtual-stages"
+            };
+            return Err(Rejection::new(
+                TOO_MANY_MICROBATCHES,
+                format!(
+                    "too many micro-batches per step to simulate: m = {m} micro-batches × PP {} × virtual stages {} = {passes} chunk passes, above the limit of {MAX_SIMULATED_PASSES}; {fix}",
+                    self.pp, self.virtual_stages
+                ),
+            ));
+        }
         Ok(())
     }
 
     /// Layers per virtual stage, in pipeline order: an even split, the remainder given to the
     /// later chunks (the first stage already carries the embedding and the most activations).
+    /// Empty when the layout has no chunk (PP or v is 0); callers bound PP × v first (a
+    /// layout that passes [`Layout::check`] has at most [`MAX_SIMULATED_PASSES`] chunks).
     pub fn split_layers(&self, layers: u64) -> Vec<u64> {
-        let chunks = self.pp * self.virtual_stages;
+        let Some(chunks) = self.chunks().filter(|c| *c > 0) else {
+            return Vec::new();
+        };
         let base = layers / chunks;
         let extra = layers % chunks;
         (0..chunks)

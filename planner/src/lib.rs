@@ -20,6 +20,7 @@ pub mod search;
 pub mod source;
 pub mod spec;
 pub mod trace;
+pub mod units;
 pub mod validation;
 
 pub use error::{Diagnostic, PlanError};

@@ -93,6 +93,9 @@ pub struct Model {
 }
 
 /// Parameters of one transformer layer, split by how tensor parallelism treats them.
+///
+/// Counts saturate: `u64::MAX` stands for "more than u64 can count" (a spec with widths near
+/// 2^63), which the memory model reads as infinitely many bytes, so such a layout never fits.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct LayerParams {
     /// Matrices and biases that TP divides (column- and row-parallel weights, column biases).
@@ -101,60 +104,67 @@ pub struct LayerParams {
     pub replicated: u64,
 }
 
-impl LayerParams {
-    pub fn total(&self) -> u64 {
-        self.sharded + self.replicated
+/// A saturated count as a number of parameters: `u64::MAX` (overflowed) is infinite.
+fn count(x: u64) -> f64 {
+    if x == u64::MAX {
+        f64::INFINITY
+    } else {
+        x as f64
     }
-    /// Parameters one TP rank holds.
+}
+
+impl LayerParams {
+    /// Both parts (saturating at `u64::MAX`).
+    pub fn total(&self) -> u64 {
+        self.sharded.saturating_add(self.replicated)
+    }
+    /// Parameters one TP rank holds; infinite when a part overflowed u64.
     pub fn per_tp_rank(&self, tp: u64) -> f64 {
-        self.sharded as f64 / tp as f64 + self.replicated as f64
+        count(self.sharded) / tp as f64 + count(self.replicated)
     }
 }
 
 impl Architecture {
-    /// Width of the query projection (heads × head_dim); equals `hidden` unless head_dim is explicit.
+    /// Width of the query projection (heads × head_dim); equals `hidden` unless head_dim is
+    /// explicit. Saturates at `u64::MAX`, as every count below does.
     pub fn q_dim(&self) -> u64 {
-        self.heads * self.head_dim
+        self.heads.saturating_mul(self.head_dim)
     }
     /// Width of each of the K and V projections.
     pub fn kv_dim(&self) -> u64 {
-        self.kv_heads * self.head_dim
+        self.kv_heads.saturating_mul(self.head_dim)
     }
     fn norm_params(&self) -> u64 {
         match self.norm {
-            Norm::Layernorm => 2 * self.hidden,
+            Norm::Layernorm => self.hidden.saturating_mul(2),
             Norm::Rmsnorm => self.hidden,
         }
     }
 
-    /// One transformer block: attention, MLP and its two norms.
+    /// One transformer block: attention, MLP and its two norms. Saturating arithmetic: every
+    /// count is min(exact, u64::MAX), never a wrapped number.
     pub fn layer_params(&self) -> LayerParams {
         let h = self.hidden;
-        let qkv_out = self.q_dim() + 2 * self.kv_dim();
-        let mut sharded = h * qkv_out + self.q_dim() * h;
-        let mut replicated = 2 * self.norm_params();
+        let qkv_out = self.q_dim().saturating_add(self.kv_dim().saturating_mul(2));
+        let mut sharded = h
+            .saturating_mul(qkv_out)
+            .saturating_add(self.q_dim().saturating_mul(h));
+        let mut replicated = self.norm_params().saturating_mul(2);
         if self.bias || self.qkv_bias {
-            sharded += qkv_out;
+            sharded = sharded.saturating_add(qkv_out);
         }
         if self.bias {
-            replicated += h; // attention output (row-parallel) bias
+            replicated = replicated.saturating_add(h); // attention output (row-parallel) bias
         }
         let f = self.ffn_hidden;
-        match self.activation {
-            Activation::Gelu => {
-                sharded += 2 * h * f;
-                if self.bias {
-                    sharded += f;
-                    replicated += h;
-                }
-            }
-            Activation::Swiglu => {
-                sharded += 3 * h * f;
-                if self.bias {
-                    sharded += 2 * f;
-                    replicated += h;
-                }
-            }
+        let (matrices, column_biases) = match self.activation {
+            Activation::Gelu => (2, 1),
+            Activation::Swiglu => (3, 2),
+        };
+        sharded = sharded.saturating_add(h.saturating_mul(f).saturating_mul(matrices));
+        if self.bias {
+            sharded = sharded.saturating_add(f.saturating_mul(column_biases));
+            replicated = replicated.saturating_add(h);
         }
         LayerParams {
             sharded,
@@ -165,11 +175,11 @@ impl Architecture {
     /// Token embedding (vocab-parallel) plus the learned position table (replicated).
     pub fn embedding_params(&self) -> LayerParams {
         let positions = match self.position {
-            Position::Learned => self.max_positions * self.hidden,
+            Position::Learned => self.max_positions.saturating_mul(self.hidden),
             Position::Rope => 0,
         };
         LayerParams {
-            sharded: self.vocab * self.hidden,
+            sharded: self.vocab.saturating_mul(self.hidden),
             replicated: positions,
         }
     }
@@ -179,7 +189,7 @@ impl Architecture {
         let proj = if shares_embedding {
             0
         } else {
-            self.vocab * self.hidden
+            self.vocab.saturating_mul(self.hidden)
         };
         LayerParams {
             sharded: proj,
@@ -187,10 +197,71 @@ impl Architecture {
         }
     }
 
-    /// Exact parameter count of the model as published (tied weights counted once).
+    /// Exact parameter count of the model as published (tied weights counted once); saturates
+    /// at `u64::MAX` for a model too large to count (see [`Architecture::checked_param_count`]).
     pub fn param_count(&self) -> u64 {
-        self.layers * self.layer_params().total()
-            + self.embedding_params().total()
-            + self.head_params(self.tied_embeddings).total()
+        self.layers
+            .saturating_mul(self.layer_params().total())
+            .saturating_add(self.embedding_params().total())
+            .saturating_add(self.head_params(self.tied_embeddings).total())
+    }
+
+    /// The parameter count, or `None` when it does not fit in a u64.
+    pub fn checked_param_count(&self) -> Option<u64> {
+        Some(self.param_count()).filter(|p| *p != u64::MAX)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tiny() -> Architecture {
+        Architecture {
+            layers: 4,
+            hidden: 64,
+            heads: 4,
+            kv_heads: 4,
+            head_dim: 16,
+            ffn_hidden: 256,
+            vocab: 256,
+            activation: Activation::Gelu,
+            norm: Norm::Layernorm,
+            position: Position::Learned,
+            tied_embeddings: true,
+            bias: true,
+            qkv_bias: true,
+            max_positions: 128,
+        }
+    }
+
+    #[test]
+    fn param_counts_saturate_instead_of_wrapping() {
+        let a = tiny();
+        // 4 · (12·64² + 13·64) + 256·64 + 128·64 + 2·64, written out.
+        assert_eq!(
+            a.param_count(),
+            4 * (12 * 64 * 64 + 13 * 64) + 384 * 64 + 128
+        );
+        assert_eq!(a.checked_param_count(), Some(a.param_count()));
+        let big = i64::MAX as u64;
+        for set in [
+            (|a: &mut Architecture, v| a.vocab = v) as fn(&mut Architecture, u64),
+            |a, v| a.hidden = v,
+            |a, v| a.layers = v,
+            |a, v| a.ffn_hidden = v,
+            |a, v| a.heads = v,
+        ] {
+            let mut a = tiny();
+            set(&mut a, big);
+            assert_eq!(a.param_count(), u64::MAX);
+            assert_eq!(a.checked_param_count(), None);
+        }
+        let mut a = tiny();
+        a.vocab = big;
+        a.hidden = big;
+        assert_eq!(a.layer_params().total(), u64::MAX);
+        assert_eq!(a.layer_params().per_tp_rank(1 << 62), f64::INFINITY);
+        assert_eq!(a.embedding_params().per_tp_rank(big), f64::INFINITY);
     }
 }

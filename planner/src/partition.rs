@@ -65,19 +65,23 @@ impl Problem {
 /// the flattest: starting from each stage's room under the bottleneck, it removes surplus layers
 /// one by one from the currently slowest stage (the earliest on a tie, which also holds the most
 /// activations under 1F1B).
+///
+/// Bounded for any layer count: sums saturate, and the surplus left by the bisection (a few
+/// layers per stage, more only when huge counts lose precision in f64) goes through a heap.
 pub fn balance(p: &Problem) -> Option<Vec<u64>> {
     let stages = p.stages();
+    let room = p.max_layers.iter().fold(0u64, |a, c| a.saturating_add(*c));
     let fits = stages > 0
         && p.layers >= stages as u64
         && p.max_layers.iter().all(|&c| c >= 1)
-        && p.max_layers.iter().sum::<u64>() >= p.layers
+        && room >= p.layers
         && p.layer_time.iter().all(|t| *t > 0.0 && t.is_finite());
     if !fits {
         return None;
     }
     // Layers stage `s` takes at level `t`: its room under `t`, but at least one.
     let take = |s: usize, t: f64| p.capacity(s, t).max(1);
-    let covered = |t: f64| (0..stages).map(|s| take(s, t)).sum::<u64>();
+    let covered = |t: f64| (0..stages).fold(0u64, |a, s| a.saturating_add(take(s, t)));
     // Bisection for the least level that places every layer: lo does not, hi does. Stages
     // whose one layer already exceeds the level keep one, so the bottleneck is
     // max(level, slowest single-layer stage), which no split can beat.
@@ -99,20 +103,80 @@ pub fn balance(p: &Problem) -> Option<Vec<u64>> {
         }
     }
     let mut split: Vec<u64> = (0..stages).map(|s| take(s, hi)).collect();
-    let mut surplus = split.iter().sum::<u64>() - p.layers;
-    while surplus > 0 {
-        let slowest = (0..stages)
-            .filter(|&s| split[s] > 1)
-            .max_by(|&a, &b| {
-                p.stage_time(a, split[a])
-                    .total_cmp(&p.stage_time(b, split[b]))
-                    .then(b.cmp(&a))
-            })
-            .expect("the surplus is above one layer per stage");
-        split[slowest] -= 1;
-        surplus -= 1;
+    let total = |split: &[u64]| split.iter().fold(0u64, |a, n| a.saturating_add(*n));
+    if total(&split) - p.layers > BULK_SURPLUS {
+        lower_to_level(p, &mut split);
     }
+    let surplus = total(&split) - p.layers;
+    remove_surplus(p, &mut split, surplus);
     Some(split)
+}
+
+/// A surplus above this many layers (only with layer counts beyond f64's precision) is first
+/// cut in bulk by [`lower_to_level`]; normal jobs never get there.
+const BULK_SURPLUS: u64 = 1 << 16;
+
+/// Removes `surplus` layers one by one, each from the currently slowest stage holding more than
+/// one (the earliest on a tie), with a heap: O(surplus · log stages).
+fn remove_surplus(p: &Problem, split: &mut [u64], mut surplus: u64) {
+    use std::cmp::Reverse;
+    use std::collections::BinaryHeap;
+    #[derive(PartialEq)]
+    struct Key(f64, Reverse<usize>);
+    impl Eq for Key {}
+    impl PartialOrd for Key {
+        fn partial_cmp(&self, o: &Self) -> Option<std::cmp::Ordering> {
+            Some(self.cmp(o))
+        }
+    }
+    impl Ord for Key {
+        fn cmp(&self, o: &Self) -> std::cmp::Ordering {
+            self.0.total_cmp(&o.0).then(self.1.cmp(&o.1))
+        }
+    }
+    let mut heap: BinaryHeap<Key> = (0..split.len())
+        .filter(|&s| split[s] > 1)
+        .map(|s| Key(p.stage_time(s, split[s]), Reverse(s)))
+        .collect();
+    while surplus > 0 {
+        let Key(_, Reverse(s)) = heap
+            .pop()
+            .expect("the surplus is above one layer per stage");
+        split[s] -= 1;
+        surplus -= 1;
+        if split[s] > 1 {
+            heap.push(Key(p.stage_time(s, split[s]), Reverse(s)));
+        }
+    }
+}
+
+/// Lowers every stage to the least level `T` (by bisection, without the capacity's rounding
+/// slack) at which the stages, each cut to `min(split, ⌊(T − e)/t⌋)` but kept at one layer or
+/// more, still hold every layer: removing layers from the slowest stage first passes through
+/// these cuts, so the bulk cut changes nothing but the time it takes.
+fn lower_to_level(p: &Problem, split: &mut [u64]) {
+    let cut = |s: usize, t: f64| -> u64 {
+        let n = ((t - p.extra_time[s]) / p.layer_time[s]).floor().max(0.0) as u64;
+        n.clamp(1, split[s].max(1))
+    };
+    let held = |t: f64| (0..split.len()).fold(0u64, |a, s| a.saturating_add(cut(s, t)));
+    // Above every stage's time, so that `held(hi)` keeps the whole split.
+    let (mut lo, mut hi) = (0.0, 2.0 * p.bottleneck(split) + 1.0);
+    for _ in 0..200 {
+        let mid = 0.5 * (lo + hi);
+        if mid <= lo || mid >= hi {
+            break;
+        }
+        if held(mid) >= p.layers {
+            hi = mid;
+        } else {
+            lo = mid;
+        }
+    }
+    if held(hi) >= p.layers {
+        let lowered: Vec<u64> = (0..split.len()).map(|s| cut(s, hi)).collect();
+        split.copy_from_slice(&lowered);
+    }
 }
 
 /// The split of layers with individual costs `layer_cost` (on a reference device) into
@@ -329,6 +393,42 @@ mod tests {
         assert_eq!(split.iter().sum::<u64>(), 8);
         assert!((p.bottleneck(&split) - 3.0).abs() < 1e-12, "{split:?}");
         assert_eq!(split[3], 1);
+    }
+
+    /// Layer counts near 2^63: no overflow, no per-layer loop, and still a valid split.
+    #[test]
+    fn partition_balance_is_bounded_for_huge_layer_counts() {
+        for (layers, stages) in [
+            (i64::MAX as u64, 3usize),
+            (1u64 << 62, 1000),
+            (u64::MAX / 2, 7),
+        ] {
+            let p = Problem {
+                layers,
+                layer_time: (0..stages)
+                    .map(|s| 1e-9 * (1.0 + s as f64 / 10.0))
+                    .collect(),
+                extra_time: (0..stages).map(|s| s as f64).collect(),
+                max_layers: vec![u64::MAX; stages],
+            };
+            let start = std::time::Instant::now();
+            let split = balance(&p).expect("fits");
+            assert!(start.elapsed().as_secs_f64() < 5.0);
+            assert_eq!(
+                split.iter().fold(0u128, |a, n| a + *n as u128),
+                layers as u128
+            );
+            assert!(split.iter().all(|n| *n >= 1));
+        }
+        // Caps that overflow a u64 sum still fit.
+        let p = Problem {
+            layers: 10,
+            layer_time: vec![1.0; 3],
+            extra_time: vec![0.0; 3],
+            max_layers: vec![u64::MAX; 3],
+        };
+        let split = balance(&p).expect("fits");
+        assert_eq!((split.iter().sum::<u64>(), p.bottleneck(&split)), (10, 4.0));
     }
 
     #[test]

@@ -65,6 +65,65 @@ impl Source {
     }
 }
 
+impl Source {
+    /// Line and column of a dotted key (`device.memory_gib`) in TOML text: the `key =` line
+    /// inside the `[table]` named by all but the last part, or the table's header if the key
+    /// is not written there.
+    pub fn toml_key(&self, dotted: &str) -> Option<(usize, usize)> {
+        let (table, key) = dotted.rsplit_once('.').unwrap_or(("", dotted));
+        let mut inside = table.is_empty();
+        let mut offset = 0;
+        for line in self.text.split_inclusive('\n') {
+            let trimmed = line.trim_start();
+            if trimmed.starts_with('[') {
+                let name = trimmed
+                    .trim_start_matches('[')
+                    .split(']')
+                    .next()
+                    .unwrap_or("");
+                inside = name.trim() == table;
+            } else if inside {
+                if let Some(rest) = trimmed.strip_prefix(key) {
+                    if rest.trim_start().starts_with('=') {
+                        let indent = line.len() - trimmed.len();
+                        return Some(self.line_col(offset + indent));
+                    }
+                }
+            }
+            offset += line.len();
+        }
+        if table.is_empty() {
+            None
+        } else {
+            self.table_header(table)
+        }
+    }
+
+    /// Line and column of a key in JSON text, found by following a dotted path
+    /// (`parallel.world`; an index such as `per_stage[2]` is located at its array's key): each
+    /// part is the first `"key":` after the previous one.
+    pub fn json_key(&self, dotted: &str) -> Option<(usize, usize)> {
+        let mut from = 0;
+        let mut start = None;
+        for part in dotted.split('.') {
+            let part = part.split('[').next().unwrap_or(part);
+            let needle = format!("\"{part}\"");
+            loop {
+                let Some(at) = self.text.get(from..).and_then(|t| t.find(&needle)) else {
+                    return start.map(|s| self.line_col(s));
+                };
+                let s = from + at;
+                from = s + needle.len();
+                if self.text[from..].trim_start().starts_with(':') {
+                    start = Some(s);
+                    break;
+                }
+            }
+        }
+        start.map(|s| self.line_col(s))
+    }
+}
+
 /// The known key closest to `found` by edit distance, if it is plausibly a typo.
 pub fn near_key<'a>(found: &str, known: &[&'a str]) -> Option<&'a str> {
     known
@@ -100,6 +159,32 @@ mod tests {
         assert_eq!(s.line_col(0), (1, 1));
         assert_eq!(s.line_col(6), (2, 1));
         assert_eq!(s.line_col(9), (2, 4));
+    }
+
+    #[test]
+    fn toml_key_finds_the_line_inside_its_table() {
+        let s = Source::from_text(
+            "c.toml",
+            "name = \"x\"\n[device]\nname = \"d\"\n  memory_gib = 80\n[overhead]\n",
+        );
+        assert_eq!(s.toml_key("name"), Some((1, 1)));
+        assert_eq!(s.toml_key("device.name"), Some((3, 1)));
+        assert_eq!(s.toml_key("device.memory_gib"), Some((4, 3)));
+        // Not written: the table's header; no table: nothing.
+        assert_eq!(s.toml_key("overhead.fragmentation"), Some((5, 1)));
+        assert_eq!(s.toml_key("calibration.memory_efficiency"), None);
+    }
+
+    #[test]
+    fn json_key_follows_the_path() {
+        let s = Source::from_text(
+            "p.json",
+            "{\n \"a\": {\"world\": 1},\n \"b\": {\"world\": 2}\n}",
+        );
+        assert_eq!(s.json_key("b.world"), Some((3, 8)));
+        assert_eq!(s.json_key("a.world"), Some((2, 8)));
+        // A missing last part: where the path was last found.
+        assert_eq!(s.json_key("b.nothing"), Some((3, 2)));
     }
 
     #[test]

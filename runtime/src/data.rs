@@ -30,7 +30,7 @@ pub enum DataError {
 pub struct Tokens {
     pub tokens: Vec<u32>,
     /// Largest token id + 1 that the file may contain (256 for bytes).
-    pub vocab_used: u32,
+    pub vocab_used: u64,
     pub source: String,
 }
 
@@ -79,7 +79,7 @@ impl Tokens {
                 })
                 .collect()
         };
-        let vocab_used = tokens.iter().copied().max().map_or(0, |m| m + 1);
+        let vocab_used = tokens.iter().copied().max().map_or(0, |m| u64::from(m) + 1);
         Ok(Tokens {
             tokens,
             vocab_used,
@@ -89,7 +89,7 @@ impl Tokens {
 
     pub fn from_text(text: &str) -> Tokens {
         let tokens: Vec<u32> = text.bytes().map(u32::from).collect();
-        let vocab_used = tokens.iter().copied().max().map_or(0, |m| m + 1);
+        let vocab_used = tokens.iter().copied().max().map_or(0, |m| u64::from(m) + 1);
         Tokens {
             tokens,
             vocab_used,
@@ -99,7 +99,7 @@ impl Tokens {
 
     /// Checks the corpus against a model's vocabulary and sequence length.
     pub fn check(&self, vocab: u64, seq_len: u64) -> Result<(), DataError> {
-        if self.vocab_used as u64 > vocab {
+        if self.vocab_used > vocab {
             return Err(DataError::Invalid {
                 path: self.source.clone(),
                 problem: format!(
@@ -110,7 +110,7 @@ impl Tokens {
                     .into(),
             });
         }
-        if (self.tokens.len() as u64) < seq_len + 2 {
+        if (self.tokens.len() as u64) < seq_len.saturating_add(2) {
             return Err(DataError::Invalid {
                 path: self.source.clone(),
                 problem: format!(

@@ -6,6 +6,8 @@ use std::process::ExitCode;
 use clap::Args;
 use tessera_planner::plan::Plan;
 
+use tessera_planner::units;
+
 use crate::output::memory_tables;
 
 #[derive(Args)]
@@ -36,10 +38,10 @@ pub fn run(args: ExplainArgs) -> anyhow::Result<ExitCode> {
         if plan.feasible { "" } else { "  [INFEASIBLE: does not fit]" }
     );
     println!(
-        "peak {:.2} GiB on stage {} of {:.2} GiB\n",
-        plan.predicted.memory.peak_bytes as f64 / tessera_planner::spec::GIB,
+        "peak {} on stage {} of {}\n",
+        units::bytes(plan.predicted.memory.peak_bytes as f64),
         plan.predicted.memory.peak_stage,
-        plan.predicted.memory.capacity_bytes as f64 / tessera_planner::spec::GIB
+        units::bytes(plan.predicted.memory.capacity_bytes as f64)
     );
     print!("{}", memory_tables(&plan.predicted.memory, args.all_stages));
     Ok(ExitCode::SUCCESS)

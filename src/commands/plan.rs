@@ -9,8 +9,8 @@ use tessera_planner::plan::{Alternative, Plan, SearchSummary};
 use tessera_planner::precision::Policy;
 use tessera_planner::schedule::ScheduleKind;
 use tessera_planner::search::{self, Pins, SearchOptions, ORDERING};
-use tessera_planner::spec::{self, ClusterOverrides, TrainingOverrides, GIB};
-use tessera_planner::{memory, Diagnostic, Layout, Recompute};
+use tessera_planner::spec::{self, ClusterOverrides, TrainingOverrides};
+use tessera_planner::{memory, units, Diagnostic, Layout, Recompute};
 
 use crate::files::{check_outputs, named, write_output};
 use crate::output::{gib, memory_tables, table};
@@ -192,14 +192,11 @@ pub fn run(args: PlanArgs) -> anyhow::Result<ExitCode> {
     let n = cluster.devices;
     for (flag, v) in [("--tp", pins.tp), ("--pp", pins.pp), ("--dp", pins.dp)] {
         if let Some(v) = v.filter(|v| n % v != 0) {
-            let divisors: Vec<String> = (1..=n)
-                .filter(|d| n % d == 0)
-                .map(|d| d.to_string())
-                .collect();
+            let divisors = tessera_planner::search::divisors::listed(n);
             return Err(cli_error(
                 flag,
                 format!("{flag} {v} does not divide the {n} devices of the plan (DP × PP × TP must equal the device count)"),
-                format!("pass {flag} as a divisor of {n}: {}, or change --nodes/--devices", divisors.join(", ")),
+                format!("pass {flag} as a divisor of {n}: {divisors}, or change --nodes/--devices"),
             ));
         }
     }
@@ -207,7 +204,13 @@ pub fn run(args: PlanArgs) -> anyhow::Result<ExitCode> {
         top: args.top.max(1),
         ..SearchOptions::default()
     };
-    let result = search::search_with(&model, &cluster, &pins, options);
+    let result = search::search_checked(&model, &cluster, &pins, options).map_err(|e| {
+        anyhow::anyhow!(
+            "{} on {}: {e}",
+            args.model.display(),
+            args.cluster.display()
+        )
+    })?;
     let params = model.architecture.param_count();
     let Some(best) = result.fits.first() else {
         return no_fit(&args, &model, &cluster, &result, &pins);
@@ -245,6 +248,7 @@ pub fn run(args: PlanArgs) -> anyhow::Result<ExitCode> {
         alternatives: top,
     };
     let plan = Plan::new(&model, &cluster, &best.layout, summary);
+    super::run::check_runnable(&plan, &args.model)?;
     emit(&args, &plan)?;
     if args.format == Format::Table {
         let policy = Policy::by_name(&model.training.precision).expect("validated");
@@ -463,20 +467,42 @@ fn no_fit(
             .take(3)
             .collect();
         let pinned = *pins != Pins::default();
-        let field = if pinned { "pins" } else { "-" };
-        return Err(cli_error(
-            field,
+        let problem = format!(
+            "no layout of {} devices can be built: {}",
+            cluster.devices,
+            reasons.join("; ")
+        );
+        if pinned {
+            return Err(cli_error(
+                "pins",
+                problem,
+                "change or drop the pinned values so that DP × PP × TP equals the device count and each degree divides what it splits (heads, layers, batch)".into(),
+            ));
+        }
+        if args.nodes.is_some() || args.devices.is_some() {
+            return Err(cli_error(
+                if args.nodes.is_some() { "--nodes" } else { "--devices" },
+                problem,
+                format!(
+                    "pass a device count that the model's global batch ({}) and heads ({}) can be split over",
+                    model.training.global_batch, model.architecture.heads
+                ),
+            ));
+        }
+        // The device count comes from the cluster file.
+        let at = std::fs::read_to_string(&args.cluster).ok().and_then(|t| {
+            tessera_planner::source::Source::from_text(&args.cluster, t).toml_key("nodes")
+        });
+        return Err(anyhow::anyhow!(Diagnostic::new(
+            &args.cluster,
+            "nodes",
+            problem,
             format!(
-                "no layout of {} devices can be built: {}",
-                cluster.devices,
-                reasons.join("; ")
+                "change `nodes` or `gpus_per_node` so that the model's global batch ({}) and heads ({}) can be split over the devices, or use fewer with --devices N",
+                model.training.global_batch, model.architecture.heads
             ),
-            if pinned {
-                "change or drop the pinned values so that DP × PP × TP equals the device count and each degree divides what it splits (heads, layers, batch)".into()
-            } else {
-                "change the device count (--nodes/--devices) or the global batch".into()
-            },
-        ));
+        )
+        .at(at)));
     };
     let memory = memory::estimate(model, cluster, &miss.layout);
     let over = miss.peak_bytes as f64 - cluster.memory_bytes();
@@ -497,12 +523,12 @@ fn no_fit(
             emit(args, &plan)?;
         }
         let text = format!(
-            "{} does not fit: stage {} needs {:.2} GiB per device, {:.2} GiB over the {} GiB of a {}\n\n{}",
+            "{} does not fit: stage {} needs {} per device, {} over the {} of a {}\n\n{}",
             miss.layout.label(),
             memory.peak_stage,
-            miss.peak_bytes as f64 / GIB,
-            over / GIB,
-            cluster.device.memory_gib,
+            units::bytes(miss.peak_bytes as f64),
+            units::bytes(over),
+            units::bytes(cluster.memory_bytes()),
             cluster.device.name,
             memory_tables(&memory, false)
         );
@@ -518,20 +544,25 @@ fn no_fit(
         bail!(Diagnostic::new(
             "<command line>",
             "pins",
-            format!("the pinned layout is {:.2} GiB over device memory", over / GIB),
+            format!("the pinned layout is {} over device memory", units::bytes(over)),
             "unpin a knob (more recompute, a higher ZeRO stage, more TP or PP, a smaller micro-batch), or pass --force to write the plan marked infeasible"
         ));
     }
-    bail!(tessera_planner::PlanError::NothingFits {
+    bail!(
+        "{} on {}: {}",
+        args.model.display(),
+        args.cluster.display(),
+        tessera_planner::PlanError::NothingFits {
         model: model.name.clone(),
-        devices: cluster.devices as usize,
+        devices: cluster.devices,
         layout: miss.layout.label(),
-        need_gib: miss.peak_bytes as f64 / GIB,
-        have_gib: cluster.device.memory_gib,
+        need_bytes: miss.peak_bytes,
+        have_bytes: cluster.memory_bytes() as u64,
         fix: format!(
-            "use more devices (--nodes), devices with at least {:.0} GiB, or a smaller global batch; of {} layouts evaluated none fits",
-            (miss.peak_bytes as f64 / GIB).ceil(),
+            "use more devices (--nodes), devices with at least {} of memory, or a smaller global batch; of {} layouts evaluated none fits",
+            units::bytes(miss.peak_bytes as f64),
             result.evaluated
         ),
-    })
+    }
+    )
 }

@@ -14,7 +14,7 @@ use anyhow::{bail, Context};
 use clap::{Args, ValueEnum};
 use indicatif::{ProgressBar, ProgressStyle};
 use tessera_planner::plan::Plan;
-use tessera_planner::spec::{DeviceKind, GIB};
+use tessera_planner::spec::DeviceKind;
 use tessera_runtime::data::Tokens;
 use tessera_runtime::exec::{self, chrome_trace, TrainOptions};
 use tessera_runtime::launch::env::LaunchEnv;
@@ -80,24 +80,43 @@ fn learning_rate(text: &str) -> Result<f32, String> {
     Ok(v)
 }
 
+/// The runtime's own conditions on a plan for a CPU cluster (what it implements, how many
+/// ranks), checked by `plan`, `validate` and `run` alike; `file` is named in the error.
+pub fn check_runnable(plan: &Plan, file: &std::path::Path) -> anyhow::Result<()> {
+    if plan.job.cluster.device.kind != DeviceKind::Cpu {
+        return Ok(());
+    }
+    exec::check_supported(plan).map_err(|e| anyhow::anyhow!("{}: {e}", file.display()))
+}
+
 /// Bytes of host memory a CPU run of `plan` needs: f32 weights, gradients and Adam moments for
 /// every rank's parameters (ZeRO shards the moments), plus the plan's activations at 4 bytes
-/// instead of 2.
+/// instead of 2. The CPU runtime computes attention eagerly, so a plan that assumes flash
+/// attention also needs the s×s scores the plan does not count. In f64: never wraps.
 fn host_bytes_needed(plan: &Plan) -> f64 {
     let p = &plan.parallel;
-    let per_stage = &plan.predicted.memory.per_stage;
+    let a = &plan.job.model.architecture;
+    let t = &plan.job.model.training;
     let shard = if p.zero_stage >= 1 { p.dp as f64 } else { 1.0 };
-    per_stage
+    let scores_per_layer = if t.attention == tessera_planner::model::AttentionImpl::Flash {
+        4.0 * p.micro_batch as f64 * (a.heads / p.tp) as f64 * (t.seq_len as f64).powi(2)
+    } else {
+        0.0
+    };
+    plan.predicted
+        .memory
+        .per_stage
         .iter()
         .map(|s| {
-            let act: u64 = s
+            let act: f64 = s
                 .terms
                 .iter()
                 .filter(|t| t.kind == "activations")
-                .map(|t| t.bytes)
+                .map(|t| t.bytes as f64)
                 .sum();
+            let scores = scores_per_layer * s.layers as f64 * s.in_flight as f64;
             let states = s.params_per_rank as f64 * (8.0 + 8.0 / shard);
-            (states + 2.0 * act as f64) * (p.dp * p.tp) as f64
+            (states + 2.0 * act + scores) * (p.dp * p.tp) as f64
         })
         .sum()
 }
@@ -156,7 +175,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     if args.backend == Backend::Cuda || cluster.device.kind == DeviceKind::Gpu {
         bail!("{}", cuda_refusal(&args, &plan));
     }
-    exec::check_supported(&plan).map_err(|e| anyhow::anyhow!("{}: {e}", args.plan.display()))?;
+    check_runnable(&plan, &args.plan)?;
     let launch = LaunchEnv::from_env().context("reading the launch environment")?;
     match launch {
         Some(env) if env.world_size > 1 => distributed(&args, &plan, &env),
@@ -238,11 +257,11 @@ fn train_here(args: &RunArgs, plan: &Plan) -> anyhow::Result<ExitCode> {
     if let Some(have) = host_available_bytes() {
         if need > have {
             bail!(
-                "{}: this CPU run needs about {:.1} GiB of host memory ({} ranks), and {:.1} GiB is available\n  fix: plan a smaller model, a smaller micro-batch or more recompute, or free memory",
+                "{}: this CPU run needs about {} of host memory ({} ranks), and {} is available\n  fix: plan a smaller model, a smaller micro-batch or more recompute, or free memory",
                 args.plan.display(),
-                need / GIB,
+                tessera_planner::units::bytes(need),
                 plan.parallel.world,
-                have / GIB
+                tessera_planner::units::bytes(have)
             );
         }
     }

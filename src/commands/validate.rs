@@ -38,6 +38,7 @@ fn check(path: &Path) -> anyhow::Result<String> {
     let is_json = path.extension().is_some_and(|e| e == "json");
     if is_json && src.text.contains("\"format\"") {
         let plan = Plan::parse(&src)?;
+        super::run::check_runnable(&plan, path)?;
         let p = &plan.parallel;
         return Ok(format!(
             "plan of {} on {} devices (dp {} × tp {} × pp {}){}",

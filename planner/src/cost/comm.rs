@@ -117,25 +117,72 @@ pub struct Links {
     pub pp_next: Vec<GroupLink>,
 }
 
+/// Groups up to this size are listed rank by rank; larger ones (a DP of 10^12) are measured
+/// in closed form, which gives the same numbers (a test checks) without listing them.
+const LISTED_GROUP: u64 = 4096;
+
+/// `(nodes spanned, most members in one node)` of the group `{0, stride, 2·stride, …}` of
+/// `ranks` ranks, with `per_node` ranks per node: the TP group of rank 0 (stride 1) and its DP
+/// group (stride TP), in closed form.
+fn progression(ranks: u64, stride: u64, per_node: u64) -> (u64, u64) {
+    if ranks == 0 {
+        return (0, 1);
+    }
+    if stride >= per_node {
+        // Every member in a node of its own.
+        return (ranks, 1);
+    }
+    // Consecutive members are less than a node apart, so every node up to the last is hit;
+    // node 0 holds the most: the multiples of the stride below `per_node`.
+    let last = u128::from(ranks - 1) * u128::from(stride) / u128::from(per_node);
+    let nodes = u64::try_from(last + 1).unwrap_or(u64::MAX);
+    (nodes, ranks.min(per_node.div_ceil(stride.max(1))))
+}
+
+/// The link of the group `{0, stride, …}` of `ranks` ranks on `mesh`: listed when small.
+fn progression_link(cluster: &Cluster, mesh: &Mesh, ranks: u64, stride: u64) -> GroupLink {
+    if ranks <= LISTED_GROUP {
+        let group: Vec<u64> = (0..ranks).map(|i| i * stride).collect();
+        return GroupLink::of_group(cluster, mesh, &group);
+    }
+    let (nodes, most) = progression(ranks, stride, mesh.gpus_per_node);
+    GroupLink::new(cluster, ranks, nodes, most)
+}
+
 impl Links {
+    /// The links of a layout's groups. The TP and DP groups are sized in closed form when
+    /// large; `pp_next` has one entry per stage (callers bound PP: a layout that passes
+    /// `Layout::check` has at most `layout::MAX_SIMULATED_PASSES` stages).
     pub fn new(cluster: &Cluster, mesh: &Mesh) -> Links {
-        let tp = GroupLink::of_group(cluster, mesh, &mesh.tp_group(0));
-        let dp_group = mesh.dp_group(0);
-        let dp = GroupLink::of_group(cluster, mesh, &dp_group);
-        let home = mesh.node(0);
-        let local: Vec<u64> = dp_group
-            .iter()
-            .copied()
-            .filter(|r| mesh.node(*r) == home)
-            .collect();
-        let dp_in_node = GroupLink::of_group(cluster, mesh, &local);
-        let mut seen = std::collections::BTreeSet::new();
-        let heads: Vec<u64> = dp_group
-            .iter()
-            .copied()
-            .filter(|r| seen.insert(mesh.node(*r)))
-            .collect();
-        let dp_across_nodes = GroupLink::of_group(cluster, mesh, &heads);
+        let tp = progression_link(cluster, mesh, mesh.tp, 1);
+        let (dp, dp_in_node, dp_across_nodes) = if mesh.dp <= LISTED_GROUP {
+            let dp_group = mesh.dp_group(0);
+            let dp = GroupLink::of_group(cluster, mesh, &dp_group);
+            let home = mesh.node(0);
+            let local: Vec<u64> = dp_group
+                .iter()
+                .copied()
+                .filter(|r| mesh.node(*r) == home)
+                .collect();
+            let dp_in_node = GroupLink::of_group(cluster, mesh, &local);
+            let mut seen = std::collections::BTreeSet::new();
+            let heads: Vec<u64> = dp_group
+                .iter()
+                .copied()
+                .filter(|r| seen.insert(mesh.node(*r)))
+                .collect();
+            let dp_across_nodes = GroupLink::of_group(cluster, mesh, &heads);
+            (dp, dp_in_node, dp_across_nodes)
+        } else {
+            let (nodes, most) = progression(mesh.dp, mesh.tp, mesh.gpus_per_node);
+            // Rank 0's node holds the most DP members (`most`); one member per node spans
+            // every node the group does.
+            (
+                GroupLink::new(cluster, mesh.dp, nodes, most),
+                GroupLink::new(cluster, most, 1, most),
+                GroupLink::new(cluster, nodes, nodes, 1),
+            )
+        };
         let stages = mesh.pp_group(0);
         let last = *stages.last().expect("pp ≥ 1");
         let first_last = GroupLink::of_group(cluster, mesh, &[0, last]);
@@ -243,6 +290,43 @@ mod tests {
         let m = Mesh::new(1, 2, 8, 8);
         // Stage 0 (ranks 0-7) to stage 1 (ranks 8-15): different nodes, one NIC.
         assert!((p2p(&c, &m, 0, 8, 1e6) - (1e6 / 20e9 + 5e-6)).abs() < 1e-15);
+    }
+
+    /// The closed form of a group's nodes and densest node equals listing its ranks.
+    #[test]
+    fn cost_group_shape_in_closed_form_equals_the_listed_group() {
+        let c = cluster();
+        for per_node in [1, 2, 3, 4, 6, 8, 16] {
+            for stride in 1..=20 {
+                for ranks in 1..=40 {
+                    let mesh = Mesh::new(ranks, 1, stride, per_node);
+                    let group: Vec<u64> = (0..ranks).map(|i| i * stride).collect();
+                    let want = GroupLink::of_group(&c, &mesh, &group);
+                    let (nodes, most) = progression(ranks, stride, per_node);
+                    assert_eq!(
+                        GroupLink::new(&c, ranks, nodes, most),
+                        want,
+                        "{ranks} ranks, stride {stride}, {per_node} per node"
+                    );
+                    // The DP group of rank 0 is this progression with stride TP.
+                    assert_eq!(GroupLink::of_group(&c, &mesh, &mesh.dp_group(0)), want);
+                    let local = group.iter().filter(|r| **r < per_node).count() as u64;
+                    assert_eq!(local, most.min(ranks));
+                }
+            }
+        }
+        // A DP group of 10^12 ranks is sized without listing it.
+        let mesh = Mesh::new(1_000_000_000_000, 1, 2, 8);
+        let l = Links::new(&c, &mesh);
+        assert_eq!(
+            (l.dp.ranks, l.dp.nodes),
+            (1_000_000_000_000, 250_000_000_000)
+        );
+        assert_eq!(
+            (l.dp_in_node.ranks, l.dp_across_nodes.ranks),
+            (4, 250_000_000_000)
+        );
+        assert_eq!((l.tp.ranks, l.tp.nodes), (2, 1));
     }
 
     #[test]

@@ -134,7 +134,7 @@ pub fn layer_times(
     let (tp, sp, b) = (layout.tp, layout.sequence_parallel, layout.micro_batch);
     let lc = ops::layer(model, &dev, tp, sp, b);
     let a = &model.architecture;
-    let act = (b * model.training.seq_len * a.hidden) as f64 * 2.0;
+    let act = b as f64 * model.training.seq_len as f64 * a.hidden as f64 * 2.0;
     let t = &links.tp;
     // Two collectives per layer each way: all-reduces, or all-gather + reduce-scatter with SP.
     let per_pass = if sp {
@@ -190,7 +190,7 @@ pub fn layer_times(
         (t.all_reduce(act), 0.0, 0.0, 0.0)
     };
     // Vocabulary-parallel cross-entropy all-reduces the max, the sum and the target logit.
-    let ce = 3.0 * t.all_reduce(4.0 * (b * model.training.seq_len) as f64);
+    let ce = 3.0 * t.all_reduce(4.0 * (b as f64 * model.training.seq_len as f64));
     let part = |compute, tp| Parts {
         compute,
         tp,
@@ -269,7 +269,8 @@ pub fn evaluate(
         .collect();
     let a = &model.architecture;
     let (tp, sp) = (layout.tp, layout.sequence_parallel);
-    let act = (layout.micro_batch * model.training.seq_len * a.hidden) as f64 * 2.0;
+    // Sizes in f64 (a u64 product can overflow for huge specs; exact below 2^53 either way).
+    let act = layout.micro_batch as f64 * model.training.seq_len as f64 * a.hidden as f64 * 2.0;
     // Each TP rank sends its 1/TP slice (sequence parallelism, or Megatron's scatter/gather);
     // without SP the receiver all-gathers the slices inside its node.
     let regather = if tp > 1 && !sp {
@@ -356,7 +357,7 @@ pub fn evaluate(
     let per_rank = if zero >= 1 { shard } else { 1.0 };
     let updated: Vec<f64> = params.iter().map(|p| p / per_rank).collect();
     let optimizer: Vec<f64> = updated.iter().map(|p| dev.memory(p * update)).collect();
-    let tokens_per_step = (model.training.global_batch * model.training.seq_len) as f64;
+    let tokens_per_step = model.training.global_batch as f64 * model.training.seq_len as f64;
     let mut e = Evaluation {
         lower_bound: 0.0,
         sync,

@@ -10,6 +10,7 @@
 
 use std::collections::HashMap;
 
+use crate::layout::MAX_SIMULATED_PASSES;
 use crate::schedule::{self, Schedule, ScheduleKind, SimCosts};
 
 /// Seconds of one micro-batch through one model chunk, in named parts.
@@ -154,23 +155,58 @@ pub struct Simulator {
 /// Built schedules kept at once (each can hold a few hundred thousand ops).
 const KEEP_SCHEDULES: usize = 4;
 
+/// Micro-batch passes above which a schedule is large (tens of MB of ops): at most one large
+/// schedule is kept, so the cache holds no more than one near [`MAX_SIMULATED_PASSES`].
+const LARGE_SCHEDULE: usize = 1 << 16;
+
+fn large(id: &(ScheduleKind, usize, usize, usize)) -> bool {
+    id.1.saturating_mul(id.2).saturating_mul(id.3) > LARGE_SCHEDULE
+}
+
 impl Simulator {
     pub fn new() -> Self {
         Self::default()
     }
 
-    /// The simulated makespan of `p`.
+    /// The simulated makespan of `p`. A pipeline that cannot be simulated, because its op
+    /// lists would exceed [`MAX_SIMULATED_PASSES`] micro-batch passes or its schedule cannot be
+    /// built (no micro-batch), gets its lower bound as the makespan instead: `Layout::check`
+    /// rejects such layouts, so only a caller costing an unchecked layout sees that.
     pub fn run(&mut self, p: &Pipeline) -> Simulated {
         let key = p.key();
         if let Some(r) = self.results.get(&key) {
             return r.clone();
         }
+        let passes = p.microbatches as u128 * p.pp as u128 * p.virtual_stages as u128;
+        let unbounded = || Simulated {
+            makespan: p.lower_bound(),
+            busy: p.busy(),
+        };
+        if passes > u128::from(MAX_SIMULATED_PASSES) {
+            return unbounded();
+        }
+        // A NaN duration (from an infinite size) would read as "not sent yet" in the
+        // simulator's arrival table: it is infinitely long instead.
+        let finite = |x: f64| if x.is_nan() { f64::INFINITY } else { x };
+        if let Some(out) = one_stage(
+            p,
+            finite(p.chunks[0].fwd.total()),
+            finite(p.chunks[0].bwd.total()),
+        ) {
+            self.runs += 1;
+            self.results.insert(key, out.clone());
+            return out;
+        }
         let id = (p.kind, p.pp, p.microbatches, p.virtual_stages);
         let at = match self.schedules.iter().position(|(k, _)| *k == id) {
             Some(i) => i,
             None => {
-                let s = schedule::build(p.kind, p.pp, p.microbatches, p.virtual_stages)
-                    .expect("the layout was checked buildable before it is costed");
+                let Ok(s) = schedule::build(p.kind, p.pp, p.microbatches, p.virtual_stages) else {
+                    return unbounded();
+                };
+                if large(&id) {
+                    self.schedules.retain(|(k, _)| !large(k));
+                }
                 if self.schedules.len() >= KEEP_SCHEDULES {
                     self.schedules.remove(0);
                 }
@@ -178,9 +214,9 @@ impl Simulator {
                 self.schedules.len() - 1
             }
         };
-        let fwd = |s: usize, c: usize| p.chunk(s, c).fwd.total();
-        let bwd = |s: usize, c: usize| p.chunk(s, c).bwd.total();
-        let p2p = |a: usize, b: usize| p.p2p(a, b);
+        let fwd = |s: usize, c: usize| finite(p.chunk(s, c).fwd.total());
+        let bwd = |s: usize, c: usize| finite(p.chunk(s, c).bwd.total());
+        let p2p = |a: usize, b: usize| finite(p.p2p(a, b));
         let costs = SimCosts {
             forward: &fwd,
             backward: &bwd,
@@ -198,9 +234,68 @@ impl Simulator {
     }
 }
 
+/// The simulation of a one-stage pipeline without building its op list: no messages, so the
+/// stage's clock is its ops' durations added in the schedule's order (all forwards, then all
+/// backwards for GPipe; forward, backward per micro-batch for 1F1B), the same additions the
+/// simulator makes. `None` for other pipelines.
+fn one_stage(p: &Pipeline, fwd: f64, bwd: f64) -> Option<Simulated> {
+    if p.pp != 1 || p.virtual_stages != 1 || p.microbatches == 0 {
+        return None;
+    }
+    let mut clock = 0.0f64;
+    match p.kind {
+        ScheduleKind::Gpipe => {
+            for _ in 0..p.microbatches {
+                clock += fwd;
+            }
+            for _ in 0..p.microbatches {
+                clock += bwd;
+            }
+        }
+        ScheduleKind::OneFOneB => {
+            for _ in 0..p.microbatches {
+                clock += fwd;
+                clock += bwd;
+            }
+        }
+        ScheduleKind::Interleaved => return None,
+    }
+    Some(Simulated {
+        makespan: clock.max(0.0),
+        busy: vec![clock],
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The one-stage shortcut gives the simulator's numbers, to the bit.
+    #[test]
+    fn cost_one_stage_pipelines_equal_their_simulation() {
+        for kind in [ScheduleKind::Gpipe, ScheduleKind::OneFOneB] {
+            for m in [1, 2, 7, 100, 1000] {
+                let p = uniform(kind, 1, m, 1, 0.1 + 1e-9, 0.3 - 1e-7);
+                let fast = one_stage(&p, p.chunks[0].fwd.total(), p.chunks[0].bwd.total())
+                    .expect("one stage");
+                let s = schedule::build(kind, 1, m, 1).unwrap();
+                let f = |_: usize, _: usize| p.chunks[0].fwd.total();
+                let b = |_: usize, _: usize| p.chunks[0].bwd.total();
+                let costs = SimCosts {
+                    forward: &f,
+                    backward: &b,
+                    p2p: &|_, _| 0.0,
+                };
+                let slow = schedule::simulate_summary(&s, &costs).unwrap();
+                assert_eq!(
+                    fast.makespan.to_bits(),
+                    slow.makespan.to_bits(),
+                    "{kind} {m}"
+                );
+                assert_eq!(fast.busy, slow.busy, "{kind} {m}");
+            }
+        }
+    }
 
     fn uniform(kind: ScheduleKind, pp: usize, m: usize, v: usize, f: f64, b: f64) -> Pipeline {
         let part = |x: f64| Parts {

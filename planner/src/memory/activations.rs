@@ -137,7 +137,8 @@ pub fn embedding_bytes(model: &Model, b: u64, tp: u64, sp: bool) -> f64 {
     if t.dropout <= 0.0 {
         return 0.0;
     }
-    let bytes = (t.seq_len * b * model.architecture.hidden) as f64;
+    // In f64: the u64 product can overflow for huge specs (exact below 2^53 either way).
+    let bytes = t.seq_len as f64 * b as f64 * model.architecture.hidden as f64;
     if sp {
         bytes / tp as f64
     } else {
@@ -147,7 +148,7 @@ pub fn embedding_bytes(model: &Model, b: u64, tp: u64, sp: bool) -> f64 {
 
 /// Tensors of the head on the last stage: final norm input, output-layer input, fp32 logits.
 pub fn head_terms(model: &Model, b: u64, tp: u64, sp: bool) -> [(&'static str, f64); 3] {
-    let sb = (model.training.seq_len * b) as f64;
+    let sb = model.training.seq_len as f64 * b as f64;
     let h = model.architecture.hidden as f64;
     let t = tp as f64;
     let rep = if sp { t } else { 1.0 };

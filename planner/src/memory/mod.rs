@@ -61,11 +61,28 @@ impl MemoryReport {
 /// schedule's own op lists (`Schedule::peak_in_flight`).
 /// GPipe keeps all m; 1F1B keeps min(p − s, m) (PipeDream-Flush warm-up + 1); interleaved keeps
 /// Megatron's warm-up `2(p − s − 1) + (v − 1)p` plus one, capped at m·v.
+/// Saturating, so that no degree makes it wrap.
 pub fn in_flight(kind: ScheduleKind, pp: u64, m: u64, v: u64, stage: u64) -> u64 {
+    let after = pp.saturating_sub(stage);
     match kind {
-        ScheduleKind::Gpipe => m * v,
-        ScheduleKind::OneFOneB => (pp - stage).min(m),
-        ScheduleKind::Interleaved => (2 * (pp - stage - 1) + (v - 1) * pp + 1).min(m * v),
+        ScheduleKind::Gpipe => m.saturating_mul(v),
+        ScheduleKind::OneFOneB => after.min(m),
+        ScheduleKind::Interleaved => after
+            .saturating_sub(1)
+            .saturating_mul(2)
+            .saturating_add(v.saturating_sub(1).saturating_mul(pp))
+            .saturating_add(1)
+            .min(m.saturating_mul(v)),
+    }
+}
+
+/// `x · n`, where no layers hold no bytes even when one layer's are infinite (an overflowed
+/// parameter count): never NaN.
+fn times(x: f64, n: f64) -> f64 {
+    if n == 0.0 {
+        0.0
+    } else {
+        x * n
     }
 }
 
@@ -95,7 +112,8 @@ struct Total(u64);
 impl Sink for Total {
     fn term(&mut self, _: &'static str, _: &'static str, bytes: f64, _: &dyn Fn() -> String) {
         if bytes > 0.0 {
-            self.0 += bytes.round() as u64;
+            // An overflowed size is infinite bytes: the total saturates, never wraps.
+            self.0 = self.0.saturating_add(bytes.round() as u64);
         }
     }
 }
@@ -163,7 +181,7 @@ impl<'a> Ctx<'a> {
     fn params(&self, stage: u64) -> f64 {
         let a = &self.model.architecture;
         let (pp, tp) = (self.layout.pp, self.layout.tp);
-        let mut params = a.layer_params().per_tp_rank(tp) * self.layers(stage) as f64;
+        let mut params = times(a.layer_params().per_tp_rank(tp), self.layers(stage) as f64);
         if stage == 0 {
             params += a.embedding_params().per_tp_rank(tp);
         }
@@ -227,7 +245,7 @@ impl<'a> Ctx<'a> {
             sink,
             "layer_activations",
             "activations",
-            self.per_layer_act * per_chunk * flight as f64,
+            times(self.per_layer_act, per_chunk) * flight as f64,
             &|| {
                 format!(
                 "{:.0} B per layer per micro-batch ({} recompute{}) × {per_chunk:.1} layers per chunk × {flight} micro-batch-chunks in flight under {}",
@@ -336,7 +354,7 @@ pub fn estimate_split(
                 layers: ctx.layers(stage),
                 params_per_rank: ctx.params(stage).round() as u64,
                 in_flight: ctx.in_flight(stage),
-                total_bytes: terms.iter().map(|t| t.bytes).sum(),
+                total_bytes: terms.iter().fold(0u64, |t, x| t.saturating_add(x.bytes)),
                 terms,
             }
         })
@@ -423,7 +441,7 @@ impl StageBytes {
 
     /// Bytes on `stage` when it holds `layers` layers.
     pub fn bytes(&self, stage: usize, layers: u64) -> f64 {
-        self.per_layer[stage] * layers as f64 + self.fixed[stage]
+        times(self.per_layer[stage], layers as f64) + self.fixed[stage]
     }
 
     /// The most layers `stage` can hold within `capacity` bytes (0 if not even one).

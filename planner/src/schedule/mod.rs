@@ -17,7 +17,7 @@ mod interleaved;
 mod one_f_one_b;
 pub mod sim;
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::fmt;
 use std::str::FromStr;
 
@@ -270,14 +270,24 @@ fn edges(pp: usize, v: usize, stage: usize, chunk: usize, backward: bool) -> (Li
 /// the next one on its channel, the earlier messages are received first (they were sent before
 /// it, so this never waits longer than the needed message does). Only pp = 2 interleaved, where
 /// one channel carries both activations and gradients, needs that.
+///
+/// Linear in the ops (no hashing per op), so that a million micro-batch passes build in a
+/// fraction of a second: a channel is found among its sender's (at most two) peers, and a
+/// receive that was pulled ahead of its turn waits in a short list until its compute needs it
+/// (each message is needed exactly once, so that list is the "already received" test).
 fn place_comm(pp: usize, v: usize, orders: &[Vec<(bool, usize, usize)>]) -> Vec<Vec<Op>> {
-    let mut channels: HashMap<(usize, usize), Vec<Op>> = HashMap::new();
+    // channels[from]: (to, messages in send order).
+    let mut channels: Vec<Vec<(usize, Vec<Op>)>> = vec![Vec::new(); pp];
     for (s, order) in orders.iter().enumerate() {
         for &(backward, mb, chunk) in order {
             if let (_, Some((to, c))) = edges(pp, v, s, chunk, backward) {
                 if to != s {
                     let recv = Op::make(Role::Recv, backward, mb, c, s);
-                    channels.entry((s, to)).or_default().push(recv);
+                    let out = &mut channels[s];
+                    match out.iter_mut().find(|(t, _)| *t == to) {
+                        Some((_, queue)) => queue.push(recv),
+                        None => out.push((to, vec![recv])),
+                    }
                 }
             }
         }
@@ -285,19 +295,24 @@ fn place_comm(pp: usize, v: usize, orders: &[Vec<(bool, usize, usize)>]) -> Vec<
     let mut stages = Vec::with_capacity(pp);
     for (s, order) in orders.iter().enumerate() {
         let mut ops = Vec::with_capacity(order.len() * 3);
-        let mut received: HashSet<Op> = HashSet::new();
-        let mut cursor: HashMap<usize, usize> = HashMap::new();
+        let mut early: Vec<Op> = Vec::new();
+        let mut cursor = vec![0usize; pp];
         for &(backward, mb, chunk) in order {
             let (input, output) = edges(pp, v, s, chunk, backward);
             if let Some((from, _)) = input.filter(|i| i.0 != s) {
                 let needed = Op::make(Role::Recv, backward, mb, chunk, from);
-                if !received.contains(&needed) {
-                    let queue = channels.get(&(from, s)).map_or(&[][..], Vec::as_slice);
-                    let at = cursor.entry(from).or_insert(0);
+                if let Some(i) = early.iter().position(|m| *m == needed) {
+                    early.swap_remove(i);
+                } else {
+                    let queue = channels[from]
+                        .iter()
+                        .find(|(t, _)| *t == s)
+                        .map_or(&[][..], |(_, q)| q.as_slice());
+                    let at = &mut cursor[from];
                     match queue[*at..].iter().position(|m| *m == needed) {
                         Some(k) => {
                             ops.extend_from_slice(&queue[*at..=*at + k]);
-                            received.extend(&queue[*at..=*at + k]);
+                            early.extend_from_slice(&queue[*at..*at + k]);
                             *at += k + 1;
                         }
                         // Cannot happen for the generators here; emit it so `check` reports it.

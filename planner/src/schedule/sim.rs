@@ -54,7 +54,7 @@ pub fn bubble_formula(
         ScheduleKind::Interleaved => virtual_stages.max(1),
         ScheduleKind::Gpipe | ScheduleKind::OneFOneB => 1,
     };
-    pp.saturating_sub(1) as f64 / (v * microbatches.max(1)) as f64
+    pp.saturating_sub(1) as f64 / (v as f64 * microbatches.max(1) as f64)
 }
 
 /// Slot of a message in the arrival array: direction, micro-batch, and the boundary between

@@ -10,16 +10,20 @@
 //! difference says why. Every rejected layout keeps its reason. This module never formats
 //! output beyond those reasons.
 
+pub mod divisors;
+mod space;
 #[cfg(test)]
 mod tests;
 mod why;
+
+pub use space::{check_size, count_layouts, SearchError, SpaceSize, MAX_LAYOUTS};
 
 use std::collections::{BTreeMap, HashMap};
 
 use crate::cost::comm::Links;
 use crate::cost::pipeline::Simulator;
 use crate::cost::{self, Evaluation, Options, Prediction};
-use crate::layout::{Layout, Recompute, Sharding};
+use crate::layout::{Layout, Recompute, Rejection, MAX_SIMULATED_PASSES};
 use crate::memory::StageBytes;
 use crate::model::Model;
 use crate::partition;
@@ -111,100 +115,11 @@ pub struct SearchResult {
     pub rejected: BTreeMap<String, RejectionGroup>,
 }
 
-fn divisors(n: u64) -> Vec<u64> {
-    (1..=n).filter(|d| n.is_multiple_of(*d)).collect()
-}
-
-fn pick<T: Copy>(pin: Option<T>, all: Vec<T>) -> Vec<T> {
-    match pin {
-        Some(v) => vec![v],
-        None => all,
-    }
-}
-
-/// Enumerates the layouts allowed by the pins (buildable or not).
+/// Enumerates the layouts allowed by the pins (buildable or not), in the search's order. It
+/// lists them all: [`count_layouts`] says how many first (as [`search_checked`] does).
 pub fn enumerate(model: &Model, cluster: &Cluster, pins: &Pins) -> Vec<Layout> {
-    let n = cluster.devices;
-    let a = &model.architecture;
     let mut out = Vec::new();
-    for tp in pick(pins.tp, divisors(n)) {
-        for pp in pick(
-            pins.pp,
-            divisors(n / tp.max(1))
-                .into_iter()
-                .filter(|p| *p <= a.layers)
-                .collect(),
-        ) {
-            let dp = pins.dp.unwrap_or(n / (tp * pp).max(1));
-            let per_replica = model.training.global_batch / dp.max(1);
-            let mbs = pick(pins.micro_batch, divisors(per_replica.max(1)));
-            let schedules = schedules(a.layers, pp, pins);
-            let zeros = pick(pins.zero, vec![0, 1, 2, 3]);
-            let sps = pick(
-                pins.sp,
-                if tp > 1 {
-                    vec![false, true]
-                } else {
-                    vec![false]
-                },
-            );
-            for &micro_batch in &mbs {
-                for &(schedule, virtual_stages) in &schedules {
-                    for &zero_stage in &zeros {
-                        let hybrids = pick(
-                            pins.hybrid,
-                            if zero_stage > 0 && cluster.nodes > 1 && dp > cluster.gpus_per_node {
-                                vec![false, true]
-                            } else {
-                                vec![false]
-                            },
-                        );
-                        for &hybrid in &hybrids {
-                            for recompute in pick(pins.recompute, Recompute::ALL.to_vec()) {
-                                for &sequence_parallel in &sps {
-                                    out.push(Layout {
-                                        dp,
-                                        pp,
-                                        tp,
-                                        micro_batch,
-                                        sharding: Sharding { zero_stage, hybrid },
-                                        recompute,
-                                        sequence_parallel,
-                                        schedule,
-                                        virtual_stages,
-                                    });
-                                }
-                            }
-                        }
-                    }
-                }
-            }
-        }
-    }
-    out
-}
-
-/// Schedule and virtual-stage choices for `pp` stages. With PP = 1 the schedule does not
-/// matter, so only 1F1B is tried (unless pinned); interleaving tries v chunks that split the
-/// layers evenly.
-fn schedules(layers: u64, pp: u64, pins: &Pins) -> Vec<(ScheduleKind, u64)> {
-    let kinds = match pins.schedule {
-        Some(k) => vec![k],
-        None if pp == 1 => vec![ScheduleKind::OneFOneB],
-        None => ScheduleKind::ALL.to_vec(),
-    };
-    let mut out = Vec::new();
-    for kind in kinds {
-        match (kind, pins.virtual_stages) {
-            (_, Some(v)) => out.push((kind, v)),
-            (ScheduleKind::Interleaved, None) => out.extend(
-                (2..=8)
-                    .filter(|v| layers.is_multiple_of(pp * v))
-                    .map(|v| (kind, v)),
-            ),
-            (_, None) => out.push((kind, 1)),
-        }
-    }
+    space::for_each_layout(model, cluster, pins, &mut |l| out.push(l));
     out
 }
 
@@ -226,6 +141,7 @@ fn complexity(l: &Layout, cluster: &Cluster) -> impl Ord {
 }
 
 /// A layout split over its stages and costed up to the pipeline simulation.
+#[derive(Debug)]
 pub struct Assessed {
     pub split: Vec<u64>,
     /// Peak bytes per device; for a layout that does not fit, that of the even split.
@@ -295,12 +211,23 @@ pub fn assess(
 
 /// A layout's split, peak memory and simulated prediction, whether or not it fits (a layout
 /// that does not fit keeps the even split): what `Plan::new` and the validation need.
+///
+/// Bounded for any layout: one whose pipeline is too long to simulate gets its lower bound as
+/// the makespan. A layout with a zero degree, more than [`MAX_SIMULATED_PASSES`] chunks or
+/// more ranks than a u64 counts cannot even be costed: it gets an infinite step time and
+/// peak, an empty split and no evaluation. Use [`try_predict_layout`] to have it rejected.
 pub fn predict_layout(
     model: &Model,
     cluster: &Cluster,
     layout: &Layout,
     options: Options,
 ) -> (Assessed, Prediction) {
+    let l = layout;
+    let chunks = l.chunks().unwrap_or(u64::MAX);
+    let ranks = l.dp.checked_mul(l.pp).and_then(|x| x.checked_mul(l.tp));
+    if l.dp == 0 || l.tp == 0 || chunks == 0 || chunks > MAX_SIMULATED_PASSES || ranks.is_none() {
+        return unbuildable();
+    }
     let links = Links::new(cluster, &layout.mesh(cluster));
     let mut a = assess(model, cluster, layout, &links, options);
     let e = a.evaluation.take().unwrap_or_else(|| {
@@ -312,33 +239,102 @@ pub fn predict_layout(
     (a, p)
 }
 
-/// Runs the search with the default options.
+/// [`predict_layout`] for a layout that passes [`Layout::check`]; the rejection otherwise.
+pub fn try_predict_layout(
+    model: &Model,
+    cluster: &Cluster,
+    layout: &Layout,
+    options: Options,
+) -> Result<(Assessed, Prediction), Rejection> {
+    layout.check(model, cluster)?;
+    Ok(predict_layout(model, cluster, layout, options))
+}
+
+/// What [`predict_layout`] gives a layout that cannot be costed at all.
+fn unbuildable() -> (Assessed, Prediction) {
+    let a = Assessed {
+        split: Vec::new(),
+        peak_bytes: u64::MAX,
+        fits: false,
+        evaluation: None,
+    };
+    let p = Prediction {
+        step_time_s: f64::INFINITY,
+        breakdown: Vec::new(),
+        tokens_per_s: 0.0,
+        tokens_per_s_per_device: 0.0,
+        mfu: 0.0,
+        model_flops_per_step: 0.0,
+        bottleneck_stage: 0,
+    };
+    (a, p)
+}
+
+/// Runs the search with the default options (see [`search_with`]).
 pub fn search(model: &Model, cluster: &Cluster, pins: &Pins) -> SearchResult {
     search_with(model, cluster, pins, SearchOptions::default())
 }
 
-/// Runs the search.
+/// Runs the search. A space too large to search ([`SearchError`]) gives no layout, with the
+/// error's message as its only rejection (under the rule [`TOO_MANY_LAYOUTS`], counting the
+/// layouts); [`search_checked`] returns the error instead.
 pub fn search_with(
     model: &Model,
     cluster: &Cluster,
     pins: &Pins,
     options: SearchOptions,
 ) -> SearchResult {
+    match search_checked(model, cluster, pins, options) {
+        Ok(r) => r,
+        Err(e) => {
+            let SearchError::TooManyLayouts { layouts, .. } = &e;
+            let group = RejectionGroup {
+                count: *layouts,
+                example: e.to_string(),
+            };
+            SearchResult {
+                fits: Vec::new(),
+                evaluated: 0,
+                simulated: 0,
+                closest_miss: None,
+                rejected: BTreeMap::from([(TOO_MANY_LAYOUTS.to_string(), group)]),
+            }
+        }
+    }
+}
+
+/// The rejection rule under which [`search_with`] reports a space too large to search.
+pub const TOO_MANY_LAYOUTS: &str = "too many layouts to search";
+
+/// Runs the search, after counting the layouts the pins allow: more than [`MAX_LAYOUTS`] is
+/// an error that names the pins that would narrow them, so that any job (10^12 devices, a
+/// global batch of 2^63 − 1) is answered in bounded time.
+pub fn search_checked(
+    model: &Model,
+    cluster: &Cluster,
+    pins: &Pins,
+    options: SearchOptions,
+) -> Result<SearchResult, SearchError> {
+    space::check_size(model, cluster, pins)?;
     let mut fits = Vec::new();
     let mut rejected: BTreeMap<String, RejectionGroup> = BTreeMap::new();
     let mut evaluated = 0;
     let mut closest_miss: Option<Candidate> = None;
     let mut links: HashMap<(u64, u64, u64), Links> = HashMap::new();
-    let mut reject = |key: &str, example: String| {
+    // The example is written only for the first layout of each group.
+    let mut reject = |key: &str, example: &dyn Fn() -> String| {
         let g = rejected
             .entry(key.to_string())
-            .or_insert(RejectionGroup { count: 0, example });
+            .or_insert_with(|| RejectionGroup {
+                count: 0,
+                example: example(),
+            });
         g.count += 1;
     };
-    for layout in enumerate(model, cluster, pins) {
+    space::for_each_layout(model, cluster, pins, &mut |layout| {
         if let Err(why) = layout.check(model, cluster) {
-            reject(why.rule, format!("{}: {why}", layout.label()));
-            continue;
+            reject(why.rule, &|| format!("{}: {why}", layout.label()));
+            return;
         }
         evaluated += 1;
         let l = links
@@ -359,15 +355,14 @@ pub fn search_with(
         if a.fits {
             fits.push(c);
         } else {
-            reject(
-                "does not fit in device memory",
+            reject("does not fit in device memory", &|| {
                 format!(
                     "{}: needs {:.1} GiB per device, has {:.1} GiB",
                     c.layout.label(),
                     c.peak_bytes as f64 / crate::spec::GIB,
                     cluster.device.memory_gib
-                ),
-            );
+                )
+            });
             if closest_miss
                 .as_ref()
                 .is_none_or(|m| c.peak_bytes < m.peak_bytes)
@@ -375,15 +370,15 @@ pub fn search_with(
                 closest_miss = Some(c);
             }
         }
-    }
+    });
     let simulated = rank(model, cluster, &mut fits, &mut links, options);
-    SearchResult {
+    Ok(SearchResult {
         fits,
         evaluated,
         simulated,
         closest_miss,
         rejected,
-    }
+    })
 }
 
 /// Simulates the fitting layouts in order of their lower bound until none left can matter,

@@ -2,6 +2,7 @@
 
 use super::*;
 use crate::cost::TimeTerm;
+use crate::layout::Sharding;
 use crate::spec::{self as specs, ClusterOverrides, TrainingOverrides};
 use std::path::Path;
 
@@ -162,4 +163,72 @@ fn search_says_why_an_alternative_lost() {
         "{why}"
     );
     assert!(why.contains("TP 16 vs 8"), "{why}");
+}
+
+/// The simulation bound rejects no layout of a preset job (it would change their reasons):
+/// the largest, Megatron's 1T model on 2 nodes, has 393,216 passes.
+#[test]
+fn search_simulation_bound_rejects_no_preset_layout() {
+    use crate::layout::{MAX_SIMULATED_PASSES, TOO_MANY_MICROBATCHES};
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../specs");
+    let mut most = 0;
+    for model in std::fs::read_dir(root.join("models")).unwrap() {
+        let m = specs::load_model(&model.unwrap().path(), TrainingOverrides::default()).unwrap();
+        for nodes in [1, 2, 16] {
+            let (_, c) = job("tiny.toml", "dgx-a100-80g.toml", nodes);
+            for l in enumerate(&m, &c, &Pins::default()) {
+                if let Err(r) = l.check(&m, &c) {
+                    assert_ne!(r.rule, TOO_MANY_MICROBATCHES, "{}: {r}", m.name);
+                    continue;
+                }
+                most = most.max(l.microbatches(&m) * l.pp * l.virtual_stages);
+            }
+        }
+    }
+    assert!((1 << 16..=MAX_SIMULATED_PASSES).contains(&most), "{most}");
+}
+
+/// The count is the enumeration's length, pins or none, and the presets fit under the limit.
+#[test]
+fn search_counts_exactly_the_layouts_it_enumerates() {
+    let pinned = [
+        Pins::default(),
+        Pins {
+            tp: Some(8),
+            ..Pins::default()
+        },
+        Pins {
+            pp: Some(4),
+            micro_batch: Some(2),
+            ..Pins::default()
+        },
+        Pins {
+            dp: Some(6),
+            schedule: Some(ScheduleKind::Interleaved),
+            ..Pins::default()
+        },
+        Pins {
+            schedule: Some(ScheduleKind::Interleaved),
+            virtual_stages: Some(3),
+            zero: Some(3),
+            hybrid: Some(true),
+            sp: Some(true),
+            recompute: Some(Recompute::Full),
+            ..Pins::default()
+        },
+    ];
+    for (model, cluster, nodes) in [
+        ("gpt3-175b.toml", "dgx-a100-80g.toml", 16),
+        ("llama3-8b.toml", "dgx-h100-80g.toml", 3),
+        ("tiny.toml", "cpu-8.toml", 1),
+        ("megatron-530b.toml", "dgx-a100-80g.toml", 315),
+    ] {
+        let (m, c) = job(model, cluster, nodes);
+        for pins in &pinned {
+            let size = count_layouts(&m, &c, pins);
+            assert!(size.complete && size.layouts <= MAX_LAYOUTS, "{model}");
+            let listed = enumerate(&m, &c, pins).len() as u64;
+            assert_eq!(size.layouts, listed, "{model} {pins:?}");
+        }
+    }
 }

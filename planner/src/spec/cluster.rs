@@ -293,7 +293,25 @@ pub fn parse_cluster_toml(src: &Source, over: ClusterOverrides) -> Result<Cluste
         }
         nodes = n;
     }
-    let mut devices = nodes * gpus_per_node;
+    let Some(mut devices) = nodes.checked_mul(gpus_per_node) else {
+        let (file, field) = if over.nodes.is_some() {
+            (cli, "--nodes")
+        } else {
+            (src.path.as_path(), "nodes")
+        };
+        let at = over
+            .nodes
+            .is_none()
+            .then(|| src.toml_key("nodes"))
+            .flatten();
+        return Err(Diagnostic::new(
+            file,
+            field,
+            format!("{nodes} nodes × {gpus_per_node} GPUs per node is more devices than a 64-bit count holds"),
+            format!("use at most {} nodes", u64::MAX / gpus_per_node),
+        )
+        .at(at));
+    };
     if let Some(n) = over.devices {
         if n == 0 || n > devices {
             return Err(Diagnostic::new(
@@ -306,7 +324,7 @@ pub fn parse_cluster_toml(src: &Source, over: ClusterOverrides) -> Result<Cluste
         devices = n;
         nodes = n.div_ceil(gpus_per_node);
     }
-    Ok(Cluster {
+    let cluster = Cluster {
         name,
         nodes,
         gpus_per_node,
@@ -317,7 +335,9 @@ pub fn parse_cluster_toml(src: &Source, over: ClusterOverrides) -> Result<Cluste
         overhead,
         calibration,
         calibrated,
-    })
+    };
+    cluster.check().map_err(|p| p.in_toml(src))?;
+    Ok(cluster)
 }
 
 /// Resolves `[calibration]`: each key optional (the default replaces it), fractions in (0, 1],

@@ -23,11 +23,24 @@ pub fn parse_hf_config(src: &Source, over: TrainingOverrides) -> Result<Model, D
     })?;
     let err =
         |field: &str, problem: String, fix: String| Diagnostic::new(&src.path, field, problem, fix);
-    let model_type = v
-        .get("model_type")
-        .and_then(Value::as_str)
-        .unwrap_or("")
-        .to_string();
+    let model_type = match v.get("model_type") {
+        Some(Value::String(t)) => t.clone(),
+        Some(other) => {
+            return Err(err(
+                "model_type",
+                format!("must be a string, found {other}"),
+                "set \"model_type\" to the family name: llama, mistral, qwen2 or gpt2".into(),
+            )
+            .at(src.json_key("model_type")))
+        }
+        None => {
+            return Err(err(
+                "model_type",
+                "required key `model_type` is missing: it names the model family".into(),
+                "add \"model_type\": \"llama\" (or mistral, qwen2, gpt2) to the config".into(),
+            ))
+        }
+    };
     let get = |keys: &[&str]| -> Option<(String, &Value)> {
         keys.iter().find_map(|k| {
             v.get(*k)
@@ -183,11 +196,21 @@ pub fn parse_hf_config(src: &Source, over: TrainingOverrides) -> Result<Model, D
                 .map(|n| n.to_string_lossy().into_owned())
         })
         .unwrap_or_else(|| model_type.clone());
-    Ok(Model {
+    let model = Model {
         name,
         architecture: arch,
         training,
-    })
+    };
+    model.check().map_err(|p| {
+        // A config names the position table `n_positions` (GPT-2) or `max_position_embeddings`.
+        if p.field == "architecture.max_positions" {
+            Diagnostic::new(&src.path, "n_positions", p.problem, p.fix)
+                .at(src.json_key("n_positions"))
+        } else {
+            p.in_json(src, "")
+        }
+    })?;
+    Ok(model)
 }
 
 enum Family {

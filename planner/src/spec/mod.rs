@@ -3,11 +3,13 @@
 //! Two phases, as in ripgrep's LowArgs → HiArgs: serde structs close to the file, then one
 //! resolved, validated [`Model`] or [`Cluster`]. Only resolved types leave this module.
 
+mod check;
 mod cluster;
 mod fields;
 mod hf;
 mod model;
 
+pub use check::Problem;
 pub use cluster::{
     parse_cluster_toml, Calibration, Cluster, ClusterOverrides, Device, DeviceKind, Link, Overhead,
     GIB,

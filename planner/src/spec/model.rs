@@ -115,11 +115,13 @@ pub fn parse_model_toml(src: &Source, overrides: TrainingOverrides) -> Result<Mo
     };
     let architecture = resolve_architecture(&f, &arch)?;
     let training = resolve_training(&f, &raw.training.unwrap_or_default(), overrides)?;
-    Ok(Model {
+    let model = Model {
         name,
         architecture: finish_positions(architecture, &training),
         training,
-    })
+    };
+    model.check().map_err(|p| p.in_toml(src))?;
+    Ok(model)
 }
 
 /// A learned position table defaults to `seq_len` rows.
@@ -142,15 +144,12 @@ pub(crate) fn resolve_architecture(
     let kv_heads = f.opt_pos_int(T, "kv_heads", &a.kv_heads)?.unwrap_or(heads);
     if heads % kv_heads != 0 {
         let span = a.kv_heads.as_ref().map(|s| s.span());
-        let divisors: Vec<String> = (1..=heads)
-            .filter(|d| heads % d == 0)
-            .map(|d| d.to_string())
-            .collect();
+        let divisors = crate::search::divisors::listed(heads);
         return Err(f.err(
             span,
             "architecture.kv_heads",
             format!("heads ({heads}) is not divisible by kv_heads ({kv_heads}); each KV head must serve a whole group of query heads"),
-            format!("set kv_heads to a divisor of {heads}: {}", divisors.join(", ")),
+            format!("set kv_heads to a divisor of {heads}: {divisors}"),
         ));
     }
     let head_dim = match f.opt_pos_int(T, "head_dim", &a.head_dim)? {

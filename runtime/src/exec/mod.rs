@@ -109,9 +109,22 @@ pub struct TrainReport {
     pub trace: Vec<TraceEvent>,
 }
 
-/// Checks that this runtime can execute the plan at all.
+/// The most ranks the CPU backend runs (each a thread, with a channel to every peer).
+pub const MAX_CPU_RANKS: u64 = 1024;
+
+/// Checks that this runtime can execute the plan at all. `tessera plan` and `tessera validate`
+/// run it on CPU-cluster plans too, so a plan that would fail here is refused before a run.
 pub fn check_supported(plan: &Plan) -> Result<(), RunError> {
     let p = &plan.parallel;
+    if p.world > MAX_CPU_RANKS {
+        return Err(RunError::Unsupported {
+            what: format!(
+                "the CPU backend runs every rank as a thread of one process, and this plan has {} ranks (at most {MAX_CPU_RANKS})",
+                p.world
+            ),
+            fix: "plan for fewer devices (--devices N)".into(),
+        });
+    }
     let rows = p.micro_batch * plan.job.model.training.seq_len;
     if p.sequence_parallel && !rows.is_multiple_of(p.tp) {
         return Err(RunError::Unsupported {

@@ -5,12 +5,16 @@
 //! `tessera.plan/v1`; keys are a contract (docs/plan.md), added to but never renamed. The
 //! committed JSON Schema (docs/plan.schema.json) is generated from these types.
 
+mod check;
+
 use std::path::Path;
 
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use crate::cost::{Options, Prediction, TimeTerm, FLOP_CONVENTION};
+use crate::cost::comm::Links;
+use crate::cost::pipeline::Simulator;
+use crate::cost::{self, Options, Prediction, TimeTerm, FLOP_CONVENTION};
 use crate::error::Diagnostic;
 use crate::layout::{Layout, Recompute, Sharding};
 use crate::memory::{self, MemoryReport};
@@ -124,6 +128,19 @@ pub struct Predicted {
 }
 
 impl Predicted {
+    /// What the planner predicts for `layout` with `split` (layers per virtual stage): the
+    /// memory of every stage and the simulated step. A plan's `predicted` section is exactly
+    /// this; `Plan::load` recomputes it and refuses a plan whose stored copy differs.
+    pub fn derive(model: &Model, cluster: &Cluster, layout: &Layout, split: &[u64]) -> Predicted {
+        let memory = memory::estimate_split(model, cluster, layout, split);
+        let options = Options::default();
+        let links = Links::new(cluster, &layout.mesh(cluster));
+        let times = cost::layer_times(model, cluster, layout, &links, options);
+        let e = cost::evaluate(model, cluster, layout, split, &links, &times, options);
+        let p = e.predict(&Simulator::new().run(&e.pipeline));
+        Predicted::new(memory, &p, caveats(cluster, layout))
+    }
+
     fn new(memory: MemoryReport, p: &Prediction, caveats: Vec<Caveat>) -> Predicted {
         Predicted {
             memory,
@@ -243,36 +260,18 @@ pub fn stages_for_split(layout: &Layout, split: &[u64]) -> Vec<Stage> {
         .collect()
 }
 
-/// Line and column of a key in a plan's JSON text, found by following a dotted path
-/// (`parallel.world`): each part is the first `"key":` after the previous one.
-fn key_location(src: &Source, field: &str) -> Option<(usize, usize)> {
-    let mut from = 0;
-    let mut start = 0;
-    for part in field.split('.') {
-        let needle = format!("\"{part}\"");
-        loop {
-            start = from + src.text.get(from..)?.find(&needle)?;
-            from = start + needle.len();
-            if src.text[from..].trim_start().starts_with(':') {
-                break;
-            }
-        }
-    }
-    Some(src.line_col(start))
-}
-
 impl Plan {
     /// Builds the plan document of a layout: the balanced split of its layers (the search's),
     /// its memory and its predicted step time under the default framework options.
     pub fn new(model: &Model, cluster: &Cluster, layout: &Layout, search: SearchSummary) -> Plan {
-        let (assessed, prediction) =
+        let (assessed, _) =
             crate::search::predict_layout(model, cluster, layout, Options::default());
         let split = assessed.split;
-        let memory = memory::estimate_split(model, cluster, layout, &split);
+        let predicted = Predicted::derive(model, cluster, layout, &split);
         Plan {
             format: FORMAT.to_string(),
             generator: format!("tessera {}", env!("CARGO_PKG_VERSION")),
-            feasible: memory.fits(),
+            feasible: predicted.memory.fits(),
             job: Job {
                 model: model.clone(),
                 cluster: cluster.clone(),
@@ -280,7 +279,7 @@ impl Plan {
             },
             parallel: Parallel::from_layout(layout, model),
             stages: stages_for_split(layout, &split),
-            predicted: Predicted::new(memory, &prediction, caveats(cluster, layout)),
+            predicted,
             search,
         }
     }
@@ -315,7 +314,7 @@ impl Plan {
                     format!("this plan is format \"{other}\"; this tessera reads \"{FORMAT}\""),
                     "re-create the plan with this version of `tessera plan`",
                 )
-                .at(key_location(src, "format")))
+                .at(src.json_key("format")))
             }
             None => {
                 return Err(Diagnostic::new(
@@ -335,88 +334,4 @@ impl Plan {
         plan.check(src)?;
         Ok(plan)
     }
-
-    /// Checks that the plan's parts agree with each other.
-    fn check(&self, src: &Source) -> Result<(), Diagnostic> {
-        let bad = |field: &str, problem: String| {
-            Diagnostic::new(
-                &src.path,
-                field,
-                problem,
-                "the plan was edited or damaged; re-create it with `tessera plan … -o plan.json`",
-            )
-            .at(key_location(src, field))
-        };
-        let p = &self.parallel;
-        let layout = p.layout();
-        if let Err(why) = layout.check(&self.job.model, &self.job.cluster) {
-            return Err(bad("parallel", why.to_string()));
-        }
-        if p.world != p.dp * p.tp * p.pp {
-            return Err(bad(
-                "parallel.world",
-                format!("world {} is not dp·tp·pp = {}", p.world, p.dp * p.tp * p.pp),
-            ));
-        }
-        if p.mesh_order != MESH_ORDER {
-            return Err(bad(
-                "parallel.mesh_order",
-                format!("mesh order \"{}\" is not \"{MESH_ORDER}\"", p.mesh_order),
-            ));
-        }
-        if p.microbatches != layout.microbatches(&self.job.model) {
-            return Err(bad(
-                "parallel.microbatches",
-                format!(
-                    "{} micro-batches does not match global_batch / (dp · micro_batch)",
-                    p.microbatches
-                ),
-            ));
-        }
-        let split = split_of(&self.stages, &layout, self.job.model.architecture.layers);
-        if split
-            .as_ref()
-            .is_none_or(|sp| self.stages != stages_for_split(&layout, sp))
-        {
-            return Err(bad(
-                "stages",
-                "the stage layer ranges do not cover the model's layers in pipeline order (each chunk at least one layer, embedding on the first, head on the last)"
-                    .into(),
-            ));
-        }
-        if self.job.parameters != self.job.model.architecture.param_count() {
-            return Err(bad(
-                "job.parameters",
-                "the parameter count does not match the model".into(),
-            ));
-        }
-        Ok(())
-    }
-}
-
-/// The split (layers per virtual stage) that `stages` describe, if their chunks cover
-/// `0..layers` contiguously in virtual-stage order with at least one layer each.
-fn split_of(stages: &[Stage], layout: &Layout, layers: u64) -> Option<Vec<u64>> {
-    let chunks = (layout.pp * layout.virtual_stages) as usize;
-    let mut ranges = vec![None; chunks];
-    for st in stages {
-        for ch in &st.chunks {
-            let slot = ranges.get_mut(ch.virtual_stage as usize)?;
-            if slot.is_some() {
-                return None;
-            }
-            *slot = Some(ch.layers);
-        }
-    }
-    let mut next = 0;
-    let mut split = Vec::with_capacity(chunks);
-    for r in ranges {
-        let [start, end] = r?;
-        if start != next || end <= start {
-            return None;
-        }
-        split.push(end - start);
-        next = end;
-    }
-    (next == layers).then_some(split)
 }

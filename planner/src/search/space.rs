@@ -1,0 +1,376 @@
+//! The layout space of a job under the pins: enumerated from divisor lists, and counted from
+//! the same lists before anything is enumerated, so that a job with 10^12 devices or a global
+//! batch of 2^63 − 1 gets a clear error instead of an endless search.
+//!
+//! The space is the product the search loops over: for each TP dividing the devices and each
+//! PP dividing the rest (at most the layers), the micro-batches dividing the per-replica batch
+//! × the schedules × the ZeRO stages (× hybrid sharding) × the recompute modes × sequence
+//! parallelism. Counting it costs one step per (TP, PP) pair and one factorisation per
+//! per-replica batch size, both bounded; [`MAX_LAYOUTS`] bounds what is enumerated.
+
+use std::collections::HashMap;
+
+use super::divisors::{self, Factors};
+use super::Pins;
+use crate::layout::{Layout, Recompute, Sharding};
+use crate::model::Model;
+use crate::schedule::ScheduleKind;
+use crate::spec::Cluster;
+
+/// The most layouts one search enumerates. Preset jobs stay below it: Megatron's 530B model
+/// on 315 DGX A100 nodes (2520 GPUs, a snapshot) enumerates 607,797 layouts in about 0.4 s,
+/// and the largest of every preset on 1 to 4096 nodes, the 310B model on 720 nodes (5760 GPUs,
+/// 2^4·3^2·5 × 8 has many divisors), 831,387 in about 1.4 s. Larger spaces take seconds per
+/// million, so the search asks for pins instead.
+pub const MAX_LAYOUTS: u64 = 1_000_000;
+
+/// (TP, PP) pairs a count visits before it gives up on an exact number.
+const MAX_PAIRS: u64 = 1 << 20;
+
+/// Factorisations of per-replica batch sizes that divide neither the global batch nor the
+/// device count and are 2^32 or more (up to ~100 µs each) that a count may run.
+const MAX_HARD_FACTORISATIONS: usize = 1024;
+
+/// The search cannot run as asked.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SearchError {
+    /// The pins leave more layouts than one search enumerates.
+    #[error(
+        "the search space is too large: {} layouts of {devices} devices under the pins given, more than the {limit} one search evaluates\n  fix: narrow the search: pin {}",
+        if *.complete { layouts.to_string() } else { format!("more than {layouts}") },
+        narrow.join(", ")
+    )]
+    TooManyLayouts {
+        /// Layouts counted (all of them when `complete`, else a lower bound).
+        layouts: u64,
+        complete: bool,
+        devices: u64,
+        limit: u64,
+        /// The pins that would narrow it, with the values each leaves open, widest first:
+        /// `--tp (208 values)`.
+        narrow: Vec<String>,
+    },
+}
+
+fn pick<T: Copy>(pin: Option<T>, all: Vec<T>) -> Vec<T> {
+    match pin {
+        Some(v) => vec![v],
+        None => all,
+    }
+}
+
+/// Schedule and virtual-stage choices for `pp` stages. With PP = 1 the schedule does not
+/// matter, so only 1F1B is tried (unless pinned); interleaving tries v chunks that split the
+/// layers evenly.
+pub(super) fn schedules(layers: u64, pp: u64, pins: &Pins) -> Vec<(ScheduleKind, u64)> {
+    let kinds = match pins.schedule {
+        Some(k) => vec![k],
+        None if pp == 1 => vec![ScheduleKind::OneFOneB],
+        None => ScheduleKind::ALL.to_vec(),
+    };
+    let mut out = Vec::new();
+    for kind in kinds {
+        match (kind, pins.virtual_stages) {
+            (_, Some(v)) => out.push((kind, v)),
+            (ScheduleKind::Interleaved, None) => out.extend(
+                (2..=8)
+                    .filter(|v| pp.checked_mul(*v).is_some_and(|c| layers.is_multiple_of(c)))
+                    .map(|v| (kind, v)),
+            ),
+            (_, None) => out.push((kind, 1)),
+        }
+    }
+    out
+}
+
+/// The divisor lists of one job: what both the count and the enumeration walk.
+struct Lists<'a> {
+    model: &'a Model,
+    cluster: &'a Cluster,
+    pins: &'a Pins,
+    devices: Factors,
+    batch: Factors,
+    known: HashMap<u64, Factors>,
+    /// Hard factorisations left (`None`: no limit).
+    hard_left: Option<usize>,
+}
+
+impl<'a> Lists<'a> {
+    fn new(model: &'a Model, cluster: &'a Cluster, pins: &'a Pins, limited: bool) -> Self {
+        Lists {
+            model,
+            cluster,
+            pins,
+            devices: divisors::factorize(cluster.devices),
+            batch: divisors::factorize(model.training.global_batch),
+            known: HashMap::new(),
+            hard_left: limited.then_some(MAX_HARD_FACTORISATIONS),
+        }
+    }
+
+    /// The factorisation of `x`: derived from the devices' or the global batch's when `x`
+    /// divides one of them, else factorised (within the budget; `None` past it).
+    fn factors(&mut self, x: u64) -> Option<Factors> {
+        if let Some(f) = self.known.get(&x) {
+            return Some(f.clone());
+        }
+        let f = match divisors::factorize_divisor(&self.batch, x)
+            .or_else(|| divisors::factorize_divisor(&self.devices, x))
+        {
+            Some(f) => f,
+            None => {
+                if x >= 1 << 32 {
+                    if let Some(left) = self.hard_left.as_mut() {
+                        *left = left.checked_sub(1)?;
+                    }
+                }
+                divisors::factorize(x)
+            }
+        };
+        self.known.insert(x, f.clone());
+        Some(f)
+    }
+
+    fn tps(&mut self) -> Vec<u64> {
+        let n = self.cluster.devices;
+        let all = if self.pins.tp.is_some() {
+            Vec::new()
+        } else {
+            divisors::up_to(&self.devices, n)
+        };
+        pick(self.pins.tp, all)
+    }
+
+    fn pps(&mut self, tp: u64) -> Option<Vec<u64>> {
+        if let Some(pp) = self.pins.pp {
+            return Some(vec![pp]);
+        }
+        let rest = self.cluster.devices / tp.max(1);
+        let f = self.factors(rest)?;
+        Some(divisors::up_to(
+            &f,
+            rest.min(self.model.architecture.layers),
+        ))
+    }
+
+    fn dp(&self, tp: u64, pp: u64) -> u64 {
+        let n = self.cluster.devices;
+        self.pins
+            .dp
+            .unwrap_or_else(|| tp.checked_mul(pp).map_or(0, |q| n / q.max(1)))
+    }
+
+    fn per_replica(&self, dp: u64) -> u64 {
+        (self.model.training.global_batch / dp.max(1)).max(1)
+    }
+
+    fn mbs(&mut self, dp: u64) -> Option<Vec<u64>> {
+        if let Some(mb) = self.pins.micro_batch {
+            return Some(vec![mb]);
+        }
+        let b = self.per_replica(dp);
+        Some(divisors::up_to(&self.factors(b)?, b))
+    }
+
+    fn mb_count(&mut self, dp: u64) -> Option<u64> {
+        if self.pins.micro_batch.is_some() {
+            return Some(1);
+        }
+        let b = self.per_replica(dp);
+        Some(divisors::count(&self.factors(b)?))
+    }
+
+    fn zeros(&self) -> Vec<u8> {
+        pick(self.pins.zero, vec![0, 1, 2, 3])
+    }
+
+    fn hybrids(&self, zero: u8, dp: u64) -> Vec<bool> {
+        let c = self.cluster;
+        let both = zero > 0 && c.nodes > 1 && dp > c.gpus_per_node;
+        pick(
+            self.pins.hybrid,
+            if both { vec![false, true] } else { vec![false] },
+        )
+    }
+
+    fn recomputes(&self) -> Vec<Recompute> {
+        pick(self.pins.recompute, Recompute::ALL.to_vec())
+    }
+
+    fn sps(&self, tp: u64) -> Vec<bool> {
+        pick(
+            self.pins.sp,
+            if tp > 1 {
+                vec![false, true]
+            } else {
+                vec![false]
+            },
+        )
+    }
+}
+
+/// Calls `f` with every layout allowed by the pins (buildable or not), in the search's order.
+pub(super) fn for_each_layout(
+    model: &Model,
+    cluster: &Cluster,
+    pins: &Pins,
+    f: &mut dyn FnMut(Layout),
+) {
+    let mut lists = Lists::new(model, cluster, pins, false);
+    let layers = model.architecture.layers;
+    let (zeros, recomputes) = (lists.zeros(), lists.recomputes());
+    for tp in lists.tps() {
+        for pp in lists.pps(tp).unwrap_or_default() {
+            let schedules = schedules(layers, pp, pins);
+            if schedules.is_empty() {
+                continue; // no layout (interleaving pinned, no v splits the layers)
+            }
+            let dp = lists.dp(tp, pp);
+            let mbs = lists.mbs(dp).unwrap_or_default();
+            let sps = lists.sps(tp);
+            for &micro_batch in &mbs {
+                for &(schedule, virtual_stages) in &schedules {
+                    for &zero_stage in &zeros {
+                        for hybrid in lists.hybrids(zero_stage, dp) {
+                            for &recompute in &recomputes {
+                                for &sequence_parallel in &sps {
+                                    f(Layout {
+                                        dp,
+                                        pp,
+                                        tp,
+                                        micro_batch,
+                                        sharding: Sharding { zero_stage, hybrid },
+                                        recompute,
+                                        sequence_parallel,
+                                        schedule,
+                                        virtual_stages,
+                                    });
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// How many layouts the pins allow, and how widely each free knob ranges.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SpaceSize {
+    /// Layouts counted: all of them when `complete`, else a lower bound.
+    pub layouts: u64,
+    /// Whether the count ran to the end (it stops after 2^20 (TP, PP) pairs or 1024 hard
+    /// factorisations).
+    pub complete: bool,
+    /// Free knobs with the most values each takes, as `(flag, values)`.
+    pub knobs: Vec<(&'static str, u64)>,
+}
+
+/// Counts the layouts [`super::enumerate`] would list, without listing them: one step per
+/// (TP, PP) pair, the rest from the lengths of the inner lists.
+pub fn count_layouts(model: &Model, cluster: &Cluster, pins: &Pins) -> SpaceSize {
+    let mut lists = Lists::new(model, cluster, pins, true);
+    let layers = model.architecture.layers;
+    let tps = lists.tps();
+    let zeros = lists.zeros();
+    let recomputes = lists.recomputes().len() as u64;
+    let (mut layouts, mut pairs, mut complete) = (0u64, 0u64, true);
+    let mut most = [0u64; 4]; // PP, micro-batch, schedule, hybrid
+    let mut any_tp_above_1 = false;
+    'count: for &tp in &tps {
+        let Some(pps) = lists.pps(tp) else {
+            complete = false;
+            break;
+        };
+        most[0] = most[0].max(pps.len() as u64);
+        for pp in pps {
+            pairs += 1;
+            if pairs > MAX_PAIRS {
+                complete = false;
+                break 'count;
+            }
+            let dp = lists.dp(tp, pp);
+            let Some(mbs) = lists.mb_count(dp) else {
+                complete = false;
+                break 'count;
+            };
+            let schedules = schedules(layers, pp, pins).len() as u64;
+            let hybrids: Vec<u64> = zeros
+                .iter()
+                .map(|z| lists.hybrids(*z, dp).len() as u64)
+                .collect();
+            most[1] = most[1].max(mbs);
+            most[2] = most[2].max(schedules);
+            most[3] = most[3].max(hybrids.iter().copied().max().unwrap_or(1));
+            any_tp_above_1 |= tp > 1;
+            let here = [
+                schedules,
+                hybrids.iter().sum(),
+                recomputes,
+                lists.sps(tp).len() as u64,
+            ]
+            .iter()
+            .fold(mbs, |a, x| a.saturating_mul(*x));
+            layouts = layouts.saturating_add(here);
+        }
+    }
+    let p = pins;
+    let knobs = [
+        ("--tp", p.tp.is_none(), tps.len() as u64),
+        ("--pp", p.pp.is_none(), most[0]),
+        ("--micro-batch", p.micro_batch.is_none(), most[1]),
+        (
+            if p.schedule.is_none() {
+                "--schedule"
+            } else {
+                "--virtual-stages"
+            },
+            p.schedule.is_none() || p.virtual_stages.is_none(),
+            most[2],
+        ),
+        ("--zero", p.zero.is_none(), 4),
+        ("--recompute", p.recompute.is_none(), 3),
+        ("--sp or --no-sp", p.sp.is_none() && any_tp_above_1, 2),
+        (
+            "--hybrid-shard or --no-hybrid-shard",
+            p.hybrid.is_none(),
+            most[3],
+        ),
+    ];
+    let mut knobs: Vec<(&'static str, u64)> = knobs
+        .into_iter()
+        .filter(|(_, free, values)| *free && *values > 1)
+        .map(|(flag, _, values)| (flag, values))
+        .collect();
+    knobs.sort_by_key(|(_, values)| std::cmp::Reverse(*values));
+    SpaceSize {
+        layouts,
+        complete,
+        knobs,
+    }
+}
+
+/// `Ok` when the pins leave at most [`MAX_LAYOUTS`] layouts, else the error naming the pins
+/// that would narrow them.
+pub fn check_size(model: &Model, cluster: &Cluster, pins: &Pins) -> Result<SpaceSize, SearchError> {
+    let size = count_layouts(model, cluster, pins);
+    if size.complete && size.layouts <= MAX_LAYOUTS {
+        return Ok(size);
+    }
+    let mut narrow: Vec<String> = size
+        .knobs
+        .iter()
+        .map(|(flag, values)| format!("{flag} ({values} values)"))
+        .collect();
+    if narrow.is_empty() {
+        narrow.push("fewer devices (--nodes/--devices) or a smaller global batch".into());
+    }
+    Err(SearchError::TooManyLayouts {
+        layouts: size.layouts,
+        complete: size.complete,
+        devices: cluster.devices,
+        limit: MAX_LAYOUTS,
+        narrow,
+    })
+}

@@ -1,0 +1,286 @@
+//! The rules every resolved [`Model`] and [`Cluster`] obeys, wherever it was read from.
+//!
+//! The spec parsers check each key as they read it (with its span); these checks run on the
+//! resolved value at the end of every reader: the TOML specs, the Hugging Face configs, and the
+//! `job` section of plan.json, whose model and cluster are deserialized directly and would
+//! otherwise skip the parsers' rules. Cross-field rules (a learned position table at least
+//! `seq_len` long, `devices` within `nodes × gpus_per_node`) live only here.
+
+use super::Cluster;
+use crate::error::Diagnostic;
+use crate::model::{Model, Position};
+use crate::source::Source;
+
+/// A broken rule: the dotted field (relative to the model or cluster), what is wrong, the fix.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Problem {
+    pub field: String,
+    pub problem: String,
+    pub fix: String,
+}
+
+impl Problem {
+    fn new(field: &str, problem: impl Into<String>, fix: impl Into<String>) -> Problem {
+        Problem {
+            field: field.to_string(),
+            problem: problem.into(),
+            fix: fix.into(),
+        }
+    }
+
+    /// Replaces the fix (a plan's job is fixed by re-planning as well as by editing).
+    pub fn with_fix_of(self, fix: &str) -> Problem {
+        Problem {
+            fix: format!("{}; {fix}", self.fix),
+            ..self
+        }
+    }
+
+    /// The diagnostic for a TOML spec: the key's line where it is in the file.
+    pub fn in_toml(self, src: &Source) -> Diagnostic {
+        let at = src.toml_key(&self.field);
+        Diagnostic::new(&src.path, self.field, self.problem, self.fix).at(at)
+    }
+
+    /// The diagnostic for a JSON document, the field under `prefix` (`job.model`, or "").
+    pub fn in_json(self, src: &Source, prefix: &str) -> Diagnostic {
+        let field = if prefix.is_empty() {
+            self.field
+        } else {
+            format!("{prefix}.{}", self.field)
+        };
+        let at = src.json_key(&field);
+        Diagnostic::new(&src.path, field, self.problem, self.fix).at(at)
+    }
+}
+
+/// The largest count any spec may hold: `i64::MAX`, what TOML can write.
+const MAX_COUNT: u64 = i64::MAX as u64;
+
+fn count(field: &str, v: u64) -> Result<(), Problem> {
+    if v == 0 || v > MAX_COUNT {
+        return Err(Problem::new(
+            field,
+            format!("must be a positive integer, found {v}"),
+            format!("set `{field}` to a value of at least 1"),
+        ));
+    }
+    Ok(())
+}
+
+/// A number of bytes expressed in GiB: finite, in range, and representable in 64-bit bytes.
+fn gib(field: &str, v: f64, zero_ok: bool) -> Result<(), Problem> {
+    let limit = u64::MAX as f64 / crate::spec::GIB;
+    let bad = !v.is_finite() || v < 0.0 || (!zero_ok && v == 0.0) || v >= limit;
+    if bad {
+        let want = if zero_ok { "zero or more" } else { "above 0" };
+        return Err(Problem::new(
+            field,
+            format!("must be a number of GiB {want} and below {limit:.0} (2^64 bytes), found {v}"),
+            format!("set `{field}` to the size in GiB"),
+        ));
+    }
+    Ok(())
+}
+
+fn positive(field: &str, v: f64) -> Result<(), Problem> {
+    if !v.is_finite() || v <= 0.0 {
+        return Err(Problem::new(
+            field,
+            format!("must be a positive number, found {v}"),
+            format!("set `{field}` to a positive number"),
+        ));
+    }
+    Ok(())
+}
+
+fn non_negative(field: &str, v: f64) -> Result<(), Problem> {
+    if !v.is_finite() || v < 0.0 {
+        return Err(Problem::new(
+            field,
+            format!("must be a zero or more number, found {v}"),
+            format!("set `{field}` to zero or a positive number"),
+        ));
+    }
+    Ok(())
+}
+
+fn fraction(field: &str, v: f64) -> Result<(), Problem> {
+    if !(v > 0.0 && v <= 1.0) {
+        return Err(Problem::new(
+            field,
+            format!("must be a fraction in (0, 1], found {v}"),
+            format!("set `{field}` to a fraction of the peak, such as 0.8"),
+        ));
+    }
+    Ok(())
+}
+
+fn name(field: &str, v: &str) -> Result<(), Problem> {
+    if v.trim().is_empty() {
+        return Err(Problem::new(
+            field,
+            "must not be empty",
+            format!("set `{field}` to a name"),
+        ));
+    }
+    Ok(())
+}
+
+impl Cluster {
+    /// Checks every field of a resolved cluster.
+    pub fn check(&self) -> Result<(), Problem> {
+        name("name", &self.name)?;
+        count("nodes", self.nodes)?;
+        count("gpus_per_node", self.gpus_per_node)?;
+        count("devices", self.devices)?;
+        let Some(total) = self.nodes.checked_mul(self.gpus_per_node) else {
+            return Err(Problem::new(
+                "nodes",
+                format!(
+                    "nodes {} × gpus_per_node {} devices is more than a 64-bit count holds",
+                    self.nodes, self.gpus_per_node
+                ),
+                "use fewer nodes (--nodes N or --devices N)",
+            ));
+        };
+        if self.devices > total || self.devices <= (self.nodes - 1) * self.gpus_per_node {
+            return Err(Problem::new(
+                "devices",
+                format!(
+                    "{} devices do not fill {} nodes of {} (between {} and {} would)",
+                    self.devices,
+                    self.nodes,
+                    self.gpus_per_node,
+                    (self.nodes - 1) * self.gpus_per_node + 1,
+                    total
+                ),
+                "make `devices` agree with `nodes` × `gpus_per_node`",
+            ));
+        }
+        let d = &self.device;
+        name("device.name", &d.name)?;
+        gib("device.memory_gib", d.memory_gib, false)?;
+        positive("device.peak_tflops", d.peak_tflops)?;
+        positive("device.memory_bandwidth_gbps", d.memory_bandwidth_gbps)?;
+        for (t, l) in [
+            ("intra_node", &self.intra_node),
+            ("inter_node", &self.inter_node),
+        ] {
+            positive(&format!("{t}.bandwidth_gbps"), l.bandwidth_gbps)?;
+            non_negative(&format!("{t}.latency_us"), l.latency_us)?;
+        }
+        gib("overhead.context_gib", self.overhead.context_gib, true)?;
+        non_negative("overhead.fragmentation", self.overhead.fragmentation)?;
+        let c = &self.calibration;
+        fraction("calibration.memory_efficiency", c.memory_efficiency)?;
+        fraction(
+            "calibration.flash_attention_efficiency",
+            c.flash_attention_efficiency,
+        )?;
+        fraction("calibration.intra_node_efficiency", c.intra_node_efficiency)?;
+        fraction("calibration.inter_node_efficiency", c.inter_node_efficiency)?;
+        let points = &c.matmul_efficiency;
+        let increasing = points.windows(2).all(|w| w[0][0] < w[1][0]);
+        let valid = points
+            .iter()
+            .all(|[d, e]| d.is_finite() && *d >= 1.0 && *e > 0.0 && *e <= 1.0);
+        if points.is_empty() || !increasing || !valid {
+            return Err(Problem::new(
+                "calibration.matmul_efficiency",
+                "must be a non-empty list of [dimension, fraction] pairs with dimensions of at least 1 in increasing order and fractions in (0, 1]",
+                "write it as `matmul_efficiency = [[256, 0.5], [1024, 0.6], [4096, 0.7]]`",
+            ));
+        }
+        Ok(())
+    }
+}
+
+impl Model {
+    /// Checks every field of a resolved model, including what the runtime needs of it.
+    pub fn check(&self) -> Result<(), Problem> {
+        name("name", &self.name)?;
+        let a = &self.architecture;
+        for (field, v) in [
+            ("architecture.layers", a.layers),
+            ("architecture.hidden", a.hidden),
+            ("architecture.heads", a.heads),
+            ("architecture.kv_heads", a.kv_heads),
+            ("architecture.head_dim", a.head_dim),
+            ("architecture.ffn_hidden", a.ffn_hidden),
+            ("architecture.vocab", a.vocab),
+        ] {
+            count(field, v)?;
+        }
+        if !a.heads.is_multiple_of(a.kv_heads) {
+            return Err(Problem::new(
+                "architecture.kv_heads",
+                format!(
+                    "heads ({}) is not divisible by kv_heads ({}); each KV head must serve a whole group of query heads",
+                    a.heads, a.kv_heads
+                ),
+                "set kv_heads to a divisor of heads",
+            ));
+        }
+        if a.position == Position::Rope && !a.head_dim.is_multiple_of(2) {
+            return Err(Problem::new(
+                "architecture.head_dim",
+                format!(
+                    "RoPE rotates pairs of channels, and the head size {} is odd",
+                    a.head_dim
+                ),
+                "use an even head size (hidden / heads, or head_dim), or position = \"learned\"",
+            ));
+        }
+        let t = &self.training;
+        count("training.seq_len", t.seq_len)?;
+        count("training.global_batch", t.global_batch)?;
+        if t.global_batch
+            .checked_mul(t.seq_len)
+            .is_none_or(|n| n > MAX_COUNT)
+        {
+            return Err(Problem::new(
+                "training.global_batch",
+                format!(
+                    "global_batch {} × seq_len {} tokens per step is more than a 64-bit count holds",
+                    t.global_batch, t.seq_len
+                ),
+                "use a smaller global batch or sequence length",
+            ));
+        }
+        if a.position == Position::Learned && a.max_positions < t.seq_len {
+            return Err(Problem::new(
+                "architecture.max_positions",
+                format!(
+                    "the learned position table has {} rows, fewer than seq_len {}: positions {}..{} would have no embedding",
+                    a.max_positions, t.seq_len, a.max_positions, t.seq_len
+                ),
+                format!(
+                    "set max_positions to at least {} (or remove it: it defaults to seq_len), or train with a seq_len of at most {}",
+                    t.seq_len, a.max_positions
+                ),
+            ));
+        }
+        if crate::precision::Policy::by_name(&t.precision).is_none() {
+            return Err(Problem::new(
+                "training.precision",
+                format!("unknown precision policy \"{}\"", t.precision),
+                format!(
+                    "use one of: {}",
+                    crate::precision::Policy::names().join(" | ")
+                ),
+            ));
+        }
+        if !(0.0..1.0).contains(&t.dropout) {
+            return Err(Problem::new(
+                "training.dropout",
+                format!(
+                    "a dropout probability must be at least 0 and below 1, found {}",
+                    t.dropout
+                ),
+                "set dropout between 0.0 and 0.9",
+            ));
+        }
+        Ok(())
+    }
+}

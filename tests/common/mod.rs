@@ -1,0 +1,178 @@
+//! What the reliability tests share: scratch folders, running the binary under a deadline,
+//! and the checks every bad input must pass (exit 2, no panic, inputs byte-identical).
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+pub fn root() -> &'static Path {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+}
+
+pub fn bin() -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_tessera"));
+    c.current_dir(root());
+    c
+}
+
+/// A scratch folder, removed at the end of the test.
+pub struct Scratch(pub tempfile::TempDir);
+
+impl Scratch {
+    pub fn new() -> Scratch {
+        Scratch(tempfile::tempdir().expect("a temp folder"))
+    }
+
+    pub fn path(&self, name: &str) -> PathBuf {
+        self.0.path().join(name)
+    }
+
+    /// Copies a repository file into the folder, with every `from` replaced by `to`.
+    pub fn copy_edit(&self, preset: &str, edits: &[(&str, &str)]) -> PathBuf {
+        let mut text = std::fs::read_to_string(root().join(preset)).unwrap();
+        for (from, to) in edits {
+            assert!(text.contains(from), "{preset} has no `{from}`");
+            text = text.replacen(from, to, 1);
+        }
+        let path = self.path(Path::new(preset).file_name().unwrap().to_str().unwrap());
+        std::fs::write(&path, text).unwrap();
+        path
+    }
+
+    /// Names of the files in the folder, sorted.
+    pub fn files(&self) -> Vec<String> {
+        let mut v: Vec<String> = std::fs::read_dir(self.0.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        v.sort();
+        v
+    }
+}
+
+pub fn s(p: &Path) -> String {
+    p.to_string_lossy().into_owned()
+}
+
+/// A command's outcome, and how long it took.
+pub struct Ran {
+    pub code: Option<i32>,
+    pub stdout: String,
+    pub stderr: String,
+    pub took: Duration,
+}
+
+/// Runs tessera with `args`; a run past `deadline` is killed and fails the test (a hang).
+pub fn run_within(args: &[&str], deadline: Duration) -> Ran {
+    let start = Instant::now();
+    let mut child = bin()
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("the tessera binary runs");
+    // Drain both pipes while waiting, or a chatty child blocks on a full pipe.
+    let drain = |r: Option<Box<dyn std::io::Read + Send>>| {
+        std::thread::spawn(move || {
+            let mut buf = Vec::new();
+            if let Some(mut r) = r {
+                r.read_to_end(&mut buf).ok();
+            }
+            String::from_utf8_lossy(&buf).into_owned()
+        })
+    };
+    let out = drain(child.stdout.take().map(|r| Box::new(r) as _));
+    let err = drain(child.stderr.take().map(|r| Box::new(r) as _));
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        if start.elapsed() > deadline {
+            child.kill().ok();
+            child.wait().ok();
+            panic!("tessera {args:?} did not answer within {deadline:?}");
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    Ran {
+        code: status.code(),
+        stdout: out.join().unwrap(),
+        stderr: err.join().unwrap(),
+        took: start.elapsed(),
+    }
+}
+
+pub fn run(args: &[&str]) -> Ran {
+    run_within(args, Duration::from_secs(120))
+}
+
+/// Byte snapshots of input files, compared after the command.
+pub struct Inputs(Vec<(PathBuf, Vec<u8>)>);
+
+impl Inputs {
+    pub fn of(paths: &[&Path]) -> Inputs {
+        Inputs(
+            paths
+                .iter()
+                .map(|p| (p.to_path_buf(), std::fs::read(p).unwrap()))
+                .collect(),
+        )
+    }
+
+    pub fn unchanged(&self) {
+        for (p, bytes) in &self.0 {
+            let now = std::fs::read(p).unwrap_or_default();
+            assert!(now == *bytes, "{} changed", p.display());
+        }
+    }
+}
+
+/// The command failed as bad input: exit 2, no panic, and the message has every part.
+pub fn refused(r: &Ran, parts: &[&str]) {
+    assert_eq!(r.code, Some(2), "expected exit 2; stderr:\n{}", r.stderr);
+    assert!(!r.stderr.contains("panicked"), "panicked:\n{}", r.stderr);
+    for p in parts {
+        assert!(
+            r.stderr.contains(p),
+            "the message lacks `{p}`:\n{}",
+            r.stderr
+        );
+    }
+}
+
+/// Plans tiny on cpu-8 as the README does, into `dir`.
+pub fn tiny_plan(dir: &Scratch) -> PathBuf {
+    let out = dir.path("plan.json");
+    let r = run(&[
+        "plan",
+        "specs/models/tiny.toml",
+        "specs/clusters/cpu-8.toml",
+        "--dp",
+        "2",
+        "--pp",
+        "2",
+        "--tp",
+        "2",
+        "--no-sp",
+        "--micro-batch",
+        "2",
+        "--schedule",
+        "1f1b",
+        "--zero",
+        "1",
+        "-o",
+        &s(&out),
+    ]);
+    assert_eq!(r.code, Some(0), "{}", r.stderr);
+    out
+}
+
+/// Edits a JSON file in place: `f` changes the parsed value.
+pub fn edit_json(path: &Path, f: impl FnOnce(&mut serde_json::Value)) {
+    let mut v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    f(&mut v);
+    std::fs::write(path, serde_json::to_string_pretty(&v).unwrap()).unwrap();
+}

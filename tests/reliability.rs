@@ -1,0 +1,454 @@
+//! Issue 16's classes of bad input, each run against the binary: exit 2 (or the signal's
+//! code), the file and key named, no panic, and every input byte-identical afterwards.
+//! docs/reliability.md lists the classes and what each test tries.
+
+mod common;
+
+use std::path::Path;
+use std::time::Duration;
+
+use common::*;
+
+const TINY: &str = "specs/models/tiny.toml";
+const CPU8: &str = "specs/clusters/cpu-8.toml";
+
+// ---- panics: a hand-edited plan, and runtime conditions checked before the run ----
+
+/// `explain`, `validate` and `run` all refuse the edited plan, naming `field`.
+fn plan_refused_everywhere(plan: &Path, field: &str) {
+    let before = Inputs::of(&[plan]);
+    for cmd in ["explain", "validate", "run"] {
+        let r = run(&[cmd, &s(plan), "--steps", "1"][..if cmd == "run" { 4 } else { 2 }]);
+        refused(&r, &[&s(plan), field]);
+    }
+    before.unchanged();
+}
+
+#[test]
+fn plan_with_no_stages_in_its_memory_report() {
+    let dir = Scratch::new();
+    let plan = tiny_plan(&dir);
+    edit_json(&plan, |v| {
+        v["predicted"]["memory"]["per_stage"] = serde_json::json!([])
+    });
+    plan_refused_everywhere(&plan, "predicted.memory.per_stage");
+}
+
+#[test]
+fn plan_whose_peak_stage_is_past_the_last() {
+    let dir = Scratch::new();
+    let plan = tiny_plan(&dir);
+    edit_json(&plan, |v| v["predicted"]["memory"]["peak_stage"] = 7.into());
+    plan_refused_everywhere(&plan, "predicted.memory.peak_stage");
+}
+
+#[test]
+fn position_table_shorter_than_the_sequence_is_refused_by_plan_and_validate() {
+    let dir = Scratch::new();
+    let model = dir.copy_edit(TINY, &[("max_positions = 64", "max_positions = 32")]);
+    let before = Inputs::of(&[&model]);
+    let r = run(&["plan", &s(&model), CPU8]);
+    refused(
+        &r,
+        &[&s(&model), "architecture.max_positions", "seq_len 64"],
+    );
+    // The line of the key.
+    assert!(r.stderr.contains("tiny.toml:16:"), "{}", r.stderr);
+    refused(
+        &run(&["validate", &s(&model)]),
+        &["architecture.max_positions"],
+    );
+    // A longer sequence from the command line is caught the same way.
+    refused(
+        &run(&["plan", TINY, CPU8, "--seq-len", "128"]),
+        &["max_positions"],
+    );
+    before.unchanged();
+}
+
+// ---- hangs: huge counts get an answer in bounded time ----
+
+fn answers(args: &[&str]) -> Ran {
+    let r = run_within(args, Duration::from_secs(30));
+    assert!(
+        r.code == Some(0) || r.code == Some(2),
+        "tessera {args:?}: exit {:?}\n{}",
+        r.code,
+        r.stderr
+    );
+    assert!(!r.stderr.contains("panicked"), "{}", r.stderr);
+    r
+}
+
+#[test]
+fn huge_counts_get_an_answer() {
+    let dir = Scratch::new();
+    let max = i64::MAX.to_string();
+    let cases: Vec<(&str, &str, String)> = vec![
+        (CPU8, "nodes = 1", "nodes = 1000000000000".into()),
+        (CPU8, "nodes = 1", format!("nodes = {max}")),
+        (CPU8, "gpus_per_node = 8", format!("gpus_per_node = {max}")),
+        (TINY, "global_batch = 16", format!("global_batch = {max}")),
+        (TINY, "layers = 4", format!("layers = {max}")),
+        (TINY, "vocab = 256", format!("vocab = {max}")),
+        (TINY, "hidden = 64", format!("hidden = {max}")),
+        (TINY, "seq_len = 64", format!("seq_len = {max}")),
+    ];
+    for (file, from, to) in &cases {
+        let edited = dir.copy_edit(file, &[(from, to)]);
+        let (model, cluster) = if *file == TINY {
+            (s(&edited), CPU8.to_string())
+        } else {
+            (TINY.to_string(), s(&edited))
+        };
+        let before = Inputs::of(&[&edited]);
+        answers(&["plan", &model, &cluster]);
+        before.unchanged();
+    }
+    answers(&["plan", TINY, CPU8, "--nodes", "1000000000000"]);
+    answers(&["plan", TINY, CPU8, "--nodes", &max]);
+    answers(&["plan", TINY, CPU8, "--global-batch", &max]);
+    answers(&["plan", TINY, CPU8, "--seq-len", &max]);
+    // A float where a count belongs is a type error, not a number to search.
+    let float = dir.copy_edit(TINY, &[("global_batch = 16", "global_batch = 1e12")]);
+    refused(
+        &answers(&["plan", &s(&float), CPU8]),
+        &["training.global_batch"],
+    );
+}
+
+// ---- accepted nonsense ----
+
+#[test]
+fn plan_with_nonsense_in_its_job_or_prediction() {
+    type Edit = fn(&mut serde_json::Value);
+    let cases: [(&str, Edit); 5] = [
+        ("job.cluster.gpus_per_node", |v| {
+            v["job"]["cluster"]["gpus_per_node"] = 0.into()
+        }),
+        ("job.cluster.device.memory_gib", |v| {
+            v["job"]["cluster"]["device"]["memory_gib"] = (-80.0).into()
+        }),
+        ("predicted.step_time_s", |v| {
+            v["predicted"]["step_time_s"] = (-1.0).into()
+        }),
+        ("job.cluster.calibration.memory_efficiency", |v| {
+            v["job"]["cluster"]["calibration"]["memory_efficiency"] = 7.into()
+        }),
+        ("job.model.architecture.max_positions", |v| {
+            v["job"]["model"]["architecture"]["max_positions"] = 8.into()
+        }),
+    ];
+    for (field, edit) in cases {
+        let dir = Scratch::new();
+        let plan = tiny_plan(&dir);
+        edit_json(&plan, edit);
+        plan_refused_everywhere(&plan, field);
+    }
+}
+
+#[test]
+fn run_flags_out_of_range() {
+    let dir = Scratch::new();
+    let plan = tiny_plan(&dir);
+    for flag in [
+        "--lr=nan",
+        "--lr=inf",
+        "--lr=-1",
+        "--lr=0",
+        "--lr=1e39",
+        "--steps=0",
+        "--steps=-3",
+    ] {
+        let r = run(&["run", &s(&plan), flag]);
+        refused(&r, &[flag.split('=').next().unwrap()]);
+    }
+}
+
+#[test]
+fn a_run_whose_loss_diverges_stops_at_that_step() {
+    let dir = Scratch::new();
+    let plan = tiny_plan(&dir);
+    let metrics = dir.path("m.jsonl");
+    // A learning rate of 1e30 makes the weights, then the loss, non-finite within a few steps.
+    let r = run(&[
+        "run",
+        &s(&plan),
+        "--lr",
+        "1e30",
+        "--steps",
+        "200",
+        "--metrics",
+        &s(&metrics),
+    ]);
+    assert_ne!(r.code, Some(0), "a diverged run must fail:\n{}", r.stdout);
+    assert!(!r.stderr.contains("panicked"), "{}", r.stderr);
+    assert!(r.stderr.contains("step "), "{}", r.stderr);
+    assert!(r.stderr.contains("not a finite number"), "{}", r.stderr);
+    let lines = std::fs::read_to_string(&metrics).unwrap();
+    assert!(lines.lines().count() < 200, "it stopped early");
+}
+
+// ---- silent overwrite ----
+
+#[test]
+fn an_output_may_not_name_an_input() {
+    let dir = Scratch::new();
+    let plan = tiny_plan(&dir);
+    let model = dir.copy_edit(TINY, &[]);
+    let cluster = dir.copy_edit(CPU8, &[]);
+    let data = dir.path("data.txt");
+    std::fs::copy(root().join("examples/data/parallelism.txt"), &data).unwrap();
+    let link = dir.path("link.toml");
+    std::os::unix::fs::symlink(&model, &link).unwrap();
+    let hard = dir.path("hard.json");
+    std::fs::hard_link(&plan, &hard).unwrap();
+    let before = Inputs::of(&[&plan, &model, &cluster, &data]);
+    let (p, m, c, d) = (s(&plan), s(&model), s(&cluster), s(&data));
+    let dotted = s(&dir.0.path().join(".").join("tiny.toml"));
+    let cases: Vec<(Vec<&str>, &str)> = vec![
+        (vec!["plan", &m, &c, "-o", &m], "MODEL"),
+        (vec!["plan", &m, &c, "-o", &c], "CLUSTER"),
+        (vec!["plan", &m, &c, "-o", &dotted], "MODEL"),
+        (vec!["plan", &m, &c, "--trace", &m], "MODEL"),
+        (vec!["plan", &m, &c, "-o", link.to_str().unwrap()], "MODEL"),
+        (vec!["run", &p, "--metrics", &p], "PLAN"),
+        (vec!["run", &p, "--metrics", hard.to_str().unwrap()], "PLAN"),
+        (vec!["run", &p, "--data", &d, "--trace", &d], "--data"),
+        (vec!["run", &p, "--data", &d, "--metrics", &d], "--data"),
+    ];
+    for (args, input_flag) in cases {
+        let r = run(&args);
+        let out_flag = args[args.len() - 2];
+        refused(&r, &[out_flag, input_flag]);
+    }
+    // Two outputs onto one file.
+    let out = s(&dir.path("out.json"));
+    refused(
+        &run(&["plan", &m, &c, "-o", &out, "--trace", &out]),
+        &["-o", "--trace"],
+    );
+    before.unchanged();
+}
+
+// ---- outputs that are not plain files ----
+
+#[test]
+fn an_output_symlink_is_written_through() {
+    let dir = Scratch::new();
+    let target = dir.path("real.json");
+    std::fs::write(&target, "old").unwrap();
+    let link = dir.path("plan.json");
+    std::os::unix::fs::symlink("real.json", &link).unwrap();
+    let r = run(&["plan", TINY, CPU8, "-o", &s(&link)]);
+    assert_eq!(r.code, Some(0), "{}", r.stderr);
+    assert!(std::fs::symlink_metadata(&link)
+        .unwrap()
+        .file_type()
+        .is_symlink());
+    let text = std::fs::read_to_string(&target).unwrap();
+    assert!(text.contains("tessera.plan/v1"));
+    assert_eq!(dir.files(), vec!["plan.json", "real.json"]);
+}
+
+#[test]
+fn a_fifo_is_written_in_place() {
+    use std::os::unix::fs::FileTypeExt;
+    let dir = Scratch::new();
+    let fifo = dir.path("plan.fifo");
+    let made = std::process::Command::new("mkfifo").arg(&fifo).status();
+    if !made.is_ok_and(|s| s.success()) {
+        eprintln!("skipped: mkfifo is not available here");
+        return;
+    }
+    let reader = {
+        let fifo = fifo.clone();
+        std::thread::spawn(move || std::fs::read_to_string(fifo).unwrap())
+    };
+    let r = run(&["plan", TINY, CPU8, "-o", &s(&fifo)]);
+    assert_eq!(r.code, Some(0), "{}", r.stderr);
+    let text = reader.join().unwrap();
+    assert!(text.contains("tessera.plan/v1"));
+    assert!(std::fs::symlink_metadata(&fifo)
+        .unwrap()
+        .file_type()
+        .is_fifo());
+}
+
+#[test]
+fn a_full_device_is_an_error_and_stays_a_device() {
+    use std::os::unix::fs::FileTypeExt;
+    if !Path::new("/dev/full").exists() {
+        eprintln!("skipped: no /dev/full on this platform");
+        return;
+    }
+    let r = run(&["plan", TINY, CPU8, "-o", "/dev/full"]);
+    refused(&r, &["/dev/full", "cannot write"]);
+    assert!(std::fs::metadata("/dev/full")
+        .unwrap()
+        .file_type()
+        .is_char_device());
+    let r = run(&["plan", TINY, CPU8, "-o", "/dev/null"]);
+    assert_eq!(r.code, Some(0), "{}", r.stderr);
+    assert!(std::fs::metadata("/dev/null")
+        .unwrap()
+        .file_type()
+        .is_char_device());
+}
+
+// ---- torn files: signals and a full disk ----
+
+fn signal_run(sig: i32, code: i32) {
+    let dir = Scratch::new();
+    let plan = tiny_plan(&dir);
+    let metrics = dir.path("m.jsonl");
+    let trace = dir.path("trace.json");
+    let child = bin()
+        .args([
+            "run",
+            &s(&plan),
+            "--steps",
+            "1000000",
+            "--metrics",
+            &s(&metrics),
+            "--trace",
+            &s(&trace),
+        ])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Wait until some steps are recorded, then signal.
+    let start = std::time::Instant::now();
+    while std::fs::read_to_string(&metrics)
+        .map(|t| t.lines().count())
+        .unwrap_or(0)
+        < 3
+    {
+        assert!(start.elapsed() < Duration::from_secs(60), "no steps ran");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // SAFETY: sending a signal to our own child process.
+    unsafe {
+        libc::kill(child.id() as i32, sig);
+    }
+    let sent = std::time::Instant::now();
+    let out = child.wait_with_output().unwrap();
+    assert!(sent.elapsed() < Duration::from_secs(10), "slow to stop");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(code), "{stderr}");
+    let text = std::fs::read_to_string(&metrics).unwrap();
+    assert!(text.ends_with('\n'), "the last line is torn: {text:?}");
+    for line in text.lines() {
+        serde_json::from_str::<serde_json::Value>(line).expect("each line is whole JSON");
+    }
+    let trace: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&trace).unwrap()).expect("trace closes");
+    assert!(trace.is_object() || trace.is_array());
+    assert!(!dir.files().iter().any(|f| f.ends_with(".tmp")));
+}
+
+#[test]
+fn sigterm_finishes_the_step_and_exits_143() {
+    signal_run(libc::SIGTERM, 143);
+}
+
+#[test]
+fn sigint_finishes_the_step_and_exits_130() {
+    signal_run(libc::SIGINT, 130);
+}
+
+#[test]
+fn a_full_disk_under_metrics_stops_the_run_at_once() {
+    if !Path::new("/dev/full").exists() {
+        eprintln!("skipped: no /dev/full on this platform");
+        return;
+    }
+    let dir = Scratch::new();
+    let plan = tiny_plan(&dir);
+    let r = run_within(
+        &[
+            "run",
+            &s(&plan),
+            "--steps",
+            "1000000",
+            "--metrics",
+            "/dev/full",
+        ],
+        Duration::from_secs(60),
+    );
+    refused(&r, &["/dev/full", "step 0"]);
+}
+
+// ---- temp files ----
+
+#[test]
+fn writers_share_no_temporary_file_and_leave_none() {
+    let dir = Scratch::new();
+    let out = dir.path("plan.json");
+    let children: Vec<_> = (0..4)
+        .map(|_| {
+            bin()
+                .args(["plan", TINY, CPU8, "-o", &s(&out)])
+                .stdout(std::process::Stdio::null())
+                .stderr(std::process::Stdio::piped())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    for c in children {
+        let o = c.wait_with_output().unwrap();
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    }
+    assert_eq!(dir.files(), vec!["plan.json"]);
+    let r = run(&["validate", &s(&out)]);
+    assert_eq!(r.code, Some(0), "{}", r.stderr);
+    // A write that cannot happen leaves nothing.
+    let r = run(&[
+        "plan",
+        TINY,
+        CPU8,
+        "-o",
+        &s(&out.join("inside-a-file.json")),
+    ]);
+    refused(&r, &["inside-a-file.json"]);
+    assert_eq!(dir.files(), vec!["plan.json"]);
+}
+
+// ---- vague errors ----
+
+#[test]
+fn too_little_memory_is_said_in_units_that_are_not_zero() {
+    let dir = Scratch::new();
+    let cluster = dir.copy_edit(CPU8, &[("memory_gib = 2 ", "memory_gib = 0.0001 ")]);
+    let r = run(&["plan", TINY, &s(&cluster)]);
+    refused(&r, &["needs", "KiB"]);
+    assert!(!r.stderr.contains(" 0.0 GiB"), "{}", r.stderr);
+}
+
+#[test]
+fn a_config_without_model_type_names_the_key() {
+    let dir = Scratch::new();
+    let config = dir.path("config.json");
+    std::fs::write(&config, r#"{"hidden_size": 64}"#).unwrap();
+    let r = run(&[
+        "plan",
+        &s(&config),
+        CPU8,
+        "--seq-len",
+        "64",
+        "--global-batch",
+        "8",
+    ]);
+    refused(&r, &[&s(&config), "model_type", "missing"]);
+}
+
+#[test]
+fn a_cluster_file_value_is_blamed_on_the_file() {
+    let dir = Scratch::new();
+    let max = i64::MAX.to_string();
+    let cluster = dir.copy_edit(CPU8, &[("nodes = 1", &format!("nodes = {max}"))]);
+    let r = run(&["plan", TINY, &s(&cluster)]);
+    refused(&r, &[&s(&cluster), "nodes"]);
+    assert!(!r.stderr.contains("<command line>"), "{}", r.stderr);
+}
