@@ -127,6 +127,13 @@ pub fn write_output(path: &Path, bytes: &[u8]) -> anyhow::Result<()> {
             .and_then(|()| out.flush())
             .map_err(|e| write_error(Path::new("<stdout>"), e));
     }
+    // What the path names after every link, as the kernel resolves it (this also follows the
+    // magic links of /dev/stdout and /proc/self/fd, which name pipes, not paths).
+    if let Ok(m) = std::fs::metadata(path) {
+        if !m.is_file() && !m.is_dir() {
+            return write_in_place(path, bytes);
+        }
+    }
     let target = resolve_links(path)?;
     match std::fs::metadata(&target) {
         Ok(m) if m.is_dir() => bail!(
@@ -134,18 +141,20 @@ pub fn write_output(path: &Path, bytes: &[u8]) -> anyhow::Result<()> {
             path.display(),
             path.join("out").display()
         ),
-        Ok(m) if !m.is_file() => {
-            // A FIFO or a device: write in place, never replace the node.
-            let mut f = OpenOptions::new()
-                .write(true)
-                .open(&target)
-                .map_err(|e| write_error(path, e))?;
-            f.write_all(bytes)
-                .and_then(|()| f.flush())
-                .map_err(|e| write_error(path, e))
-        }
+        Ok(m) if !m.is_file() => write_in_place(&target, bytes),
         existing => replace_atomically(path, &target, bytes, existing.ok()),
     }
+}
+
+/// A FIFO, a device or a socket-like node: write into it, never replace the node.
+fn write_in_place(path: &Path, bytes: &[u8]) -> anyhow::Result<()> {
+    let mut f = OpenOptions::new()
+        .write(true)
+        .open(path)
+        .map_err(|e| write_error(path, e))?;
+    f.write_all(bytes)
+        .and_then(|()| f.flush())
+        .map_err(|e| write_error(path, e))
 }
 
 fn replace_atomically(
@@ -204,12 +213,11 @@ impl LineStream {
         let out: Box<dyn Write + Send> = if is_stdout(path) {
             Box::new(std::io::stdout())
         } else {
-            let target = resolve_links(path)?;
-            let special = std::fs::metadata(&target).is_ok_and(|m| !m.is_file() && !m.is_dir());
+            let special = std::fs::metadata(path).is_ok_and(|m| !m.is_file() && !m.is_dir());
             let f = if special {
-                OpenOptions::new().write(true).open(&target)
+                OpenOptions::new().write(true).open(path)
             } else {
-                File::create(&target)
+                File::create(resolve_links(path)?)
             };
             Box::new(f.map_err(|e| write_error(path, e))?)
         };

@@ -452,3 +452,97 @@ fn a_cluster_file_value_is_blamed_on_the_file() {
     refused(&r, &[&s(&cluster), "nodes"]);
     assert!(!r.stderr.contains("<command line>"), "{}", r.stderr);
 }
+
+// ---- cases beyond the examples, one rule each ----
+
+#[test]
+fn dev_stdout_onto_a_pipe_is_written_in_place() {
+    if !Path::new("/dev/stdout").exists() {
+        eprintln!("skipped: no /dev/stdout on this platform");
+        return;
+    }
+    // run_within pipes stdout: /dev/stdout names that pipe through /proc/self/fd.
+    let r = run(&["plan", TINY, CPU8, "-o", "/dev/stdout", "--format", "table"]);
+    assert_eq!(r.code, Some(0), "{}", r.stderr);
+    assert!(r.stdout.contains("\"format\": \"tessera.plan/v1\""));
+}
+
+#[test]
+fn launch_counts_out_of_range() {
+    let dir = Scratch::new();
+    let plan = tiny_plan(&dir);
+    for args in [
+        vec!["--nproc", "0"],
+        vec!["--nnodes", "0"],
+        vec!["--master-port", "0"],
+        vec!["--node-rank", "5"],
+        // 2 × (2^63 + 4) wraps to 8 in 64 bits: it must not be taken for the 8 ranks.
+        vec!["--nproc", "9223372036854775812", "--nnodes", "2"],
+    ] {
+        let mut all = vec!["launch", plan.to_str().unwrap()];
+        all.extend(&args);
+        refused(&run(&all), &[args[0]]);
+    }
+}
+
+#[test]
+fn rates_too_small_for_a_finite_prediction_are_refused_before_writing() {
+    let dir = Scratch::new();
+    let cluster = dir.copy_edit(
+        CPU8,
+        &[(
+            "memory_bandwidth_gbps = 10 ",
+            "memory_bandwidth_gbps = 1e-310 ",
+        )],
+    );
+    let out = dir.path("plan.json");
+    let r = run(&["plan", TINY, &s(&cluster), "-o", &s(&out)]);
+    refused(&r, &[&s(&cluster), "memory_bandwidth_gbps"]);
+    assert!(!out.exists());
+}
+
+#[test]
+fn runtime_conditions_are_checked_by_plan_and_validate() {
+    let dir = Scratch::new();
+    // RoPE needs an even head size: hidden 60 over 12 heads is 5.
+    let rope = dir.copy_edit(
+        TINY,
+        &[
+            ("hidden = 64", "hidden = 60"),
+            ("heads = 4", "heads = 12"),
+            ("kv_heads = 4", "kv_heads = 12"),
+            ("position = \"learned\"", "position = \"rope\""),
+        ],
+    );
+    refused(
+        &run(&["validate", &s(&rope)]),
+        &["architecture.head_dim", "even"],
+    );
+    // Dropout: the CPU runtime does not implement it, so a CPU plan with it is refused.
+    let dropout = dir.copy_edit(TINY, &[("dropout = 0.0", "dropout = 0.1")]);
+    refused(
+        &run(&["plan", &s(&dropout), CPU8, "-o", &s(&dir.path("p.json"))]),
+        &[&s(&dropout), "dropout"],
+    );
+    assert!(!dir.path("p.json").exists());
+    // More CPU ranks than the backend runs.
+    let wide = dir.copy_edit(CPU8, &[("gpus_per_node = 8", "gpus_per_node = 2048")]);
+    let batch = dir.copy_edit(TINY, &[("global_batch = 16", "global_batch = 4096")]);
+    refused(&run(&["plan", &s(&batch), &s(&wide)]), &["2048 ranks"]);
+}
+
+#[test]
+fn bad_data_files_are_refused_naming_them() {
+    let dir = Scratch::new();
+    let plan = tiny_plan(&dir);
+    let empty = dir.path("empty.txt");
+    std::fs::write(&empty, "").unwrap();
+    let huge_ids = dir.path("ids.u32");
+    std::fs::write(&huge_ids, [0xffu8; 4 * 200]).unwrap();
+    let odd = dir.path("odd.bin");
+    std::fs::write(&odd, b"abc").unwrap();
+    for data in [&empty, &huge_ids, &odd, &dir.0.path().to_path_buf()] {
+        let r = run(&["run", &s(&plan), "--steps", "1", "--data", &s(data)]);
+        refused(&r, &[&s(data)]);
+    }
+}

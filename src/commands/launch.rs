@@ -23,19 +23,19 @@ pub struct LaunchArgs {
     /// A plan written by `tessera plan -o`.
     plan: PathBuf,
     /// Rank processes on this node (default: the plan's ranks divided by --nnodes).
-    #[arg(long)]
-    nproc: Option<usize>,
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..=65536))]
+    nproc: Option<u64>,
     /// Nodes taking part; run `tessera launch` once on each.
-    #[arg(long, default_value_t = 1)]
-    nnodes: usize,
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
+    nnodes: u64,
     /// This node's index, 0..nnodes (node 0 hosts rank 0).
     #[arg(long, default_value_t = 0)]
-    node_rank: usize,
+    node_rank: u64,
     /// Address of node 0 that rank 0 binds and the others connect to (one node: 127.0.0.1).
     #[arg(long)]
     master_addr: Option<String>,
     /// Rendezvous port on node 0 (one node: a free port).
-    #[arg(long)]
+    #[arg(long, value_parser = clap::value_parser!(u16).range(1..))]
     master_port: Option<u16>,
     /// `tcp` (default) or `file:<path on a filesystem every node sees>`.
     #[arg(long, default_value = "tcp")]
@@ -47,8 +47,8 @@ pub struct LaunchArgs {
 
 pub fn run(args: LaunchArgs) -> anyhow::Result<ExitCode> {
     let plan = Plan::load(&args.plan)?;
-    let world = plan.parallel.world as usize;
-    if args.nnodes == 0 || args.node_rank >= args.nnodes {
+    let world = plan.parallel.world;
+    if args.node_rank >= args.nnodes {
         bail!(
             "--node-rank {} is not one of the {} nodes (0..{})",
             args.node_rank,
@@ -65,13 +65,13 @@ pub fn run(args: LaunchArgs) -> anyhow::Result<ExitCode> {
             args.nnodes
         ),
     };
-    if nproc == 0 || nproc * args.nnodes != world {
+    if nproc.checked_mul(args.nnodes) != Some(world) {
         bail!(
             "{}: the plan has {world} ranks, and {} node(s) × {nproc} processes make {}\n  fix: use --nproc {}",
             args.plan.display(),
             args.nnodes,
-            args.nnodes * nproc,
-            world / args.nnodes.max(1)
+            args.nnodes.saturating_mul(nproc),
+            world / args.nnodes
         );
     }
     let multi = args.nnodes > 1;
@@ -107,7 +107,7 @@ pub fn run(args: LaunchArgs) -> anyhow::Result<ExitCode> {
                 ("TESSERA_RENDEZVOUS", args.rendezvous.clone()),
             ];
             RankProcess {
-                rank,
+                rank: rank as usize,
                 env: env.into_iter().map(|(k, v)| (k.to_string(), v)).collect(),
             }
         })

@@ -248,6 +248,7 @@ pub fn run(args: PlanArgs) -> anyhow::Result<ExitCode> {
         alternatives: top,
     };
     let plan = Plan::new(&model, &cluster, &best.layout, summary);
+    check_written(&plan, &args)?;
     super::run::check_runnable(&plan, &args.model)?;
     emit(&args, &plan)?;
     if args.format == Format::Table {
@@ -415,6 +416,33 @@ fn schedule_label(l: &Layout) -> String {
     }
 }
 
+/// A plan is written only if its reader would accept it: a prediction that is not a finite
+/// number (a cluster whose peak or bandwidth is vanishingly small) could not be read back.
+fn check_written(plan: &Plan, args: &PlanArgs) -> anyhow::Result<()> {
+    let p = &plan.predicted;
+    if !(p.step_time_s.is_finite() && p.tokens_per_s.is_finite() && p.mfu.is_finite()) {
+        let at = std::fs::read_to_string(&args.cluster).ok().and_then(|t| {
+            tessera_planner::source::Source::from_text(&args.cluster, t)
+                .toml_key("device.peak_tflops")
+        });
+        bail!(Diagnostic::new(
+            &args.cluster,
+            "device",
+            format!(
+                "the cluster's rates give a predicted step time of {} s, which is not a number a plan can hold",
+                p.step_time_s
+            ),
+            "check device.peak_tflops, device.memory_bandwidth_gbps and the links' bandwidth_gbps: each is a rate in TFLOP/s or GB/s",
+        )
+        .at(at));
+    }
+    let src =
+        tessera_planner::source::Source::from_text("<the plan being written>", plan.to_json());
+    Plan::parse(&src)
+        .map(|_| ())
+        .map_err(|e| anyhow::anyhow!("internal error: the plan would not load back: {e}"))
+}
+
 fn emit(args: &PlanArgs, plan: &Plan) -> anyhow::Result<()> {
     let json = plan.to_json();
     if let Some(path) = &args.output {
@@ -520,6 +548,7 @@ fn no_fit(
                     alternatives: vec![],
                 },
             );
+            check_written(&plan, args)?;
             emit(args, &plan)?;
         }
         let text = format!(

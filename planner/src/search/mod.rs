@@ -357,10 +357,10 @@ pub fn search_checked(
         } else {
             reject("does not fit in device memory", &|| {
                 format!(
-                    "{}: needs {:.1} GiB per device, has {:.1} GiB",
+                    "{}: needs {} per device, has {}",
                     c.layout.label(),
-                    c.peak_bytes as f64 / crate::spec::GIB,
-                    cluster.device.memory_gib
+                    crate::units::bytes(c.peak_bytes as f64),
+                    crate::units::bytes(cluster.memory_bytes())
                 )
             });
             if closest_miss

@@ -239,8 +239,13 @@ impl Model {
             .checked_mul(t.seq_len)
             .is_none_or(|n| n > MAX_COUNT)
         {
+            let field = if t.seq_len > t.global_batch {
+                "training.seq_len"
+            } else {
+                "training.global_batch"
+            };
             return Err(Problem::new(
-                "training.global_batch",
+                field,
                 format!(
                     "global_batch {} × seq_len {} tokens per step is more than a 64-bit count holds",
                     t.global_batch, t.seq_len

@@ -120,7 +120,18 @@ pub fn parse_model_toml(src: &Source, overrides: TrainingOverrides) -> Result<Mo
         architecture: finish_positions(architecture, &training),
         training,
     };
-    model.check().map_err(|p| p.in_toml(src))?;
+    model.check().map_err(|p| {
+        // A training value given on the command line is blamed on its flag, not the file.
+        let flag = match p.field.as_str() {
+            "training.seq_len" if overrides.seq_len.is_some() => Some("--seq-len"),
+            "training.global_batch" if overrides.global_batch.is_some() => Some("--global-batch"),
+            _ => None,
+        };
+        match flag {
+            Some(flag) => Diagnostic::new("<command line>", flag, p.problem, p.fix),
+            None => p.in_toml(src),
+        }
+    })?;
     Ok(model)
 }
 
