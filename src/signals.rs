@@ -30,8 +30,20 @@ fn name(sig: i32) -> &'static str {
 }
 
 impl Interrupts {
-    /// Installs the handler: a signal requests `stop`; a second one exits at once.
-    pub fn install(stop: Arc<Stop>) -> anyhow::Result<Interrupts> {
+    /// Installs the handler for a training run: a signal requests `stop`; a second one exits
+    /// at once.
+    pub fn for_run(stop: Arc<Stop>) -> anyhow::Result<Interrupts> {
+        Interrupts::install(move |sig| {
+            let steps = stop.request();
+            eprintln!(
+                "\n{}: stopping after step {steps} (the steps in progress finish on every rank); send it again to stop at once",
+                name(sig)
+            );
+        })
+    }
+
+    /// Installs the handler: the first signal calls `on_first`; a second one exits at once.
+    pub fn install(on_first: impl Fn(i32) + Send + 'static) -> anyhow::Result<Interrupts> {
         let received = Arc::new(AtomicI32::new(0));
         let mut signals =
             Signals::new([SIGINT, SIGTERM]).context("cannot install the signal handler")?;
@@ -40,12 +52,11 @@ impl Interrupts {
             .name("signals".into())
             .spawn(move || {
                 for sig in signals.forever() {
-                    if seen.compare_exchange(0, sig, Ordering::SeqCst, Ordering::SeqCst).is_ok() {
-                        let steps = stop.request();
-                        eprintln!(
-                            "\n{}: stopping after step {steps} (the steps in progress finish on every rank); send it again to stop at once",
-                            name(sig)
-                        );
+                    if seen
+                        .compare_exchange(0, sig, Ordering::SeqCst, Ordering::SeqCst)
+                        .is_ok()
+                    {
+                        on_first(sig);
                     } else {
                         eprintln!("\n{}: stopping now", name(sig));
                         std::process::exit(128 + sig);
@@ -54,6 +65,11 @@ impl Interrupts {
             })
             .context("cannot start the signal thread")?;
         Ok(Interrupts { received })
+    }
+
+    /// The first signal received (0 until then), shared with whoever must act on it.
+    pub fn flag(&self) -> Arc<AtomicI32> {
+        self.received.clone()
     }
 
     /// The first signal received, if any.

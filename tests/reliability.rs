@@ -299,21 +299,31 @@ fn a_full_device_is_an_error_and_stays_a_device() {
 // ---- torn files: signals and a full disk ----
 
 fn signal_run(sig: i32, code: i32) {
+    signal_command(&["run"], &[], sig, code);
+}
+
+/// Starts `tessera PREFIX plan [BETWEEN] --steps 10^6 --metrics … --trace …`, signals it after 3
+/// metrics lines, and checks the exit code, the whole lines and the closed trace.
+fn signal_command(prefix: &[&str], between: &[&str], sig: i32, code: i32) {
     let dir = Scratch::new();
     let plan = tiny_plan(&dir);
     let metrics = dir.path("m.jsonl");
     let trace = dir.path("trace.json");
+    let mut args: Vec<String> = prefix.iter().map(|a| a.to_string()).collect();
+    args.push(s(&plan));
+    args.extend(between.iter().map(|a| a.to_string()));
+    for a in [
+        "--steps",
+        "1000000",
+        "--metrics",
+        &s(&metrics),
+        "--trace",
+        &s(&trace),
+    ] {
+        args.push(a.to_string());
+    }
     let child = bin()
-        .args([
-            "run",
-            &s(&plan),
-            "--steps",
-            "1000000",
-            "--metrics",
-            &s(&metrics),
-            "--trace",
-            &s(&trace),
-        ])
+        .args(&args)
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
         .spawn()
@@ -346,6 +356,11 @@ fn signal_run(sig: i32, code: i32) {
         serde_json::from_str(&std::fs::read_to_string(&trace).unwrap()).expect("trace closes");
     assert!(trace.is_object() || trace.is_array());
     assert!(!dir.files().iter().any(|f| f.ends_with(".tmp")));
+}
+
+#[test]
+fn sigterm_to_launch_is_passed_on_to_its_ranks() {
+    signal_command(&["launch"], &["--nproc", "8", "--"], libc::SIGTERM, 143);
 }
 
 #[test]

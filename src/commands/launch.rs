@@ -18,6 +18,8 @@ use tessera_planner::plan::Plan;
 use tessera_runtime::launch::supervise::{self, LaunchError, RankProcess, Spec};
 use tessera_runtime::launch::{free_port, new_token};
 
+use crate::signals::Interrupts;
+
 #[derive(Args)]
 pub struct LaunchArgs {
     /// A plan written by `tessera plan -o`.
@@ -116,6 +118,12 @@ pub fn run(args: LaunchArgs) -> anyhow::Result<ExitCode> {
         "launching {nproc} rank process(es) of {world} on node {} of {} (rendezvous {} at {addr}:{port})",
         args.node_rank, args.nnodes, args.rendezvous
     );
+    let interrupts = Interrupts::install(|sig| {
+        eprintln!(
+            "\n{}: passing it on to the rank processes, which finish their step and stop; send it again to stop at once",
+            Interrupts::name(sig)
+        );
+    })?;
     let spec = Spec {
         program,
         args: run_args,
@@ -123,8 +131,14 @@ pub fn run(args: LaunchArgs) -> anyhow::Result<ExitCode> {
         tail_lines: 20,
         echo: true,
         grace: Duration::from_secs(2),
+        forward: Some(interrupts.flag()),
     };
-    match supervise::run(&spec) {
+    let result = supervise::run(&spec);
+    if let Some(sig) = interrupts.received() {
+        eprintln!("stopped by {}", Interrupts::name(sig));
+        return Ok(Interrupts::exit_code(sig));
+    }
+    match result {
         Ok(reports) => {
             println!("all {} rank process(es) finished", reports.len());
             Ok(ExitCode::SUCCESS)

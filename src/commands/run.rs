@@ -268,7 +268,7 @@ fn train_here(args: &RunArgs, plan: &Plan) -> anyhow::Result<ExitCode> {
     let data = Tokens::load(&args.data)
         .with_context(|| format!("{}: cannot load the training data", args.data.display()))?;
     let stop = Arc::new(exec::Stop::new());
-    let interrupts = Interrupts::install(stop.clone())?;
+    let interrupts = Interrupts::for_run(stop.clone())?;
     let opts = TrainOptions {
         steps: args.steps as usize,
         seed: args.seed,

@@ -14,6 +14,7 @@ use std::ffi::OsString;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::path::PathBuf;
 use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::atomic::{AtomicI32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -40,7 +41,25 @@ pub struct Spec {
     pub echo: bool,
     /// After a peer-failed exit, how long the others may take to exit with the real cause.
     pub grace: Duration,
+    /// A signal number the launcher received (0 until then). Once it is set, the supervisor
+    /// sends that signal to every rank still running, once, and waits for them all to end as
+    /// they choose (`tessera run` finishes its step and exits 128 + the signal); no rank is
+    /// killed for having exited with an error after it.
+    pub forward: Option<Arc<AtomicI32>>,
 }
+
+/// Sends `sig` to a child process.
+#[cfg(unix)]
+fn signal_child(child: &Child, sig: i32) {
+    // SAFETY: kill(2) on the pid of a child this process started and has not yet reaped.
+    unsafe {
+        libc::kill(child.id() as libc::pid_t, sig);
+    }
+}
+
+/// Elsewhere the children see the console's interrupt themselves.
+#[cfg(not(unix))]
+fn signal_child(_child: &Child, _sig: i32) {}
 
 /// How one rank ended.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -182,7 +201,18 @@ pub fn run(spec: &Spec) -> Result<Vec<RankReport>, LaunchError> {
     }
     let mut first_failure: Option<(Instant, bool)> = None; // (when, a real error)
     let mut stopping = false;
+    let mut forwarded = false;
     loop {
+        let sig = spec
+            .forward
+            .as_ref()
+            .map_or(0, |f| f.load(Ordering::SeqCst));
+        if sig != 0 && !forwarded {
+            forwarded = true;
+            for r in running.iter_mut().filter(|r| r.exit.is_none()) {
+                signal_child(&r.child, sig);
+            }
+        }
         for r in running.iter_mut().filter(|r| r.exit.is_none()) {
             if let Ok(Some(status)) = r.child.try_wait() {
                 let now = Instant::now();
@@ -200,7 +230,7 @@ pub fn run(spec: &Spec) -> Result<Vec<RankReport>, LaunchError> {
         if running.iter().all(|r| r.exit.is_some()) {
             break;
         }
-        if let Some((when, real)) = first_failure {
+        if let Some((when, real)) = first_failure.filter(|_| !forwarded) {
             if !stopping && (real || when.elapsed() >= spec.grace) {
                 stopping = true;
                 for r in running.iter_mut().filter(|r| r.exit.is_none()) {

@@ -89,6 +89,7 @@ fn spec(modes: &[&str], port: u16) -> Spec {
             .collect(),
         tail_lines: 20,
         echo: false,
+        forward: None,
         grace: Duration::from_secs(2),
     }
 }
