@@ -45,9 +45,14 @@ fn identity(path: &Path) -> Option<PathBuf> {
     std::fs::canonicalize(path).ok()
 }
 
-/// Refuses outputs that name an input file or another output.
+/// Refuses outputs that name an input file or another output, or that could not be written
+/// (a folder, a missing or read-only folder): checked before the work, so that a long run
+/// never ends in an output it cannot write.
 pub fn check_outputs(inputs: &[Named], outputs: &[Named]) -> anyhow::Result<()> {
     let outputs: Vec<&Named> = outputs.iter().filter(|o| !is_stdout(o.path)).collect();
+    for out in &outputs {
+        check_writable(out)?;
+    }
     for (i, out) in outputs.iter().enumerate() {
         let Some(id) = identity(out.path) else {
             // A new file cannot be an input; two new outputs with one name are caught by name.
@@ -87,6 +92,37 @@ pub fn check_outputs(inputs: &[Named], outputs: &[Named]) -> anyhow::Result<()> 
         }
     }
     Ok(())
+}
+
+/// Whether `out` can be written: a FIFO or device is left to the write itself; a regular or
+/// new file needs its folder, where a probe file is created and removed.
+fn check_writable(out: &Named) -> anyhow::Result<()> {
+    let shown = out.path.display();
+    match std::fs::metadata(out.path) {
+        Ok(m) if m.is_dir() => bail!(
+            "{} {shown} is a folder\n  fix: name a file, such as {}",
+            out.flag,
+            out.path.join("out").display()
+        ),
+        Ok(m) if !m.is_file() => return Ok(()),
+        _ => {}
+    }
+    let target = resolve_links(out.path)?;
+    let dir = target
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    tempfile::Builder::new()
+        .prefix(".tessera-probe.")
+        .tempfile_in(dir)
+        .map(drop)
+        .map_err(|e| {
+            anyhow!(
+                "{} {shown}: cannot write in {}: {e}\n  fix: create the folder, or choose a writable one",
+                out.flag,
+                dir.display()
+            )
+        })
 }
 
 /// The path a chain of symlinks ends at (which need not exist yet).

@@ -561,3 +561,37 @@ fn bad_data_files_are_refused_naming_them() {
         refused(&r, &[&s(data)]);
     }
 }
+
+#[test]
+fn an_output_that_cannot_be_written_is_refused_before_the_work() {
+    let dir = Scratch::new();
+    let plan = tiny_plan(&dir);
+    let missing = dir.path("no-such-folder").join("trace.json");
+    // A million steps: the refusal must come first, not after the run.
+    let r = run_within(
+        &[
+            "run",
+            &s(&plan),
+            "--steps",
+            "1000000",
+            "--trace",
+            &s(&missing),
+        ],
+        Duration::from_secs(30),
+    );
+    refused(&r, &["--trace", "no-such-folder"]);
+    let r = run(&["run", &s(&plan), "--metrics", &s(dir.0.path())]);
+    refused(&r, &["--metrics", "is a folder"]);
+}
+
+#[test]
+fn an_endless_input_is_refused_at_a_bound() {
+    if !Path::new("/dev/zero").exists() {
+        eprintln!("skipped: no /dev/zero on this platform");
+        return;
+    }
+    let r = run_within(&["plan", "/dev/zero", CPU8], Duration::from_secs(30));
+    refused(&r, &["/dev/zero", "larger than"]);
+    let r = run_within(&["validate", "/dev/zero"], Duration::from_secs(30));
+    refused(&r, &["/dev/zero"]);
+}

@@ -6,6 +6,10 @@ use std::path::{Path, PathBuf};
 
 use crate::error::Diagnostic;
 
+/// The most bytes read from a spec, config or plan (the largest preset plan is well under
+/// 1 MiB).
+pub const MAX_INPUT_BYTES: u64 = 64 << 20;
+
 /// The text of an input file and its path.
 #[derive(Debug, Clone)]
 pub struct Source {
@@ -14,20 +18,41 @@ pub struct Source {
 }
 
 impl Source {
-    /// Reads a file; a missing or unreadable file becomes a diagnostic.
+    /// Reads a file; a missing, unreadable, oversized or non-UTF-8 file becomes a diagnostic.
+    /// At most [`MAX_INPUT_BYTES`] are read, so `/dev/zero` or a wrong multi-gigabyte file is
+    /// refused at once instead of filling memory.
     pub fn read(path: &Path) -> Result<Source, Diagnostic> {
-        match std::fs::read_to_string(path) {
-            Ok(text) => Ok(Source {
-                path: path.to_path_buf(),
-                text,
-            }),
-            Err(e) => Err(Diagnostic::new(
-                path,
-                "-",
-                format!("cannot read the file: {e}"),
-                "check the path; presets live in specs/models/ and specs/clusters/",
-            )),
+        use std::io::Read;
+        let bad = |problem: String, fix: &str| Diagnostic::new(path, "-", problem, fix);
+        let fix = "check the path; presets live in specs/models/ and specs/clusters/";
+        let file = std::fs::File::open(path)
+            .map_err(|e| bad(format!("cannot read the file: {e}"), fix))?;
+        let mut bytes = Vec::new();
+        file.take(MAX_INPUT_BYTES + 1)
+            .read_to_end(&mut bytes)
+            .map_err(|e| bad(format!("cannot read the file: {e}"), fix))?;
+        if bytes.len() as u64 > MAX_INPUT_BYTES {
+            return Err(bad(
+                format!(
+                    "the file is larger than {} MiB, far more than any spec or plan",
+                    MAX_INPUT_BYTES >> 20
+                ),
+                "pass a model spec, a cluster spec or a plan.json",
+            ));
         }
+        let text = String::from_utf8(bytes).map_err(|e| {
+            bad(
+                format!(
+                    "not UTF-8 text (byte {} is invalid)",
+                    e.utf8_error().valid_up_to()
+                ),
+                "pass a TOML spec or a JSON plan or config, saved as UTF-8",
+            )
+        })?;
+        Ok(Source {
+            path: path.to_path_buf(),
+            text,
+        })
     }
 
     pub fn from_text(path: impl Into<PathBuf>, text: impl Into<String>) -> Source {

@@ -34,11 +34,33 @@ pub struct Tokens {
     pub source: String,
 }
 
+/// The most bytes read from a data source that is not a regular file (a FIFO, a device such
+/// as /dev/zero): its size is not known in advance, so the read stops here.
+pub const MAX_STREAM_BYTES: u64 = 1 << 30;
+
+/// Reads a regular file whole, and anything else up to [`MAX_STREAM_BYTES`].
+fn read_bounded(path: &Path) -> std::io::Result<Vec<u8>> {
+    use std::io::Read;
+    let file = std::fs::File::open(path)?;
+    if file.metadata()?.is_file() {
+        return std::fs::read(path);
+    }
+    let mut bytes = Vec::new();
+    file.take(MAX_STREAM_BYTES + 1).read_to_end(&mut bytes)?;
+    if bytes.len() as u64 > MAX_STREAM_BYTES {
+        return Err(std::io::Error::other(format!(
+            "more than {} MiB from a stream that is not a regular file",
+            MAX_STREAM_BYTES >> 20
+        )));
+    }
+    Ok(bytes)
+}
+
 impl Tokens {
     /// Loads a token file (by extension `.bin` u16, `.u32` u32) or a text file (anything else).
     pub fn load(path: &Path) -> Result<Tokens, DataError> {
         let name = path.display().to_string();
-        let bytes = std::fs::read(path).map_err(|source| DataError::Read {
+        let bytes = read_bounded(path).map_err(|source| DataError::Read {
             path: name.clone(),
             source,
         })?;

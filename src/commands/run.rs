@@ -265,6 +265,26 @@ fn train_here(args: &RunArgs, plan: &Plan) -> anyhow::Result<ExitCode> {
             );
         }
     }
+    // Loading holds the file's bytes and the u32 tokens made of them: 5 bytes per byte of text,
+    // 3 per byte of a .bin (u16) file, 2 per byte of a .u32 file.
+    if let (Ok(m), Some(have)) = (std::fs::metadata(&args.data), host_available_bytes()) {
+        let per_byte = match args.data.extension().and_then(|e| e.to_str()) {
+            Some("u32") => 2.0,
+            Some("bin") => 3.0,
+            _ => 5.0,
+        };
+        let need_data = m.len() as f64 * per_byte;
+        if m.is_file() && need + need_data > have {
+            bail!(
+                "{}: loading this data file of {} needs about {} of host memory besides the {} of the run, and {} is available\n  fix: train on a smaller file (or a slice of it)",
+                args.data.display(),
+                tessera_planner::units::bytes(m.len() as f64),
+                tessera_planner::units::bytes(need_data),
+                tessera_planner::units::bytes(need),
+                tessera_planner::units::bytes(have)
+            );
+        }
+    }
     let data = Tokens::load(&args.data)
         .with_context(|| format!("{}: cannot load the training data", args.data.display()))?;
     let stop = Arc::new(exec::Stop::new());
