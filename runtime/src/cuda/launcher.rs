@@ -49,6 +49,9 @@ pub struct CudaLauncher {
     blas_lt: CudaBlasLT,
     info: DeviceInfo,
     arch: String,
+    /// Load CUBINs instead of PTX: the NVRTC is newer than the driver, which cannot JIT its
+    /// PTX (a CUBIN for the device's own architecture needs no JIT).
+    cubin: bool,
     disk: DiskCache,
     functions: Mutex<FunctionTable>,
     modules: Mutex<HashMap<&'static str, Arc<CudaModule>>>,
@@ -82,6 +85,8 @@ impl CudaLauncher {
             let blas_lt = CudaBlasLT::new(stream.clone())
                 .map_err(|e| blas_err("creating the cuBLASLt handle", e))?;
             let arch = kernels::arch_of(info.compute_capability.0, info.compute_capability.1);
+            let (major, minor) = super::compile::nvrtc_version()?;
+            let cubin = major * 1000 + minor * 10 > probe::driver_cuda_version()?;
             Ok(CudaLauncher {
                 ctx: ctx.clone(),
                 stream,
@@ -89,6 +94,7 @@ impl CudaLauncher {
                 blas_lt,
                 info,
                 arch,
+                cubin,
                 disk: DiskCache::from_env(),
                 functions: Mutex::new(HashMap::new()),
                 modules: Mutex::new(HashMap::new()),
@@ -108,7 +114,13 @@ impl CudaLauncher {
     /// PTX of `module` for this device's architecture: memory cache, disk cache, or NVRTC.
     fn ptx(&self, module: &'static Module) -> Result<Arc<String>, GpuError> {
         let options = kernels::compile_options(&self.arch);
-        let key = CacheKey::new(module, &self.arch, &options);
+        let (major, minor) = super::compile::nvrtc_version()?;
+        let key = CacheKey::new(
+            module,
+            &self.arch,
+            &options,
+            &format!("nvrtc {major}.{minor}"),
+        );
         if let Some(p) = ptx_cache().lock().expect("ptx cache").get(&key) {
             return Ok(p.clone());
         }
@@ -177,10 +189,14 @@ impl CudaLauncher {
             match mods.get(module.name) {
                 Some(m) => m.clone(),
                 None => {
-                    let ptx = self.ptx(module)?;
+                    let image = if self.cubin {
+                        Ptx::from_binary(super::compile::compile(module, &self.arch)?.cubin)
+                    } else {
+                        Ptx::from_src(self.ptx(module)?.as_str())
+                    };
                     let m = self
                         .ctx
-                        .load_module(Ptx::from_src(ptx.as_str()))
+                        .load_module(image)
                         .map_err(|e| driver_err(&format!("loading module {}", module.name), e))?;
                     mods.insert(module.name, m.clone());
                     m

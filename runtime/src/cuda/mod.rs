@@ -9,6 +9,7 @@
 //! Status: compiled and linted; NOT YET RUN ON A GPU. The kernels' arithmetic and the host
 //! logic are tested on the CPU (emulator, `runtime/tests/ops.rs`); the cudarc calls are not.
 
+pub mod compile;
 mod launcher;
 pub mod probe;
 

@@ -63,12 +63,18 @@ pub fn probe_math() -> Result<(), GpuError> {
             toolkit,
         ));
     }
+    probe_nvrtc()
+}
+
+/// NVRTC alone: all that compiling the kernels needs (no driver, no device).
+pub fn probe_nvrtc() -> Result<(), GpuError> {
+    // SAFETY: as in probe_driver.
     if !unsafe { cudarc::nvrtc::sys::is_culib_present() } {
         return Err(missing(
             "libnvrtc",
             "NVRTC (compiles the kernels at first use)",
             "nvrtc",
-            toolkit,
+            "install the CUDA 13 toolkit or `pip install nvidia-cuda-nvrtc==13.0.88`, and put its lib folder (nvidia/cu13/lib) on LD_LIBRARY_PATH",
         ));
     }
     Ok(())
@@ -125,6 +131,20 @@ fn no_device(reason: &str) -> GpuError {
         reason: reason.into(),
         fix: "check `nvidia-smi`; in a container pass the GPUs through (--gpus all); check CUDA_VISIBLE_DEVICES".into(),
     }
+}
+
+/// The driver's CUDA version (`13000` for 13.0), after initialising it.
+pub fn driver_cuda_version() -> Result<i32, GpuError> {
+    init_driver()?;
+    guard("cuDriverGetVersion", || {
+        let mut version = 0;
+        // SAFETY: a plain driver entry point with a valid out-pointer.
+        let r = unsafe { cudarc::driver::sys::cuDriverGetVersion(&mut version) };
+        if r != CUresult::CUDA_SUCCESS {
+            return Err(driver_err("cuDriverGetVersion", format!("{r:?}")));
+        }
+        Ok(version)
+    })
 }
 
 /// Initialises the driver and checks its CUDA version against [`TARGET_CUDA`].

@@ -200,8 +200,12 @@ pub struct CacheKey {
 }
 
 impl CacheKey {
-    pub fn new(module: &Module, arch: &str, options: &[String]) -> Self {
+    /// `compiler` names the compiler and its version (`nvrtc 13.0`): PTX from a newer NVRTC
+    /// may not load on an older driver, so a cache entry is only reused by the same compiler.
+    pub fn new(module: &Module, arch: &str, options: &[String], compiler: &str) -> Self {
         let mut text = module.program().into_bytes();
+        text.push(0);
+        text.extend_from_slice(compiler.as_bytes());
         for o in options {
             text.push(0);
             text.extend_from_slice(o.as_bytes());

@@ -160,21 +160,29 @@ fn fnv1a_matches_published_values() {
 #[test]
 fn cache_key_changes_with_arch_options_and_source() {
     let m = module("norm").unwrap();
-    let k90 = CacheKey::new(m, "sm_90", &compile_options("sm_90"));
-    let again = CacheKey::new(m, "sm_90", &compile_options("sm_90"));
+    let k90 = CacheKey::new(m, "sm_90", &compile_options("sm_90"), "nvrtc 13.0");
+    let again = CacheKey::new(m, "sm_90", &compile_options("sm_90"), "nvrtc 13.0");
     assert_eq!(k90, again);
-    let k80 = CacheKey::new(m, "sm_80", &compile_options("sm_80"));
+    let k80 = CacheKey::new(m, "sm_80", &compile_options("sm_80"), "nvrtc 13.0");
     assert_ne!(k90.hash, k80.hash);
     assert_ne!(k90.file_name(), k80.file_name());
     let mut opts = compile_options("sm_90");
     opts.push("--use_fast_math".into());
-    assert_ne!(CacheKey::new(m, "sm_90", &opts).hash, k90.hash);
+    assert_ne!(
+        CacheKey::new(m, "sm_90", &opts, "nvrtc 13.0").hash,
+        k90.hash
+    );
     let edited = Module {
         source: "// edited\n",
         ..*m
     };
     assert_ne!(
-        CacheKey::new(&edited, "sm_90", &compile_options("sm_90")).hash,
+        CacheKey::new(&edited, "sm_90", &compile_options("sm_90"), "nvrtc 13.0").hash,
+        k90.hash
+    );
+    // Another compiler version is another entry.
+    assert_ne!(
+        CacheKey::new(m, "sm_90", &compile_options("sm_90"), "nvrtc 13.1").hash,
         k90.hash
     );
     assert!(k90.file_name().starts_with("norm-sm_90-"));
@@ -187,7 +195,7 @@ fn disk_cache_round_trip_and_misses() {
     let dir = temp_dir("kcache");
     let cache = DiskCache::at(&dir);
     let m = module("act").unwrap();
-    let key = CacheKey::new(m, "sm_90", &compile_options("sm_90"));
+    let key = CacheKey::new(m, "sm_90", &compile_options("sm_90"), "nvrtc 13.0");
     assert_eq!(cache.load(&key), None);
     cache.store(&key, ".version 8.0\n// ptx").unwrap();
     assert_eq!(cache.load(&key).as_deref(), Some(".version 8.0\n// ptx"));
