@@ -37,6 +37,8 @@ enum Command {
     Run(commands::run::RunArgs),
     /// Start one `tessera run` process per local rank and stop them all if one fails.
     Launch(commands::launch::LaunchArgs),
+    /// Check this machine's GPU environment: driver, libraries, devices, kernel compilation.
+    Doctor(commands::doctor::DoctorArgs),
     /// Replay the published runs of runs.toml through the planner; write docs/validation.md.
     #[command(hide = true)]
     ValidatePlanner(commands::validate_planner::ValidatePlannerArgs),
@@ -57,6 +59,7 @@ fn main() -> ExitCode {
         Command::Explain(args) => commands::explain::run(args),
         Command::Run(args) => commands::run::run(args),
         Command::Launch(args) => commands::launch::run(args),
+        Command::Doctor(args) => commands::doctor::run(args),
         Command::ValidatePlanner(args) => commands::validate_planner::run(args),
     };
     match result {

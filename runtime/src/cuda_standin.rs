@@ -29,6 +29,19 @@ impl CudaLauncher {
     }
 }
 
+/// `tessera doctor` without the backend: one check, which says how to build it.
+pub fn doctor() -> crate::gpu::doctor::Report {
+    use crate::gpu::doctor::{Check, Report, Status};
+    Report {
+        checks: vec![Check::new(
+            "CUDA backend",
+            Status::NoGpu,
+            "this tessera was built without CUDA support, so it cannot look for GPUs\n  fix: on a GPU machine, build with `cargo build --release --features cuda` (no CUDA toolkit is needed to build; docs/cuda.md) and run `tessera doctor` again",
+        )],
+        gpu_present: false,
+    }
+}
+
 pub fn probe() -> Result<(), GpuError> {
     Err(GpuError::NotCompiledWithCudaSupport)
 }

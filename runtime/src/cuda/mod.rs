@@ -10,9 +10,11 @@
 //! logic are tested on the CPU (emulator, `runtime/tests/ops.rs`); the cudarc calls are not.
 
 pub mod compile;
+pub mod doctor;
 mod launcher;
 pub mod probe;
 
+pub use doctor::doctor;
 pub use launcher::{CudaBuf, CudaLauncher};
 pub use probe::{devices, probe, probe_nccl};
 

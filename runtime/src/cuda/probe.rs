@@ -80,6 +80,39 @@ pub fn probe_nvrtc() -> Result<(), GpuError> {
     Ok(())
 }
 
+/// Each library by itself, for `tessera doctor`: (name, found or the error with its fix).
+pub fn libraries() -> Vec<(&'static str, Result<(), GpuError>)> {
+    let toolkit = "install the CUDA 13 toolkit, or the nvidia-cublas wheel, and put its lib folder on LD_LIBRARY_PATH";
+    // SAFETY: as in probe_driver.
+    let cublas = unsafe { cudarc::cublas::sys::is_culib_present() };
+    let cublas_lt = unsafe { cudarc::cublaslt::sys::is_culib_present() };
+    vec![
+        (
+            "cuBLAS",
+            if cublas {
+                Ok(())
+            } else {
+                Err(missing("libcublas", "cuBLAS (matmuls)", "cublas", toolkit))
+            },
+        ),
+        (
+            "cuBLASLt",
+            if cublas_lt {
+                Ok(())
+            } else {
+                Err(missing(
+                    "libcublasLt",
+                    "cuBLASLt (matmuls with fused bias)",
+                    "cublasLt",
+                    toolkit,
+                ))
+            },
+        ),
+        ("NVRTC", probe_nvrtc()),
+        ("NCCL", probe_nccl()),
+    ]
+}
+
 /// NCCL, for multi-GPU runs.
 pub fn probe_nccl() -> Result<(), GpuError> {
     // SAFETY: as in probe_driver.

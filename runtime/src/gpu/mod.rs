@@ -11,6 +11,7 @@
 //! This module must not depend on cudarc.
 
 pub mod bf16;
+pub mod doctor;
 mod error;
 pub mod gemm;
 pub mod kernels;
