@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Build, on a machine with Rust (no GPU needed), what scripts/gpu-check.sh runs on a GPU machine
+# that has no Rust toolchain: `tessera` and the `--features cuda` test binaries, stripped, in the
+# ignored folder .gpu/. Carry .gpu/ to the device (the device tool's `carry`), then run
+# `bash scripts/gpu-check.sh` there.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+rm -rf .gpu && mkdir -p .gpu/tests
+cargo build --release --features cuda --bin tessera
+cp target/release/tessera .gpu/tessera
+# Every test binary of the runtime with the CUDA backend: the op tests (CPU, emulator, GPU),
+# cuda-local and NCCL, the real-compiler check, and the library's own tests (probe, doctor).
+cargo test --release -p tessera-runtime --features cuda --no-run --message-format=json \
+  | python3 -c '
+import json, sys, shutil, os
+for line in sys.stdin:
+    m = json.loads(line)
+    exe = m.get("executable")
+    if m.get("reason") == "compiler-artifact" and exe and m["profile"]["test"]:
+        kind = m["target"]["kind"][0]
+        name = "lib" if kind == "lib" else m["target"]["name"]
+        shutil.copy(exe, os.path.join(".gpu/tests", name))
+        print("carried", name)
+'
+strip .gpu/tessera .gpu/tests/* 2>/dev/null || true
+du -sh .gpu
