@@ -31,6 +31,8 @@ enum Command {
     Plan(Box<commands::plan::PlanArgs>),
     /// Check model specs, cluster specs and plan files.
     Validate(commands::validate::ValidateArgs),
+    /// Show what changed between two plans (exit 1 when they differ, as diff does).
+    Diff(commands::diff::DiffArgs),
     /// Print a plan's per-stage memory, with the reason for each term.
     Explain(commands::explain::ExplainArgs),
     /// Train as a plan says (CPU backend: threads as ranks) and compare with its predictions.
@@ -56,6 +58,7 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Plan(args) => commands::plan::run(*args),
         Command::Validate(args) => commands::validate::run(args),
+        Command::Diff(args) => commands::diff::run(args),
         Command::Explain(args) => commands::explain::run(args),
         Command::Run(args) => commands::run::run(args),
         Command::Launch(args) => commands::launch::run(args),

@@ -6,6 +6,7 @@
 //! committed JSON Schema (docs/plan.schema.json) is generated from these types.
 
 mod check;
+pub mod diff;
 
 use std::path::Path;
 
