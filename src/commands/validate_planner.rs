@@ -55,9 +55,11 @@ pub fn run(args: ValidatePlannerArgs) -> anyhow::Result<ExitCode> {
     let a100 = preset("dgx-a100-80g.toml")?;
     let h100 = preset("dgx-h100-80g.toml")?;
     if args.fit {
-        return fit(&text, &a100, &h100, &args.calibration_output);
+        return fit(&text, &a100, &h100, &args.calibration_output)
+            .with_context(|| format!("{}", args.runs.display()));
     }
-    let (v, md) = validation::document(&text, &a100, &h100)?;
+    let (v, md) = validation::document(&text, &a100, &h100)
+        .with_context(|| format!("{}", args.runs.display()))?;
     let mut t = table(&["run", "measured s", "predicted s", "error"], &[1, 2, 3]);
     for r in &v.scored {
         t.add_row(vec![
