@@ -31,6 +31,9 @@ enum Command {
     Plan(Box<commands::plan::PlanArgs>),
     /// Check model specs, cluster specs and plan files.
     Validate(commands::validate::ValidateArgs),
+    /// Write a plan as Megatron-LM arguments, a DeepSpeed or torchtitan config, or a Slurm or
+    /// Kubernetes job.
+    Export(commands::export::ExportArgs),
     /// Show what changed between two plans (exit 1 when they differ, as diff does).
     Diff(commands::diff::DiffArgs),
     /// Print a plan's per-stage memory, with the reason for each term.
@@ -59,6 +62,7 @@ fn main() -> ExitCode {
         Command::Plan(args) => commands::plan::run(*args),
         Command::Validate(args) => commands::validate::run(args),
         Command::Diff(args) => commands::diff::run(args),
+        Command::Export(args) => commands::export::run(args),
         Command::Explain(args) => commands::explain::run(args),
         Command::Run(args) => commands::run::run(args),
         Command::Launch(args) => commands::launch::run(args),

@@ -1,35 +1,16 @@
 //! `tessera plan` pins: with every knob pinned, the plan is that one layout.
 
+mod common;
+
 use std::path::Path;
 use std::process::Command;
 
+use common::GPT3_MEGATRON_LAYOUT;
+
 fn plan_json(extra: &[&str]) -> serde_json::Value {
-    let mut args = vec![
-        "plan",
-        "specs/models/gpt3-175b.toml",
-        "specs/clusters/dgx-a100-80g.toml",
-        "--nodes",
-        "128",
-        "--tp",
-        "8",
-        "--pp",
-        "8",
-        "--dp",
-        "16",
-        "--micro-batch",
-        "1",
-        "--recompute",
-        "full",
-        "--zero",
-        "1",
-        "--sp",
-        "--schedule",
-        "interleaved",
-        "--virtual-stages",
-        "2",
-        "--format",
-        "json",
-    ];
+    let mut args = vec!["plan"];
+    args.extend_from_slice(GPT3_MEGATRON_LAYOUT);
+    args.extend(["--format", "json"]);
     args.extend_from_slice(extra);
     let o = Command::new(env!("CARGO_BIN_EXE_tessera"))
         .current_dir(Path::new(env!("CARGO_MANIFEST_DIR")))

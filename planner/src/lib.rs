@@ -8,6 +8,7 @@
 
 pub mod cost;
 pub mod error;
+pub mod export;
 pub mod layout;
 pub mod memory;
 pub mod mesh;

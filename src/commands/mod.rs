@@ -3,6 +3,7 @@
 pub mod diff;
 pub mod doctor;
 pub mod explain;
+pub mod export;
 pub mod launch;
 pub mod plan;
 pub mod run;

@@ -142,6 +142,32 @@ pub fn refused(r: &Ran, parts: &[&str]) {
     }
 }
 
+/// GPT-3 175B on 128 DGX A100 in Megatron-LM's SC'21 layout: TP 8, PP 8 interleaved ×2, SP,
+/// full recompute, the distributed optimizer (ZeRO-1).
+pub const GPT3_MEGATRON_LAYOUT: &[&str] = &[
+    "specs/models/gpt3-175b.toml",
+    "specs/clusters/dgx-a100-80g.toml",
+    "--nodes",
+    "128",
+    "--tp",
+    "8",
+    "--pp",
+    "8",
+    "--dp",
+    "16",
+    "--micro-batch",
+    "1",
+    "--recompute",
+    "full",
+    "--zero",
+    "1",
+    "--sp",
+    "--schedule",
+    "interleaved",
+    "--virtual-stages",
+    "2",
+];
+
 /// Plans tiny on cpu-8 as the README does, into `dir`.
 pub fn tiny_plan(dir: &Scratch) -> PathBuf {
     let out = dir.path("plan.json");

@@ -1,0 +1,171 @@
+//! `tessera export`: each target's text for representative plans is a reviewed snapshot
+//! (tests/snapshots/exports__*.snap), and a plan a target cannot express is refused with exit 2
+//! and no file. docs/exports.md says how each plan field maps to each target.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+
+use common::*;
+
+const LLAMA: &str = "specs/models/llama3-8b.toml";
+const H100: &str = "specs/clusters/dgx-h100-80g.toml";
+
+fn plan(dir: &Scratch, name: &str, args: &[&str]) -> PathBuf {
+    let out = dir.path(name);
+    let mut all = vec!["plan"];
+    all.extend(args);
+    let o = s(&out);
+    all.extend(["-o", &o]);
+    let r = run(&all);
+    assert_eq!(r.code, Some(0), "{}", r.stderr);
+    out
+}
+
+/// GPT-3 175B as Megatron-LM trained it (SC'21), without hybrid sharding.
+fn megatron_layout(dir: &Scratch) -> PathBuf {
+    let mut args = GPT3_MEGATRON_LAYOUT.to_vec();
+    args.push("--no-hybrid-shard");
+    plan(dir, "gpt3.json", &args)
+}
+
+/// Llama-3 8B on one DGX H100 with FSDP (ZeRO-3) and TP 2 with SP, two pipeline stages.
+fn fsdp_layout(dir: &Scratch) -> PathBuf {
+    plan(
+        dir,
+        "llama.json",
+        &[
+            LLAMA,
+            H100,
+            "--nodes",
+            "1",
+            "--tp",
+            "2",
+            "--pp",
+            "2",
+            "--dp",
+            "2",
+            "--micro-batch",
+            "1",
+            "--zero",
+            "3",
+            "--sp",
+            "--recompute",
+            "full",
+            "--schedule",
+            "1f1b",
+        ],
+    )
+}
+
+fn export(plan: &Path, to: &str) -> String {
+    let r = run(&["export", &s(plan), "--to", to]);
+    assert_eq!(r.code, Some(0), "{to}: {}", r.stderr);
+    r.stdout
+}
+
+#[test]
+fn megatron_layout_exports() {
+    let dir = Scratch::new();
+    let p = megatron_layout(&dir);
+    insta::assert_snapshot!("gpt3_megatron", export(&p, "megatron"));
+    insta::assert_snapshot!("gpt3_deepspeed", export(&p, "deepspeed"));
+    insta::assert_snapshot!("gpt3_sbatch", export(&p, "sbatch"));
+    insta::assert_snapshot!("gpt3_kubernetes", export(&p, "kubernetes"));
+}
+
+#[test]
+fn fsdp_layout_exports_to_torchtitan_with_the_exact_split() {
+    let dir = Scratch::new();
+    let p = fsdp_layout(&dir);
+    let text = export(&p, "torchtitan");
+    // The plan's split, module by module: stage 0 starts with the embedding, stage 1 ends
+    // with the norm and the output layer.
+    assert!(text.contains("[\"tok_embeddings\", \"layers.0\""), "{text}");
+    assert!(
+        text.contains("\"layers.31\", \"norm\", \"output\"]"),
+        "{text}"
+    );
+    insta::assert_snapshot!("llama3_8b_torchtitan", text);
+}
+
+#[test]
+fn what_a_target_cannot_express_is_refused_without_a_file() {
+    let dir = Scratch::new();
+    let fsdp = fsdp_layout(&dir);
+    let megatron = megatron_layout(&dir);
+    for (plan, to, says) in [
+        (&fsdp, "megatron", "ZeRO-3"),
+        (&fsdp, "deepspeed", "ZeRO-3 with pipeline parallelism"),
+        (&megatron, "torchtitan", "ZeRO-1"),
+    ] {
+        let out = dir.path(&format!("{to}.out"));
+        let before = Inputs::of(&[plan]);
+        let r = run(&["export", &s(plan), "--to", to, "-o", &s(&out)]);
+        refused(&r, &[&s(plan), to, says, "fix:"]);
+        assert!(!out.exists(), "{to}: a refused export wrote a file");
+        before.unchanged();
+    }
+    // The output may not be the plan itself.
+    let r = run(&["export", &s(&fsdp), "--to", "sbatch", "-o", &s(&fsdp)]);
+    refused(&r, &["-o/--output", "PLAN"]);
+}
+
+#[test]
+fn deepspeed_export_is_json_with_the_plan_batch() {
+    let dir = Scratch::new();
+    let p = megatron_layout(&dir);
+    let v: serde_json::Value = serde_json::from_str(&export(&p, "deepspeed")).unwrap();
+    assert_eq!(v["train_batch_size"], 1536);
+    assert_eq!(v["train_micro_batch_size_per_gpu"], 1);
+    // 1536 sequences over DP 16 with micro-batch 1: 96 micro-batches per step.
+    assert_eq!(v["gradient_accumulation_steps"], 96);
+    assert_eq!(v["zero_optimization"]["stage"], 1);
+}
+
+/// Runs `program args…` with `input` on stdin; `None` when the program is not installed.
+fn check_with(program: &str, args: &[&str], input: &str) -> Option<std::process::Output> {
+    use std::io::Write;
+    let mut child = std::process::Command::new(program)
+        .args(args)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .ok()?;
+    child.stdin.take()?.write_all(input.as_bytes()).ok()?;
+    child.wait_with_output().ok()
+}
+
+#[test]
+fn each_export_parses_in_its_own_language() {
+    let dir = Scratch::new();
+    let gpt3 = megatron_layout(&dir);
+    let llama = fsdp_layout(&dir);
+    // torchtitan reads TOML.
+    let t: toml::Table = toml::from_str(&export(&llama, "torchtitan")).expect("valid TOML");
+    assert_eq!(
+        t["parallelism"]["tensor_parallel_degree"].as_integer(),
+        Some(2)
+    );
+    // The Megatron arguments and the Slurm script are bash.
+    for to in ["megatron", "sbatch"] {
+        match check_with("bash", &["-n"], &export(&gpt3, to)) {
+            Some(o) => assert!(
+                o.status.success(),
+                "{to}: {}",
+                String::from_utf8_lossy(&o.stderr)
+            ),
+            None => eprintln!("skipped: no bash to check the {to} export"),
+        }
+    }
+    // The Kubernetes manifest is two YAML documents: a Service and an indexed Job.
+    let yaml = "import sys, yaml\nd = list(yaml.safe_load_all(sys.stdin))\nassert [x['kind'] for x in d] == ['Service', 'Job'], d\nassert d[1]['spec']['completionMode'] == 'Indexed'\nassert d[1]['spec']['completions'] == 128\n";
+    match check_with("python3", &["-c", yaml], &export(&gpt3, "kubernetes")) {
+        Some(o) if String::from_utf8_lossy(&o.stderr).contains("No module named 'yaml'") => {
+            eprintln!("skipped: no PyYAML to check the kubernetes export")
+        }
+        Some(o) => assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr)),
+        None => eprintln!("skipped: no python3 to check the kubernetes export"),
+    }
+}
