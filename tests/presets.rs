@@ -55,3 +55,31 @@ fn megatron_table_1_within_its_rounding() {
         );
     }
 }
+
+#[test]
+fn mistral_and_qwen2_presets_match_the_published_counts() {
+    // The totals of the Hugging Face safetensors indexes of mistralai/Mistral-7B-v0.1 and
+    // Qwen/Qwen2-7B; the same counts as the HF configs in tests/fixtures (tests/hf_config.rs).
+    assert_eq!(params("mistral-7b"), 7_241_732_096);
+    assert_eq!(params("qwen2-7b"), 7_615_616_512);
+}
+
+#[test]
+fn gpt3_family_within_the_papers_rounding() {
+    // Brown et al. 2020, Table 2.1, "n_params": 2.7B and 6.7B, one decimal.
+    assert!((params("gpt3-2.7b") as f64 / 1e9 - 2.7).abs() < 0.05);
+    assert!((params("gpt3-6.7b") as f64 / 1e9 - 6.7).abs() < 0.05);
+    // "13.0B": the table's d_model 5140 is not its 40 heads × 128, so no exact count follows
+    // from it; with attention width 40 × 128 and d_model 5140 the count is 12.94B, 0.5% under.
+    let b13 = params("gpt3-13b") as f64 / 1e9;
+    assert!((b13 - 13.0).abs() / 13.0 < 0.01, "{b13}");
+}
+
+#[test]
+fn mixtral_is_kept_but_refused_until_moe_is_supported() {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("specs/models/mixtral-8x7b.toml");
+    let e = load_model(&path, TrainingOverrides::default()).unwrap_err();
+    assert_eq!(e.field, "architecture.experts");
+    assert!(e.problem.contains("not supported yet"), "{e}");
+    assert!(e.location.is_some());
+}

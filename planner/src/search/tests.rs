@@ -173,7 +173,12 @@ fn search_simulation_bound_rejects_no_preset_layout() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../specs");
     let mut most = 0;
     for model in std::fs::read_dir(root.join("models")).unwrap() {
-        let m = specs::load_model(&model.unwrap().path(), TrainingOverrides::default()).unwrap();
+        let m = match specs::load_model(&model.unwrap().path(), TrainingOverrides::default()) {
+            Ok(m) => m,
+            // Mixtral is kept for the MoE work and refused until then.
+            Err(e) if e.field == "architecture.experts" => continue,
+            Err(e) => panic!("{e}"),
+        };
         for nodes in [1, 2, 16] {
             let (_, c) = job("tiny.toml", "dgx-a100-80g.toml", nodes);
             for l in enumerate(&m, &c, &Pins::default()) {

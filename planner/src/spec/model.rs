@@ -34,6 +34,9 @@ pub(crate) struct RawArchitecture {
     pub bias: Field<bool>,
     pub qkv_bias: Field<bool>,
     pub max_positions: Field<i64>,
+    /// Mixture-of-experts: experts per MoE layer, and how many each token is routed to.
+    pub experts: Field<i64>,
+    pub experts_per_token: Field<i64>,
 }
 
 #[derive(Debug, Deserialize, Default)]
@@ -65,6 +68,8 @@ pub const MODEL_KEYS: &[&str] = &[
     "bias",
     "qkv_bias",
     "max_positions",
+    "experts",
+    "experts_per_token",
     "seq_len",
     "global_batch",
     "precision",
@@ -148,6 +153,15 @@ pub(crate) fn resolve_architecture(
     a: &RawArchitecture,
 ) -> Result<Architecture, Diagnostic> {
     const T: &str = "architecture";
+    if let Some(experts) = f.opt_pos_int(T, "experts", &a.experts)?.filter(|e| *e > 1) {
+        return Err(f.err(
+            a.experts.as_ref().map(|s| s.span()),
+            "architecture.experts",
+            format!("mixture-of-experts layers ({experts} experts) are not supported yet: the memory and cost models, the search and the runtime are for dense layers"),
+            "plan a dense model; MoE needs expert parallelism, which comes with the wider coverage after the one executor (README)",
+        ));
+    }
+    f.opt_pos_int(T, "experts_per_token", &a.experts_per_token)?;
     let layers = f.pos_int(T, "layers", &a.layers, "24")?;
     let hidden = f.pos_int(T, "hidden", &a.hidden, "2048")?;
     let heads = f.pos_int(T, "heads", &a.heads, "16")?;
