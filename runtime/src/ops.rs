@@ -52,6 +52,16 @@ impl AdamWStep {
     }
 }
 
+/// Where RoPE applies: rows of `width` values, the first `heads` heads of size `hd` rotated,
+/// row `n` at position `n % t`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RopeShape {
+    pub t: usize,
+    pub width: usize,
+    pub heads: usize,
+    pub hd: usize,
+}
+
 /// The kernels every backend provides. Shapes in each method's doc; `N` is the number of rows.
 pub trait Kernels {
     /// Backend and device, for test output.
@@ -176,6 +186,17 @@ pub trait Kernels {
         saved: &[f32],
         s: AttnShape,
     ) -> Result<(), GpuError>;
+    /// RoPE in place on the first `heads` heads of each row of `x: (N, width)`, row `n` at
+    /// position `n % t`; `tables`: cos and sin, each `(t, hd/2)`, from `cpu::rope_tables`.
+    /// `backward` applies the transpose rotation (to a gradient).
+    fn rope(
+        &self,
+        x: &mut [f32],
+        shape: RopeShape,
+        tables: (&[f32], &[f32]),
+        backward: bool,
+    ) -> Result<(), GpuError>;
+
     fn gelu_forward(&self, out: &mut [f32], inp: &[f32]) -> Result<(), GpuError>;
     fn gelu_backward(&self, dinp: &mut [f32], inp: &[f32], dout: &[f32]) -> Result<(), GpuError>;
     /// `out (N, f)` from `inp (N, 2f)` rows `[gate | up]`.
@@ -419,6 +440,22 @@ impl Kernels for CpuKernels {
     ) -> Result<(), GpuError> {
         let mut scratch = vec![0.0; cpu::attention_scratch_len(&s)];
         cpu::attention_backward(dqkv, &mut scratch, dy, qkv, saved, s);
+        Ok(())
+    }
+
+    fn rope(
+        &self,
+        x: &mut [f32],
+        s: RopeShape,
+        (cos, sin): (&[f32], &[f32]),
+        backward: bool,
+    ) -> Result<(), GpuError> {
+        let rotate = if backward {
+            cpu::rope_backward
+        } else {
+            cpu::rope_forward
+        };
+        rotate(x, s.t, s.width, s.heads, s.hd, cos, sin);
         Ok(())
     }
 

@@ -12,7 +12,7 @@ mod reference;
 
 use reference as r;
 use tessera_runtime::cpu::AttnShape;
-use tessera_runtime::ops::{AdamWStep, GemmShape, Kernels, Storage};
+use tessera_runtime::ops::{AdamWStep, GemmShape, Kernels, RopeShape, Storage};
 use tessera_runtime::rng;
 
 /// One test per backend from one body: `cpu`, `emulated_gpu`, and `cuda` with the feature.
@@ -453,3 +453,39 @@ fn adamw_body(k: &dyn Kernels) {
     }
 }
 test_device!(adamw, super::adamw_body);
+
+/// RoPE against an f64 rotation of the same angles: the q and k heads of a fused qkv row turn
+/// (v untouched), position `row % t`; the backward turns back, so forward then backward is the
+/// identity within bf16 storage.
+fn rope_body(k: &dyn Kernels) {
+    let (b, t, heads, hd) = (2, 7, 3, 8);
+    let width = heads * hd + 5; // extra columns that must not move
+    let x = randn(b * t * width, 40, 1.5);
+    let (cos, sin) = tessera_runtime::cpu::rope_tables(t, hd, 10000.0);
+    let half = hd / 2;
+    let mut want: Vec<f64> = x.iter().map(|&v| f64::from(v)).collect();
+    for (row, r) in want.chunks_exact_mut(width).enumerate() {
+        let pos = (row % t) as f64;
+        for h in 0..heads {
+            for i in 0..half {
+                let angle = pos * 10000f64.powf(-2.0 * i as f64 / hd as f64);
+                let (a, c) = (r[h * hd + i], r[h * hd + i + half]);
+                r[h * hd + i] = a * angle.cos() - c * angle.sin();
+                r[h * hd + i + half] = c * angle.cos() + a * angle.sin();
+            }
+        }
+    }
+    let shape = RopeShape {
+        t,
+        width,
+        heads,
+        hd,
+    };
+    let mut y = x.clone();
+    k.rope(&mut y, shape, (&cos, &sin), false).unwrap();
+    check(k, "rope forward", &y, &want, Storage::Bf16);
+    k.rope(&mut y, shape, (&cos, &sin), true).unwrap();
+    let back: Vec<f64> = x.iter().map(|&v| f64::from(v)).collect();
+    check(k, "rope backward of forward", &y, &back, Storage::Bf16);
+}
+test_device!(rope, super::rope_body);

@@ -56,6 +56,10 @@ pub const MODULES: &[Module] = &[
         name: "adamw",
         source: include_str!("../cuda/kernels/adamw.cu"),
     },
+    Module {
+        name: "rope",
+        source: include_str!("../cuda/kernels/rope.cu"),
+    },
 ];
 
 /// The module called `name`.

@@ -10,7 +10,7 @@ use super::kernels::{self, Param};
 use super::launch::{self, Geometry};
 use super::{bf16, DType, GpuError, HostData, HostVec, KArg, Launcher};
 use crate::cpu::AttnShape;
-use crate::ops::{AdamWStep, GemmShape, Kernels, Storage};
+use crate::ops::{AdamWStep, GemmShape, Kernels, RopeShape, Storage};
 
 /// Relative tolerance of bf16-stored inputs against an f64 reference: inputs and outputs are
 /// rounded to 8 significant bits (relative step 2⁻⁸ ≈ 3.9e-3), and reductions over a few
@@ -456,6 +456,16 @@ impl<L: Launcher> Kernels for GpuKernels<L> {
         s: AttnShape,
     ) -> Result<(), GpuError> {
         self.gpu_attention_backward(dqkv, dy, qkv, y, saved, s)
+    }
+
+    fn rope(
+        &self,
+        x: &mut [f32],
+        shape: RopeShape,
+        tables: (&[f32], &[f32]),
+        backward: bool,
+    ) -> Result<(), GpuError> {
+        self.gpu_rope(x, shape, tables, backward)
     }
 
     fn gelu_forward(&self, out: &mut [f32], inp: &[f32]) -> Result<(), GpuError> {

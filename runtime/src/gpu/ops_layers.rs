@@ -7,6 +7,7 @@ use super::launch;
 use super::ops::{i32_of, n64, rows_of};
 use super::{DType, GpuError, GpuKernels, KArg, Launcher};
 use crate::cpu::AttnShape;
+use crate::ops::RopeShape;
 
 impl<L: Launcher> GpuKernels<L> {
     pub(super) fn gpu_layernorm_forward(
@@ -379,6 +380,46 @@ impl<L: Launcher> GpuKernels<L> {
         )?;
         self.read(&lo, losses)?;
         self.read(&l, logits)
+    }
+
+    pub(super) fn gpu_rope(
+        &self,
+        x: &mut [f32],
+        shape: RopeShape,
+        (cos, sin): (&[f32], &[f32]),
+        backward: bool,
+    ) -> Result<(), GpuError> {
+        let RopeShape {
+            t,
+            width,
+            heads,
+            hd,
+        } = shape;
+        if hd % 2 != 0 || heads * hd > width || cos.len() < t * hd / 2 || sin.len() < t * hd / 2 {
+            return Err(GpuError::Unsupported {
+                what: format!("RoPE on heads {heads} × {hd} of rows {width} wide with tables for {} positions", cos.len() / (hd / 2).max(1)),
+                fix: "an even head size, heads × head size within the row, and tables for every position".into(),
+            });
+        }
+        let rows = x.len() / width.max(1);
+        let (xb, c, s) = (self.bf16(x)?, self.f32(cos)?, self.f32(sin)?);
+        self.run(
+            "rope",
+            "rope_rotate",
+            launch::elementwise((rows * heads * hd / 2) as u64),
+            &[
+                KArg::Buf(&xb),
+                KArg::Buf(&c),
+                KArg::Buf(&s),
+                KArg::I64(n64(rows)),
+                KArg::I32(i32_of(t, "sequence length")?),
+                KArg::I32(i32_of(width, "row width")?),
+                KArg::I32(i32_of(heads, "heads")?),
+                KArg::I32(i32_of(hd, "head size")?),
+                KArg::F32(if backward { -1.0 } else { 1.0 }),
+            ],
+        )?;
+        self.read(&xb, x)
     }
 
     pub(super) fn gpu_gelu_forward(&self, out: &mut [f32], inp: &[f32]) -> Result<(), GpuError> {
