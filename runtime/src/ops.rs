@@ -197,6 +197,12 @@ pub trait Kernels {
         backward: bool,
     ) -> Result<(), GpuError>;
 
+    /// `out = a + b` (the residual connection), in activation storage.
+    fn residual_add(&self, out: &mut [f32], a: &[f32], b: &[f32]) -> Result<(), GpuError>;
+
+    /// Σ x² (the squared norm of fp32 gradients, for global-norm clipping), summed in f64.
+    fn sum_squares(&self, x: &[f32]) -> Result<f64, GpuError>;
+
     fn gelu_forward(&self, out: &mut [f32], inp: &[f32]) -> Result<(), GpuError>;
     fn gelu_backward(&self, dinp: &mut [f32], inp: &[f32], dout: &[f32]) -> Result<(), GpuError>;
     /// `out (N, f)` from `inp (N, 2f)` rows `[gate | up]`.
@@ -457,6 +463,17 @@ impl Kernels for CpuKernels {
         };
         rotate(x, s.t, s.width, s.heads, s.hd, cos, sin);
         Ok(())
+    }
+
+    fn residual_add(&self, out: &mut [f32], a: &[f32], b: &[f32]) -> Result<(), GpuError> {
+        for ((o, &x), &y) in out.iter_mut().zip(a).zip(b) {
+            *o = x + y;
+        }
+        Ok(())
+    }
+
+    fn sum_squares(&self, x: &[f32]) -> Result<f64, GpuError> {
+        Ok(x.iter().map(|&v| f64::from(v) * f64::from(v)).sum())
     }
 
     fn gelu_forward(&self, out: &mut [f32], inp: &[f32]) -> Result<(), GpuError> {

@@ -489,3 +489,28 @@ fn rope_body(k: &dyn Kernels) {
     check(k, "rope backward of forward", &y, &back, Storage::Bf16);
 }
 test_device!(rope, super::rope_body);
+
+/// The residual add (bf16 storage) and the squared norm of fp32 gradients (f64 sum of fp32
+/// chunk sums), against f64; the norm over several chunks and a ragged last one.
+fn residual_and_norm_body(k: &dyn Kernels) {
+    let (a, b) = (randn(1000, 50, 1.0), randn(1000, 51, 2.0));
+    let mut out = vec![f32::NAN; 1000];
+    k.residual_add(&mut out, &a, &b).unwrap();
+    let want: Vec<f64> = a
+        .iter()
+        .zip(&b)
+        .map(|(&x, &y)| f64::from(x) + f64::from(y))
+        .collect();
+    check(k, "residual add", &out, &want, Storage::Bf16);
+    let g = randn(3 * 4096 + 123, 52, 0.5);
+    let got = k.sum_squares(&g).unwrap();
+    let want: f64 = g.iter().map(|&v| f64::from(v) * f64::from(v)).sum();
+    let rtol = f64::from(k.rtol(Storage::F32));
+    assert!(
+        (got - want).abs() <= rtol * want,
+        "{}: sum of squares {got} vs {want}",
+        k.name()
+    );
+    assert_eq!(k.sum_squares(&[]).unwrap(), 0.0);
+}
+test_device!(residual_and_norm, super::residual_and_norm_body);

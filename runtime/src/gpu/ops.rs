@@ -468,6 +468,51 @@ impl<L: Launcher> Kernels for GpuKernels<L> {
         self.gpu_rope(x, shape, tables, backward)
     }
 
+    fn residual_add(&self, out: &mut [f32], a: &[f32], b: &[f32]) -> Result<(), GpuError> {
+        let (o, x, y) = (
+            self.zeros(DType::Bf16, out.len())?,
+            self.bf16(a)?,
+            self.bf16(b)?,
+        );
+        self.run(
+            "reduce",
+            "residual_add",
+            launch::elementwise(out.len() as u64),
+            &[
+                KArg::Buf(&o),
+                KArg::Buf(&x),
+                KArg::Buf(&y),
+                KArg::I64(n64(out.len())),
+            ],
+        )?;
+        self.read(&o, out)
+    }
+
+    fn sum_squares(&self, x: &[f32]) -> Result<f64, GpuError> {
+        // Chunks of 4096 elements, one thread each; the partials are added here, in order.
+        const PER_CHUNK: usize = 4096;
+        let chunks = x.len().div_ceil(PER_CHUNK);
+        if chunks == 0 {
+            return Ok(0.0);
+        }
+        let (xs, partial) = (self.f32(x)?, self.zeros(DType::F32, chunks)?);
+        self.run(
+            "reduce",
+            "sum_squares",
+            launch::elementwise(chunks as u64),
+            &[
+                KArg::Buf(&partial),
+                KArg::Buf(&xs),
+                KArg::I64(n64(x.len())),
+                KArg::I64(n64(PER_CHUNK)),
+                KArg::I64(n64(chunks)),
+            ],
+        )?;
+        let mut sums = vec![0.0f32; chunks];
+        self.read(&partial, &mut sums)?;
+        Ok(sums.iter().map(|&v| f64::from(v)).sum())
+    }
+
     fn gelu_forward(&self, out: &mut [f32], inp: &[f32]) -> Result<(), GpuError> {
         self.gpu_gelu_forward(out, inp)
     }

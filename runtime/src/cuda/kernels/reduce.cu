@@ -57,3 +57,29 @@ extern "C" __global__ void cast_bf16_to_f32(float* __restrict__ out,
         out[i] = bf2f(inp[i]);
     }
 }
+
+// The residual add of a transformer block: out (N) = a + b, bf16 storage, fp32 arithmetic.
+extern "C" __global__ void residual_add(bf16* __restrict__ out, const bf16* __restrict__ a,
+                                        const bf16* __restrict__ b, long long n) {
+    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+         i += (long long)gridDim.x * blockDim.x) {
+        out[i] = f2bf(bf2f(a[i]) + bf2f(b[i]));
+    }
+}
+
+// partial[k] = sum of x[i]^2 over chunk k of `per_chunk` elements, summed in order by one
+// thread per chunk (grid-stride over chunks; deterministic); the host adds the partials in order, in f64. The squared
+// norm of the gradients, for global-norm clipping.
+extern "C" __global__ void sum_squares(float* __restrict__ partial, const float* __restrict__ x,
+                                       long long n, long long per_chunk, long long chunks) {
+    for (long long k = (long long)blockIdx.x * blockDim.x + threadIdx.x; k < chunks;
+         k += (long long)gridDim.x * blockDim.x) {
+        const long long i0 = k * per_chunk;
+        const long long i1 = i0 + per_chunk < n ? i0 + per_chunk : n;
+        float acc = 0.0f;
+        for (long long i = i0; i < i1; i++) {
+            acc += x[i] * x[i];
+        }
+        partial[k] = acc;
+    }
+}
