@@ -23,17 +23,13 @@ pub fn gib(bytes: u64) -> String {
     format!("{:.2}", bytes as f64 / GIB)
 }
 
-/// `bytes` in a table column whose unit is `size` bytes.
-fn in_unit(bytes: u64, size: f64) -> String {
-    format!("{:.2}", bytes as f64 / size)
-}
-
 /// Per-stage totals by kind, then every term of the peak stage with its reason.
 /// The unit is the one in which the peak reads at least 1 (GiB for real models, KiB or MiB
 /// for the tiny ones), so no row reads 0.00.
 pub fn memory_tables(m: &MemoryReport, all_terms: bool) -> String {
     let (unit, size) = units::unit_for(m.peak_bytes as f64);
-    let gib = |b: u64| in_unit(b, size);
+    // Every byte column in the unit chosen above.
+    let shown = |b: u64| format!("{:.2}", b as f64 / size);
     let mut t = table(
         &[
             "stage",
@@ -58,10 +54,10 @@ pub fn memory_tables(m: &MemoryReport, all_terms: bool) -> String {
             s.stage.to_string(),
             s.layers.to_string(),
             s.in_flight.to_string(),
-            gib(sum(s, "model_states")),
-            gib(sum(s, "activations")),
-            gib(sum(s, "overhead")),
-            gib(s.total_bytes),
+            shown(sum(s, "model_states")),
+            shown(sum(s, "activations")),
+            shown(sum(s, "overhead")),
+            shown(s.total_bytes),
         ]);
     }
     let mut out = format!("{t}\n");
@@ -79,13 +75,13 @@ pub fn memory_tables(m: &MemoryReport, all_terms: bool) -> String {
         for term in &s.terms {
             t.add_row(vec![
                 term.name.clone(),
-                gib(term.bytes),
+                shown(term.bytes),
                 term.reason.clone(),
             ]);
         }
         t.add_row(vec![
             "total".to_string(),
-            gib(s.total_bytes),
+            shown(s.total_bytes),
             format!("of {} per device", units::bytes(m.capacity_bytes as f64)),
         ]);
         out += &format!("{t}\n");

@@ -21,14 +21,6 @@ pub struct Interrupts {
     received: Arc<AtomicI32>,
 }
 
-fn name(sig: i32) -> &'static str {
-    match sig {
-        SIGINT => "SIGINT",
-        SIGTERM => "SIGTERM",
-        _ => "signal",
-    }
-}
-
 impl Interrupts {
     /// Installs the handler for a training run: a signal requests `stop`; a second one exits
     /// at once.
@@ -37,7 +29,7 @@ impl Interrupts {
             let steps = stop.request();
             eprintln!(
                 "\n{}: stopping after step {steps} (the steps in progress finish on every rank); send it again to stop at once",
-                name(sig)
+                Interrupts::name(sig)
             );
         })
     }
@@ -58,7 +50,7 @@ impl Interrupts {
                     {
                         on_first(sig);
                     } else {
-                        eprintln!("\n{}: stopping now", name(sig));
+                        eprintln!("\n{}: stopping now", Interrupts::name(sig));
                         std::process::exit(128 + sig);
                     }
                 }
@@ -86,6 +78,10 @@ impl Interrupts {
     }
 
     pub fn name(sig: i32) -> &'static str {
-        name(sig)
+        match sig {
+            SIGINT => "SIGINT",
+            SIGTERM => "SIGTERM",
+            _ => "signal",
+        }
     }
 }

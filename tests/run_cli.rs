@@ -1,7 +1,11 @@
 //! `tessera run`: the README's main job, its outputs, and the plans it must refuse.
 
+mod common;
+
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
+
+use common::README_TINY_LAYOUT;
 
 fn tessera(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_tessera"))
@@ -107,26 +111,10 @@ fn the_readme_job_trains_on_8_cpu_ranks_and_the_loss_falls() {
     // The planner's predicted timeline is in the same format, one track per pipeline stage,
     // with the same op names as one step of the measured one.
     let predicted = dir.join("predicted.json");
-    let o = tessera(&[
-        "plan",
-        "specs/models/tiny.toml",
-        "specs/clusters/cpu-8.toml",
-        "--dp",
-        "2",
-        "--pp",
-        "2",
-        "--tp",
-        "2",
-        "--no-sp",
-        "--micro-batch",
-        "2",
-        "--schedule",
-        "1f1b",
-        "--zero",
-        "1",
-        "--trace",
-        predicted.to_str().unwrap(),
-    ]);
+    let mut args = vec!["plan"];
+    args.extend_from_slice(README_TINY_LAYOUT);
+    args.extend(["--trace", predicted.to_str().unwrap()]);
+    let o = tessera(&args);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let p: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(&predicted).unwrap()).unwrap();

@@ -222,17 +222,10 @@ fn deepspeed(plan: &Plan) -> Result<String, ExportError> {
             "re-plan with --recompute full or none",
         ));
     }
-    if p.zero_stage == 3 && p.pp > 1 {
+    if p.zero_stage >= 2 && p.pp > 1 {
         return Err(refuse(
             t,
-            "ZeRO-3 with pipeline parallelism (DeepSpeed's pipeline engine supports ZeRO stages 0 and 1)",
-            "re-plan with --zero 1, or with --pp 1",
-        ));
-    }
-    if p.zero_stage == 2 && p.pp > 1 {
-        return Err(refuse(
-            t,
-            "ZeRO-2 with pipeline parallelism (DeepSpeed's pipeline engine supports ZeRO stages 0 and 1)",
+            format!("ZeRO-{} with pipeline parallelism (DeepSpeed's pipeline engine supports ZeRO stages 0 and 1)", p.zero_stage),
             "re-plan with --zero 1, or with --pp 1",
         ));
     }

@@ -46,8 +46,7 @@ impl std::str::FromStr for Recompute {
 }
 
 /// The most micro-batch passes through model chunks (m × PP × virtual stages) in one step
-/// that a layout may have: the pipeline simulation's op lists grow with it (about four ops of
-/// 32 bytes per pass and stage boundary; 2^19 passes build and simulate in about 0.1 s), so a
+/// that a layout may have: the pipeline simulation's op lists grow linearly with it, so a
 /// layout above it is rejected by [`Layout::check`] rather than simulated. Every preset job
 /// stays below it: the most, Megatron's 1T model on 16 GPUs with DP 1, micro-batch 1 and
 /// 16 stages of 8 chunks, has 3072 × 128 = 393,216.

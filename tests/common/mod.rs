@@ -168,29 +168,33 @@ pub const GPT3_MEGATRON_LAYOUT: &[&str] = &[
     "2",
 ];
 
+/// The README's job: tiny on cpu-8 as DP 2 × PP 2 × TP 2 (without `plan` and `-o`).
+pub const README_TINY_LAYOUT: &[&str] = &[
+    "specs/models/tiny.toml",
+    "specs/clusters/cpu-8.toml",
+    "--dp",
+    "2",
+    "--pp",
+    "2",
+    "--tp",
+    "2",
+    "--no-sp",
+    "--micro-batch",
+    "2",
+    "--schedule",
+    "1f1b",
+    "--zero",
+    "1",
+];
+
 /// Plans tiny on cpu-8 as the README does, into `dir`.
 pub fn tiny_plan(dir: &Scratch) -> PathBuf {
     let out = dir.path("plan.json");
-    let r = run(&[
-        "plan",
-        "specs/models/tiny.toml",
-        "specs/clusters/cpu-8.toml",
-        "--dp",
-        "2",
-        "--pp",
-        "2",
-        "--tp",
-        "2",
-        "--no-sp",
-        "--micro-batch",
-        "2",
-        "--schedule",
-        "1f1b",
-        "--zero",
-        "1",
-        "-o",
-        &s(&out),
-    ]);
+    let o = s(&out);
+    let mut args = vec!["plan"];
+    args.extend_from_slice(README_TINY_LAYOUT);
+    args.extend(["-o", o.as_str()]);
+    let r = run(&args);
     assert_eq!(r.code, Some(0), "{}", r.stderr);
     out
 }

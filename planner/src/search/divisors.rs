@@ -1,8 +1,8 @@
 //! Divisors of counts up to 2^64, from their prime factorisation, never by scanning `1..=n`.
 //!
 //! The factorisation is num-prime's `factorize64` (trial division by a table of small primes,
-//! then Pollard's rho and SQUFOF on what is left): microseconds for any u64, where scanning
-//! for divisors of 10^12 devices would take minutes and of 2^63 forever. A number's divisors
+//! then Pollard's rho and SQUFOF on what is left): sub-linear in n, where scanning `1..=n`
+//! is linear and never ends for n near 2^63 (docs/reliability.md times `plan` on such counts). A number's divisors
 //! are then all products of its prime powers, and their count is `Π (e_i + 1)`.
 
 use num_prime::nt_funcs::factorize64;

@@ -18,17 +18,18 @@ use crate::schedule::ScheduleKind;
 use crate::spec::Cluster;
 
 /// The most layouts one search enumerates. Preset jobs stay below it: Megatron's 530B model
-/// on 315 DGX A100 nodes (2520 GPUs, a snapshot) enumerates 607,797 layouts in about 0.4 s,
-/// and the largest of every preset on 1 to 4096 nodes, the 310B model on 720 nodes (5760 GPUs,
-/// 2^4·3^2·5 × 8 has many divisors), 831,387 in about 1.4 s. Larger spaces take seconds per
-/// million, so the search asks for pins instead.
+/// on 315 DGX A100 nodes (2520 GPUs, a snapshot) enumerates 607,797 layouts, and the largest
+/// of every preset on 1 to 4096 nodes is the 310B model on 720 nodes (5760 GPUs, 2^4·3^2·5 × 8
+/// has many divisors), 831,387. Measured `tessera plan` wall times (docs/reliability.md): 0.45
+/// and 0.48 s for the first, 1.07 and 1.08 s for the second; beyond the cap the search asks for
+/// pins instead.
 pub const MAX_LAYOUTS: u64 = 1_000_000;
 
 /// (TP, PP) pairs a count visits before it gives up on an exact number.
 const MAX_PAIRS: u64 = 1 << 20;
 
 /// Factorisations of per-replica batch sizes that divide neither the global batch nor the
-/// device count and are 2^32 or more (up to ~100 µs each) that a count may run.
+/// device count and are 2^32 or more (the slow case of the factorisation) that a count may run.
 const MAX_HARD_FACTORISATIONS: usize = 1024;
 
 /// The search cannot run as asked.

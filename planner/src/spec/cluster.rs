@@ -340,65 +340,43 @@ pub fn parse_cluster_toml(src: &Source, over: ClusterOverrides) -> Result<Cluste
     Ok(cluster)
 }
 
-/// Resolves `[calibration]`: each key optional (the default replaces it), fractions in (0, 1],
-/// curve dimensions positive and increasing.
+/// Resolves `[calibration]`: each key optional (the default replaces it). The ranges
+/// (fractions in (0, 1], an increasing curve) are `Cluster::check`'s, run on the result.
 fn calibration(f: &Fields, c: RawCalibration) -> Result<Calibration, Diagnostic> {
     const T: &str = "calibration";
     let mut out = Calibration::default();
-    let fraction = |field: &str, v: &Field<Num>, slot: &mut f64| -> Result<(), Diagnostic> {
+    for (field, v, slot) in [
+        (
+            "memory_efficiency",
+            &c.memory_efficiency,
+            &mut out.memory_efficiency,
+        ),
+        (
+            "flash_attention_efficiency",
+            &c.flash_attention_efficiency,
+            &mut out.flash_attention_efficiency,
+        ),
+        (
+            "intra_node_efficiency",
+            &c.intra_node_efficiency,
+            &mut out.intra_node_efficiency,
+        ),
+        (
+            "inter_node_efficiency",
+            &c.inter_node_efficiency,
+            &mut out.inter_node_efficiency,
+        ),
+    ] {
         if let Some(x) = f.opt_nonneg_num(T, field, v)? {
-            if x == 0.0 || x > 1.0 {
-                let span = v.as_ref().map(|s| s.span());
-                return Err(f.err(
-                    span,
-                    &format!("{T}.{field}"),
-                    format!("must be a fraction in (0, 1], found {x}"),
-                    format!("set `{field}` to a fraction of the peak, such as 0.8"),
-                ));
-            }
             *slot = x;
         }
-        Ok(())
-    };
-    fraction(
-        "memory_efficiency",
-        &c.memory_efficiency,
-        &mut out.memory_efficiency,
-    )?;
-    fraction(
-        "flash_attention_efficiency",
-        &c.flash_attention_efficiency,
-        &mut out.flash_attention_efficiency,
-    )?;
-    fraction(
-        "intra_node_efficiency",
-        &c.intra_node_efficiency,
-        &mut out.intra_node_efficiency,
-    )?;
-    fraction(
-        "inter_node_efficiency",
-        &c.inter_node_efficiency,
-        &mut out.inter_node_efficiency,
-    )?;
+    }
     if let Some(curve) = &c.matmul_efficiency {
-        let points: Vec<[f64; 2]> = curve
+        out.matmul_efficiency = curve
             .get_ref()
             .iter()
             .map(|(d, e)| [d.as_f64(), e.as_f64()])
             .collect();
-        let increasing = points.windows(2).all(|w| w[0][0] < w[1][0]);
-        let valid = points
-            .iter()
-            .all(|[d, e]| d.is_finite() && *d >= 1.0 && *e > 0.0 && *e <= 1.0);
-        if points.is_empty() || !increasing || !valid {
-            return Err(f.err(
-                Some(curve.span()),
-                "calibration.matmul_efficiency",
-                "must be a non-empty list of [dimension, fraction] pairs with dimensions of at least 1 in increasing order and fractions in (0, 1]",
-                "write it as `matmul_efficiency = [[256, 0.5], [1024, 0.6], [4096, 0.7]]`",
-            ));
-        }
-        out.matmul_efficiency = points;
     }
     Ok(out)
 }
