@@ -5,10 +5,12 @@
 //! of the gradients over DP, a broadcast, an exact f64 sum and barriers.
 //!
 //! Used by the host-carrier test of `comm::channel` (CI) and by the single-GPU `cuda-local`
-//! 2×2×2 test (`runtime/tests/cuda_local.rs`, needs a GPU). It must not depend on a backend.
+//! 2×2×2 test (`runtime/tests/cuda_local.rs`, needs a GPU). Its compute runs on the CPU
+//! backend; only the transport varies.
 
 use tessera_planner::Mesh;
 
+use crate::backend::Cpu;
 use crate::comm::{all_reduce_f64, Comm, RankGroups};
 use crate::layers::{
     Activation, BlockActs, BlockConfig, BlockWorkspace, Dims, NormKind, Recompute, TpShard,
@@ -58,18 +60,16 @@ pub fn workout<C: Comm>(g: &RankGroups<C>, mesh: &Mesh, rank: usize) -> Result<V
     let p = layout.init(7);
     let n = DIMS.n() * cfg.hidden;
     let x = randn(n, 100 + c.dp * 10 + c.pp);
-    let (mut acts, mut ws) = (
-        BlockActs::new(&block, DIMS, Recompute::None),
-        BlockWorkspace::new(&block, DIMS),
-    );
+    let mut acts = BlockActs::new(&Cpu, &block, DIMS, Recompute::None).map_err(|x| e(&x))?;
+    let mut ws = BlockWorkspace::new(&Cpu, &block, DIMS).map_err(|x| e(&x))?;
     let mut out = vec![0.0; n];
     block
-        .forward(&p, &x, &mut out, &mut acts, &mut ws, &g.tp)
+        .forward(&Cpu, &p, &x, &mut out, &mut acts, &mut ws, &g.tp)
         .map_err(|x| e(&x))?;
     let gy = randn(n, 200 + c.dp * 10 + c.pp);
     let (mut grads, mut dx) = (layout.zeros(), vec![0.0; n]);
     block
-        .backward(&p, &mut grads, &gy, &mut dx, &acts, &mut ws, &g.tp)
+        .backward(&Cpu, &p, &mut grads, &gy, &mut dx, &acts, &mut ws, &g.tp)
         .map_err(|x| e(&x))?;
     log.extend_from_slice(&out);
     log.extend_from_slice(&dx);

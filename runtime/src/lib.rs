@@ -1,6 +1,7 @@
 //! Tessera runtime: executes a plan (mesh, communication, backends, model layers, schedules).
 
 pub mod alloc;
+pub mod backend;
 pub mod comm;
 pub mod comm_parity;
 pub mod cpu;

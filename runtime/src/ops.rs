@@ -257,7 +257,7 @@ pub trait Kernels {
     ) -> Result<(), GpuError>;
 }
 
-/// The CPU kernels behind [`Kernels`] (f32; the training path calls `crate::cpu` directly).
+/// The CPU kernels behind [`Kernels`] (f32; the executor runs them through `backend::Cpu`).
 #[derive(Debug, Clone, Copy, Default)]
 pub struct CpuKernels;
 

@@ -14,6 +14,7 @@
 use std::ops::Range;
 
 use crate::comm::CommError;
+use crate::ops::AdamWStep;
 use crate::params::ParamLayout;
 
 /// AdamW hyper-parameters.
@@ -61,15 +62,16 @@ impl LrSchedule {
     }
 }
 
-/// AdamW state for one range of the flat buffer.
+/// AdamW state for one range of the flat buffer; the moments `m`, `v` are `S` (host vectors,
+/// or a backend's buffers in the executor).
 #[derive(Debug, Clone)]
-pub struct AdamW {
+pub struct AdamW<S = Vec<f32>> {
     pub cfg: AdamWConfig,
     /// The flat-buffer range this state covers.
     pub range: Range<usize>,
     /// First and second moments, `(range.len())`.
-    pub m: Vec<f32>,
-    pub v: Vec<f32>,
+    pub m: S,
+    pub v: S,
     /// Updates done so far.
     pub t: u64,
     /// `(sub-range relative to range.start, decay)`: tensor boundaries inside the range.
@@ -79,24 +81,8 @@ pub struct AdamW {
 impl AdamW {
     /// State for the elements `range` of the flat buffer described by `layout`.
     pub fn new(cfg: AdamWConfig, layout: &ParamLayout, range: Range<usize>) -> Self {
-        assert!(
-            range.end <= layout.len(),
-            "optimizer range past the parameter buffer"
-        );
-        let s = range.start;
-        let segments = layout
-            .segments(range.clone())
-            .map(|(r, e)| (r.start - s..r.end - s, e.decay))
-            .collect();
         let n = range.len();
-        Self {
-            cfg,
-            range,
-            m: vec![0.0; n],
-            v: vec![0.0; n],
-            t: 0,
-            segments,
-        }
+        Self::with_state(cfg, layout, range, vec![0.0; n], vec![0.0; n])
     }
 
     /// One update of `params` and `grads` (both `range.len()`: the range's elements), with the
@@ -107,25 +93,89 @@ impl AdamW {
             params.len() == n && grads.len() == n,
             "optimizer buffers are not the range's length"
         );
+        for (r, s) in self.begin_step(lr, grad_scale) {
+            adamw_update(
+                &mut params[r.clone()],
+                &grads[r.clone()],
+                &mut self.m[r.clone()],
+                &mut self.v[r],
+                &s,
+            );
+        }
+    }
+}
+
+impl<S> AdamW<S> {
+    /// State for `range` with zeroed moments `m`, `v` of `range.len()` elements.
+    pub fn with_state(
+        cfg: AdamWConfig,
+        layout: &ParamLayout,
+        range: Range<usize>,
+        m: S,
+        v: S,
+    ) -> Self {
+        assert!(
+            range.end <= layout.len(),
+            "optimizer range past the parameter buffer"
+        );
+        let s = range.start;
+        let segments = layout
+            .segments(range.clone())
+            .map(|(r, e)| (r.start - s..r.end - s, e.decay))
+            .collect();
+        Self {
+            cfg,
+            range,
+            m,
+            v,
+            t: 0,
+            segments,
+        }
+    }
+
+    /// Counts one more update and returns its pieces: each tensor segment of the range
+    /// (relative to `range.start`) with the update to apply there.
+    pub fn begin_step(&mut self, lr: f32, grad_scale: f32) -> Vec<(Range<usize>, AdamWStep)> {
         self.t += 1;
         let c = self.cfg;
-        let bc1 = (1.0 - f64::from(c.beta1).powi(self.t as i32)) as f32;
-        let bc2 = (1.0 - f64::from(c.beta2).powi(self.t as i32)) as f32;
-        for (r, decay) in &self.segments {
-            let wd = if *decay { c.weight_decay } else { 0.0 };
-            let p = params[r.clone()].iter_mut();
-            let g = grads[r.clone()].iter();
-            let mv = self.m[r.clone()]
-                .iter_mut()
-                .zip(self.v[r.clone()].iter_mut());
-            for ((p, &g), (m, v)) in p.zip(g).zip(mv) {
-                let g = g * grad_scale;
-                *m = c.beta1 * *m + (1.0 - c.beta1) * g;
-                *v = c.beta2 * *v + (1.0 - c.beta2) * g * g;
-                let (mh, vh) = (*m / bc1, *v / bc2);
-                *p -= lr * (mh / (vh.sqrt() + c.eps) + wd * *p);
-            }
-        }
+        self.segments
+            .iter()
+            .map(|(r, decay)| {
+                let step = AdamWStep {
+                    lr,
+                    beta1: c.beta1,
+                    beta2: c.beta2,
+                    eps: c.eps,
+                    weight_decay: if *decay { c.weight_decay } else { 0.0 },
+                    t: self.t,
+                    grad_scale,
+                };
+                (r.clone(), step)
+            })
+            .collect()
+    }
+}
+
+/// One AdamW update of `params` from `grads` and the moments (all the same length).
+pub fn adamw_update(
+    params: &mut [f32],
+    grads: &[f32],
+    m: &mut [f32],
+    v: &mut [f32],
+    s: &AdamWStep,
+) {
+    let (bc1, bc2) = s.bias_corrections();
+    let (lr, wd, scale) = (s.lr, s.weight_decay, s.grad_scale);
+    for ((p, &g), (m, v)) in params
+        .iter_mut()
+        .zip(grads)
+        .zip(m.iter_mut().zip(v.iter_mut()))
+    {
+        let g = g * scale;
+        *m = s.beta1 * *m + (1.0 - s.beta1) * g;
+        *v = s.beta2 * *v + (1.0 - s.beta2) * g * g;
+        let (mh, vh) = (*m / bc1, *v / bc2);
+        *p -= lr * (mh / (vh.sqrt() + s.eps) + wd * *p);
     }
 }
 

@@ -10,6 +10,7 @@
 //!
 //! This module must not know about layers or communication.
 
+use crate::backend::Backend;
 use std::ops::Range;
 
 use crate::rng;
@@ -97,6 +98,14 @@ pub struct ParamRef {
 impl ParamRef {
     pub fn range(&self) -> Range<usize> {
         self.offset..self.offset + self.len
+    }
+    /// This tensor's part of a backend view of the flat buffer.
+    pub fn view<'a, B: Backend>(&self, flat: B::Ref<'a>) -> B::Ref<'a> {
+        B::sub(flat, self.range())
+    }
+    /// This tensor's part of a backend write view of the flat buffer.
+    pub fn view_mut<'a, B: Backend>(&self, flat: B::Mut<'a>) -> B::Mut<'a> {
+        B::sub_mut(flat, self.range())
     }
     pub fn of<'a>(&self, flat: &'a [f32]) -> &'a [f32] {
         &flat[self.range()]

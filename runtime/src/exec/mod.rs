@@ -1,4 +1,5 @@
-//! The executor: runs a plan for real, one thread per rank (the CPU backend).
+//! The executor: runs a plan for real, one thread per rank, on any [`Backend`] (the CPU's by
+//! default).
 //!
 //! Every rank builds its share of the model from plan.json (`model`), then runs the planner's
 //! own schedule op lists (`tessera_planner::schedule::build`) literally (`rank`): it never
@@ -17,6 +18,7 @@ use std::time::Instant;
 use tessera_planner::plan::Plan;
 use tessera_planner::Mesh;
 
+use crate::backend::{Backend, Collective, Cpu};
 use crate::comm::{local_groups, CommError, LocalComm};
 use crate::data::{DataError, Tokens};
 use crate::layers::LayerError;
@@ -35,6 +37,8 @@ pub enum RunError {
     Comm(#[from] CommError),
     #[error("{0}")]
     Data(#[from] DataError),
+    #[error("{0}")]
+    Backend(#[from] crate::backend::BackendError),
     /// The plan asks for something this runtime does not do.
     #[error("{what}\n  fix: {fix}")]
     Unsupported { what: String, fix: String },
@@ -156,13 +160,32 @@ pub fn check_supported(plan: &Plan) -> Result<(), RunError> {
     Ok(())
 }
 
-/// Trains for `opts.steps` steps; `on_step` sees each step's metrics as it finishes.
+/// Trains for `opts.steps` steps on the CPU backend (threads are ranks); `on_step` sees each
+/// step's metrics as it finishes.
 pub fn train(
     plan: &Plan,
     data: &Tokens,
     opts: &TrainOptions,
     on_step: &mut dyn FnMut(&StepMetrics),
 ) -> Result<TrainReport, RunError> {
+    train_on(plan, data, opts, on_step, &|_| Ok(Cpu), &Ok)
+}
+
+/// [`train`] on any backend: rank `r` runs on `backend(r)`, and its groups are the local
+/// (thread) groups wrapped by `collective` into the backend's collectives. The same executor
+/// runs every backend.
+pub fn train_on<B, C>(
+    plan: &Plan,
+    data: &Tokens,
+    opts: &TrainOptions,
+    on_step: &mut dyn FnMut(&StepMetrics),
+    backend: &(dyn Fn(usize) -> Result<B, RunError> + Sync),
+    collective: &(dyn Fn(LocalComm) -> Result<C, RunError> + Sync),
+) -> Result<TrainReport, RunError>
+where
+    B: Backend,
+    C: Collective<B> + Send,
+{
     check_supported(plan)?;
     let t = &plan.job.model.training;
     data.check(plan.job.model.architecture.vocab, t.seq_len)?;
@@ -183,20 +206,27 @@ pub fn train(
                 s.spawn(move || {
                     crate::alloc::set_rank(r);
                     crate::cpu::set_threads(opts.threads_per_rank);
-                    let ctx = rank::RankCtx {
-                        plan,
-                        rank: r,
-                        mesh,
-                        tp: &g.tp,
-                        dp: &g.dp,
-                        pp: &g.pp,
-                        embedding: emb.as_ref(),
-                        data,
-                        opts,
-                        epoch,
-                        metrics: &tx,
-                    };
-                    let out = rank::run(&ctx);
+                    let out = (|| {
+                        let be = backend(r)?;
+                        let (tp, dp, pp) =
+                            (collective(g.tp)?, collective(g.dp)?, collective(g.pp)?);
+                        let embedding = emb.map(collective).transpose()?;
+                        let ctx = rank::RankCtx {
+                            plan,
+                            rank: r,
+                            mesh,
+                            be: &be,
+                            tp: &tp,
+                            dp: &dp,
+                            pp: &pp,
+                            embedding: embedding.as_ref(),
+                            data,
+                            opts,
+                            epoch,
+                            metrics: &tx,
+                        };
+                        rank::run(&ctx)
+                    })();
                     crate::alloc::set_rank(usize::MAX);
                     out
                 })

@@ -16,7 +16,7 @@ use tessera_planner::Mesh;
 use super::model::{shard_of, StageModel};
 use super::trace::TraceEvent;
 use super::{RunError, StepMetrics, TrainOptions};
-use crate::comm::{all_reduce_f64, Comm, LocalComm};
+use crate::backend::{Backend, Collective, Storage};
 use crate::data::{Sampler, Tokens};
 use crate::layers::tp::{gather_rows, scatter_rows};
 use crate::layers::{
@@ -26,16 +26,17 @@ use crate::layers::{
 use crate::optim::{AdamW, AdamWConfig, LrSchedule};
 use crate::params::ParamLayout;
 
-/// Everything a rank needs: the plan, its groups, the data and the options.
-pub struct RankCtx<'a> {
+/// Everything a rank needs: the plan, its backend and groups, the data and the options.
+pub struct RankCtx<'a, B: Backend, C: Collective<B>> {
     pub plan: &'a Plan,
     pub rank: usize,
     pub mesh: Mesh,
-    pub tp: &'a LocalComm,
-    pub dp: &'a LocalComm,
-    pub pp: &'a LocalComm,
+    pub be: &'a B,
+    pub tp: &'a C,
+    pub dp: &'a C,
+    pub pp: &'a C,
     /// Stage 0 ↔ last stage, for a tied embedding table split over PP.
-    pub embedding: Option<&'a LocalComm>,
+    pub embedding: Option<&'a C>,
     pub data: &'a Tokens,
     pub opts: &'a TrainOptions,
     pub epoch: Instant,
@@ -51,26 +52,26 @@ pub struct RankResult {
 }
 
 /// What the head keeps between a micro-batch's forward and backward.
-struct HeadActs {
-    x: Vec<f32>,
-    h: Vec<f32>,
-    mean: Vec<f32>,
-    rstd: Vec<f32>,
-    logits: Vec<f32>,
-    max: Vec<f32>,
-    sumexp: Vec<f32>,
+struct HeadActs<B: Backend> {
+    x: B::Buf,      // (rows, C) the final norm's input
+    h: B::Buf,      // (rows, C) its output
+    mean: B::Buf,   // (rows)
+    rstd: B::Buf,   // (rows)
+    logits: B::Buf, // (N, V_local)
+    max: B::Buf,    // (N) global row statistics
+    sumexp: B::Buf, // (N)
 }
 
 /// What one (micro-batch, chunk) keeps between forward and backward.
-struct ChunkActs {
-    blocks: Vec<BlockActs>,
-    head: Option<HeadActs>,
+struct ChunkActs<B: Backend> {
+    blocks: Vec<BlockActs<B>>,
+    head: Option<HeadActs<B>>,
 }
 
 type Key = (usize, usize);
 
 /// Runs the whole training on this rank.
-pub fn run(ctx: &RankCtx) -> Result<RankResult, RunError> {
+pub fn run<B: Backend, C: Collective<B>>(ctx: &RankCtx<'_, B, C>) -> Result<RankResult, RunError> {
     let mut r = Rank::new(ctx)?;
     let mut steps = Vec::new();
     for step in 0..ctx.opts.steps {
@@ -97,16 +98,21 @@ pub fn run(ctx: &RankCtx) -> Result<RankResult, RunError> {
             r.gather_region(c)?;
         }
     }
+    let params = ctx.be.download(B::view(&r.params))?;
     Ok(RankResult {
         steps,
         layout: r.model.layout,
-        params: r.params,
+        params,
         trace: r.trace,
     })
 }
 
-struct Rank<'a> {
-    ctx: &'a RankCtx<'a>,
+/// One AdamW state per optimised range, its moments on the backend.
+type Optimizer<B> = AdamW<<B as Backend>::Buf>;
+
+struct Rank<'a, B: Backend, C: Collective<B>> {
+    ctx: &'a RankCtx<'a, B, C>,
+    be: &'a B,
     model: StageModel,
     tp: TpShard,
     stage: usize,
@@ -115,21 +121,24 @@ struct Rank<'a> {
     zero: u8,
     dims: Dims,
     ops: Vec<Op>,
-    params: Vec<f32>,
-    grads: Vec<f32>,
-    optimizers: Vec<AdamW>,
+    /// The weights the kernels read (working precision).
+    params: B::Buf,
+    /// f32 master weights, where the backend's working precision is narrower.
+    master: Option<B::Buf>,
+    grads: B::Buf,
+    optimizers: Vec<Optimizer<B>>,
     lr: LrSchedule,
     sampler: Sampler,
-    ws: BlockWorkspace,
-    acts: HashMap<Key, ChunkActs>,
-    pool: Vec<Vec<ChunkActs>>,
-    inbox: HashMap<Key, Vec<f32>>,
-    outbox: HashMap<Key, Vec<f32>>,
+    ws: BlockWorkspace<B>,
+    acts: HashMap<Key, ChunkActs<B>>,
+    pool: Vec<Vec<ChunkActs<B>>>,
+    inbox: HashMap<Key, B::Buf>,
+    outbox: HashMap<Key, B::Buf>,
     /// Padded copy of a region, for regions whose length DP does not divide.
-    scratch: Vec<f32>,
+    scratch: Option<B::Buf>,
     /// One DP shard of a region (reduce-scatter output, all-gather input); kept between steps
     /// so the step allocates nothing.
-    shard_buf: Vec<f32>,
+    shard_buf: Option<B::Buf>,
     /// Gradients summed over TP at the end of a step: the norms' under sequence parallelism
     /// (each TP rank computes them from its own rows), else none.
     tp_summed: Vec<Range<usize>>,
@@ -137,13 +146,13 @@ struct Rank<'a> {
     loss_sum: f64,
 }
 
-impl<'a> Rank<'a> {
-    fn new(ctx: &'a RankCtx<'a>) -> Result<Self, RunError> {
-        let plan = ctx.plan;
+impl<'a, B: Backend, C: Collective<B>> Rank<'a, B, C> {
+    fn new(ctx: &'a RankCtx<'a, B, C>) -> Result<Self, RunError> {
+        let (plan, be) = (ctx.plan, ctx.be);
         let p = &plan.parallel;
         let coord = ctx.mesh.coord(ctx.rank as u64);
         let stage = coord.pp as usize;
-        let tp = TpShard::of(ctx.tp);
+        let tp = TpShard::new(ctx.tp.rank(), ctx.tp.size());
         let model = StageModel::build(plan, stage, tp)?;
         let t = &plan.job.model.training;
         let dims = Dims {
@@ -162,8 +171,14 @@ impl<'a> Rank<'a> {
         })?;
         let ops = schedule.stages[stage].clone();
         let (dp, dp_rank, zero) = (p.dp as usize, coord.dp as usize, p.zero_stage);
-        let params = model.layout.init(ctx.opts.seed);
-        let grads = model.layout.zeros();
+        let init = model.layout.init(ctx.opts.seed);
+        let params = be.upload(Storage::Bf16, &init)?;
+        let master = match be.working_copy() {
+            true => Some(be.upload(Storage::F32, &init)?),
+            false => None,
+        };
+        drop(init);
+        let grads = be.alloc(Storage::F32, model.layout.len())?;
         let cfg = AdamWConfig {
             weight_decay: ctx.opts.weight_decay,
             ..AdamWConfig::default()
@@ -177,10 +192,14 @@ impl<'a> Rank<'a> {
                 .map(|c| shard_of(&c.region, dp, dp_rank))
                 .collect()
         };
-        let optimizers = ranges
-            .into_iter()
-            .map(|r| AdamW::new(cfg, &model.layout, r))
-            .collect();
+        let mut optimizers = Vec::with_capacity(ranges.len());
+        for r in ranges {
+            let (m, v) = (
+                be.alloc(Storage::F32, r.len())?,
+                be.alloc(Storage::F32, r.len())?,
+            );
+            optimizers.push(AdamW::with_state(cfg, &model.layout, r, m, v));
+        }
         let first_block = model
             .chunks
             .iter()
@@ -190,10 +209,11 @@ impl<'a> Rank<'a> {
                 what: format!("stage {stage} holds no transformer layer"),
                 fix: "re-plan with fewer pipeline stages".into(),
             })?;
-        let ws = BlockWorkspace::new(first_block, dims);
+        let ws = BlockWorkspace::new(be, first_block, dims)?;
         let chunks = model.chunks.len();
         let mut r = Rank {
             ctx,
+            be,
             tp,
             stage,
             dp_rank,
@@ -202,6 +222,7 @@ impl<'a> Rank<'a> {
             dims,
             ops,
             params,
+            master,
             grads,
             optimizers,
             lr: LrSchedule {
@@ -220,8 +241,8 @@ impl<'a> Rank<'a> {
             pool: (0..chunks).map(|_| Vec::new()).collect(),
             inbox: HashMap::new(),
             outbox: HashMap::new(),
-            scratch: Vec::new(),
-            shard_buf: Vec::new(),
+            scratch: None,
+            shard_buf: None,
             tp_summed: if p.sequence_parallel && tp.size > 1 {
                 model.norm_ranges()
             } else {
@@ -233,7 +254,7 @@ impl<'a> Rank<'a> {
         };
         if zero == 3 {
             for c in 0..chunks {
-                r.release_region(c);
+                r.release_region(c)?;
             }
         }
         Ok(r)
@@ -241,7 +262,7 @@ impl<'a> Rank<'a> {
 
     /// One optimizer step; returns the mean loss on the rank that reports it.
     fn step(&mut self, step: usize) -> Result<Option<f64>, RunError> {
-        self.grads.fill(0.0);
+        self.be.fill(B::view_mut(&mut self.grads), 0.0)?;
         self.loss_sum = 0.0;
         let ops = std::mem::take(&mut self.ops);
         for op in &ops {
@@ -274,7 +295,7 @@ impl<'a> Rank<'a> {
         if self.stage + 1 != pp {
             return Ok(None);
         }
-        let total = all_reduce_f64(self.ctx.dp, self.loss_sum)?;
+        let total = self.ctx.dp.all_reduce_f64(self.loss_sum)?;
         let c = self.ctx.mesh.coord(self.ctx.rank as u64);
         let t = &self.ctx.plan.job.model.training;
         let mean = total / (t.global_batch * t.seq_len) as f64;
@@ -302,16 +323,15 @@ impl<'a> Rank<'a> {
         let n = self.rows().0 * self.model.cfg.hidden;
         match op {
             Op::RecvActivation { mb, chunk, peer } | Op::RecvGrad { mb, chunk, peer } => {
-                let mut buf = vec![0.0; n];
-                self.ctx.pp.recv(&mut buf, peer)?;
+                let mut buf = self.be.alloc(Storage::Bf16, n)?;
+                self.ctx.pp.recv(B::view_mut(&mut buf), peer)?;
                 self.inbox.insert((mb, chunk), buf);
             }
             Op::SendActivation { mb, chunk, peer } | Op::SendGrad { mb, chunk, peer } => {
-                let buf = self
-                    .outbox
-                    .remove(&(mb, chunk))
-                    .expect("the schedule sends what it computed");
-                self.ctx.pp.send(&buf, peer)?;
+                let buf = self.outbox.remove(&(mb, chunk)).ok_or_else(|| {
+                    schedule_bug(format!("sends micro-batch {mb} before computing it"))
+                })?;
+                self.ctx.pp.send(B::view(&buf), peer)?;
             }
             Op::Forward { mb, chunk } => self.forward(mb, chunk, step)?,
             Op::Backward { mb, chunk } => self.backward(mb, chunk, step)?,
@@ -327,83 +347,94 @@ impl<'a> Rank<'a> {
             .sequences(self.ctx.data, step, first, self.dims.b)
     }
 
+    fn new_acts(&self, chunk: usize) -> Result<ChunkActs<B>, RunError> {
+        let recompute = self.ctx.plan.parallel.recompute;
+        let blocks = self.model.chunks[chunk]
+            .blocks
+            .iter()
+            .map(|b| BlockActs::new(self.be, b, self.dims, recompute))
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(ChunkActs { blocks, head: None })
+    }
+
     fn forward(&mut self, mb: usize, chunk: usize, step: u64) -> Result<(), RunError> {
         if self.zero == 3 {
             self.gather_region(chunk)?;
         }
+        let be = self.be;
         let (n, c) = (self.dims.n(), self.model.cfg.hidden);
         let ((rows, first), sp) = (self.rows(), self.ctx.plan.parallel.sequence_parallel);
         let tp = self.ctx.tp;
-        let mut acts = self.pool[chunk].pop().unwrap_or_else(|| ChunkActs {
-            blocks: self.model.chunks[chunk]
-                .blocks
-                .iter()
-                .map(|b| BlockActs::new(b, self.dims, self.ctx.plan.parallel.recompute))
-                .collect(),
-            head: None,
-        });
+        let mut acts = match self.pool[chunk].pop() {
+            Some(a) => a,
+            None => self.new_acts(chunk)?,
+        };
         let ch = &self.model.chunks[chunk];
-        let p = &self.params;
+        let p = B::view(&self.params);
+        let (v, m) = (B::view, B::view_mut);
         let mut x = match &ch.embedding {
-            Some(e) if sp => {
-                let (inputs, _) = self.tokens(step, mb);
-                let mut partial = vec![0.0; n * c];
-                e.wte.forward_partial(p, &inputs, &mut partial);
-                let mut x = vec![0.0; rows * c];
-                scatter_rows(tp, &partial, &mut x)?;
-                if let Some(wpe) = &e.wpe {
-                    wpe.forward_rows(p, &mut x, self.dims.t, first);
-                }
-                x
-            }
             Some(e) => {
                 let (inputs, _) = self.tokens(step, mb);
-                let mut x = vec![0.0; n * c];
-                e.wte.forward(p, &inputs, &mut x, tp)?;
+                let inputs = be.ids(inputs)?;
+                let mut x = be.alloc(Storage::Bf16, rows * c)?;
+                if sp {
+                    let mut partial = be.alloc(Storage::Bf16, n * c)?;
+                    e.wte.forward_partial(be, p, &inputs, m(&mut partial))?;
+                    scatter_rows(tp, v(&partial), m(&mut x))?;
+                } else {
+                    e.wte.forward(be, p, &inputs, m(&mut x), tp)?;
+                }
                 if let Some(wpe) = &e.wpe {
-                    wpe.forward(p, &mut x, self.dims.t);
+                    wpe.forward(be, p, m(&mut x), self.dims.t, first)?;
                 }
                 x
             }
-            None => self
-                .inbox
-                .remove(&(mb, chunk))
-                .expect("the schedule receives before it computes"),
+            None => self.inbox.remove(&(mb, chunk)).ok_or_else(|| {
+                schedule_bug(format!("computes micro-batch {mb} before receiving it"))
+            })?,
         };
         for (blk, a) in ch.blocks.iter().zip(acts.blocks.iter_mut()) {
-            let mut out = vec![0.0; rows * c];
-            blk.forward(p, &x, &mut out, a, &mut self.ws, tp)?;
+            let mut out = be.alloc(Storage::Bf16, rows * c)?;
+            blk.forward(be, p, v(&x), m(&mut out), a, &mut self.ws, tp)?;
             x = out;
         }
         match &ch.head {
             Some(head) => {
                 let (_, targets) = self.tokens(step, mb);
+                let targets = be.ids(targets)?;
                 let v_local = self.model.vocab / self.tp.size;
                 // `h`: the final norm's output, kept for the backward (this rank's rows under
                 // SP, gathered again there).
-                let mut h = vec![0.0; rows * c];
-                let (mut mean, mut rstd) = (vec![0.0; head.norm.mean_len(rows)], vec![0.0; rows]);
-                head.norm.forward(p, &x, &mut h, &mut mean, &mut rstd);
-                let mut logits = vec![0.0; n * v_local];
+                let mut h = be.alloc(Storage::Bf16, rows * c)?;
+                let mut mean = be.alloc(Storage::F32, head.norm.mean_len(rows))?;
+                let mut rstd = be.alloc(Storage::F32, rows)?;
+                head.norm
+                    .forward(be, p, v(&x), m(&mut h), m(&mut mean), m(&mut rstd))?;
+                let mut logits = be.alloc(Storage::Bf16, n * v_local)?;
                 if sp {
-                    let mut full = vec![0.0; n * c];
-                    gather_rows(tp, &h, &mut full)?;
-                    head.proj.forward(p, &full, &mut logits);
+                    let mut full = be.alloc(Storage::Bf16, n * c)?;
+                    gather_rows(tp, v(&h), m(&mut full))?;
+                    head.proj.forward(be, p, v(&full), m(&mut logits))?;
                 } else {
-                    head.proj.forward(p, &h, &mut logits);
+                    head.proj.forward(be, p, v(&h), m(&mut logits))?;
                 }
-                let (mut losses, mut max, mut sumexp) = (vec![0.0; n], vec![0.0; n], vec![0.0; n]);
+                let mut losses = be.alloc(Storage::F32, n)?;
+                let mut max = be.alloc(Storage::F32, n)?;
+                let mut sumexp = be.alloc(Storage::F32, n)?;
+                let mut both = be.alloc(Storage::F32, 2 * n)?;
                 let start = self.tp.rank * v_local;
                 vocab_parallel_cross_entropy_forward(
-                    &mut losses,
-                    &mut max,
-                    &mut sumexp,
-                    &logits,
+                    be,
+                    m(&mut losses),
+                    m(&mut max),
+                    m(&mut sumexp),
+                    m(&mut both),
+                    v(&logits),
                     &targets,
                     start,
                     tp,
                 )?;
-                self.loss_sum += losses.iter().map(|&l| f64::from(l)).sum::<f64>();
+                self.loss_sum += be.sum(v(&losses))?;
                 acts.head = Some(HeadActs {
                     x,
                     h,
@@ -420,7 +451,7 @@ impl<'a> Rank<'a> {
         }
         self.acts.insert((mb, chunk), acts);
         if self.zero == 3 {
-            self.release_region(chunk);
+            self.release_region(chunk)?;
         }
         Ok(())
     }
@@ -429,77 +460,114 @@ impl<'a> Rank<'a> {
         if self.zero == 3 {
             self.gather_region(chunk)?;
         }
+        let be = self.be;
         let (n, c) = (self.dims.n(), self.model.cfg.hidden);
         let ((rows, _), sp) = (self.rows(), self.ctx.plan.parallel.sequence_parallel);
         let tp = self.ctx.tp;
         let mut acts = self
             .acts
             .remove(&(mb, chunk))
-            .expect("the schedule runs forward before backward");
+            .ok_or_else(|| schedule_bug(format!("runs backward of micro-batch {mb} first")))?;
         let (inputs, targets) = self.tokens(step, mb);
         let ch = &self.model.chunks[chunk];
-        let (p, g) = (&self.params, &mut self.grads);
+        let p = B::view(&self.params);
+        let mut g = B::view_mut(&mut self.grads);
+        let (v, m) = (B::view, B::view_mut);
         let mut dx = match (&ch.head, acts.head.take()) {
             (Some(head), Some(mut s)) => {
+                let targets = be.ids(targets)?;
                 let t = &self.ctx.plan.job.model.training;
-                let dl = vec![1.0 / (t.global_batch * t.seq_len) as f32; n];
+                let mut dl = be.alloc(Storage::F32, n)?;
+                be.fill(m(&mut dl), 1.0 / (t.global_batch * t.seq_len) as f32)?;
                 let start = self.tp.rank * (self.model.vocab / self.tp.size);
                 vocab_parallel_cross_entropy_backward(
-                    &mut s.logits,
-                    &s.max,
-                    &s.sumexp,
+                    be,
+                    m(&mut s.logits),
+                    v(&s.max),
+                    v(&s.sumexp),
                     &targets,
-                    &dl,
+                    v(&dl),
                     start,
-                );
-                let mut dh = vec![0.0; n * c];
+                )?;
+                let mut dh = be.alloc(Storage::Bf16, rows * c)?;
                 if sp {
-                    let mut h = vec![0.0; n * c];
-                    gather_rows(tp, &s.h, &mut h)?;
-                    head.proj.backward_partial(p, g, &h, &s.logits, &mut dh);
-                    let mut dh_rows = vec![0.0; rows * c];
-                    scatter_rows(tp, &dh, &mut dh_rows)?;
-                    dh = dh_rows;
+                    let mut h = be.alloc(Storage::Bf16, n * c)?;
+                    gather_rows(tp, v(&s.h), m(&mut h))?;
+                    let mut dh_full = be.alloc(Storage::Bf16, n * c)?;
+                    let gg = B::rb(&mut g);
+                    head.proj
+                        .backward_partial(be, p, gg, v(&h), v(&s.logits), m(&mut dh_full))?;
+                    scatter_rows(tp, v(&dh_full), m(&mut dh))?;
                 } else {
-                    head.proj.backward(p, g, &s.h, &s.logits, &mut dh, tp)?;
+                    let gg = B::rb(&mut g);
+                    head.proj
+                        .backward(be, p, gg, v(&s.h), v(&s.logits), m(&mut dh), tp)?;
                 }
-                let mut dx = vec![0.0; rows * c];
-                head.norm
-                    .backward(p, g, &dh, &s.x, &s.mean, &s.rstd, &mut dx);
+                let mut dx = be.alloc(Storage::Bf16, rows * c)?;
+                head.norm.backward(
+                    be,
+                    p,
+                    B::rb(&mut g),
+                    v(&dh),
+                    v(&s.x),
+                    v(&s.mean),
+                    v(&s.rstd),
+                    m(&mut dx),
+                )?;
                 dx
             }
-            _ => self
-                .inbox
-                .remove(&(mb, chunk))
-                .expect("the schedule receives the gradient before backward"),
+            _ => self.inbox.remove(&(mb, chunk)).ok_or_else(|| {
+                schedule_bug(format!(
+                    "runs backward of micro-batch {mb} before its gradient"
+                ))
+            })?,
         };
         for (blk, a) in ch.blocks.iter().zip(acts.blocks.iter()).rev() {
-            let mut din = vec![0.0; rows * c];
-            blk.backward(p, g, &dx, &mut din, a, &mut self.ws, tp)?;
+            let mut din = be.alloc(Storage::Bf16, rows * c)?;
+            blk.backward(
+                be,
+                p,
+                B::rb(&mut g),
+                v(&dx),
+                m(&mut din),
+                a,
+                &mut self.ws,
+                tp,
+            )?;
             dx = din;
         }
         match &ch.embedding {
             Some(e) => {
                 if sp {
                     // Every TP rank needs every row's gradient: its table rows may be used anywhere.
-                    let mut full = vec![0.0; n * c];
-                    gather_rows(tp, &dx, &mut full)?;
+                    let mut full = be.alloc(Storage::Bf16, n * c)?;
+                    gather_rows(tp, v(&dx), m(&mut full))?;
                     dx = full;
                 }
-                e.wte.backward(g, &inputs, &dx);
+                let inputs = be.ids(inputs)?;
+                e.wte.backward(be, B::rb(&mut g), &inputs, v(&dx))?;
                 if let Some(wpe) = &e.wpe {
-                    wpe.backward(g, &dx, self.dims.t);
+                    wpe.backward(be, B::rb(&mut g), v(&dx), self.dims.t)?;
                 }
             }
             None => {
                 self.outbox.insert((mb, chunk), dx);
             }
         }
+        drop(g);
         self.pool[chunk].push(acts);
         if self.zero == 3 {
-            self.release_region(chunk);
+            self.release_region(chunk)?;
         }
         Ok(())
+    }
+}
+
+/// The schedule's op list is inconsistent (a bug in `tessera_planner::schedule`).
+fn schedule_bug(what: String) -> RunError {
+    RunError::Unsupported {
+        what: format!("the pipeline schedule {what}"),
+        fix: "report this with the plan file; the schedule's op list is inconsistent".into(),
     }
 }
 

@@ -6,16 +6,18 @@
 use std::ops::Range;
 
 use super::{Rank, RunError};
-use crate::comm::{all_reduce_f64, Comm};
+use crate::backend::{scratch, Backend, Collective, Storage};
 use crate::exec::model::shard_of;
-use crate::optim::{clip_scale, local_grad_sq};
+use crate::optim::clip_scale;
 
-impl Rank<'_> {
+impl<B: Backend, C: Collective<B>> Rank<'_, B, C> {
     /// Gradient sync over DP (all-reduce, or reduce-scatter under ZeRO), global-norm clipping,
     /// the optimizer on this rank's part, and the parameter all-gather.
     pub(super) fn sync_and_update(&mut self, step: usize) -> Result<(), RunError> {
+        let be = self.be;
         for r in &self.tp_summed {
-            self.ctx.tp.all_reduce_sum(&mut self.grads[r.clone()])?;
+            let g = B::sub_mut(B::view_mut(&mut self.grads), r.clone());
+            self.ctx.tp.all_reduce_sum(g)?;
         }
         if let Some(emb) = self.ctx.embedding {
             let range = match &self.model.tied_copy {
@@ -28,23 +30,24 @@ impl Rank<'_> {
                     .w
                     .range(),
             };
-            emb.all_reduce_sum(&mut self.grads[range])?;
+            emb.all_reduce_sum(B::sub_mut(B::view_mut(&mut self.grads), range))?;
         }
         if self.zero == 0 {
-            self.ctx.dp.all_reduce_sum(&mut self.grads)?;
+            self.ctx.dp.all_reduce_sum(B::view_mut(&mut self.grads))?;
         } else {
             for c in 0..self.model.chunks.len() {
                 self.reduce_scatter_region(c)?;
             }
         }
-        let mut sq = 0.0;
+        let mut parts = Vec::new();
         for opt in &self.optimizers {
-            sq += self.owned_grad_sq(opt.range.clone());
+            parts.push(self.owned_grad_sq(opt.range.clone())?);
         }
-        let mut sum = all_reduce_f64(self.ctx.tp, sq)?;
-        sum = all_reduce_f64(self.ctx.pp, sum)?;
+        let sq: f64 = parts.iter().sum();
+        let mut sum = self.ctx.tp.all_reduce_f64(sq)?;
+        sum = self.ctx.pp.all_reduce_f64(sum)?;
         if self.zero > 0 {
-            sum = all_reduce_f64(self.ctx.dp, sum)?;
+            sum = self.ctx.dp.all_reduce_f64(sum)?;
         }
         // The same sum on every rank, so every rank stops here together.
         if !sum.is_finite() {
@@ -57,14 +60,27 @@ impl Rank<'_> {
         let scale = clip_scale(sum.sqrt(), self.ctx.opts.clip);
         let lr = self.lr.lr(step);
         for opt in &mut self.optimizers {
-            let r = opt.range.clone();
-            opt.step(&mut self.params[r.clone()], &self.grads[r], lr, scale);
+            let base = opt.range.start;
+            for (r, st) in opt.begin_step(lr, scale) {
+                let at = base + r.start..base + r.end;
+                let g = B::sub(B::view(&self.grads), at.clone());
+                let m = B::sub_mut(B::view_mut(&mut opt.m), r.clone());
+                let v = B::sub_mut(B::view_mut(&mut opt.v), r);
+                let params = B::sub_mut(B::view_mut(&mut self.params), at.clone());
+                match &mut self.master {
+                    Some(master) => {
+                        let master = B::sub_mut(B::view_mut(master), at);
+                        be.adamw(master, Some(params), g, m, v, &st)?
+                    }
+                    None => be.adamw(params, None, g, m, v, &st)?,
+                }
+            }
         }
         match self.zero {
             0 => {}
             3 => {
                 for c in 0..self.model.chunks.len() {
-                    self.release_region(c);
+                    self.release_region(c)?;
                 }
             }
             _ => {
@@ -78,69 +94,98 @@ impl Rank<'_> {
 
     /// Σ g² over `range`, each tensor counted once in the whole model: TP-replicated tensors on
     /// TP rank 0 only, and a tied table's second copy not at all.
-    fn owned_grad_sq(&self, range: Range<usize>) -> f64 {
-        let tp_rank = self.tp.rank;
-        let layout = &self.model.layout;
-        match &self.model.tied_copy {
+    fn owned_grad_sq(&self, range: Range<usize>) -> Result<f64, RunError> {
+        Ok(match &self.model.tied_copy {
             Some(copy) => {
                 let before = range.start..range.end.min(copy.start).max(range.start);
                 let after = range.start.max(copy.end).min(range.end)..range.end;
-                local_grad_sq(layout, &self.grads, before, tp_rank)
-                    + local_grad_sq(layout, &self.grads, after, tp_rank)
+                self.local_grad_sq(before)? + self.local_grad_sq(after)?
             }
-            None => local_grad_sq(layout, &self.grads, range, tp_rank),
+            None => self.local_grad_sq(range)?,
+        })
+    }
+
+    /// Σ g² (f64) over the tensors of `range` this rank contributes to the global norm:
+    /// tensors replicated over TP count only on TP rank 0 (as `optim::local_grad_sq`).
+    fn local_grad_sq(&self, range: Range<usize>) -> Result<f64, RunError> {
+        let mut parts = Vec::new();
+        for (r, e) in self.model.layout.segments(range) {
+            if e.tp_sharded || self.tp.rank == 0 {
+                parts.push(self.be.sum_squares(B::sub(B::view(&self.grads), r))?);
+            }
         }
+        Ok(parts.iter().sum())
     }
 
     /// Sums chunk `c`'s gradients over DP, leaving this rank's shard in place.
     fn reduce_scatter_region(&mut self, c: usize) -> Result<(), RunError> {
+        let be = self.be;
         let region = self.model.chunks[c].region.clone();
         let s = region.len().div_ceil(self.dp);
-        self.shard_buf.resize(s, 0.0);
-        let input = if region.len() == s * self.dp {
-            &self.grads[region.clone()]
+        let mut shard_buf = scratch(be, &mut self.shard_buf, Storage::F32, s)?;
+        let grads = B::view(&self.grads);
+        if region.len() == s * self.dp {
+            let input = B::sub(grads, region.clone());
+            self.ctx
+                .dp
+                .reduce_scatter_sum(input, B::rb(&mut shard_buf))?;
         } else {
-            self.scratch.clear();
-            self.scratch.extend_from_slice(&self.grads[region.clone()]);
-            self.scratch.resize(s * self.dp, 0.0);
-            &self.scratch
-        };
-        self.ctx.dp.reduce_scatter_sum(input, &mut self.shard_buf)?;
+            let mut padded = scratch(be, &mut self.scratch, Storage::F32, s * self.dp)?;
+            {
+                let (head, tail) = B::split_at_mut(B::rb(&mut padded), region.len());
+                be.copy(head, B::sub(grads, region.clone()))?;
+                be.fill(tail, 0.0)?;
+            }
+            self.ctx
+                .dp
+                .reduce_scatter_sum(B::freeze(padded), B::rb(&mut shard_buf))?;
+        }
         let shard = shard_of(&region, self.dp, self.dp_rank);
         let len = shard.len();
-        self.grads[shard].copy_from_slice(&self.shard_buf[..len]);
+        let dst = B::sub_mut(B::view_mut(&mut self.grads), shard);
+        be.copy(dst, B::sub(B::freeze(shard_buf), 0..len))?;
         Ok(())
     }
 
     /// Rebuilds chunk `c`'s full parameters from every DP rank's shard.
     pub(super) fn gather_region(&mut self, c: usize) -> Result<(), RunError> {
+        let be = self.be;
         let region = self.model.chunks[c].region.clone();
         let s = region.len().div_ceil(self.dp);
         let shard = shard_of(&region, self.dp, self.dp_rank);
-        self.shard_buf.clear();
-        self.shard_buf.extend_from_slice(&self.params[shard]);
-        self.shard_buf.resize(s, 0.0);
+        let mut shard_buf = scratch(be, &mut self.shard_buf, Storage::Bf16, s)?;
+        {
+            let (head, tail) = B::split_at_mut(B::rb(&mut shard_buf), shard.len());
+            be.copy(head, B::sub(B::view(&self.params), shard))?;
+            be.fill(tail, 0.0)?;
+        }
+        let shard_buf = B::freeze(shard_buf);
         if region.len() == s * self.dp {
-            self.ctx
-                .dp
-                .all_gather(&self.shard_buf, &mut self.params[region])?;
+            let dst = B::sub_mut(B::view_mut(&mut self.params), region);
+            self.ctx.dp.all_gather(shard_buf, dst)?;
         } else {
-            self.scratch.resize(s * self.dp, 0.0);
-            self.ctx.dp.all_gather(&self.shard_buf, &mut self.scratch)?;
+            let mut full = scratch(be, &mut self.scratch, Storage::Bf16, s * self.dp)?;
+            self.ctx.dp.all_gather(shard_buf, B::rb(&mut full))?;
             let len = region.len();
-            self.params[region].copy_from_slice(&self.scratch[..len]);
+            let dst = B::sub_mut(B::view_mut(&mut self.params), region);
+            be.copy(dst, B::sub(B::freeze(full), 0..len))?;
         }
         Ok(())
     }
 
     /// ZeRO-3: drops the parameters of chunk `c` that other DP ranks own.
-    pub(super) fn release_region(&mut self, c: usize) {
+    pub(super) fn release_region(&mut self, c: usize) -> Result<(), RunError> {
         if self.dp == 1 {
-            return;
+            return Ok(());
         }
         let region = self.model.chunks[c].region.clone();
         let shard = shard_of(&region, self.dp, self.dp_rank);
-        self.params[region.start..shard.start].fill(0.0);
-        self.params[shard.end..region.end].fill(0.0);
+        let p = B::view_mut(&mut self.params);
+        let (before, rest) = B::split_at_mut(p, shard.start);
+        self.be
+            .fill(B::sub_mut(before, region.start..shard.start), 0.0)?;
+        let after = B::sub_mut(rest, shard.end - shard.start..region.end - shard.start);
+        self.be.fill(after, 0.0)?;
+        Ok(())
     }
 }

@@ -7,7 +7,7 @@
 //! Both H and KV must be divisible by t (no kv-head replication for MQA with t > KV).
 //! This module must not own activations or allocate in forward/backward.
 
-use crate::comm::Comm;
+use crate::backend::{Backend, Collective, RopeShape, Storage};
 use crate::cpu::{self, AttnShape};
 use crate::params::{ParamLayout, ParamRef};
 
@@ -15,44 +15,49 @@ use super::linear::{ColumnParallelLinear, RowParallelLinear};
 use super::tp::{copy_to_tp_backward, reduce_from_tp_forward, TpShard};
 use super::{BlockConfig, Dims, LayerError};
 
-/// RoPE tables for sequences of `t` positions, heads of size `hd`.
+/// RoPE tables for sequences of `t` positions, heads of size `hd`, on the backend.
 #[derive(Debug, Clone)]
-pub struct RopeTables {
+pub struct RopeTables<B: Backend> {
     /// `(t, hd/2)` each.
-    pub cos: Vec<f32>,
-    pub sin: Vec<f32>,
+    pub cos: B::Buf,
+    pub sin: B::Buf,
     pub t: usize,
     pub hd: usize,
 }
 
-impl RopeTables {
-    pub fn new(t: usize, hd: usize, theta: f64) -> Self {
+impl<B: Backend> RopeTables<B> {
+    pub fn new(be: &B, t: usize, hd: usize, theta: f64) -> Result<Self, LayerError> {
         let (cos, sin) = cpu::rope_tables(t, hd, theta);
-        Self { cos, sin, t, hd }
+        Ok(Self {
+            cos: be.upload(Storage::F32, &cos)?,
+            sin: be.upload(Storage::F32, &sin)?,
+            t,
+            hd,
+        })
     }
 }
 
 /// Gradient temporaries of one attention backward.
 #[derive(Debug, Clone)]
-pub struct AttnGrads {
+pub struct AttnGrads<B: Backend> {
     /// `(N, W)`.
-    pub dqkv: Vec<f32>,
+    pub dqkv: B::Buf,
     /// `(N, hq·hd)`.
-    pub dy: Vec<f32>,
-    pub scratch: Vec<f32>,
+    pub dy: B::Buf,
+    pub scratch: B::Buf,
     /// `(hkv·hd)`: the key-bias gradient kept across the qkv backward.
-    pub k_bias: Vec<f32>,
+    pub k_bias: B::Buf,
 }
 
-impl AttnGrads {
-    pub fn new(s: &AttnShape) -> Self {
+impl<B: Backend> AttnGrads<B> {
+    pub fn new(be: &B, s: &AttnShape) -> Result<Self, LayerError> {
         let n = s.b * s.t;
-        Self {
-            dqkv: vec![0.0; n * s.qkv_width()],
-            dy: vec![0.0; n * s.y_width()],
-            scratch: vec![0.0; cpu::attention_scratch_len(s)],
-            k_bias: vec![0.0; s.hkv * s.hd],
-        }
+        Ok(Self {
+            dqkv: be.alloc(Storage::Bf16, n * s.qkv_width())?,
+            dy: be.alloc(Storage::Bf16, n * s.y_width())?,
+            scratch: be.alloc(Storage::F32, be.attention_scratch_len(s))?,
+            k_bias: be.alloc(Storage::F32, s.hkv * s.hd)?,
+        })
     }
 }
 
@@ -142,131 +147,170 @@ impl ParallelAttention {
         }
     }
 
-    fn rope_check<'a>(&self, rope: Option<&'a RopeTables>, d: Dims) -> Option<&'a RopeTables> {
+    fn rope_check<'a, B: Backend>(
+        &self,
+        rope: Option<&'a RopeTables<B>>,
+        d: Dims,
+    ) -> Result<Option<&'a RopeTables<B>>, LayerError> {
         if !self.rope {
-            return None;
+            return Ok(None);
         }
-        let r = rope.expect("RoPE attention needs RoPE tables");
-        assert!(
-            r.t == d.t && r.hd == self.hd,
-            "RoPE tables built for another shape"
-        );
-        Some(r)
+        match rope {
+            Some(r) if r.t == d.t && r.hd == self.hd => Ok(Some(r)),
+            _ => Err(LayerError::Config(format!(
+                "RoPE attention needs tables for {} positions of head size {}",
+                d.t, self.hd
+            ))),
+        }
     }
 
-    /// `x (N, C)` → `qkv (N, W)` (rotated), `att (B, hq, T, T)`, `y (N, hq·hd)`, and
-    /// `out (N, C) = all_reduce(y · Woᵀ) + bo`.
-    pub fn forward(
+    fn rope_shape(&self, d: Dims) -> RopeShape {
+        RopeShape {
+            t: d.t,
+            width: self.shape(d).qkv_width(),
+            heads: self.hq + self.hkv,
+            hd: self.hd,
+        }
+    }
+
+    /// `x (N, C)` → `qkv (N, W)` (rotated), `saved` (what the backend's attention backward
+    /// needs), `y (N, hq·hd)`, and `out (N, C) = all_reduce(y · Woᵀ) + bo`.
+    pub fn forward<B: Backend, C: Collective<B> + ?Sized>(
         &self,
-        p: &[f32],
-        x: &[f32],
-        qkv: &mut [f32],
-        att: &mut [f32],
-        y: &mut [f32],
-        out: &mut [f32],
-        rope: Option<&RopeTables>,
+        be: &B,
+        p: B::Ref<'_>,
+        x: B::Ref<'_>,
+        qkv: B::Mut<'_>,
+        saved: B::Mut<'_>,
+        y: B::Mut<'_>,
+        mut out: B::Mut<'_>,
+        rope: Option<&RopeTables<B>>,
         d: Dims,
-        comm: &dyn Comm,
+        comm: &C,
     ) -> Result<(), LayerError> {
-        self.forward_partial(p, x, qkv, att, y, out, rope, d);
-        reduce_from_tp_forward(comm, out)?;
-        self.proj.add_bias(p, out);
-        Ok(())
+        self.forward_partial(be, p, x, qkv, saved, y, B::rb(&mut out), rope, d)?;
+        reduce_from_tp_forward(comm, B::rb(&mut out))?;
+        self.proj.add_bias(be, p, out)
     }
 
     /// [`forward`](Self::forward) up to the output projection's partial sum: `out` is
     /// `y · Wo_localᵀ` before the TP reduction and the bias (sequence parallelism).
-    pub fn forward_partial(
+    pub fn forward_partial<B: Backend>(
         &self,
-        p: &[f32],
-        x: &[f32],
-        qkv: &mut [f32],
-        att: &mut [f32],
-        y: &mut [f32],
-        out: &mut [f32],
-        rope: Option<&RopeTables>,
+        be: &B,
+        p: B::Ref<'_>,
+        x: B::Ref<'_>,
+        mut qkv: B::Mut<'_>,
+        saved: B::Mut<'_>,
+        mut y: B::Mut<'_>,
+        out: B::Mut<'_>,
+        rope: Option<&RopeTables<B>>,
         d: Dims,
-    ) {
-        let s = self.shape(d);
-        self.qkv.forward(p, x, qkv);
-        if let Some(r) = self.rope_check(rope, d) {
-            cpu::rope_forward(
-                qkv,
-                d.t,
-                s.qkv_width(),
-                self.hq + self.hkv,
-                self.hd,
-                &r.cos,
-                &r.sin,
-            );
+    ) -> Result<(), LayerError> {
+        self.qkv.forward(be, p, x, B::rb(&mut qkv))?;
+        if let Some(r) = self.rope_check(rope, d)? {
+            let (cos, sin) = (B::view(&r.cos), B::view(&r.sin));
+            be.rope(B::rb(&mut qkv), self.rope_shape(d), cos, sin, false)?;
         }
-        cpu::attention_forward(y, att, qkv, s);
-        self.proj.forward_partial(p, y, out);
+        be.attention_forward(B::rb(&mut y), saved, B::ro(&qkv), self.shape(d))?;
+        self.proj.forward_partial(be, p, B::ro(&y), out)
     }
 
-    /// Selective recompute: the probabilities alone, by the same code as the forward.
-    pub fn recompute_probs(&self, qkv: &[f32], att: &mut [f32], d: Dims) {
-        cpu::attention_probs(att, qkv, self.shape(d));
+    /// Selective recompute: what attention saves, alone, by the same code as the forward.
+    pub fn recompute_saved<B: Backend>(
+        &self,
+        be: &B,
+        qkv: B::Ref<'_>,
+        saved: B::Mut<'_>,
+        d: Dims,
+    ) -> Result<(), LayerError> {
+        be.attention_recompute(saved, qkv, self.shape(d))?;
+        Ok(())
     }
 
     /// Gradients of [`forward`](Self::forward): `dx (N, C)` overwritten (all-reduced over TP),
     /// parameter gradients accumulated into `g`.
-    pub fn backward(
+    pub fn backward<B: Backend, C: Collective<B> + ?Sized>(
         &self,
-        p: &[f32],
-        g: &mut [f32],
-        x: &[f32],
-        qkv: &[f32],
-        att: &[f32],
-        y: &[f32],
-        dout: &[f32],
-        dx: &mut [f32],
-        gr: &mut AttnGrads,
-        rope: Option<&RopeTables>,
+        be: &B,
+        p: B::Ref<'_>,
+        g: B::Mut<'_>,
+        x: B::Ref<'_>,
+        qkv: B::Ref<'_>,
+        saved: B::Ref<'_>,
+        y: B::Ref<'_>,
+        dout: B::Ref<'_>,
+        mut dx: B::Mut<'_>,
+        gr: &mut AttnGrads<B>,
+        rope: Option<&RopeTables<B>>,
         d: Dims,
-        comm: &dyn Comm,
+        comm: &C,
     ) -> Result<(), LayerError> {
-        self.backward_partial(p, g, x, qkv, att, y, dout, dx, gr, rope, d);
+        self.backward_partial(
+            be,
+            p,
+            g,
+            x,
+            qkv,
+            saved,
+            y,
+            dout,
+            B::rb(&mut dx),
+            gr,
+            rope,
+            d,
+        )?;
         copy_to_tp_backward(comm, dx)?;
         Ok(())
     }
 
     /// [`backward`](Self::backward) without the final all-reduce: `dx` is this rank's
     /// partial sum (sequence parallelism reduce-scatters it instead).
-    pub fn backward_partial(
+    pub fn backward_partial<B: Backend>(
         &self,
-        p: &[f32],
-        g: &mut [f32],
-        x: &[f32],
-        qkv: &[f32],
-        att: &[f32],
-        y: &[f32],
-        dout: &[f32],
-        dx: &mut [f32],
-        gr: &mut AttnGrads,
-        rope: Option<&RopeTables>,
+        be: &B,
+        p: B::Ref<'_>,
+        mut g: B::Mut<'_>,
+        x: B::Ref<'_>,
+        qkv: B::Ref<'_>,
+        saved: B::Ref<'_>,
+        y: B::Ref<'_>,
+        dout: B::Ref<'_>,
+        dx: B::Mut<'_>,
+        gr: &mut AttnGrads<B>,
+        rope: Option<&RopeTables<B>>,
         d: Dims,
-    ) {
+    ) -> Result<(), LayerError> {
         let s = self.shape(d);
-        self.proj.backward(p, g, y, dout, &mut gr.dy);
-        cpu::attention_backward(&mut gr.dqkv, &mut gr.scratch, &gr.dy, qkv, att, s);
-        if let Some(r) = self.rope_check(rope, d) {
-            cpu::rope_backward(
-                &mut gr.dqkv,
-                d.t,
-                s.qkv_width(),
-                self.hq + self.hkv,
-                self.hd,
-                &r.cos,
-                &r.sin,
-            );
+        self.proj
+            .backward(be, p, B::rb(&mut g), y, dout, B::view_mut(&mut gr.dy))?;
+        be.attention_backward(
+            B::view_mut(&mut gr.dqkv),
+            B::view_mut(&mut gr.scratch),
+            B::view(&gr.dy),
+            qkv,
+            y,
+            saved,
+            s,
+        )?;
+        if let Some(r) = self.rope_check(rope, d)? {
+            let (cos, sin) = (B::view(&r.cos), B::view(&r.sin));
+            be.rope(
+                B::view_mut(&mut gr.dqkv),
+                self.rope_shape(d),
+                cos,
+                sin,
+                true,
+            )?;
         }
         if let Some(kb) = self.k_bias {
-            gr.k_bias.copy_from_slice(kb.of(g));
+            be.copy(B::view_mut(&mut gr.k_bias), kb.view::<B>(B::ro(&g)))?;
         }
-        self.qkv.backward_partial(p, g, x, &gr.dqkv, dx);
+        self.qkv
+            .backward_partial(be, p, B::rb(&mut g), x, B::view(&gr.dqkv), dx)?;
         if let Some(kb) = self.k_bias {
-            kb.of_mut(g).copy_from_slice(&gr.k_bias);
+            be.copy(kb.view_mut::<B>(g), B::view(&gr.k_bias))?;
         }
+        Ok(())
     }
 }

@@ -2,7 +2,9 @@
 //! policies bitwise equal to keeping activations.
 
 use super::*;
+use crate::backend::Cpu;
 use crate::layers::testkit::{assert_globals_close, gather, jitter_nondecay, on_tp};
+use crate::layers::Recompute;
 use crate::layers::{Activation, NormKind};
 use crate::testutil::{assert_close, fd_check, randn, weighted};
 
@@ -61,15 +63,15 @@ fn run(cfg: &BlockConfig, t: usize, rc: Recompute, x: &[f32], gy: &[f32]) -> Vec
         let block = TransformerBlock::new(&mut layout, "h.0", cfg, tp).unwrap();
         let mut p = layout.init(11);
         jitter_nondecay(&layout, &mut p, 0.1);
-        let mut acts = BlockActs::new(&block, D, rc);
-        let mut ws = BlockWorkspace::new(&block, D);
+        let mut acts = BlockActs::new(&Cpu, &block, D, rc).unwrap();
+        let mut ws = BlockWorkspace::new(&Cpu, &block, D).unwrap();
         let mut out = vec![0.0; x.len()];
         block
-            .forward(&p, x, &mut out, &mut acts, &mut ws, comm)
+            .forward(&Cpu, &p, x, &mut out, &mut acts, &mut ws, comm)
             .unwrap();
         let (mut grads, mut dx) = (layout.zeros(), vec![0.0; x.len()]);
         block
-            .backward(&p, &mut grads, gy, &mut dx, &acts, &mut ws, comm)
+            .backward(&Cpu, &p, &mut grads, gy, &mut dx, &acts, &mut ws, comm)
             .unwrap();
         RankOut {
             layout,
@@ -94,17 +96,19 @@ fn block_gradients_match_finite_differences() {
             .zip(randn(layout.len(), 12, 0.1))
             .map(|(a, b)| a + b)
             .collect();
-        let mut ws = BlockWorkspace::new(&block, D);
-        let loss = |p: &[f32], x: &[f32], ws: &mut BlockWorkspace| {
-            let mut acts = BlockActs::new(&block, D, Recompute::None);
+        let mut ws = BlockWorkspace::new(&Cpu, &block, D).unwrap();
+        let loss = |p: &[f32], x: &[f32], ws: &mut BlockWorkspace<Cpu>| {
+            let mut acts = BlockActs::new(&Cpu, &block, D, Recompute::None).unwrap();
             let mut out = vec![0.0; n];
-            block.forward(p, x, &mut out, &mut acts, ws, comm).unwrap();
+            block
+                .forward(&Cpu, p, x, &mut out, &mut acts, ws, comm)
+                .unwrap();
             (weighted(&out, &gy), acts)
         };
         let (_, acts) = loss(&p, &x, &mut ws);
         let (mut g, mut dx) = (layout.zeros(), vec![0.0; n]);
         block
-            .backward(&p, &mut g, &gy, &mut dx, &acts, &mut ws, comm)
+            .backward(&Cpu, &p, &mut g, &gy, &mut dx, &acts, &mut ws, comm)
             .unwrap();
         let h = 1.0 / 64.0;
         fd_check("block dx", &x, &dx, h, 2e-3, 150, |x| {
@@ -166,7 +170,7 @@ fn recompute_policies_shrink_saved_activations() {
     let block = TransformerBlock::new(&mut layout, "h.0", &gpt2(), TpShard::SINGLE).unwrap();
     let sizes: Vec<usize> = [Recompute::None, Recompute::Selective, Recompute::Full]
         .iter()
-        .map(|&rc| BlockActs::new(&block, D, rc).floats())
+        .map(|&rc| BlockActs::new(&Cpu, &block, D, rc).unwrap().floats())
         .collect();
     assert!(sizes[0] > sizes[1] && sizes[1] > sizes[2]);
     assert_eq!(sizes[2], D.n() * 16);
@@ -215,17 +219,17 @@ fn bench_block_step() {
     let n = d.n() * cfg.hidden;
     let (x, gy) = (randn(n, 1, 1.0), randn(n, 2, 1.0));
     let (mut out, mut dx) = (vec![0.0; n], vec![0.0; n]);
-    let mut ws = BlockWorkspace::new(&block, d);
+    let mut ws = BlockWorkspace::new(&Cpu, &block, d).unwrap();
     for rc in [Recompute::None, Recompute::Selective, Recompute::Full] {
-        let mut acts = BlockActs::new(&block, d, rc);
+        let mut acts = BlockActs::new(&Cpu, &block, d, rc).unwrap();
         let mut step = || {
             let t0 = std::time::Instant::now();
             block
-                .forward(&p, &x, &mut out, &mut acts, &mut ws, comm)
+                .forward(&Cpu, &p, &x, &mut out, &mut acts, &mut ws, comm)
                 .unwrap();
             let t1 = std::time::Instant::now();
             block
-                .backward(&p, &mut g, &gy, &mut dx, &acts, &mut ws, comm)
+                .backward(&Cpu, &p, &mut g, &gy, &mut dx, &acts, &mut ws, comm)
                 .unwrap();
             (t1 - t0, t1.elapsed())
         };

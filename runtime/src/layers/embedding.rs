@@ -6,8 +6,7 @@
 //! [`PositionEmbedding`] is replicated and ADDED to the token embedding after the all-reduce.
 //! Must not allocate in forward/backward.
 
-use crate::comm::Comm;
-use crate::cpu;
+use crate::backend::{Backend, Collective};
 use crate::params::{Init, ParamLayout, ParamRef, ParamSpec, Shard};
 
 use super::tp::{reduce_from_tp_forward, TpShard};
@@ -54,27 +53,44 @@ impl VocabParallelEmbedding {
     }
 
     /// `out (N, C) = Σ_ranks masked_lookup(tokens (N))`; identical on every TP rank.
-    pub fn forward(
+    pub fn forward<B: Backend, C: Collective<B> + ?Sized>(
         &self,
-        p: &[f32],
-        tokens: &[u32],
-        out: &mut [f32],
-        comm: &dyn Comm,
+        be: &B,
+        p: B::Ref<'_>,
+        tokens: &B::Ids,
+        mut out: B::Mut<'_>,
+        comm: &C,
     ) -> Result<(), LayerError> {
-        self.forward_partial(p, tokens, out);
+        self.forward_partial(be, p, tokens, B::rb(&mut out))?;
         reduce_from_tp_forward(comm, out)?;
         Ok(())
     }
 
     /// This rank's part of [`forward`](Self::forward) before the TP sum: the rows of tokens in
     /// its vocabulary range, zeros elsewhere (sequence parallelism reduce-scatters it).
-    pub fn forward_partial(&self, p: &[f32], tokens: &[u32], out: &mut [f32]) {
-        cpu::embedding_forward(out, tokens, self.w.of(p), self.vocab_start, self.c);
+    pub fn forward_partial<B: Backend>(
+        &self,
+        be: &B,
+        p: B::Ref<'_>,
+        tokens: &B::Ids,
+        out: B::Mut<'_>,
+    ) -> Result<(), LayerError> {
+        let w = self.w.view::<B>(p);
+        be.embedding_forward(out, tokens, w, self.vocab_start, self.c)?;
+        Ok(())
     }
 
     /// `dW[rows owned] += dout (N, C)`; no communication.
-    pub fn backward(&self, g: &mut [f32], tokens: &[u32], dout: &[f32]) {
-        cpu::embedding_backward(self.w.of_mut(g), tokens, dout, self.vocab_start, self.c);
+    pub fn backward<B: Backend>(
+        &self,
+        be: &B,
+        g: B::Mut<'_>,
+        tokens: &B::Ids,
+        dout: B::Ref<'_>,
+    ) -> Result<(), LayerError> {
+        let dw = self.w.view_mut::<B>(g);
+        be.embedding_backward(dw, tokens, dout, self.vocab_start, self.c)?;
+        Ok(())
     }
 }
 
@@ -105,41 +121,43 @@ impl PositionEmbedding {
         Ok(Self { w, max_t, c })
     }
 
-    /// `out (B·T, C) += wpe[t]`.
-    pub fn forward(&self, p: &[f32], out: &mut [f32], t: usize) {
-        assert!(
-            t <= self.max_t,
-            "sequence length {t} exceeds the position table ({})",
-            self.max_t
-        );
-        cpu::pos_embedding_forward(out, self.w.of(p), t, self.c);
-    }
-
     /// `out (rows, C) += wpe[(first + i) mod t]` for rows `first..first + rows` of the `B·T`
-    /// flattened tokens: the rows a sequence-parallel rank holds.
-    pub fn forward_rows(&self, p: &[f32], out: &mut [f32], t: usize, first: usize) {
-        assert!(
-            t <= self.max_t,
-            "sequence length {t} exceeds the position table ({})",
-            self.max_t
-        );
-        let w = self.w.of(p);
-        for (i, row) in out.chunks_exact_mut(self.c).enumerate() {
-            let pos = (first + i) % t;
-            let src = &w[pos * self.c..(pos + 1) * self.c];
-            row.iter_mut().zip(src).for_each(|(o, s)| *o += s);
+    /// flattened tokens: all of them (`first = 0`), or the rows a sequence-parallel rank holds.
+    pub fn forward<B: Backend>(
+        &self,
+        be: &B,
+        p: B::Ref<'_>,
+        out: B::Mut<'_>,
+        t: usize,
+        first: usize,
+    ) -> Result<(), LayerError> {
+        if t > self.max_t {
+            return Err(LayerError::Config(format!(
+                "sequence length {t} exceeds the position table ({})",
+                self.max_t
+            )));
         }
+        be.pos_embedding_forward(out, self.w.view::<B>(p), t, self.c, first)?;
+        Ok(())
     }
 
     /// `dwpe[t] += Σ_b dout[b, t]`.
-    pub fn backward(&self, g: &mut [f32], dout: &[f32], t: usize) {
-        cpu::pos_embedding_backward(self.w.of_mut(g), dout, t, self.c);
+    pub fn backward<B: Backend>(
+        &self,
+        be: &B,
+        g: B::Mut<'_>,
+        dout: B::Ref<'_>,
+        t: usize,
+    ) -> Result<(), LayerError> {
+        be.pos_embedding_backward(self.w.view_mut::<B>(g), dout, t, self.c)?;
+        Ok(())
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::backend::Cpu;
     use crate::layers::testkit::{assert_globals_close, gather, on_tp};
     use crate::testutil::{assert_close, randn};
 
@@ -155,11 +173,11 @@ mod tests {
                 let pos = PositionEmbedding::new(&mut layout, "wpe", 4, c, 1.0).unwrap();
                 let p = layout.init(3);
                 let mut out = vec![0.0; tokens.len() * c];
-                e.forward(&p, &tokens, &mut out, comm).unwrap();
-                pos.forward(&p, &mut out, t);
+                e.forward(&Cpu, &p, &tokens, &mut out, comm).unwrap();
+                pos.forward(&Cpu, &p, &mut out, t, 0).unwrap();
                 let mut g = layout.zeros();
-                e.backward(&mut g, &tokens, &gy);
-                pos.backward(&mut g, &gy, t);
+                e.backward(&Cpu, &mut g, &tokens, &gy).unwrap();
+                pos.backward(&Cpu, &mut g, &gy, t).unwrap();
                 (layout, g, out)
             })
         };

@@ -5,6 +5,7 @@
 //! single-rank run within 1e-5. Ranks are threads, grouped by the planner's `Mesh`. The schedule
 //! is the simplest one (all forwards, then all backwards); the real executor comes later.
 
+use crate::backend::Cpu;
 use crate::comm::{all_reduce_f64, local_groups, Comm, LocalComm};
 use crate::layers::testkit::{assert_globals_close, gather};
 use crate::layers::*;
@@ -105,13 +106,13 @@ fn train(
         warmup_steps: 1,
         total_steps: STEPS,
     };
-    let mut ws = BlockWorkspace::new(&st.blocks[0], d);
+    let mut ws = BlockWorkspace::new(&Cpu, &st.blocks[0], d).unwrap();
     let micro = GLOBAL_B / dp; // micro-batches of one sequence per DP replica
-    let mut acts: Vec<Vec<BlockActs>> = (0..micro)
+    let mut acts: Vec<Vec<BlockActs<Cpu>>> = (0..micro)
         .map(|_| {
             st.blocks
                 .iter()
-                .map(|b| BlockActs::new(b, d, Recompute::Selective))
+                .map(|b| BlockActs::new(&Cpu, b, d, Recompute::Selective).unwrap())
                 .collect()
         })
         .collect();
@@ -125,29 +126,34 @@ fn train(
         for (m, &b) in seqs.iter().enumerate() {
             let mut x = vec![0.0; n * c];
             if let Some((wte, wpe)) = &st.embed {
-                wte.forward(&p, &toks(b, 0), &mut x, tpc).unwrap();
+                wte.forward(&Cpu, &p, &toks(b, 0), &mut x, tpc).unwrap();
                 if let Some(wpe) = wpe {
-                    wpe.forward(&p, &mut x, T);
+                    wpe.forward(&Cpu, &p, &mut x, T, 0).unwrap();
                 }
             } else {
                 ppc.recv(&mut x, stage - 1).unwrap();
             }
             for (blk, a) in st.blocks.iter().zip(acts[m].iter_mut()) {
                 let mut out = vec![0.0; n * c];
-                blk.forward(&p, &x, &mut out, a, &mut ws, tpc).unwrap();
+                blk.forward(&Cpu, &p, &x, &mut out, a, &mut ws, tpc)
+                    .unwrap();
                 x = out;
             }
             if let Some((ln, lm)) = &st.head {
                 let (mut h, mut mean, mut rstd) = (vec![0.0; n * c], vec![0.0; n], vec![0.0; n]);
-                ln.forward(&p, &x, &mut h, &mut mean, &mut rstd);
+                ln.forward(&Cpu, &p, &x, &mut h, &mut mean, &mut rstd)
+                    .unwrap();
                 let mut logits = vec![0.0; n * v_local];
-                lm.forward(&p, &h, &mut logits);
+                lm.forward(&Cpu, &p, &h, &mut logits).unwrap();
                 let (mut l, mut mx, mut se) = (vec![0.0; n], vec![0.0; n], vec![0.0; n]);
                 let start = tp.rank * v_local;
+                let mut both = vec![0.0; 2 * n];
                 vocab_parallel_cross_entropy_forward(
+                    &Cpu,
                     &mut l,
                     &mut mx,
                     &mut se,
+                    &mut both,
                     &logits,
                     &toks(b, 1),
                     start,
@@ -166,29 +172,33 @@ fn train(
                 let (h, mean, rstd, mut logits, mx, se, x) = head_saved.pop().unwrap();
                 let dl = vec![1.0 / (GLOBAL_B * T) as f32; n];
                 vocab_parallel_cross_entropy_backward(
+                    &Cpu,
                     &mut logits,
                     &mx,
                     &se,
                     &toks(b, 1),
                     &dl,
                     tp.rank * v_local,
-                );
+                )
+                .unwrap();
                 let mut dh = vec![0.0; n * c];
-                lm.backward(&p, &mut g, &h, &logits, &mut dh, tpc).unwrap();
-                ln.backward(&p, &mut g, &dh, &x, &mean, &rstd, &mut dx);
+                lm.backward(&Cpu, &p, &mut g, &h, &logits, &mut dh, tpc)
+                    .unwrap();
+                ln.backward(&Cpu, &p, &mut g, &dh, &x, &mean, &rstd, &mut dx)
+                    .unwrap();
             } else {
                 ppc.recv(&mut dx, stage + 1).unwrap();
             }
             for (blk, a) in st.blocks.iter().zip(acts[m].iter()).rev() {
                 let mut din = vec![0.0; n * c];
-                blk.backward(&p, &mut g, &dx, &mut din, a, &mut ws, tpc)
+                blk.backward(&Cpu, &p, &mut g, &dx, &mut din, a, &mut ws, tpc)
                     .unwrap();
                 dx = din;
             }
             if let Some((wte, wpe)) = &st.embed {
-                wte.backward(&mut g, &toks(b, 0), &dx);
+                wte.backward(&Cpu, &mut g, &toks(b, 0), &dx).unwrap();
                 if let Some(wpe) = wpe {
-                    wpe.backward(&mut g, &dx, T);
+                    wpe.backward(&Cpu, &mut g, &dx, T).unwrap();
                 }
             } else {
                 ppc.send(&dx, stage - 1).unwrap();

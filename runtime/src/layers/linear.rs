@@ -11,8 +11,7 @@
 //!
 //! This module must not allocate in forward/backward.
 
-use crate::comm::Comm;
-use crate::cpu;
+use crate::backend::{Backend, Collective};
 use crate::params::{Init, ParamLayout, ParamRef, ParamSpec, Shard};
 
 use super::tp::{copy_to_tp_backward, reduce_from_tp_forward, TpShard};
@@ -122,54 +121,65 @@ impl ColumnParallelLinear {
     }
 
     /// `y (N, out_local) = x (N, in) · W_localᵀ + b` (forward of `copy_to_tp` is the identity).
-    pub fn forward(&self, p: &[f32], x: &[f32], y: &mut [f32]) {
-        let n = x.len() / self.in_features;
-        cpu::matmul_bt(
-            y,
+    pub fn forward<B: Backend>(
+        &self,
+        be: &B,
+        p: B::Ref<'_>,
+        x: B::Ref<'_>,
+        mut y: B::Mut<'_>,
+    ) -> Result<(), LayerError> {
+        let n = B::len(x) / self.in_features;
+        let w = self.w.view::<B>(p);
+        be.matmul_bt(
+            B::rb(&mut y),
             x,
-            self.w.of(p),
+            w,
             n,
             self.in_features,
             self.out_local,
             false,
-        );
+        )?;
         if let Some(b) = self.b {
-            cpu::add_bias(y, b.of(p));
+            be.add_bias(y, b.view::<B>(p))?;
         }
+        Ok(())
     }
 
     /// `dW += dyᵀ·x`, `db += Σ dy`, `dx (N, in) = all_reduce(dy · W_local)` (overwritten).
-    pub fn backward(
+    pub fn backward<B: Backend, C: Collective<B> + ?Sized>(
         &self,
-        p: &[f32],
-        g: &mut [f32],
-        x: &[f32],
-        dy: &[f32],
-        dx: &mut [f32],
-        comm: &dyn Comm,
+        be: &B,
+        p: B::Ref<'_>,
+        g: B::Mut<'_>,
+        x: B::Ref<'_>,
+        dy: B::Ref<'_>,
+        mut dx: B::Mut<'_>,
+        comm: &C,
     ) -> Result<(), LayerError> {
-        self.backward_partial(p, g, x, dy, dx);
+        self.backward_partial(be, p, g, x, dy, B::rb(&mut dx))?;
         copy_to_tp_backward(comm, dx)?;
         Ok(())
     }
 
     /// [`backward`](Self::backward) without the all-reduce: `dx` is this rank's partial sum
     /// (sequence parallelism reduce-scatters it instead).
-    pub fn backward_partial(
+    pub fn backward_partial<B: Backend>(
         &self,
-        p: &[f32],
-        g: &mut [f32],
-        x: &[f32],
-        dy: &[f32],
-        dx: &mut [f32],
-    ) {
-        let n = x.len() / self.in_features;
+        be: &B,
+        p: B::Ref<'_>,
+        mut g: B::Mut<'_>,
+        x: B::Ref<'_>,
+        dy: B::Ref<'_>,
+        dx: B::Mut<'_>,
+    ) -> Result<(), LayerError> {
+        let n = B::len(x) / self.in_features;
         let (k, m) = (self.in_features, self.out_local);
-        cpu::matmul_at(self.w.of_mut(g), dy, x, m, n, k, true);
+        be.matmul_at(self.w.view_mut::<B>(B::rb(&mut g)), dy, x, m, n, k, true)?;
         if let Some(b) = self.b {
-            cpu::bias_backward(b.of_mut(g), dy);
+            be.bias_backward(b.view_mut::<B>(g), dy)?;
         }
-        cpu::matmul(dx, dy, self.w.of(p), n, m, k, false);
+        be.matmul(dx, dy, self.w.view::<B>(p), n, m, k, false)?;
+        Ok(())
     }
 }
 
@@ -222,51 +232,66 @@ impl RowParallelLinear {
     }
 
     /// `y = reduce_from_tp(x_local · W_localᵀ) + b`; identical on every TP rank.
-    pub fn forward(
+    pub fn forward<B: Backend, C: Collective<B> + ?Sized>(
         &self,
-        p: &[f32],
-        x: &[f32],
-        y: &mut [f32],
-        comm: &dyn Comm,
+        be: &B,
+        p: B::Ref<'_>,
+        x: B::Ref<'_>,
+        mut y: B::Mut<'_>,
+        comm: &C,
     ) -> Result<(), LayerError> {
-        self.forward_partial(p, x, y);
-        reduce_from_tp_forward(comm, y)?;
-        self.add_bias(p, y);
-        Ok(())
+        self.forward_partial(be, p, x, B::rb(&mut y))?;
+        reduce_from_tp_forward(comm, B::rb(&mut y))?;
+        self.add_bias(be, p, y)
     }
 
     /// `y = x_local · W_localᵀ`: this rank's partial sum, before the reduction and the bias
     /// (sequence parallelism reduce-scatters it, then calls [`add_bias`](Self::add_bias)).
-    pub fn forward_partial(&self, p: &[f32], x: &[f32], y: &mut [f32]) {
-        let n = x.len() / self.in_local;
-        cpu::matmul_bt(
-            y,
-            x,
-            self.w.of(p),
-            n,
-            self.in_local,
-            self.out_features,
-            false,
-        );
+    pub fn forward_partial<B: Backend>(
+        &self,
+        be: &B,
+        p: B::Ref<'_>,
+        x: B::Ref<'_>,
+        y: B::Mut<'_>,
+    ) -> Result<(), LayerError> {
+        let n = B::len(x) / self.in_local;
+        let w = self.w.view::<B>(p);
+        be.matmul_bt(y, x, w, n, self.in_local, self.out_features, false)?;
+        Ok(())
     }
 
     /// `y += b` on the reduced output (rows of any count).
-    pub fn add_bias(&self, p: &[f32], y: &mut [f32]) {
+    pub fn add_bias<B: Backend>(
+        &self,
+        be: &B,
+        p: B::Ref<'_>,
+        y: B::Mut<'_>,
+    ) -> Result<(), LayerError> {
         if let Some(b) = self.b {
-            cpu::add_bias(y, b.of(p));
+            be.add_bias(y, b.view::<B>(p))?;
         }
+        Ok(())
     }
 
     /// `dW += dyᵀ·x_local`, `db += Σ dy`, `dx_local = dy · W_local` (overwritten; no comm:
     /// `dy` is replicated, the backward of `reduce_from_tp` is the identity).
-    pub fn backward(&self, p: &[f32], g: &mut [f32], x: &[f32], dy: &[f32], dx: &mut [f32]) {
-        let n = x.len() / self.in_local;
+    pub fn backward<B: Backend>(
+        &self,
+        be: &B,
+        p: B::Ref<'_>,
+        mut g: B::Mut<'_>,
+        x: B::Ref<'_>,
+        dy: B::Ref<'_>,
+        dx: B::Mut<'_>,
+    ) -> Result<(), LayerError> {
+        let n = B::len(x) / self.in_local;
         let (k, m) = (self.in_local, self.out_features);
-        cpu::matmul_at(self.w.of_mut(g), dy, x, m, n, k, true);
+        be.matmul_at(self.w.view_mut::<B>(B::rb(&mut g)), dy, x, m, n, k, true)?;
         if let Some(b) = self.b {
-            cpu::bias_backward(b.of_mut(g), dy);
+            be.bias_backward(b.view_mut::<B>(g), dy)?;
         }
-        cpu::matmul(dx, dy, self.w.of(p), n, m, k, false);
+        be.matmul(dx, dy, self.w.view::<B>(p), n, m, k, false)?;
+        Ok(())
     }
 }
 

@@ -1,6 +1,7 @@
 //! Linear layers: finite differences at t = 1, and t = 2, 4 against t = 1 on the full weights.
 
 use super::*;
+use crate::backend::Cpu;
 use crate::comm::LocalComm;
 use crate::layers::testkit::{assert_globals_close, full_cols, gather, local_cols, on_tp};
 use crate::testutil::{assert_close, fd_check, randn, weighted};
@@ -31,10 +32,11 @@ fn column_parallel_gradients_match_finite_differences() {
     let comm = &LocalComm::group(1)[0];
     let mut g = layout.zeros();
     let mut dx = vec![0.0; N * IN];
-    lin.backward(&p, &mut g, &x, &gy, &mut dx, comm).unwrap();
+    lin.backward(&Cpu, &p, &mut g, &x, &gy, &mut dx, comm)
+        .unwrap();
     let fwd = |p: &[f32], x: &[f32]| {
         let mut y = vec![0.0; N * 12];
-        lin.forward(p, x, &mut y);
+        lin.forward(&Cpu, p, x, &mut y).unwrap();
         weighted(&y, &gy)
     };
     fd_check("column dparams", &p, &g, 1.0 / 64.0, 1e-3, 200, |p| {
@@ -53,10 +55,10 @@ fn row_parallel_gradients_match_finite_differences() {
     let comm = &LocalComm::group(1)[0];
     let mut g = layout.zeros();
     let mut dx = vec![0.0; N * IN];
-    lin.backward(&p, &mut g, &x, &gy, &mut dx);
+    lin.backward(&Cpu, &p, &mut g, &x, &gy, &mut dx).unwrap();
     let fwd = |p: &[f32], x: &[f32]| {
         let mut y = vec![0.0; N * 5];
-        lin.forward(p, x, &mut y, comm).unwrap();
+        lin.forward(&Cpu, p, x, &mut y, comm).unwrap();
         weighted(&y, &gy)
     };
     fd_check("row dparams", &p, &g, 1.0 / 64.0, 1e-3, 200, |p| fwd(p, &x));
@@ -74,10 +76,10 @@ fn run_column(t: usize, x: &[f32], gy: &[f32]) -> Vec<RankRun> {
         let mut p = layout.init(7);
         p.iter_mut().for_each(|v| *v += 0.1);
         let mut y = vec![0.0; N * lin.out_local];
-        lin.forward(&p, x, &mut y);
+        lin.forward(&Cpu, &p, x, &mut y).unwrap();
         let gy_local = local_cols(gy, &widths, tp);
         let (mut g, mut dx) = (layout.zeros(), vec![0.0; N * IN]);
-        lin.backward(&p, &mut g, x, &gy_local, &mut dx, comm)
+        lin.backward(&Cpu, &p, &mut g, x, &gy_local, &mut dx, comm)
             .unwrap();
         (layout, g, y, dx)
     })
@@ -113,9 +115,10 @@ fn row_parallel_matches_single_rank() {
             p.iter_mut().for_each(|v| *v += 0.1);
             let x_local = local_cols(&x, &[IN], tp);
             let mut y = vec![0.0; N * 5];
-            lin.forward(&p, &x_local, &mut y, comm).unwrap();
+            lin.forward(&Cpu, &p, &x_local, &mut y, comm).unwrap();
             let (mut g, mut dx) = (layout.zeros(), vec![0.0; x_local.len()]);
-            lin.backward(&p, &mut g, &x_local, &gy, &mut dx);
+            lin.backward(&Cpu, &p, &mut g, &x_local, &gy, &mut dx)
+                .unwrap();
             (layout, g, y, dx)
         })
     };

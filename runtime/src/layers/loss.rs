@@ -6,57 +6,54 @@
 //! local: every rank has the global max and sum-exp, so it forms its own slice of
 //! `softmax − onehot`. The full logits are never gathered. Must not keep state.
 
-use crate::comm::{all_reduce_max, Comm};
-use crate::cpu;
+use crate::backend::{Backend, Collective};
 
 use super::LayerError;
 
-/// Per-row `losses (N)`, saving the GLOBAL row statistics `max, sumexp (N)` for backward.
-/// `logits (N, V_local)` hold vocabulary entries `[vocab_start, vocab_start + V_local)`.
-pub fn vocab_parallel_cross_entropy_forward(
-    losses: &mut [f32],
-    max: &mut [f32],
-    sumexp: &mut [f32],
-    logits: &[f32],
-    targets: &[u32],
+/// Forward: `losses (N)`, saving the GLOBAL row `max (N)` and `sumexp (N)`; `both (2N)` is
+/// scratch for the one all-reduce of `[Σ exp(l − max) | target logit]`. Identical on every rank.
+pub fn vocab_parallel_cross_entropy_forward<B: Backend, C: Collective<B> + ?Sized>(
+    be: &B,
+    mut losses: B::Mut<'_>,
+    mut max: B::Mut<'_>,
+    sumexp: B::Mut<'_>,
+    mut both: B::Mut<'_>,
+    logits: B::Ref<'_>,
+    targets: &B::Ids,
     vocab_start: usize,
-    comm: &dyn Comm,
+    comm: &C,
 ) -> Result<(), LayerError> {
-    let n = losses.len();
-    let v = logits.len() / n;
-    cpu::row_max(max, logits, v);
-    all_reduce_max(comm, max)?;
-    // One all-reduce for both sums: [sumexp (N) | target logit (N)].
-    let mut both = vec![0.0f32; 2 * n];
-    let (se, tl) = both.split_at_mut(n);
-    cpu::row_sumexp(se, logits, max, v);
-    cpu::target_logit(tl, logits, targets, vocab_start, v);
-    comm.all_reduce_sum(&mut both)?;
-    let (se, tl) = both.split_at(n);
-    sumexp.copy_from_slice(se);
-    for ((l, &m), (&s, &t)) in losses.iter_mut().zip(max.iter()).zip(se.iter().zip(tl)) {
-        *l = s.ln() + m - t;
-    }
+    let n = B::len_mut(&losses);
+    let v = B::len(logits) / n;
+    be.row_max(B::rb(&mut max), logits, v)?;
+    comm.all_reduce_max(B::rb(&mut max))?;
+    let max = B::ro(&max);
+    be.ce_partials(B::rb(&mut both), logits, max, targets, vocab_start, v)?;
+    comm.all_reduce_sum(B::rb(&mut both))?;
+    be.ce_losses(B::rb(&mut losses), sumexp, max, B::ro(&both))?;
     Ok(())
 }
 
-/// In place: `logits (N, V_local)` become `d loss / d logits` for the weights `dlosses (N)`
-/// (e.g. `1 / global_tokens` for a mean). No communication.
-pub fn vocab_parallel_cross_entropy_backward(
-    logits: &mut [f32],
-    max: &[f32],
-    sumexp: &[f32],
-    targets: &[u32],
-    dlosses: &[f32],
+/// Backward, in place: `logits ← (softmax − onehot) · dlosses` from the global statistics; no
+/// communication.
+pub fn vocab_parallel_cross_entropy_backward<B: Backend>(
+    be: &B,
+    logits: B::Mut<'_>,
+    max: B::Ref<'_>,
+    sumexp: B::Ref<'_>,
+    targets: &B::Ids,
+    dlosses: B::Ref<'_>,
     vocab_start: usize,
-) {
-    let v = logits.len() / max.len();
-    cpu::crossentropy_backward(logits, max, sumexp, targets, dlosses, vocab_start, v);
+) -> Result<(), LayerError> {
+    let v = B::len_mut(&logits) / B::len(max);
+    be.crossentropy_backward(logits, max, sumexp, targets, dlosses, vocab_start, v)?;
+    Ok(())
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::backend::Cpu;
     use crate::layers::testkit::{full_cols, local_cols, on_tp};
     use crate::testutil::{assert_close, fd_check, randn};
 
@@ -68,13 +65,16 @@ mod tests {
         let ranks = on_tp(t, |comm, tp| {
             let local = local_cols(logits, &[V], tp);
             let (mut loss, mut m, mut s) = (vec![0.0; N], vec![0.0; N], vec![0.0; N]);
+            let mut both = vec![0.0; 2 * N];
             let start = tp.rank * V / t;
+            let targets = TARGETS.to_vec();
             vocab_parallel_cross_entropy_forward(
-                &mut loss, &mut m, &mut s, &local, &TARGETS, start, comm,
+                &Cpu, &mut loss, &mut m, &mut s, &mut both, &local, &targets, start, comm,
             )
             .unwrap();
             let mut d = local;
-            vocab_parallel_cross_entropy_backward(&mut d, &m, &s, &TARGETS, dl, start);
+            vocab_parallel_cross_entropy_backward(&Cpu, &mut d, &m, &s, &targets, dl, start)
+                .unwrap();
             (loss, d)
         });
         for r in &ranks {

@@ -2,8 +2,7 @@
 //! SwiGLU: fused `gate` and `up`, both column-parallel), local activation, row-parallel down
 //! projection `proj` with the all-reduce. Must not own activations or allocate.
 
-use crate::comm::Comm;
-use crate::cpu;
+use crate::backend::{Backend, Collective};
 use crate::params::ParamLayout;
 
 use super::linear::{ColumnParallelLinear, RowParallelLinear};
@@ -67,64 +66,78 @@ impl ParallelMlp {
     }
 
     /// `h (N, h_width) = fc(x (N, C))`, `a (N, f_local) = act(h)`.
-    pub fn forward_hidden(&self, p: &[f32], x: &[f32], h: &mut [f32], a: &mut [f32]) {
-        self.fc.forward(p, x, h);
+    pub fn forward_hidden<B: Backend>(
+        &self,
+        be: &B,
+        p: B::Ref<'_>,
+        x: B::Ref<'_>,
+        mut h: B::Mut<'_>,
+        a: B::Mut<'_>,
+    ) -> Result<(), LayerError> {
+        self.fc.forward(be, p, x, B::rb(&mut h))?;
+        let h = B::ro(&h);
         match self.act {
-            Activation::Gelu => cpu::gelu_forward(a, h),
-            Activation::SwiGlu => cpu::swiglu_forward(a, h, self.f_local),
+            Activation::Gelu => be.gelu_forward(a, h)?,
+            Activation::SwiGlu => be.swiglu_forward(a, h, self.f_local)?,
         }
+        Ok(())
     }
 
     /// `out (N, C) = all_reduce(a · W_projᵀ) + b`.
-    pub fn forward_out(
+    pub fn forward_out<B: Backend, C: Collective<B> + ?Sized>(
         &self,
-        p: &[f32],
-        a: &[f32],
-        out: &mut [f32],
-        comm: &dyn Comm,
+        be: &B,
+        p: B::Ref<'_>,
+        a: B::Ref<'_>,
+        out: B::Mut<'_>,
+        comm: &C,
     ) -> Result<(), LayerError> {
-        self.proj.forward(p, a, out, comm)
+        self.proj.forward(be, p, a, out, comm)
     }
 
     /// `dx (N, C)` overwritten (all-reduced over TP); `dh`, `da` are scratch of the sizes of
     /// `h` and `a`; parameter gradients accumulate into `g`.
-    pub fn backward(
+    pub fn backward<B: Backend, C: Collective<B> + ?Sized>(
         &self,
-        p: &[f32],
-        g: &mut [f32],
-        x: &[f32],
-        h: &[f32],
-        a: &[f32],
-        dout: &[f32],
-        dx: &mut [f32],
-        dh: &mut [f32],
-        da: &mut [f32],
-        comm: &dyn Comm,
+        be: &B,
+        p: B::Ref<'_>,
+        g: B::Mut<'_>,
+        x: B::Ref<'_>,
+        h: B::Ref<'_>,
+        a: B::Ref<'_>,
+        dout: B::Ref<'_>,
+        mut dx: B::Mut<'_>,
+        dh: B::Mut<'_>,
+        da: B::Mut<'_>,
+        comm: &C,
     ) -> Result<(), LayerError> {
-        self.backward_partial(p, g, x, h, a, dout, dx, dh, da);
+        self.backward_partial(be, p, g, x, h, a, dout, B::rb(&mut dx), dh, da)?;
         copy_to_tp_backward(comm, dx)?;
         Ok(())
     }
 
     /// [`backward`](Self::backward) without the final all-reduce: `dx` is this rank's
     /// partial sum (sequence parallelism reduce-scatters it instead).
-    pub fn backward_partial(
+    pub fn backward_partial<B: Backend>(
         &self,
-        p: &[f32],
-        g: &mut [f32],
-        x: &[f32],
-        h: &[f32],
-        a: &[f32],
-        dout: &[f32],
-        dx: &mut [f32],
-        dh: &mut [f32],
-        da: &mut [f32],
-    ) {
-        self.proj.backward(p, g, a, dout, da);
+        be: &B,
+        p: B::Ref<'_>,
+        mut g: B::Mut<'_>,
+        x: B::Ref<'_>,
+        h: B::Ref<'_>,
+        a: B::Ref<'_>,
+        dout: B::Ref<'_>,
+        dx: B::Mut<'_>,
+        mut dh: B::Mut<'_>,
+        mut da: B::Mut<'_>,
+    ) -> Result<(), LayerError> {
+        self.proj
+            .backward(be, p, B::rb(&mut g), a, dout, B::rb(&mut da))?;
+        let da = B::ro(&da);
         match self.act {
-            Activation::Gelu => cpu::gelu_backward(dh, h, da),
-            Activation::SwiGlu => cpu::swiglu_backward(dh, h, da, self.f_local),
+            Activation::Gelu => be.gelu_backward(B::rb(&mut dh), h, da)?,
+            Activation::SwiGlu => be.swiglu_backward(B::rb(&mut dh), h, da, self.f_local)?,
         }
-        self.fc.backward_partial(p, g, x, dh, dx);
+        self.fc.backward_partial(be, p, g, x, B::ro(&dh), dx)
     }
 }

@@ -4,7 +4,8 @@
 //! at construction and keeps only [`ParamRef`](crate::params::ParamRef)s; `forward` reads the
 //! flat parameter buffer, `backward` ACCUMULATES into the flat gradient buffer (same offsets), so
 //! micro-batches add up and optimizer / ZeRO / checkpoints see one flat buffer per rank.
-//! Collectives take the TP group's `&dyn Comm`; with t = 1 they are no-ops and the layer is
+//! Layers are generic over the [`Backend`](crate::backend::Backend) that runs their kernels,
+//! and collectives take the TP group's [`Collective`](crate::backend::Collective); with t = 1 they are no-ops and the layer is
 //! the plain single-device layer (the parity oracle).
 //!
 //! Layers must not own activations across calls (the caller, i.e. the pipeline executor, keeps
@@ -14,6 +15,7 @@
 
 pub mod attention;
 pub mod block;
+mod block_bufs;
 pub mod config;
 pub mod embedding;
 pub mod linear;
@@ -102,4 +104,6 @@ pub enum LayerError {
     Param(#[from] ParamError),
     #[error(transparent)]
     Comm(#[from] CommError),
+    #[error(transparent)]
+    Backend(#[from] crate::gpu::GpuError),
 }

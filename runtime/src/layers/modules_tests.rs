@@ -5,6 +5,7 @@
 use super::attention::{AttnGrads, ParallelAttention, RopeTables};
 use super::testkit::{assert_globals_close, gather, jitter_nondecay, on_tp};
 use super::*;
+use crate::backend::Cpu;
 use crate::comm::LocalComm;
 use crate::params::ParamLayout;
 use crate::testutil::{assert_close, fd_check, randn, weighted};
@@ -44,7 +45,9 @@ fn attention(
     jitter_nondecay(&layout, &mut p, 0.3);
     let s = a.shape(D);
     let n = D.n();
-    let rope = c.rope_theta.map(|th| RopeTables::new(D.t, c.head_dim, th));
+    let rope = c
+        .rope_theta
+        .map(|th| RopeTables::new(&Cpu, D.t, c.head_dim, th).unwrap());
     let (mut qkv, mut att, mut y) = (
         vec![0.0; n * s.qkv_width()],
         vec![0.0; s.att_len()],
@@ -52,6 +55,7 @@ fn attention(
     );
     let mut out = vec![0.0; n * c.hidden];
     a.forward(
+        &Cpu,
         &p,
         x,
         &mut qkv,
@@ -63,8 +67,13 @@ fn attention(
         comm,
     )
     .unwrap();
-    let (mut g, mut dx, mut gr) = (layout.zeros(), vec![0.0; x.len()], AttnGrads::new(&s));
+    let (mut g, mut dx, mut gr) = (
+        layout.zeros(),
+        vec![0.0; x.len()],
+        AttnGrads::new(&Cpu, &s).unwrap(),
+    );
     a.backward(
+        &Cpu,
         &p,
         &mut g,
         x,
@@ -96,7 +105,9 @@ fn attention_module_matches_fd_and_single_rank() {
             let a = ParallelAttention::new(&mut ParamLayout::new(), "attn", &c, TpShard::SINGLE)
                 .unwrap();
             let s = a.shape(D);
-            let rope = c.rope_theta.map(|th| RopeTables::new(D.t, c.head_dim, th));
+            let rope = c
+                .rope_theta
+                .map(|th| RopeTables::new(&Cpu, D.t, c.head_dim, th).unwrap());
             let (mut qkv, mut att, mut y) = (
                 vec![0.0; D.n() * s.qkv_width()],
                 vec![0.0; s.att_len()],
@@ -104,6 +115,7 @@ fn attention_module_matches_fd_and_single_rank() {
             );
             let mut out = vec![0.0; n];
             a.forward(
+                &Cpu,
                 p,
                 x,
                 &mut qkv,
@@ -165,12 +177,14 @@ fn mlp(
     let n = D.n();
     let (mut h, mut a) = (vec![0.0; n * m.h_width()], vec![0.0; n * m.f_local]);
     let mut out = vec![0.0; n * c.hidden];
-    m.forward_hidden(&p, x, &mut h, &mut a);
-    m.forward_out(&p, &a, &mut out, comm).unwrap();
+    m.forward_hidden(&Cpu, &p, x, &mut h, &mut a).unwrap();
+    m.forward_out(&Cpu, &p, &a, &mut out, comm).unwrap();
     let (mut g, mut dx) = (layout.zeros(), vec![0.0; x.len()]);
     let (mut dh, mut da) = (vec![0.0; h.len()], vec![0.0; a.len()]);
-    m.backward(&p, &mut g, x, &h, &a, gy, &mut dx, &mut dh, &mut da, comm)
-        .unwrap();
+    m.backward(
+        &Cpu, &p, &mut g, x, &h, &a, gy, &mut dx, &mut dh, &mut da, comm,
+    )
+    .unwrap();
     (out, dx, g, layout)
 }
 
@@ -205,7 +219,7 @@ fn mlp_module_matches_fd_and_single_rank() {
 #[test]
 fn embedding_gradients_match_finite_differences() {
     let (vocab, c, t) = (6, 3, 2);
-    let tokens = [1u32, 5, 1, 0];
+    let tokens = vec![1u32, 5, 1, 0];
     let gy = randn(tokens.len() * c, 1, 1.0);
     let comm = &LocalComm::group(1)[0];
     let mut layout = ParamLayout::new();
@@ -215,12 +229,12 @@ fn embedding_gradients_match_finite_differences() {
     let p = layout.init(2);
     let loss = |p: &[f32]| {
         let mut out = vec![0.0; tokens.len() * c];
-        e.forward(p, &tokens, &mut out, comm).unwrap();
-        pos.forward(p, &mut out, t);
+        e.forward(&Cpu, p, &tokens, &mut out, comm).unwrap();
+        pos.forward(&Cpu, p, &mut out, t, 0).unwrap();
         weighted(&out, &gy)
     };
     let mut g = layout.zeros();
-    e.backward(&mut g, &tokens, &gy);
-    pos.backward(&mut g, &gy, t);
+    e.backward(&Cpu, &mut g, &tokens, &gy).unwrap();
+    pos.backward(&Cpu, &mut g, &gy, t).unwrap();
     fd_check("embedding dparams", &p, &g, 1.0 / 64.0, 1e-4, 100, loss);
 }

@@ -4,7 +4,7 @@
 //! column-parallel backward makes them so), so its parameter gradients come out bitwise
 //! identical on every TP rank and need no communication. Must not communicate.
 
-use crate::cpu;
+use crate::backend::Backend;
 use crate::params::{Init, ParamLayout, ParamRef, ParamSpec, Shard};
 
 use super::{LayerError, NormKind};
@@ -46,45 +46,50 @@ impl Norm {
     }
 
     /// `out (N, c)`, saving `mean (N)` (LayerNorm only; may be empty for RMSNorm) and `rstd (N)`.
-    pub fn forward(
+    pub fn forward<B: Backend>(
         &self,
-        p: &[f32],
-        x: &[f32],
-        out: &mut [f32],
-        mean: &mut [f32],
-        rstd: &mut [f32],
-    ) {
+        be: &B,
+        p: B::Ref<'_>,
+        x: B::Ref<'_>,
+        out: B::Mut<'_>,
+        mean: B::Mut<'_>,
+        rstd: B::Mut<'_>,
+    ) -> Result<(), LayerError> {
+        let w = self.w.view::<B>(p);
         match self.kind {
             NormKind::LayerNorm => {
-                let b = self.b.map(|b| b.of(p));
-                cpu::layernorm_forward(out, mean, rstd, x, self.w.of(p), b, self.c, self.eps);
+                let b = self.b.map(|b| b.view::<B>(p));
+                be.layernorm_forward(out, mean, rstd, x, w, b, self.c, self.eps)?
             }
-            NormKind::RmsNorm => cpu::rmsnorm_forward(out, rstd, x, self.w.of(p), self.c, self.eps),
+            NormKind::RmsNorm => be.rmsnorm_forward(out, rstd, x, w, self.c, self.eps)?,
         }
+        Ok(())
     }
 
     /// `dx (N, c) +=` input gradient; parameter gradients accumulate into `g`.
-    pub fn backward(
+    pub fn backward<B: Backend>(
         &self,
-        p: &[f32],
-        g: &mut [f32],
-        dout: &[f32],
-        x: &[f32],
-        mean: &[f32],
-        rstd: &[f32],
-        dx: &mut [f32],
-    ) {
-        let w = self.w.of(p);
+        be: &B,
+        p: B::Ref<'_>,
+        g: B::Mut<'_>,
+        dout: B::Ref<'_>,
+        x: B::Ref<'_>,
+        mean: B::Ref<'_>,
+        rstd: B::Ref<'_>,
+        dx: B::Mut<'_>,
+    ) -> Result<(), LayerError> {
+        let w = self.w.view::<B>(p);
         match self.kind {
             NormKind::LayerNorm => {
                 let b = self.b.expect("LayerNorm has a bias");
-                let (gw, gb) = split_two(g, self.w, b);
-                cpu::layernorm_backward(dx, gw, Some(gb), dout, x, w, mean, rstd, self.c);
+                let (gw, gb) = split_two::<B>(g, self.w, b);
+                be.layernorm_backward(dx, gw, Some(gb), dout, x, w, mean, rstd, self.c)?
             }
             NormKind::RmsNorm => {
-                cpu::rmsnorm_backward(dx, self.w.of_mut(g), dout, x, w, rstd, self.c)
+                be.rmsnorm_backward(dx, self.w.view_mut::<B>(g), dout, x, w, rstd, self.c)?
             }
         }
+        Ok(())
     }
 
     /// Elements of the `mean` buffer `forward` needs for `n` rows.
@@ -96,19 +101,24 @@ impl Norm {
     }
 }
 
-/// Two disjoint mutable views of the flat buffer (`a` before `b`).
-pub(crate) fn split_two(g: &mut [f32], a: ParamRef, b: ParamRef) -> (&mut [f32], &mut [f32]) {
+/// Two disjoint write views of the flat buffer (`a` before `b`).
+pub(crate) fn split_two<B: Backend>(
+    g: B::Mut<'_>,
+    a: ParamRef,
+    b: ParamRef,
+) -> (B::Mut<'_>, B::Mut<'_>) {
     assert!(
         a.offset + a.len <= b.offset,
         "views overlap or are out of order"
     );
-    let (lo, hi) = g.split_at_mut(b.offset);
-    (&mut lo[a.range()], &mut hi[..b.len])
+    let (lo, hi) = B::split_at_mut(g, b.offset);
+    (B::sub_mut(lo, a.range()), B::sub_mut(hi, 0..b.len))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::backend::Cpu;
     use crate::testutil::{fd_check, randn, weighted};
 
     #[test]
@@ -128,12 +138,13 @@ mod tests {
             let fwd = |p: &[f32], x: &[f32]| {
                 let (mut o, mut m, mut r) =
                     (vec![0.0; n * c], vec![0.0; norm.mean_len(n)], vec![0.0; n]);
-                norm.forward(p, x, &mut o, &mut m, &mut r);
+                norm.forward(&Cpu, p, x, &mut o, &mut m, &mut r).unwrap();
                 (o, m, r)
             };
             let (_, m, r) = fwd(&p, &x);
             let (mut g, mut dx) = (layout.zeros(), vec![0.0; n * c]);
-            norm.backward(&p, &mut g, &gy, &x, &m, &r, &mut dx);
+            norm.backward(&Cpu, &p, &mut g, &gy, &x, &m, &r, &mut dx)
+                .unwrap();
             fd_check("norm dparams", &p, &g, 1.0 / 64.0, 1e-3, 100, |p| {
                 weighted(&fwd(p, &x).0, &gy)
             });

@@ -9,7 +9,8 @@
 //!
 //! This module must not build groups: the caller hands in the TP group's [`Comm`].
 
-use crate::comm::{Comm, CommError};
+use crate::backend::{Backend, Collective};
+use crate::comm::CommError;
 use crate::params::Shard;
 
 use super::LayerError;
@@ -31,7 +32,7 @@ impl TpShard {
     }
 
     /// The TP coordinates of a TP group's comm handle.
-    pub fn of(comm: &dyn Comm) -> Self {
+    pub fn of<B: Backend, C: Collective<B> + ?Sized>(comm: &C) -> Self {
         Self::new(comm.rank(), comm.size())
     }
 
@@ -58,33 +59,41 @@ impl TpShard {
     }
 }
 
-/// f, forward: identity (the input is already replicated on every TP rank).
-#[inline]
-pub fn copy_to_tp_forward(_x: &[f32]) {}
-
-/// f, backward: each rank holds a partial input gradient; sum them (rank order).
-pub fn copy_to_tp_backward(comm: &dyn Comm, dx: &mut [f32]) -> Result<(), CommError> {
+/// f, forward: identity (the input is already replicated on every TP rank); f, backward: each
+/// rank holds a partial input gradient; sum them (rank order).
+pub fn copy_to_tp_backward<B: Backend, C: Collective<B> + ?Sized>(
+    comm: &C,
+    dx: B::Mut<'_>,
+) -> Result<(), CommError> {
     comm.all_reduce_sum(dx)
 }
 
-/// g, forward: each rank holds a partial output; sum them (rank order).
-pub fn reduce_from_tp_forward(comm: &dyn Comm, y: &mut [f32]) -> Result<(), CommError> {
+/// g, forward: each rank holds a partial output; sum them (rank order). g, backward: identity
+/// (the output gradient is replicated on every TP rank).
+pub fn reduce_from_tp_forward<B: Backend, C: Collective<B> + ?Sized>(
+    comm: &C,
+    y: B::Mut<'_>,
+) -> Result<(), CommError> {
     comm.all_reduce_sum(y)
 }
-
-/// g, backward: identity (the output gradient is replicated on every TP rank).
-#[inline]
-pub fn reduce_from_tp_backward(_dy: &[f32]) {}
 
 /// Sequence parallelism (Korthikanti et al. 2022, §4.2.2): outside the TP regions each rank
 /// holds rows `[r·N/t, (r+1)·N/t)` of the activations. Entering a region, the rows are
 /// all-gathered (`g` forward); leaving it, the partial sums are reduce-scattered (`ḡ` forward).
 /// In the backward the two swap. Rows are the flattened `B·T` tokens, so `N` must divide by `t`.
-pub fn gather_rows(comm: &dyn Comm, local: &[f32], full: &mut [f32]) -> Result<(), CommError> {
+pub fn gather_rows<B: Backend, C: Collective<B> + ?Sized>(
+    comm: &C,
+    local: B::Ref<'_>,
+    full: B::Mut<'_>,
+) -> Result<(), CommError> {
     comm.all_gather(local, full)
 }
 
 /// The other half of the pair: the rank-order sum of every rank's `full`, this rank's rows only.
-pub fn scatter_rows(comm: &dyn Comm, full: &[f32], local: &mut [f32]) -> Result<(), CommError> {
+pub fn scatter_rows<B: Backend, C: Collective<B> + ?Sized>(
+    comm: &C,
+    full: B::Ref<'_>,
+    local: B::Mut<'_>,
+) -> Result<(), CommError> {
     comm.reduce_scatter_sum(full, local)
 }

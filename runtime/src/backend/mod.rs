@@ -1,0 +1,425 @@
+//! The two traits the executor is generic over: [`Backend`] (buffers and every kernel the
+//! layers and the step use) and [`Collective`] (the group operations on a backend's buffers).
+//! Both are statically dispatched: `layers/` and `exec/` are written once, against these.
+//!
+//! Buffers are owned ([`Backend::Buf`]) and passed as views: [`Backend::Ref`] (read) and
+//! [`Backend::Mut`] (write), each a range of one buffer. On the CPU ([`Cpu`]) the views are
+//! plain slices, so the CPU path is the code it always was; a device backend
+//! (`gpu::Device`) makes them (buffer, offset, length) handles with a dtype.
+//!
+//! Precision is a property of the allocation ([`Storage`]): activations and working weights are
+//! `Bf16` (bf16 on a GPU, f32 on the CPU), statistics, gradients, master weights and optimizer
+//! state `F32`. [`Backend::working_copy`] says whether the weights the kernels read differ from
+//! the f32 master weights, so the executor keeps both only where they differ.
+#![allow(clippy::too_many_arguments)] // llm.c-style kernel signatures
+
+mod cpu;
+
+use std::ops::Range;
+
+pub use crate::cpu::AttnShape;
+pub use crate::gpu::GpuError as BackendError;
+pub use crate::ops::{AdamWStep, RopeShape, Storage};
+pub use cpu::Cpu;
+
+use crate::comm::{all_reduce_f64, all_reduce_max, Comm, CommError};
+
+/// Buffers, views and kernels. Semantics follow `crate::cpu`: row-major, parameter gradients
+/// accumulated, other outputs overwritten unless a method says otherwise.
+pub trait Backend: Sized + Sync + 'static {
+    /// An owned buffer.
+    type Buf: Send;
+    /// A read view of (part of) a buffer.
+    type Ref<'a>: Copy
+    where
+        Self: 'a;
+    /// A write view of (part of) a buffer.
+    type Mut<'a>
+    where
+        Self: 'a;
+    /// Token ids on the backend.
+    type Ids: Send;
+
+    /// Backend and device, for messages.
+    fn name(&self) -> String;
+    /// Whether `Storage::Bf16` buffers hold fewer bits than f32 (then the executor keeps f32
+    /// master weights beside the working weights).
+    fn working_copy(&self) -> bool;
+
+    fn alloc(&self, storage: Storage, len: usize) -> Result<Self::Buf, BackendError>;
+    fn upload(&self, storage: Storage, data: &[f32]) -> Result<Self::Buf, BackendError>;
+    /// The values of a view, as f32 (waits for queued work).
+    fn download(&self, v: Self::Ref<'_>) -> Result<Vec<f32>, BackendError>;
+    fn ids(&self, ids: Vec<u32>) -> Result<Self::Ids, BackendError>;
+
+    fn view<'a>(buf: &'a Self::Buf) -> Self::Ref<'a>;
+    fn view_mut<'a>(buf: &'a mut Self::Buf) -> Self::Mut<'a>;
+    fn len(v: Self::Ref<'_>) -> usize;
+    fn len_mut(v: &Self::Mut<'_>) -> usize;
+    fn sub<'a>(v: Self::Ref<'a>, r: Range<usize>) -> Self::Ref<'a>
+    where
+        Self: 'a;
+    fn sub_mut<'a>(v: Self::Mut<'a>, r: Range<usize>) -> Self::Mut<'a>
+    where
+        Self: 'a;
+    fn split_at_mut<'a>(v: Self::Mut<'a>, at: usize) -> (Self::Mut<'a>, Self::Mut<'a>)
+    where
+        Self: 'a;
+    /// Reborrows a write view for one call.
+    fn rb<'s>(v: &'s mut Self::Mut<'_>) -> Self::Mut<'s>;
+    /// Reads a write view.
+    fn ro<'s>(v: &'s Self::Mut<'_>) -> Self::Ref<'s>;
+    /// Turns a write view into a read view of the same elements.
+    fn freeze<'a>(v: Self::Mut<'a>) -> Self::Ref<'a>
+    where
+        Self: 'a;
+
+    // ---- element-wise -------------------------------------------------------------------
+    fn fill(&self, x: Self::Mut<'_>, value: f32) -> Result<(), BackendError>;
+    fn copy(&self, dst: Self::Mut<'_>, src: Self::Ref<'_>) -> Result<(), BackendError>;
+    /// `a += b`.
+    fn add_assign(&self, a: Self::Mut<'_>, b: Self::Ref<'_>) -> Result<(), BackendError>;
+    /// Σ x (f64, in order): the loss sum.
+    fn sum(&self, x: Self::Ref<'_>) -> Result<f64, BackendError>;
+    /// Σ x² (f64, in order): the squared gradient norm.
+    fn sum_squares(&self, x: Self::Ref<'_>) -> Result<f64, BackendError>;
+
+    // ---- matmuls (shapes as in `crate::cpu::matmul`) ---------------------------------------
+    /// `out (n, m) [+]= x (n, k) · w (m, k)ᵀ`.
+    fn matmul_bt(
+        &self,
+        out: Self::Mut<'_>,
+        x: Self::Ref<'_>,
+        w: Self::Ref<'_>,
+        n: usize,
+        k: usize,
+        m: usize,
+        acc: bool,
+    ) -> Result<(), BackendError>;
+    /// `dw (m, k) [+]= dy (n, m)ᵀ · x (n, k)`.
+    fn matmul_at(
+        &self,
+        dw: Self::Mut<'_>,
+        dy: Self::Ref<'_>,
+        x: Self::Ref<'_>,
+        m: usize,
+        n: usize,
+        k: usize,
+        acc: bool,
+    ) -> Result<(), BackendError>;
+    /// `dx (n, k) [+]= dy (n, m) · w (m, k)`.
+    fn matmul(
+        &self,
+        dx: Self::Mut<'_>,
+        dy: Self::Ref<'_>,
+        w: Self::Ref<'_>,
+        n: usize,
+        m: usize,
+        k: usize,
+        acc: bool,
+    ) -> Result<(), BackendError>;
+    /// `y (N, c) += b (c)`.
+    fn add_bias(&self, y: Self::Mut<'_>, b: Self::Ref<'_>) -> Result<(), BackendError>;
+    /// `db (c) += Σ_rows dy (N, c)`.
+    fn bias_backward(&self, db: Self::Mut<'_>, dy: Self::Ref<'_>) -> Result<(), BackendError>;
+
+    // ---- embeddings ---------------------------------------------------------------------
+    /// `out (N, c) = wte[ids − vocab_start]`, zeros for ids outside the shard.
+    fn embedding_forward(
+        &self,
+        out: Self::Mut<'_>,
+        ids: &Self::Ids,
+        wte: Self::Ref<'_>,
+        vocab_start: usize,
+        c: usize,
+    ) -> Result<(), BackendError>;
+    /// `dwte[ids − vocab_start] += dout`.
+    fn embedding_backward(
+        &self,
+        dwte: Self::Mut<'_>,
+        ids: &Self::Ids,
+        dout: Self::Ref<'_>,
+        vocab_start: usize,
+        c: usize,
+    ) -> Result<(), BackendError>;
+    /// `out (rows, c) += wpe[(first + row) % t]` (`first`: the first row's index in the
+    /// micro-batch, non-zero for a sequence-parallel shard).
+    fn pos_embedding_forward(
+        &self,
+        out: Self::Mut<'_>,
+        wpe: Self::Ref<'_>,
+        t: usize,
+        c: usize,
+        first: usize,
+    ) -> Result<(), BackendError>;
+    /// `dwpe[p] += Σ_b dout[b, p]`.
+    fn pos_embedding_backward(
+        &self,
+        dwpe: Self::Mut<'_>,
+        dout: Self::Ref<'_>,
+        t: usize,
+        c: usize,
+    ) -> Result<(), BackendError>;
+
+    // ---- norms (input gradients ACCUMULATED) ----------------------------------------------
+    fn layernorm_forward(
+        &self,
+        out: Self::Mut<'_>,
+        mean: Self::Mut<'_>,
+        rstd: Self::Mut<'_>,
+        inp: Self::Ref<'_>,
+        weight: Self::Ref<'_>,
+        bias: Option<Self::Ref<'_>>,
+        c: usize,
+        eps: f32,
+    ) -> Result<(), BackendError>;
+    fn layernorm_backward(
+        &self,
+        dinp: Self::Mut<'_>,
+        dweight: Self::Mut<'_>,
+        dbias: Option<Self::Mut<'_>>,
+        dout: Self::Ref<'_>,
+        inp: Self::Ref<'_>,
+        weight: Self::Ref<'_>,
+        mean: Self::Ref<'_>,
+        rstd: Self::Ref<'_>,
+        c: usize,
+    ) -> Result<(), BackendError>;
+    fn rmsnorm_forward(
+        &self,
+        out: Self::Mut<'_>,
+        rstd: Self::Mut<'_>,
+        inp: Self::Ref<'_>,
+        weight: Self::Ref<'_>,
+        c: usize,
+        eps: f32,
+    ) -> Result<(), BackendError>;
+    fn rmsnorm_backward(
+        &self,
+        dinp: Self::Mut<'_>,
+        dweight: Self::Mut<'_>,
+        dout: Self::Ref<'_>,
+        inp: Self::Ref<'_>,
+        weight: Self::Ref<'_>,
+        rstd: Self::Ref<'_>,
+        c: usize,
+    ) -> Result<(), BackendError>;
+
+    // ---- attention ----------------------------------------------------------------------
+    /// Elements attention keeps for its backward: the probabilities `(B, hq, T, T)` on the
+    /// CPU, the log-sum-exp `(B, hq, T)` of a flash-style kernel on a GPU.
+    fn attention_saved_len(&self, s: &AttnShape) -> usize;
+    /// Whether that is small enough to keep under selective recompute (a flash kernel's
+    /// log-sum-exp is; the CPU's probabilities are what selective recompute drops).
+    fn attention_keeps_saved(&self) -> bool;
+    fn attention_scratch_len(&self, s: &AttnShape) -> usize;
+    /// Causal GQA attention: `y (N, hq·hd)` from `qkv (N, (hq+2hkv)·hd)`, filling `saved`.
+    fn attention_forward(
+        &self,
+        y: Self::Mut<'_>,
+        saved: Self::Mut<'_>,
+        qkv: Self::Ref<'_>,
+        s: AttnShape,
+    ) -> Result<(), BackendError>;
+    /// Recomputes `saved` alone from `qkv` (selective recompute).
+    fn attention_recompute(
+        &self,
+        saved: Self::Mut<'_>,
+        qkv: Self::Ref<'_>,
+        s: AttnShape,
+    ) -> Result<(), BackendError>;
+    /// `dqkv` overwritten.
+    fn attention_backward(
+        &self,
+        dqkv: Self::Mut<'_>,
+        scratch: Self::Mut<'_>,
+        dy: Self::Ref<'_>,
+        qkv: Self::Ref<'_>,
+        y: Self::Ref<'_>,
+        saved: Self::Ref<'_>,
+        s: AttnShape,
+    ) -> Result<(), BackendError>;
+    /// RoPE in place (see [`crate::ops::Kernels::rope`]); `cos`, `sin`: `(t, hd/2)` each.
+    fn rope(
+        &self,
+        x: Self::Mut<'_>,
+        shape: RopeShape,
+        cos: Self::Ref<'_>,
+        sin: Self::Ref<'_>,
+        backward: bool,
+    ) -> Result<(), BackendError>;
+
+    // ---- activations --------------------------------------------------------------------
+    fn gelu_forward(&self, out: Self::Mut<'_>, inp: Self::Ref<'_>) -> Result<(), BackendError>;
+    fn gelu_backward(
+        &self,
+        dinp: Self::Mut<'_>,
+        inp: Self::Ref<'_>,
+        dout: Self::Ref<'_>,
+    ) -> Result<(), BackendError>;
+    /// `out (N, f)` from `inp (N, 2f)` rows `[gate | up]`.
+    fn swiglu_forward(
+        &self,
+        out: Self::Mut<'_>,
+        inp: Self::Ref<'_>,
+        f: usize,
+    ) -> Result<(), BackendError>;
+    fn swiglu_backward(
+        &self,
+        dinp: Self::Mut<'_>,
+        inp: Self::Ref<'_>,
+        dout: Self::Ref<'_>,
+        f: usize,
+    ) -> Result<(), BackendError>;
+
+    // ---- vocab-parallel cross-entropy -----------------------------------------------------
+    /// `max (N)` = row maxima of this shard's `logits (N, v)`.
+    fn row_max(
+        &self,
+        max: Self::Mut<'_>,
+        logits: Self::Ref<'_>,
+        v: usize,
+    ) -> Result<(), BackendError>;
+    /// `both (2N) = [Σ exp(l − max) | target logit or 0]` over this shard's columns.
+    fn ce_partials(
+        &self,
+        both: Self::Mut<'_>,
+        logits: Self::Ref<'_>,
+        max: Self::Ref<'_>,
+        targets: &Self::Ids,
+        vocab_start: usize,
+        v: usize,
+    ) -> Result<(), BackendError>;
+    /// From the group-summed `both`: `losses = ln(sumexp) + max − target`, `sumexp` saved.
+    fn ce_losses(
+        &self,
+        losses: Self::Mut<'_>,
+        sumexp: Self::Mut<'_>,
+        max: Self::Ref<'_>,
+        both: Self::Ref<'_>,
+    ) -> Result<(), BackendError>;
+    /// In place: `logits ← (softmax − onehot) · dlosses` from GLOBAL row statistics.
+    fn crossentropy_backward(
+        &self,
+        logits: Self::Mut<'_>,
+        max: Self::Ref<'_>,
+        sumexp: Self::Ref<'_>,
+        targets: &Self::Ids,
+        dlosses: Self::Ref<'_>,
+        vocab_start: usize,
+        v: usize,
+    ) -> Result<(), BackendError>;
+
+    // ---- optimizer ----------------------------------------------------------------------
+    /// One AdamW update of `master` (f32) and the moments; `working`, when the backend keeps a
+    /// working copy, receives the updated weights in working precision.
+    fn adamw(
+        &self,
+        master: Self::Mut<'_>,
+        working: Option<Self::Mut<'_>>,
+        grads: Self::Ref<'_>,
+        m: Self::Mut<'_>,
+        v: Self::Mut<'_>,
+        step: &AdamWStep,
+    ) -> Result<(), BackendError>;
+}
+
+/// One rank's view of a process group, on a backend's buffers. Every implementation keeps the
+/// contract of [`crate::comm`]: reductions in rank order, identical on every rank.
+pub trait Collective<B: Backend> {
+    fn rank(&self) -> usize;
+    fn size(&self) -> usize;
+    fn all_reduce_sum(&self, buf: B::Mut<'_>) -> Result<(), CommError>;
+    /// Element-wise maximum over the group.
+    fn all_reduce_max(&self, buf: B::Mut<'_>) -> Result<(), CommError>;
+    /// `output (size · n)` = every rank's `input (n)`, in rank order.
+    fn all_gather(&self, input: B::Ref<'_>, output: B::Mut<'_>) -> Result<(), CommError>;
+    /// `output (n)` = this rank's part of the sum of every rank's `input (size · n)`.
+    fn reduce_scatter_sum(&self, input: B::Ref<'_>, output: B::Mut<'_>) -> Result<(), CommError>;
+    fn send(&self, buf: B::Ref<'_>, peer: usize) -> Result<(), CommError>;
+    fn recv(&self, buf: B::Mut<'_>, peer: usize) -> Result<(), CommError>;
+    /// A host scalar summed over the group (same value on every rank).
+    fn all_reduce_f64(&self, x: f64) -> Result<f64, CommError>;
+}
+
+/// Every host [`Comm`] is a collective on the CPU backend.
+impl<C: Comm + ?Sized> Collective<Cpu> for C {
+    fn rank(&self) -> usize {
+        Comm::rank(self)
+    }
+    fn size(&self) -> usize {
+        Comm::size(self)
+    }
+    fn all_reduce_sum(&self, buf: &mut [f32]) -> Result<(), CommError> {
+        Comm::all_reduce_sum(self, buf)
+    }
+    fn all_reduce_max(&self, buf: &mut [f32]) -> Result<(), CommError> {
+        all_reduce_max(&DynComm(self), buf)
+    }
+    fn all_gather(&self, input: &[f32], output: &mut [f32]) -> Result<(), CommError> {
+        Comm::all_gather(self, input, output)
+    }
+    fn reduce_scatter_sum(&self, input: &[f32], output: &mut [f32]) -> Result<(), CommError> {
+        Comm::reduce_scatter_sum(self, input, output)
+    }
+    fn send(&self, buf: &[f32], peer: usize) -> Result<(), CommError> {
+        Comm::send(self, buf, peer)
+    }
+    fn recv(&self, buf: &mut [f32], peer: usize) -> Result<(), CommError> {
+        Comm::recv(self, buf, peer)
+    }
+    fn all_reduce_f64(&self, x: f64) -> Result<f64, CommError> {
+        all_reduce_f64(&DynComm(self), x)
+    }
+}
+
+/// A `?Sized` comm behind a sized wrapper, for the helpers that take `&dyn Comm`.
+struct DynComm<'a, C: ?Sized>(&'a C);
+
+impl<C: Comm + ?Sized> Comm for DynComm<'_, C> {
+    fn rank(&self) -> usize {
+        self.0.rank()
+    }
+    fn size(&self) -> usize {
+        self.0.size()
+    }
+    fn all_reduce_sum(&self, buf: &mut [f32]) -> Result<(), CommError> {
+        self.0.all_reduce_sum(buf)
+    }
+    fn all_gather(&self, input: &[f32], output: &mut [f32]) -> Result<(), CommError> {
+        self.0.all_gather(input, output)
+    }
+    fn reduce_scatter_sum(&self, input: &[f32], output: &mut [f32]) -> Result<(), CommError> {
+        self.0.reduce_scatter_sum(input, output)
+    }
+    fn broadcast(&self, buf: &mut [f32], root: usize) -> Result<(), CommError> {
+        self.0.broadcast(buf, root)
+    }
+    fn send(&self, buf: &[f32], peer: usize) -> Result<(), CommError> {
+        self.0.send(buf, peer)
+    }
+    fn recv(&self, buf: &mut [f32], peer: usize) -> Result<(), CommError> {
+        self.0.recv(buf, peer)
+    }
+    fn barrier(&self) -> Result<(), CommError> {
+        self.0.barrier()
+    }
+}
+
+/// `slot`'s buffer, allocated on first use and again when shorter than `len`, as a write view
+/// of its first `len` elements (contents unspecified: callers overwrite them).
+pub fn scratch<'a, B: Backend>(
+    be: &B,
+    slot: &'a mut Option<B::Buf>,
+    storage: Storage,
+    len: usize,
+) -> Result<B::Mut<'a>, BackendError> {
+    if slot.as_ref().is_some_and(|b| B::len(B::view(b)) < len) {
+        *slot = None;
+    }
+    let buf = match slot {
+        Some(b) => b,
+        None => slot.insert(be.alloc(storage, len)?),
+    };
+    Ok(B::sub_mut(B::view_mut(buf), 0..len))
+}
