@@ -3,16 +3,18 @@
 //! the same [`Launcher`] trait the real backend implements. GEMMs go through
 //! `gpu::gemm::gemm_ex_reference` (what cublasGemmEx computes for the column-major arguments).
 //!
+//! One emulator process per launcher, started once: it holds every buffer (a "device memory"
+//! keyed by id) and reads commands on stdin — allocate, write, read, free, launch — so a launch
+//! moves no buffer contents, only its arguments (buffer ids with byte offsets, scalars).
+//!
 //! So the host code of the backend (argument order, geometry, bf16 conversions, multi-kernel
 //! sequences) and the kernels' arithmetic are checked in CI. Not checked: NVRTC accepting the
 //! source, the cudarc calls, real GPU memory semantics and speed.
 
-use std::cell::RefCell;
-use std::io::{Read, Write};
+use std::io::{BufRead, BufReader, BufWriter, Read, Write};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
-use std::sync::OnceLock;
-use std::time::{Duration, Instant};
+use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use tessera_runtime::gpu::gemm::{gemm_ex_reference, ColMajorGemm};
 use tessera_runtime::gpu::kernels::{self, Module, Param};
@@ -20,14 +22,133 @@ use tessera_runtime::gpu::{
     bf16, DType, Geometry, GpuError, GpuKernels, HostData, HostVec, KArg, Launcher,
 };
 
-/// A device buffer of the emulator: bytes on the host.
+/// The running emulator and its pipes.
+struct Process {
+    child: Child,
+    stdin: BufWriter<ChildStdin>,
+    stdout: BufReader<ChildStdout>,
+    next_id: u64,
+}
+
+impl Process {
+    fn send(&mut self, header: &str, payload: &[u8]) {
+        let ok = self
+            .stdin
+            .write_all(header.as_bytes())
+            .and_then(|_| self.stdin.write_all(payload))
+            .and_then(|_| self.stdin.flush());
+        if ok.is_err() {
+            self.died(header);
+        }
+    }
+
+    /// One reply line (`ok`, or a byte count).
+    fn line(&mut self, what: &str) -> String {
+        let mut line = String::new();
+        match self.stdout.read_line(&mut line) {
+            Ok(n) if n > 0 => line.trim().to_string(),
+            _ => self.died(what),
+        }
+    }
+
+    fn died(&mut self, what: &str) -> ! {
+        let status = self.child.wait().map(|s| s.to_string()).unwrap_or_default();
+        let mut err = String::new();
+        if let Some(e) = self.child.stderr.as_mut() {
+            e.read_to_string(&mut err).ok();
+        }
+        // SIGALRM after 120 s means a barrier or shuffle that not every thread reaches.
+        panic!(
+            "emulator died during `{}` ({status}; a timeout means a barrier or shuffle not reached by every thread): {err}",
+            what.trim()
+        );
+    }
+
+    fn read(&mut self, id: u64) -> Vec<u8> {
+        self.send(&format!("R {id}\n"), &[]);
+        let n: usize = self
+            .line("read")
+            .parse()
+            .unwrap_or_else(|_| self.died("read"));
+        let mut bytes = vec![0; n];
+        if self.stdout.read_exact(&mut bytes).is_err() {
+            self.died("read");
+        }
+        bytes
+    }
+
+    fn write(&mut self, id: u64, bytes: &[u8]) {
+        self.send(&format!("W {id} {}\n", bytes.len()), bytes);
+    }
+}
+
+impl Drop for Process {
+    fn drop(&mut self) {
+        self.child.kill().ok();
+        self.child.wait().ok();
+    }
+}
+
+/// A device buffer of the emulator: an id in its process.
 pub struct EmuBuf {
+    id: u64,
     dtype: DType,
-    bytes: RefCell<Vec<u8>>,
+    len: usize,
+    process: Arc<Mutex<Process>>,
+}
+
+impl Drop for EmuBuf {
+    fn drop(&mut self) {
+        if let Ok(mut p) = self.process.lock() {
+            let header = format!("F {}\n", self.id);
+            p.stdin.write_all(header.as_bytes()).ok();
+        }
+    }
 }
 
 pub struct EmuLauncher {
-    exe: PathBuf,
+    process: Arc<Mutex<Process>>,
+}
+
+impl EmuLauncher {
+    fn start(exe: &Path) -> Result<Self, String> {
+        let mut child = Command::new(exe)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .map_err(|e| format!("cannot start the emulator {}: {e}", exe.display()))?;
+        let stdin = BufWriter::new(child.stdin.take().expect("piped stdin"));
+        let stdout = BufReader::new(child.stdout.take().expect("piped stdout"));
+        Ok(EmuLauncher {
+            process: Arc::new(Mutex::new(Process {
+                child,
+                stdin,
+                stdout,
+                next_id: 0,
+            })),
+        })
+    }
+
+    fn process(&self) -> std::sync::MutexGuard<'_, Process> {
+        self.process.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn new_buf(&self, dtype: DType, bytes: &[u8]) -> EmuBuf {
+        let mut p = self.process();
+        let id = p.next_id;
+        p.next_id += 1;
+        p.send(&format!("A {id} {}\n", bytes.len()), &[]);
+        if bytes.iter().any(|&b| b != 0) {
+            p.write(id, bytes);
+        }
+        EmuBuf {
+            id,
+            dtype,
+            len: bytes.len() / dtype.size(),
+            process: self.process.clone(),
+        }
+    }
 }
 
 fn c_type(p: &Param) -> &'static str {
@@ -77,35 +198,64 @@ fn program() -> String {
     }
     src += "  fprintf(stderr, \"unknown kernel %s\\n\", k.c_str()); exit(3);\n}\n";
     src += r#"
+#include <csignal>
+#include <map>
+#include <unistd.h>
 int main() {
-    char name[128];
-    emu_uint3 g, b;
-    unsigned s;
-    size_t nb, na;
-    if (scanf("%127s %u %u %u %u %u %u %u %zu", name, &g.x, &g.y, &g.z, &b.x, &b.y, &b.z, &s, &nb) != 9) return 4;
-    std::vector<std::vector<unsigned char>> bufs(nb);
-    for (auto& buf : bufs) {
-        size_t len;
-        if (scanf("%zu", &len) != 1 || getchar() != '\n') return 5;
-        buf.resize(len + 1);
-        if (fread(buf.data(), 1, len, stdin) != len) return 6;
-        buf.resize(len);
+    std::map<unsigned long long, std::vector<unsigned char>> mem;
+    char op[2];
+    while (scanf("%1s", op) == 1) {
+        unsigned long long id;
+        size_t n;
+        if (op[0] == 'A') {
+            if (scanf("%llu %zu", &id, &n) != 2) return 4;
+            mem[id].assign(n, 0);
+        } else if (op[0] == 'W') {
+            if (scanf("%llu %zu", &id, &n) != 2 || getchar() != '\n') return 5;
+            auto& b = mem.at(id);
+            if (n != b.size() || fread(b.data(), 1, n, stdin) != n) return 6;
+        } else if (op[0] == 'R') {
+            if (scanf("%llu", &id) != 1) return 7;
+            auto& b = mem.at(id);
+            printf("%zu\n", b.size());
+            fwrite(b.data(), 1, b.size(), stdout);
+            fflush(stdout);
+        } else if (op[0] == 'F') {
+            if (scanf("%llu", &id) != 1) return 8;
+            mem.erase(id);
+        } else if (op[0] == 'L') {
+            char name[128];
+            emu_uint3 g, b;
+            unsigned s;
+            size_t na;
+            if (scanf("%127s %u %u %u %u %u %u %u %zu", name, &g.x, &g.y, &g.z, &b.x, &b.y, &b.z, &s, &na) != 9) return 9;
+            std::vector<Arg> args(na);
+            for (auto& a : args) {
+                char kind[2];
+                long long v = 0;
+                a = Arg{nullptr, 0, 0.0f};
+                if (scanf("%1s", kind) != 1) return 10;
+                if (kind[0] == 'n') continue;
+                if (scanf("%lld", &v) != 1) return 11;
+                if (kind[0] == 'b') {
+                    size_t off;
+                    if (scanf("%zu", &off) != 1) return 12;
+                    auto& buf = mem.at((unsigned long long)v);
+                    if (off > buf.size()) return 13;
+                    a.p = buf.data() + off;
+                }
+                if (kind[0] == 'i') a.i = v;
+                if (kind[0] == 'f') { unsigned u = (unsigned)v; std::memcpy(&a.f, &u, 4); }
+            }
+            alarm(120);
+            dispatch(name, g, b, s, args);
+            alarm(0);
+            printf("ok\n");
+            fflush(stdout);
+        } else {
+            return 3;
+        }
     }
-    if (scanf("%zu", &na) != 1) return 7;
-    std::vector<Arg> args(na);
-    for (auto& a : args) {
-        char kind[2];
-        long long v = 0;
-        a = Arg{nullptr, 0, 0.0f};
-        if (scanf("%1s", kind) != 1) return 8;
-        if (kind[0] == 'n') continue;
-        if (scanf("%lld", &v) != 1) return 9;
-        if (kind[0] == 'b') a.p = bufs[v].data();
-        if (kind[0] == 'i') a.i = v;
-        if (kind[0] == 'f') { unsigned u = (unsigned)v; std::memcpy(&a.f, &u, 4); }
-    }
-    dispatch(name, g, b, s, args);
-    for (auto& buf : bufs) fwrite(buf.data(), 1, buf.size(), stdout);
     return 0;
 }
 "#;
@@ -150,7 +300,7 @@ pub fn kernels() -> Result<GpuKernels<EmuLauncher>, String> {
     let exe = EXE
         .get_or_init(|| build(&Path::new(env!("CARGO_TARGET_TMPDIR")).join("tessera-emu")))
         .clone()?;
-    Ok(GpuKernels::new(EmuLauncher { exe }))
+    Ok(GpuKernels::new(EmuLauncher::start(&exe)?))
 }
 
 fn le_bytes(data: HostData<'_>) -> (DType, Vec<u8>) {
@@ -196,26 +346,20 @@ impl Launcher for EmuLauncher {
     }
 
     fn len(buf: &EmuBuf) -> usize {
-        buf.bytes.borrow().len() / buf.dtype.size()
+        buf.len
     }
 
     fn alloc_zeros(&self, dtype: DType, len: usize) -> Result<EmuBuf, GpuError> {
-        Ok(EmuBuf {
-            dtype,
-            bytes: RefCell::new(vec![0; len * dtype.size()]),
-        })
+        Ok(self.new_buf(dtype, &vec![0; len * dtype.size()]))
     }
 
     fn upload(&self, data: HostData<'_>) -> Result<EmuBuf, GpuError> {
         let (dtype, bytes) = le_bytes(data);
-        Ok(EmuBuf {
-            dtype,
-            bytes: RefCell::new(bytes),
-        })
+        Ok(self.new_buf(dtype, &bytes))
     }
 
     fn download(&self, buf: &EmuBuf) -> Result<HostVec, GpuError> {
-        let b = buf.bytes.borrow();
+        let b = self.process().read(buf.id);
         Ok(match buf.dtype {
             DType::Bf16 => HostVec::Bf16(
                 b.chunks_exact(2)
@@ -242,28 +386,8 @@ impl Launcher for EmuLauncher {
         g: &Geometry,
         args: &[KArg<'_, EmuBuf>],
     ) -> Result<(), GpuError> {
-        let mut bufs: Vec<&EmuBuf> = Vec::new();
-        let mut arg_text = String::new();
-        for a in args {
-            match a {
-                KArg::Buf(b) => {
-                    let i = bufs
-                        .iter()
-                        .position(|x| std::ptr::eq(*x, *b))
-                        .unwrap_or_else(|| {
-                            bufs.push(b);
-                            bufs.len() - 1
-                        });
-                    arg_text += &format!("b {i}\n");
-                }
-                KArg::Null => arg_text += "n\n",
-                KArg::I32(x) => arg_text += &format!("i {x}\n"),
-                KArg::I64(x) => arg_text += &format!("i {x}\n"),
-                KArg::F32(x) => arg_text += &format!("f {}\n", x.to_bits()),
-            }
-        }
-        let mut input = format!(
-            "{function} {} {} {} {} {} {} {} {}\n",
+        let mut text = format!(
+            "L {function} {} {} {} {} {} {} {} {}\n",
             g.grid.0,
             g.grid.1,
             g.grid.2,
@@ -271,59 +395,22 @@ impl Launcher for EmuLauncher {
             g.block.1,
             g.block.2,
             g.shared_bytes,
-            bufs.len()
-        )
-        .into_bytes();
-        for b in &bufs {
-            let bytes = b.bytes.borrow();
-            input.extend_from_slice(format!("{}\n", bytes.len()).as_bytes());
-            input.extend_from_slice(&bytes);
+            args.len()
+        );
+        for a in args {
+            text += &match a {
+                KArg::Buf(b) => format!("b {} 0\n", b.id),
+                KArg::Null => "n\n".into(),
+                KArg::I32(x) => format!("i {x}\n"),
+                KArg::I64(x) => format!("i {x}\n"),
+                KArg::F32(x) => format!("f {}\n", x.to_bits()),
+            };
         }
-        input.extend_from_slice(format!("{}\n{arg_text}", args.len()).as_bytes());
-        let mut child = Command::new(&self.exe)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .map_err(|e| GpuError::Driver {
-                op: "emulator".into(),
-                message: e.to_string(),
-            })?;
-        let mut stdin = child.stdin.take().unwrap();
-        let writer = std::thread::spawn(move || stdin.write_all(&input));
-        let mut stdout = child.stdout.take().unwrap();
-        let reader = std::thread::spawn(move || {
-            let mut out = Vec::new();
-            stdout.read_to_end(&mut out).map(|_| out)
-        });
-        let deadline = Instant::now() + Duration::from_secs(120);
-        let status = loop {
-            if let Some(s) = child.try_wait().unwrap() {
-                break s;
-            }
-            if Instant::now() > deadline {
-                child.kill().ok();
-                child.wait().ok();
-                // A deadlock here means a barrier or shuffle that not every thread reaches.
-                panic!("{function}: the emulated launch did not finish in 120 s (barrier or shuffle not reached by every thread?)");
-            }
-            std::thread::sleep(Duration::from_millis(2));
-        };
-        writer.join().unwrap().ok();
-        let out = reader.join().unwrap().unwrap();
-        if !status.success() {
-            let mut err = String::new();
-            child.stderr.take().unwrap().read_to_string(&mut err).ok();
-            panic!("{function}: emulator exited with {status}: {err}");
+        let mut p = self.process();
+        p.send(&text, &[]);
+        if p.line(function) != "ok" {
+            p.died(function);
         }
-        let mut at = 0;
-        for b in bufs {
-            let mut bytes = b.bytes.borrow_mut();
-            let n = bytes.len();
-            bytes.copy_from_slice(&out[at..at + n]);
-            at += n;
-        }
-        assert_eq!(at, out.len(), "{function}: emulator output size");
         Ok(())
     }
 
@@ -341,8 +428,8 @@ impl Launcher for EmuLauncher {
             (DType::Bf16, DType::Bf16),
             "gemm inputs are bf16"
         );
-        let (fa, sa) = (first.bytes.borrow(), second.bytes.borrow());
-        let mut cb = c.bytes.borrow_mut();
+        let mut p = self.process();
+        let (fa, sa, mut cb) = (p.read(first.id), p.read(second.id), p.read(c.id));
         let ct = c.dtype;
         gemm_ex_reference(
             g,
@@ -357,6 +444,7 @@ impl Launcher for EmuLauncher {
                 read_elem(ct, &cb, i)
             },
         );
+        p.write(c.id, &cb);
         Ok(())
     }
 
@@ -369,12 +457,9 @@ impl Launcher for EmuLauncher {
         bias: &EmuBuf,
     ) -> Result<(), GpuError> {
         // cuBLASLt's bias epilogue adds in f32 before the bf16 output is rounded.
-        let (fa, sa, bb) = (
-            first.bytes.borrow(),
-            second.bytes.borrow(),
-            bias.bytes.borrow(),
-        );
-        let mut cb = c.bytes.borrow_mut();
+        let mut p = self.process();
+        let (fa, sa, bb) = (p.read(first.id), p.read(second.id), p.read(bias.id));
+        let mut cb = p.read(c.id);
         let ldc = g.ldc as usize;
         gemm_ex_reference(
             g,
@@ -394,6 +479,7 @@ impl Launcher for EmuLauncher {
                 read_elem(DType::Bf16, &cb, i)
             },
         );
+        p.write(c.id, &cb);
         Ok(())
     }
 }
