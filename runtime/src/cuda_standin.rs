@@ -94,9 +94,9 @@ impl Launcher for CudaLauncher {
     fn gemm(
         &self,
         _: &ColMajorGemm,
-        first: &CudaBuf,
-        _: &CudaBuf,
-        _: &mut CudaBuf,
+        (first, _): (&CudaBuf, usize),
+        _: (&CudaBuf, usize),
+        _: (&CudaBuf, usize),
         _: f32,
         _: f32,
     ) -> Result<(), GpuError> {

@@ -19,8 +19,8 @@ use cudarc::cublas::CudaBlas;
 use cudarc::cublaslt::{CudaBlasLT, Matmul, MatmulConfig};
 use cudarc::driver::sys::CUfunction_attribute;
 use cudarc::driver::{
-    CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream, DevicePtr, DevicePtrMut,
-    LaunchConfig, PushKernelArg,
+    CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream, DevicePtr, LaunchConfig,
+    PushKernelArg,
 };
 use cudarc::nvrtc::{compile_ptx_with_opts, CompileError, CompileOptions, Ptx};
 use half::bf16;
@@ -224,6 +224,13 @@ impl CudaLauncher {
         .map_err(|e| driver_err("raising the kernel's shared memory limit", e))
     }
 
+    fn elem_size(buf: &CudaBuf) -> usize {
+        match buf {
+            CudaBuf::Bf16(_) => 2,
+            CudaBuf::F32(_) | CudaBuf::U32(_) => 4,
+        }
+    }
+
     fn bf16_ptr<'a>(buf: &'a CudaBuf, what: &str) -> Result<&'a CudaSlice<bf16>, GpuError> {
         match buf {
             CudaBuf::Bf16(s) => Ok(s),
@@ -318,12 +325,29 @@ impl Launcher for CudaLauncher {
         args: &[KArg<'_, CudaBuf>],
     ) -> Result<(), GpuError> {
         let f = self.function(module, function, g.shared_bytes)?;
+        // Views (`KArg::At`) are passed as raw device addresses: base + offset · element size.
+        // The guards keep the stream's read/write tracking alive until the launch is queued.
+        let mut guards = Vec::new();
+        let mut addresses = Vec::new();
+        for a in args {
+            if let KArg::At(buf, at) = a {
+                let (base, guard) = match buf {
+                    CudaBuf::Bf16(x) => x.device_ptr(&self.stream),
+                    CudaBuf::F32(x) => x.device_ptr(&self.stream),
+                    CudaBuf::U32(x) => x.device_ptr(&self.stream),
+                };
+                guards.push(guard);
+                addresses.push(base + (*at * Self::elem_size(buf)) as u64);
+            }
+        }
         let mut b = self.stream.launch_builder(&f);
+        let mut next = addresses.iter();
         for a in args {
             match a {
                 KArg::Buf(CudaBuf::Bf16(s)) => b.arg(s),
                 KArg::Buf(CudaBuf::F32(s)) => b.arg(s),
                 KArg::Buf(CudaBuf::U32(s)) => b.arg(s),
+                KArg::At(..) => b.arg(next.next().expect("one address per view")),
                 KArg::Null => b.arg(&NULL_POINTER),
                 KArg::I32(x) => b.arg(x),
                 KArg::I64(x) => b.arg(x),
@@ -345,9 +369,9 @@ impl Launcher for CudaLauncher {
     fn gemm(
         &self,
         g: &ColMajorGemm,
-        first: &CudaBuf,
-        second: &CudaBuf,
-        c: &mut CudaBuf,
+        (first, fo): (&CudaBuf, usize),
+        (second, so): (&CudaBuf, usize),
+        (c, co): (&CudaBuf, usize),
         alpha: f32,
         beta: f32,
     ) -> Result<(), GpuError> {
@@ -355,19 +379,22 @@ impl Launcher for CudaLauncher {
         let s = &self.stream;
         let (ap, _ra) = a.device_ptr(s);
         let (bp, _rb) = b.device_ptr(s);
+        // C is written through a shared borrow: device memory is not Rust memory, and all work
+        // is ordered on this one stream.
         let (cp, ct, _rc) = match c {
             CudaBuf::Bf16(x) => {
-                let (p, r) = x.device_ptr_mut(s);
-                (p, cudaDataType_t::CUDA_R_16BF, r)
+                let (p, r) = x.device_ptr(s);
+                (p + (co * 2) as u64, cudaDataType_t::CUDA_R_16BF, r)
             }
             CudaBuf::F32(x) => {
-                let (p, r) = x.device_ptr_mut(s);
-                (p, cudaDataType_t::CUDA_R_32F, r)
+                let (p, r) = x.device_ptr(s);
+                (p + (co * 4) as u64, cudaDataType_t::CUDA_R_32F, r)
             }
             CudaBuf::U32(_) => return Err(GpuError::shape("gemm", "C must be bf16 or f32")),
         };
-        // SAFETY: the pointers are live device allocations of the sizes the column-major
-        // arguments address (GpuKernels sized them from the same RowMajorGemm).
+        let (ap, bp) = (ap + (fo * 2) as u64, bp + (so * 2) as u64);
+        // SAFETY: the pointers are live device allocations, offset within them, of the sizes
+        // the column-major arguments address (the caller sized them from the same shapes).
         unsafe {
             cudarc::cublas::result::gemm_ex(
                 *self.blas.handle(),

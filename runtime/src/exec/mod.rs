@@ -168,7 +168,7 @@ pub fn train(
     opts: &TrainOptions,
     on_step: &mut dyn FnMut(&StepMetrics),
 ) -> Result<TrainReport, RunError> {
-    train_on(plan, data, opts, on_step, &|_| Ok(Cpu), &Ok)
+    train_on(plan, data, opts, on_step, &|_| Ok(Cpu), &|_, c| Ok(c))
 }
 
 /// [`train`] on any backend: rank `r` runs on `backend(r)`, and its groups are the local
@@ -180,7 +180,7 @@ pub fn train_on<B, C>(
     opts: &TrainOptions,
     on_step: &mut dyn FnMut(&StepMetrics),
     backend: &(dyn Fn(usize) -> Result<B, RunError> + Sync),
-    collective: &(dyn Fn(LocalComm) -> Result<C, RunError> + Sync),
+    collective: &(dyn Fn(&B, LocalComm) -> Result<C, RunError> + Sync),
 ) -> Result<TrainReport, RunError>
 where
     B: Backend,
@@ -208,9 +208,9 @@ where
                     crate::cpu::set_threads(opts.threads_per_rank);
                     let out = (|| {
                         let be = backend(r)?;
-                        let (tp, dp, pp) =
-                            (collective(g.tp)?, collective(g.dp)?, collective(g.pp)?);
-                        let embedding = emb.map(collective).transpose()?;
+                        let group = |c| collective(&be, c);
+                        let (tp, dp, pp) = (group(g.tp)?, group(g.dp)?, group(g.pp)?);
+                        let embedding = emb.map(group).transpose()?;
                         let ctx = rank::RankCtx {
                             plan,
                             rank: r,

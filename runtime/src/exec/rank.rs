@@ -107,6 +107,21 @@ pub fn run<B: Backend, C: Collective<B>>(ctx: &RankCtx<'_, B, C>) -> Result<Rank
     })
 }
 
+/// A padded region and one shard of it (ZeRO's reduce-scatter and all-gather buffers).
+struct ShardBufs<B: Backend> {
+    padded: Option<B::Buf>,
+    shard: Option<B::Buf>,
+}
+
+impl<B: Backend> Default for ShardBufs<B> {
+    fn default() -> Self {
+        ShardBufs {
+            padded: None,
+            shard: None,
+        }
+    }
+}
+
 /// One AdamW state per optimised range, its moments on the backend.
 type Optimizer<B> = AdamW<<B as Backend>::Buf>;
 
@@ -134,11 +149,11 @@ struct Rank<'a, B: Backend, C: Collective<B>> {
     pool: Vec<Vec<ChunkActs<B>>>,
     inbox: HashMap<Key, B::Buf>,
     outbox: HashMap<Key, B::Buf>,
-    /// Padded copy of a region, for regions whose length DP does not divide.
-    scratch: Option<B::Buf>,
-    /// One DP shard of a region (reduce-scatter output, all-gather input); kept between steps
-    /// so the step allocates nothing.
-    shard_buf: Option<B::Buf>,
+    /// ZeRO buffers, kept between steps so the step allocates nothing: a padded copy of a
+    /// region (for regions whose length DP does not divide) and one DP shard of a region, for
+    /// the gradients (f32, reduce-scatter) and for the weights (working precision, all-gather).
+    grad_bufs: ShardBufs<B>,
+    param_bufs: ShardBufs<B>,
     /// Gradients summed over TP at the end of a step: the norms' under sequence parallelism
     /// (each TP rank computes them from its own rows), else none.
     tp_summed: Vec<Range<usize>>,
@@ -241,8 +256,8 @@ impl<'a, B: Backend, C: Collective<B>> Rank<'a, B, C> {
             pool: (0..chunks).map(|_| Vec::new()).collect(),
             inbox: HashMap::new(),
             outbox: HashMap::new(),
-            scratch: None,
-            shard_buf: None,
+            grad_bufs: ShardBufs::default(),
+            param_bufs: ShardBufs::default(),
             tp_summed: if p.sequence_parallel && tp.size > 1 {
                 model.norm_ranges()
             } else {

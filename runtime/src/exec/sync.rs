@@ -122,7 +122,7 @@ impl<B: Backend, C: Collective<B>> Rank<'_, B, C> {
         let be = self.be;
         let region = self.model.chunks[c].region.clone();
         let s = region.len().div_ceil(self.dp);
-        let mut shard_buf = scratch(be, &mut self.shard_buf, Storage::F32, s)?;
+        let mut shard_buf = scratch(be, &mut self.grad_bufs.shard, Storage::F32, s)?;
         let grads = B::view(&self.grads);
         if region.len() == s * self.dp {
             let input = B::sub(grads, region.clone());
@@ -130,7 +130,7 @@ impl<B: Backend, C: Collective<B>> Rank<'_, B, C> {
                 .dp
                 .reduce_scatter_sum(input, B::rb(&mut shard_buf))?;
         } else {
-            let mut padded = scratch(be, &mut self.scratch, Storage::F32, s * self.dp)?;
+            let mut padded = scratch(be, &mut self.grad_bufs.padded, Storage::F32, s * self.dp)?;
             {
                 let (head, tail) = B::split_at_mut(B::rb(&mut padded), region.len());
                 be.copy(head, B::sub(grads, region.clone()))?;
@@ -153,7 +153,7 @@ impl<B: Backend, C: Collective<B>> Rank<'_, B, C> {
         let region = self.model.chunks[c].region.clone();
         let s = region.len().div_ceil(self.dp);
         let shard = shard_of(&region, self.dp, self.dp_rank);
-        let mut shard_buf = scratch(be, &mut self.shard_buf, Storage::Bf16, s)?;
+        let mut shard_buf = scratch(be, &mut self.param_bufs.shard, Storage::Bf16, s)?;
         {
             let (head, tail) = B::split_at_mut(B::rb(&mut shard_buf), shard.len());
             be.copy(head, B::sub(B::view(&self.params), shard))?;
@@ -164,7 +164,7 @@ impl<B: Backend, C: Collective<B>> Rank<'_, B, C> {
             let dst = B::sub_mut(B::view_mut(&mut self.params), region);
             self.ctx.dp.all_gather(shard_buf, dst)?;
         } else {
-            let mut full = scratch(be, &mut self.scratch, Storage::Bf16, s * self.dp)?;
+            let mut full = scratch(be, &mut self.param_bufs.padded, Storage::Bf16, s * self.dp)?;
             self.ctx.dp.all_gather(shard_buf, B::rb(&mut full))?;
             let len = region.len();
             let dst = B::sub_mut(B::view_mut(&mut self.params), region);

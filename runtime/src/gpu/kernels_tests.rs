@@ -77,7 +77,9 @@ fn the_kernels_the_issue_asks_for_are_there() {
         (
             "crossentropy",
             &[
-                "crossentropy_stats",
+                "crossentropy_row_max",
+                "crossentropy_partials",
+                "crossentropy_losses",
                 "crossentropy_forward",
                 "crossentropy_backward",
                 "crossentropy_fused",
@@ -92,6 +94,13 @@ fn the_kernels_the_issue_asks_for_are_there() {
                 "add_bias",
                 "cast_f32_to_bf16",
                 "cast_bf16_to_f32",
+                "residual_add",
+                "sum_squares",
+                "fill_f32",
+                "fill_bf16",
+                "copy_f32",
+                "copy_bf16",
+                "add_inplace_bf16",
             ],
         ),
     ];

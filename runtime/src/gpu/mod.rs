@@ -11,6 +11,8 @@
 //! This module must not depend on cudarc.
 
 pub mod bf16;
+mod device;
+mod device_layers;
 pub mod doctor;
 mod error;
 pub mod gemm;
@@ -18,10 +20,13 @@ pub mod kernels;
 pub mod launch;
 mod ops;
 mod ops_layers;
+mod staged;
 
+pub use device::{DMut, DRef, Device};
 pub use error::GpuError;
 pub use launch::Geometry;
 pub use ops::GpuKernels;
+pub use staged::HostStaged;
 
 use gemm::ColMajorGemm;
 use kernels::Module;
@@ -95,6 +100,8 @@ pub enum KArg<'a, B> {
     /// A device buffer (the kernel may write it even though it is borrowed shared: device
     /// memory is not Rust memory; ordering comes from the launcher's single stream).
     Buf(&'a B),
+    /// A pointer `offset` elements into a device buffer (a view; same rules as `Buf`).
+    At(&'a B, usize),
     /// A null pointer, for optional inputs the kernel tests against 0.
     Null,
     I32(i32),
@@ -115,6 +122,24 @@ pub trait Launcher {
     fn upload(&self, data: HostData<'_>) -> Result<Self::Buf, GpuError>;
     /// Waits for all queued work, then copies back.
     fn download(&self, buf: &Self::Buf) -> Result<HostVec, GpuError>;
+    /// Elements `range` of a buffer (by default, the whole buffer copied back, then cut).
+    fn download_range(
+        &self,
+        buf: &Self::Buf,
+        range: std::ops::Range<usize>,
+    ) -> Result<HostVec, GpuError> {
+        if range.start > range.end || range.end > Self::len(buf) {
+            return Err(GpuError::shape(
+                "download",
+                format!("elements {range:?} of a buffer of {}", Self::len(buf)),
+            ));
+        }
+        Ok(match self.download(buf)? {
+            HostVec::Bf16(v) => HostVec::Bf16(v[range].to_vec()),
+            HostVec::F32(v) => HostVec::F32(v[range].to_vec()),
+            HostVec::U32(v) => HostVec::U32(v[range].to_vec()),
+        })
+    }
     /// Launches `module::function`; [`GpuKernels`] has already checked the arguments against
     /// the kernel's signature.
     fn launch(
@@ -125,13 +150,14 @@ pub trait Launcher {
         args: &[KArg<'_, Self::Buf>],
     ) -> Result<(), GpuError>;
     /// `c = alpha·op(first)·op(second) + beta·c` (cublasGemmEx, f32 accumulation). `first`,
-    /// `second` are bf16; `c` is bf16 or f32.
+    /// `second` are bf16; `c` is bf16 or f32. Each operand is a buffer and an element offset
+    /// into it; `c` is written although borrowed shared (device memory, one stream).
     fn gemm(
         &self,
         g: &ColMajorGemm,
-        first: &Self::Buf,
-        second: &Self::Buf,
-        c: &mut Self::Buf,
+        first: (&Self::Buf, usize),
+        second: (&Self::Buf, usize),
+        c: (&Self::Buf, usize),
         alpha: f32,
         beta: f32,
     ) -> Result<(), GpuError>;

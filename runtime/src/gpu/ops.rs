@@ -110,6 +110,9 @@ impl<L: Launcher> GpuKernels<L> {
         for (i, ((param, name), arg)) in sig.params.iter().zip(args).enumerate() {
             let ok = match (param, arg) {
                 (Param::Ptr { elem, .. }, KArg::Buf(b)) => L::dtype(b) == *elem,
+                (Param::Ptr { elem, .. }, KArg::At(b, at)) => {
+                    L::dtype(b) == *elem && *at <= L::len(b)
+                }
                 (Param::Ptr { .. }, KArg::Null) => true,
                 (Param::I32, KArg::I32(_))
                 | (Param::I64, KArg::I64(_))
@@ -119,6 +122,11 @@ impl<L: Launcher> GpuKernels<L> {
             if !ok {
                 let got = match arg {
                     KArg::Buf(b) => format!("a {:?} buffer", L::dtype(b)),
+                    KArg::At(b, at) => format!(
+                        "a {:?} buffer of {} elements at offset {at}",
+                        L::dtype(b),
+                        L::len(b)
+                    ),
                     KArg::Null => "null".into(),
                     KArg::I32(_) => "an i32".into(),
                     KArg::I64(_) => "an i64".into(),
@@ -219,13 +227,19 @@ impl<L: Launcher> Kernels for GpuKernels<L> {
         let col = g.to_col_major()?;
         let (ab, bb) = (self.bf16(a)?, self.bf16(b)?);
         // Accumulating products are gradient accumulators: f32 output, beta = 1.
-        let mut c = if acc {
+        let c = if acc {
             self.f32(out)?
         } else {
             self.zeros(DType::Bf16, out.len())?
         };
-        self.launcher
-            .gemm(&col, &bb, &ab, &mut c, 1.0, if acc { 1.0 } else { 0.0 })?;
+        self.launcher.gemm(
+            &col,
+            (&bb, 0),
+            (&ab, 0),
+            (&c, 0),
+            1.0,
+            if acc { 1.0 } else { 0.0 },
+        )?;
         self.read(&c, out)
     }
 
@@ -353,6 +367,7 @@ impl<L: Launcher> Kernels for GpuKernels<L> {
                 KArg::I64(n64(n)),
                 KArg::I32(i32_of(t, "sequence")?),
                 KArg::I32(i32_of(c, "channels")?),
+                KArg::I64(0),
             ],
         )?;
         self.read(&o, out)

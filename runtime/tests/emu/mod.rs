@@ -65,7 +65,12 @@ impl Process {
     }
 
     fn read(&mut self, id: u64) -> Vec<u8> {
-        self.send(&format!("R {id}\n"), &[]);
+        self.read_range(id, 0, u64::MAX as usize)
+    }
+
+    /// `len` bytes from byte `off` (to the end when `len` is past it).
+    fn read_range(&mut self, id: u64, off: usize, len: usize) -> Vec<u8> {
+        self.send(&format!("R {id} {off} {len}\n"), &[]);
         let n: usize = self
             .line("read")
             .parse()
@@ -106,6 +111,7 @@ impl Drop for EmuBuf {
     }
 }
 
+#[derive(Clone)]
 pub struct EmuLauncher {
     process: Arc<Mutex<Process>>,
 }
@@ -177,6 +183,10 @@ fn program() -> String {
     }
     src += "\n#include <cstdio>\n#include <cstdlib>\n#include <string>\nstruct Arg { void* p; long long i; float f; };\n";
     src += "static void dispatch(const std::string& k, emu_uint3 g, emu_uint3 b, unsigned s, std::vector<Arg>& a) {\n";
+    let all: String = std::iter::once(kernels::COMMON)
+        .chain(kernels::MODULES.iter().map(|m| m.source))
+        .collect();
+    let sync_helpers = sync_helpers(&all);
     for m in kernels::MODULES {
         for sig in kernels::signatures(m.source).expect("kernel sources parse") {
             let args: Vec<String> = sig
@@ -189,8 +199,13 @@ fn program() -> String {
                     _ => format!("{}a[{i}].i", c_type(p)),
                 })
                 .collect();
+            let runner = if needs_sync(m.source, &sig.name, &sync_helpers) {
+                "run"
+            } else {
+                "run_serial"
+            };
             src += &format!(
-                "  if (k == \"{n}\") {{ emu::run(g, b, s, [&] {{ {n}({}); }}); return; }}\n",
+                "  if (k == \"{n}\") {{ emu::{runner}(g, b, s, [&] {{ {n}({}); }}); return; }}\n",
                 args.join(", "),
                 n = sig.name
             );
@@ -215,10 +230,51 @@ int main() {
             auto& b = mem.at(id);
             if (n != b.size() || fread(b.data(), 1, n, stdin) != n) return 6;
         } else if (op[0] == 'R') {
-            if (scanf("%llu", &id) != 1) return 7;
+            size_t off, len;
+            if (scanf("%llu %zu %zu", &id, &off, &len) != 3) return 7;
             auto& b = mem.at(id);
-            printf("%zu\n", b.size());
-            fwrite(b.data(), 1, b.size(), stdout);
+            if (off > b.size()) return 14;
+            if (len > b.size() - off) len = b.size() - off;
+            printf("%zu\n", len);
+            fwrite(b.data() + off, 1, len, stdout);
+            fflush(stdout);
+        } else if (op[0] == 'G') {
+            // cublasGemmEx, column-major: C = alpha op(A) op(B) + beta C, f32 accumulation in
+            // order over k; A, B bf16; C bf16 (cdt 0) or f32 (cdt 1). Offsets in bytes.
+            int ta, tb, m, n, k, lda, ldb, ldc, cdt;
+            unsigned ab, bb;
+            unsigned long long fid, sid, cid;
+            size_t fo, so, co;
+            if (scanf("%d %d %d %d %d %d %d %d %u %u %llu %zu %llu %zu %llu %zu %d", &ta, &tb, &m, &n,
+                      &k, &lda, &ldb, &ldc, &ab, &bb, &fid, &fo, &sid, &so, &cid, &co, &cdt) != 17)
+                return 15;
+            float alpha, beta;
+            std::memcpy(&alpha, &ab, 4);
+            std::memcpy(&beta, &bb, 4);
+            const bf16* A = (const bf16*)(mem.at(fid).data() + fo);
+            const bf16* B = (const bf16*)(mem.at(sid).data() + so);
+            unsigned char* C = mem.at(cid).data() + co;
+            for (int j = 0; j < n; j++) {
+                for (int i = 0; i < m; i++) {
+                    float acc = 0.0f;
+                    for (int l = 0; l < k; l++) {
+                        const float a = bf2f(ta ? A[l + (size_t)i * lda] : A[i + (size_t)l * lda]);
+                        const float b = bf2f(tb ? B[j + (size_t)l * ldb] : B[l + (size_t)j * ldb]);
+                        acc += a * b;
+                    }
+                    const size_t at = i + (size_t)j * ldc;
+                    if (cdt == 1) {
+                        float* c = (float*)C;
+                        const float old = beta != 0.0f ? c[at] : 0.0f;
+                        c[at] = alpha * acc + beta * old;
+                    } else {
+                        bf16* c = (bf16*)C;
+                        const float old = beta != 0.0f ? bf2f(c[at]) : 0.0f;
+                        c[at] = f2bf(alpha * acc + beta * old);
+                    }
+                }
+            }
+            printf("ok\n");
             fflush(stdout);
         } else if (op[0] == 'F') {
             if (scanf("%llu", &id) != 1) return 8;
@@ -262,6 +318,69 @@ int main() {
     src
 }
 
+/// What makes a kernel need its threads to run together: barriers, shuffles, shared memory.
+const SYNC: &[&str] = &[
+    "__syncthreads",
+    "__shfl",
+    "__shared__",
+    "TESSERA_DYNAMIC_SHARED",
+];
+
+/// The body of function `name` in `source` (from its parameter list to its closing brace).
+fn body<'a>(source: &'a str, name: &str) -> Option<&'a str> {
+    let at = source.find(&format!(" {name}("))?;
+    let open = at + source[at..].find('{')?;
+    let mut depth = 0;
+    for (i, ch) in source[open..].char_indices() {
+        match ch {
+            '{' => depth += 1,
+            '}' => {
+                depth -= 1;
+                if depth == 0 {
+                    return Some(&source[open..open + i + 1]);
+                }
+            }
+            _ => {}
+        }
+    }
+    None
+}
+
+/// The `__device__` helpers that synchronise, directly or through another helper.
+fn sync_helpers(source: &str) -> Vec<String> {
+    let helpers: Vec<&str> = source
+        .split("__device__")
+        .skip(1)
+        .filter_map(|rest| {
+            let head = &rest[..rest.find('(')?];
+            head.split_whitespace().last()
+        })
+        .collect();
+    let mut found: Vec<String> = Vec::new();
+    loop {
+        let before = found.len();
+        for h in &helpers {
+            let Some(b) = body(source, h) else { continue };
+            let syncs = SYNC.iter().any(|t| b.contains(t))
+                || found.iter().any(|f| b.contains(&format!("{f}(")));
+            if syncs && !found.iter().any(|f| f == h) {
+                found.push(h.to_string());
+            }
+        }
+        if found.len() == before {
+            return found;
+        }
+    }
+}
+
+/// Whether kernel `name` must run its threads as fibers (else one after another).
+fn needs_sync(source: &str, name: &str, helpers: &[String]) -> bool {
+    let Some(b) = body(source, name) else {
+        return true;
+    };
+    SYNC.iter().any(|t| b.contains(t)) || helpers.iter().any(|h| b.contains(&format!("{h}(")))
+}
+
 fn build(dir: &Path) -> Result<PathBuf, String> {
     let compiler = std::env::var("CXX").unwrap_or_else(|_| "c++".into());
     let probe = Command::new(&compiler).arg("--version").output();
@@ -276,6 +395,8 @@ fn build(dir: &Path) -> Result<PathBuf, String> {
         .args([
             "-std=c++20",
             "-O1",
+            // Fibers switch stacks with _longjmp, which the fortified longjmp would refuse.
+            "-U_FORTIFY_SOURCE",
             "-pthread",
             "-Wno-unknown-pragmas",
             "-o",
@@ -296,11 +417,16 @@ fn build(dir: &Path) -> Result<PathBuf, String> {
 
 /// The emulator, compiled once per test process; `Err(reason)` when there is no C++ compiler.
 pub fn kernels() -> Result<GpuKernels<EmuLauncher>, String> {
+    Ok(GpuKernels::new(launcher()?))
+}
+
+/// A launcher on a new emulator process (compiled once per test process).
+pub fn launcher() -> Result<EmuLauncher, String> {
     static EXE: OnceLock<Result<PathBuf, String>> = OnceLock::new();
     let exe = EXE
         .get_or_init(|| build(&Path::new(env!("CARGO_TARGET_TMPDIR")).join("tessera-emu")))
         .clone()?;
-    Ok(GpuKernels::new(EmuLauncher::start(&exe)?))
+    EmuLauncher::start(&exe)
 }
 
 fn le_bytes(data: HostData<'_>) -> (DType, Vec<u8>) {
@@ -311,6 +437,33 @@ fn le_bytes(data: HostData<'_>) -> (DType, Vec<u8>) {
         ),
         HostData::F32(v) => (DType::F32, v.iter().flat_map(|x| x.to_le_bytes()).collect()),
         HostData::U32(v) => (DType::U32, v.iter().flat_map(|x| x.to_le_bytes()).collect()),
+    }
+}
+
+/// With `TESSERA_EMU_PROFILE` set, one stderr line per launch: `EMUPROF name µs size`.
+fn profile(name: &str, t0: std::time::Instant, size: impl std::fmt::Display) {
+    if std::env::var_os("TESSERA_EMU_PROFILE").is_some() {
+        eprintln!("EMUPROF {name} {} {size}", t0.elapsed().as_micros());
+    }
+}
+
+fn decode(dtype: DType, b: &[u8]) -> HostVec {
+    match dtype {
+        DType::Bf16 => HostVec::Bf16(
+            b.chunks_exact(2)
+                .map(|c| u16::from_le_bytes([c[0], c[1]]))
+                .collect(),
+        ),
+        DType::F32 => HostVec::F32(
+            b.chunks_exact(4)
+                .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
+                .collect(),
+        ),
+        DType::U32 => HostVec::U32(
+            b.chunks_exact(4)
+                .map(|c| u32::from_le_bytes(c.try_into().unwrap()))
+                .collect(),
+        ),
     }
 }
 
@@ -360,23 +513,7 @@ impl Launcher for EmuLauncher {
 
     fn download(&self, buf: &EmuBuf) -> Result<HostVec, GpuError> {
         let b = self.process().read(buf.id);
-        Ok(match buf.dtype {
-            DType::Bf16 => HostVec::Bf16(
-                b.chunks_exact(2)
-                    .map(|c| u16::from_le_bytes([c[0], c[1]]))
-                    .collect(),
-            ),
-            DType::F32 => HostVec::F32(
-                b.chunks_exact(4)
-                    .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
-                    .collect(),
-            ),
-            DType::U32 => HostVec::U32(
-                b.chunks_exact(4)
-                    .map(|c| u32::from_le_bytes(c.try_into().unwrap()))
-                    .collect(),
-            ),
-        })
+        Ok(decode(buf.dtype, &b))
     }
 
     fn launch(
@@ -400,6 +537,7 @@ impl Launcher for EmuLauncher {
         for a in args {
             text += &match a {
                 KArg::Buf(b) => format!("b {} 0\n", b.id),
+                KArg::At(b, at) => format!("b {} {}\n", b.id, at * b.dtype.size()),
                 KArg::Null => "n\n".into(),
                 KArg::I32(x) => format!("i {x}\n"),
                 KArg::I64(x) => format!("i {x}\n"),
@@ -407,19 +545,21 @@ impl Launcher for EmuLauncher {
             };
         }
         let mut p = self.process();
+        let t0 = std::time::Instant::now();
         p.send(&text, &[]);
         if p.line(function) != "ok" {
             p.died(function);
         }
+        profile(function, t0, g.grid.0 * g.grid.1 * g.grid.2 * g.block.0);
         Ok(())
     }
 
     fn gemm(
         &self,
         g: &ColMajorGemm,
-        first: &EmuBuf,
-        second: &EmuBuf,
-        c: &mut EmuBuf,
+        (first, fo): (&EmuBuf, usize),
+        (second, so): (&EmuBuf, usize),
+        (c, co): (&EmuBuf, usize),
         alpha: f32,
         beta: f32,
     ) -> Result<(), GpuError> {
@@ -428,24 +568,54 @@ impl Launcher for EmuLauncher {
             (DType::Bf16, DType::Bf16),
             "gemm inputs are bf16"
         );
-        let mut p = self.process();
-        let (fa, sa, mut cb) = (p.read(first.id), p.read(second.id), p.read(c.id));
-        let ct = c.dtype;
-        gemm_ex_reference(
-            g,
-            alpha,
-            &|i| read_elem(DType::Bf16, &fa, i),
-            &|i| read_elem(DType::Bf16, &sa, i),
-            beta,
-            &mut |i, v| {
-                if let Some(v) = v {
-                    write_elem(ct, &mut cb, i, v);
-                }
-                read_elem(ct, &cb, i)
-            },
+        let cdt = match c.dtype {
+            DType::Bf16 => 0,
+            DType::F32 => 1,
+            DType::U32 => panic!("gemm into a u32 buffer"),
+        };
+        let text = format!(
+            "G {} {} {} {} {} {} {} {} {} {} {} {} {} {} {} {} {cdt}\n",
+            u8::from(g.trans_first),
+            u8::from(g.trans_second),
+            g.m,
+            g.n,
+            g.k,
+            g.ld_first,
+            g.ld_second,
+            g.ldc,
+            alpha.to_bits(),
+            beta.to_bits(),
+            first.id,
+            fo * 2,
+            second.id,
+            so * 2,
+            c.id,
+            co * c.dtype.size(),
         );
-        p.write(c.id, &cb);
+        let mut p = self.process();
+        let t0 = std::time::Instant::now();
+        p.send(&text, &[]);
+        if p.line("gemm") != "ok" {
+            p.died("gemm");
+        }
+        profile("gemm", t0, g.m * g.n * g.k);
         Ok(())
+    }
+
+    fn download_range(
+        &self,
+        buf: &EmuBuf,
+        range: std::ops::Range<usize>,
+    ) -> Result<HostVec, GpuError> {
+        assert!(
+            range.start <= range.end && range.end <= buf.len,
+            "download range"
+        );
+        let size = buf.dtype.size();
+        let b = self
+            .process()
+            .read_range(buf.id, range.start * size, range.len() * size);
+        Ok(decode(buf.dtype, &b))
     }
 
     fn gemm_bias(

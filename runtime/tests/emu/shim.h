@@ -1,17 +1,18 @@
 // A CPU emulator of the CUDA execution model, just enough to run runtime/src/cuda/kernels/*.cu
-// with a C++ compiler: one std::thread per CUDA thread of a block, blocks one after another,
+// with a C++ compiler: one fiber per CUDA thread of a block, blocks one after another,
 // __syncthreads as a block barrier, warp shuffles as a per-warp exchange between barriers.
 // Test-only (runtime/tests/ops.rs). It checks the kernels' arithmetic, indexing, masking and
 // barrier placement; it says nothing about speed, memory coalescing or the real memory model.
 #pragma once
-#include <barrier>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <functional>
 #include <math.h>
 #include <memory>
-#include <thread>
+#include <csetjmp>
+#include <setjmp.h>
+#include <ucontext.h>
 #include <vector>
 
 #define TESSERA_EMU 1
@@ -25,65 +26,153 @@ struct emu_uint3 {
 };
 
 namespace emu {
-inline thread_local emu_uint3 tid;
-inline thread_local emu_uint3 bid;
+// One OS thread runs every CUDA thread of a block as a fiber (ucontext): a barrier is a yield
+// to the scheduler, so a block of 256 threads costs 256 small stacks, not 256 OS threads.
+// Kernels without barriers, shuffles or shared memory run serially instead (`run_serial`).
+inline emu_uint3 tid;
+inline emu_uint3 bid;
 inline emu_uint3 bdim;
 inline emu_uint3 gdim;
 inline std::vector<unsigned char> dyn_shared;
-inline std::unique_ptr<std::barrier<>> block_bar;
-struct Warp {
-    std::unique_ptr<std::barrier<>> bar;
-    uint64_t slots[32];
+
+struct Barrier {
+    unsigned count = 0, arrived = 0, generation = 0;
 };
-inline std::vector<Warp> warps;
+struct Fiber {
+    ucontext_t ctx;  // to enter the fiber the first time (its own stack)
+    jmp_buf jb;      // where it yielded
+    emu_uint3 tid;
+    bool started = false;
+    bool done = false;
+    std::vector<char> stack;
+};
+inline std::vector<Fiber> fibers;
+// Switches use _setjmp/_longjmp (no signal-mask system call, unlike swapcontext); makecontext
+// and setcontext only start each fiber.
+inline jmp_buf scheduler;
+inline unsigned current = 0;
+inline Barrier block_bar;
+inline std::vector<Barrier> warp_bars;
+inline std::vector<uint64_t> warp_slots;
+inline const std::function<void()>* body = nullptr;
+constexpr size_t STACK = 128 * 1024;
 
 inline void* dynamic_shared() { return dyn_shared.data(); }
 
+inline void yield() {
+    if (!_setjmp(fibers[current].jb)) {
+        _longjmp(scheduler, 1);
+    }
+}
+
+inline void arrive_and_wait(Barrier& b) {
+    const unsigned gen = b.generation;
+    if (++b.arrived == b.count) {
+        b.arrived = 0;
+        b.generation++;
+        return;
+    }
+    while (b.generation == gen) {
+        yield();
+    }
+}
+
+inline void fiber_main() {
+    (*body)();
+    fibers[current].done = true;
+    _longjmp(scheduler, 1);
+}
+
+inline unsigned lane_index() { return tid.x + bdim.x * (tid.y + bdim.y * tid.z); }
+
 template <class T>
 T shfl(T v, int src) {
-    const unsigned int lin = tid.x + bdim.x * (tid.y + bdim.y * tid.z);
-    Warp& w = warps[lin / 32];
+    const unsigned int lin = lane_index();
+    const unsigned w = lin / 32;
     uint64_t bits = 0;
     std::memcpy(&bits, &v, sizeof(T));
-    w.slots[lin % 32] = bits;
-    w.bar->arrive_and_wait();
-    uint64_t got = w.slots[src & 31];
-    w.bar->arrive_and_wait();
+    warp_slots[w * 32 + lin % 32] = bits;
+    arrive_and_wait(warp_bars[w]);
+    uint64_t got = warp_slots[w * 32 + (src & 31)];
+    arrive_and_wait(warp_bars[w]);
     T r;
     std::memcpy(&r, &got, sizeof(T));
     return r;
 }
 
-// Runs `kernel` over the grid: all threads of a block concurrently, blocks in order.
-inline void run(emu_uint3 grid, emu_uint3 block, unsigned int shared_bytes,
-                const std::function<void()>& kernel) {
+inline void setup(emu_uint3 grid, emu_uint3 block, unsigned int shared_bytes) {
     gdim = grid;
     bdim = block;
-    const unsigned int n = block.x * block.y * block.z;
     dyn_shared.assign(shared_bytes + 16, 0xAB);  // poisoned, as device memory is not zeroed
-    block_bar = std::make_unique<std::barrier<>>(n);
-    warps.clear();
-    warps.resize(n / 32);
-    for (auto& w : warps) {
-        w.bar = std::make_unique<std::barrier<>>(32);
+}
+
+// Runs `kernel` over the grid: the threads of a block as fibers, blocks in order.
+inline void run(emu_uint3 grid, emu_uint3 block, unsigned int shared_bytes,
+                const std::function<void()>& kernel) {
+    setup(grid, block, shared_bytes);
+    const unsigned int n = block.x * block.y * block.z;
+    if (fibers.size() < n) {
+        fibers.resize(n);
     }
-    std::vector<std::thread> threads;
-    for (unsigned int t = 0; t < n; t++) {
-        threads.emplace_back([&, t] {
-            tid = {t % block.x, (t / block.x) % block.y, t / (block.x * block.y)};
-            for (unsigned int z = 0; z < grid.z; z++) {
-                for (unsigned int y = 0; y < grid.y; y++) {
-                    for (unsigned int x = 0; x < grid.x; x++) {
-                        bid = {x, y, z};
-                        kernel();
-                        block_bar->arrive_and_wait();
+    body = &kernel;
+    block_bar = Barrier{n, 0, 0};
+    warp_bars.assign(n / 32, Barrier{32, 0, 0});
+    warp_slots.assign((n / 32 + 1) * 32, 0);
+    for (unsigned int z = 0; z < grid.z; z++) {
+        for (unsigned int y = 0; y < grid.y; y++) {
+            for (unsigned int x = 0; x < grid.x; x++) {
+                bid = {x, y, z};
+                for (unsigned int t = 0; t < n; t++) {
+                    Fiber& f = fibers[t];
+                    f.stack.resize(STACK);
+                    getcontext(&f.ctx);
+                    f.ctx.uc_stack.ss_sp = f.stack.data();
+                    f.ctx.uc_stack.ss_size = f.stack.size();
+                    f.ctx.uc_link = nullptr;
+                    makecontext(&f.ctx, fiber_main, 0);
+                    f.tid = {t % block.x, (t / block.x) % block.y, t / (block.x * block.y)};
+                    f.started = false;
+                    f.done = false;
+                }
+                unsigned int alive = n;
+                while (alive > 0) {
+                    for (unsigned int t = 0; t < n; t++) {
+                        if (fibers[t].done) {
+                            continue;
+                        }
+                        current = t;
+                        tid = fibers[t].tid;
+                        if (!_setjmp(scheduler)) {
+                            if (!fibers[t].started) {
+                                fibers[t].started = true;
+                                setcontext(&fibers[t].ctx);
+                            }
+                            _longjmp(fibers[t].jb, 1);
+                        }
+                        if (fibers[t].done) {
+                            alive--;
+                        }
                     }
                 }
             }
-        });
+        }
     }
-    for (auto& th : threads) {
-        th.join();
+}
+
+// A kernel with no barrier, shuffle or shared memory: every (block, thread) in order.
+inline void run_serial(emu_uint3 grid, emu_uint3 block, unsigned int shared_bytes,
+                       const std::function<void()>& kernel) {
+    setup(grid, block, shared_bytes);
+    for (unsigned int z = 0; z < grid.z; z++) {
+        for (unsigned int y = 0; y < grid.y; y++) {
+            for (unsigned int x = 0; x < grid.x; x++) {
+                bid = {x, y, z};
+                for (unsigned int t = 0; t < block.x * block.y * block.z; t++) {
+                    tid = {t % block.x, (t / block.x) % block.y, t / (block.x * block.y)};
+                    kernel();
+                }
+            }
+        }
     }
 }
 }  // namespace emu
@@ -94,13 +183,12 @@ inline void run(emu_uint3 grid, emu_uint3 block, unsigned int shared_bytes,
 #define gridDim emu::gdim
 #define TESSERA_DYNAMIC_SHARED(T, name) T* name = (T*)emu::dynamic_shared()
 
-inline void __syncthreads() { emu::block_bar->arrive_and_wait(); }
+inline void __syncthreads() { emu::arrive_and_wait(emu::block_bar); }
 template <class T>
 inline T __shfl_sync(unsigned int, T v, int src) { return emu::shfl(v, src); }
 template <class T>
 inline T __shfl_xor_sync(unsigned int, T v, int mask) {
-    const unsigned int lin = emu::tid.x + emu::bdim.x * (emu::tid.y + emu::bdim.y * emu::tid.z);
-    return emu::shfl(v, (int)(lin % 32) ^ mask);
+    return emu::shfl(v, (int)(emu::lane_index() % 32) ^ mask);
 }
 inline float __uint_as_float(unsigned int u) {
     float f;

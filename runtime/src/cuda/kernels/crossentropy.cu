@@ -2,9 +2,9 @@
 // the reference. logits: (N, V) bf16 (V = this shard's width); targets: (N) u32 global ids;
 // max, sumexp, losses, dlosses: (N) fp32. One block per row (grid.x = N).
 //
-// Vocab-parallel use: `crossentropy_stats` gives this shard's max, sum exp(l - max) and target
-// logit (0 when the target is in another shard); the caller combines shards, then
-// `crossentropy_backward` with the GLOBAL max and sumexp. Single shard: `crossentropy_forward`,
+// Vocab-parallel use: `crossentropy_row_max`, `crossentropy_partials` and `crossentropy_losses`
+// around the group's all-reduces (below), then `crossentropy_backward` with the GLOBAL max and
+// sumexp. Single shard: `crossentropy_forward`,
 // or `crossentropy_fused`, which writes the loss and the gradient in one launch.
 
 // Online softmax statistics of one row, block-wide: every thread gets (max, sumexp).
@@ -33,25 +33,62 @@ __device__ float target_logit(const bf16* l, unsigned int target, long long voca
     return (t >= 0 && t < v) ? bf2f(l[t]) : 0.0f;
 }
 
-extern "C" __global__ void crossentropy_stats(float* __restrict__ max,
-                                              float* __restrict__ sumexp,
-                                              float* __restrict__ tlogit,
-                                              const bf16* __restrict__ logits,
-                                              const unsigned int* __restrict__ targets,
-                                              long long n_rows, int v, long long vocab_start) {
+// The vocab-parallel forward as the executor runs it (`layers/loss.rs`), in three launches
+// around two all-reduces: `crossentropy_row_max` (this shard's row maxima; all-reduced as a
+// max), `crossentropy_partials` (sum exp(l - M) against the GLOBAL max M, and the target logit,
+// as [sumexp (N) | target (N)]; all-reduced as a sum), then `crossentropy_losses`.
+extern "C" __global__ void crossentropy_row_max(float* __restrict__ max,
+                                                const bf16* __restrict__ logits,
+                                                long long n_rows, int v) {
     __shared__ float scratch[32];
     const long long row = blockIdx.x;
     if (row >= n_rows) {
         return;
     }
     const bf16* l = logits + row * v;
-    float m;
-    float s;
-    row_stats(l, v, scratch, &m, &s);
+    float m = TS_NEG_INF;
+    for (int i = threadIdx.x; i < v; i += blockDim.x) {
+        m = fmaxf(m, bf2f(l[i]));
+    }
+    const float gm = block_max(m, scratch);
     if (threadIdx.x == 0) {
-        max[row] = m;
-        sumexp[row] = s;
-        tlogit[row] = target_logit(l, targets[row], vocab_start, v);
+        max[row] = gm;
+    }
+}
+
+extern "C" __global__ void crossentropy_partials(float* __restrict__ both,
+                                                 const bf16* __restrict__ logits,
+                                                 const float* __restrict__ max,
+                                                 const unsigned int* __restrict__ targets,
+                                                 long long n_rows, int v,
+                                                 long long vocab_start) {
+    __shared__ float scratch[32];
+    const long long row = blockIdx.x;
+    if (row >= n_rows) {
+        return;
+    }
+    const bf16* l = logits + row * v;
+    const float m = max[row];
+    float s = 0.0f;
+    for (int i = threadIdx.x; i < v; i += blockDim.x) {
+        s += expf(bf2f(l[i]) - m);
+    }
+    const float total = block_sum(s, scratch);
+    if (threadIdx.x == 0) {
+        both[row] = total;
+        both[n_rows + row] = target_logit(l, targets[row], vocab_start, v);
+    }
+}
+
+// losses[n] = ln(sumexp) + max - target, sumexp saved, from the group-summed [sumexp | target].
+extern "C" __global__ void crossentropy_losses(float* __restrict__ losses,
+                                               float* __restrict__ sumexp,
+                                               const float* __restrict__ max,
+                                               const float* __restrict__ both, long long n) {
+    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+         i += (long long)gridDim.x * blockDim.x) {
+        sumexp[i] = both[i];
+        losses[i] = logf(both[i]) + max[i] - both[n + i];
     }
 }
 

@@ -16,14 +16,15 @@ extern "C" __global__ void embedding_forward(bf16* __restrict__ out,
     }
 }
 
-// out[b, t] += wpe[t]; out: (N = B*T, C).
+// out[row] += wpe[(first + row) % t]; out: (rows, C), the rows `first..` of the B*T tokens
+// (first = 0, or a sequence-parallel rank's first row).
 extern "C" __global__ void pos_embedding_forward(bf16* __restrict__ out,
                                                  const bf16* __restrict__ wpe, long long n_rows,
-                                                 int t, int c) {
+                                                 int t, int c, long long first) {
     const long long total = n_rows * c;
     for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < total;
          i += (long long)gridDim.x * blockDim.x) {
-        const long long pos = (i / c) % t;
+        const long long pos = (first + i / c) % t;
         out[i] = f2bf(bf2f(out[i]) + bf2f(wpe[pos * c + (i % c)]));
     }
 }

@@ -83,3 +83,44 @@ extern "C" __global__ void sum_squares(float* __restrict__ partial, const float*
         partial[k] = acc;
     }
 }
+
+// Buffer primitives of the device executor: fill, copy (same dtype) and the in-place add.
+extern "C" __global__ void fill_f32(float* __restrict__ x, long long n, float value) {
+    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+         i += (long long)gridDim.x * blockDim.x) {
+        x[i] = value;
+    }
+}
+
+extern "C" __global__ void fill_bf16(bf16* __restrict__ x, long long n, float value) {
+    const bf16 v = f2bf(value);
+    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+         i += (long long)gridDim.x * blockDim.x) {
+        x[i] = v;
+    }
+}
+
+extern "C" __global__ void copy_f32(float* __restrict__ dst, const float* __restrict__ src,
+                                    long long n) {
+    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+         i += (long long)gridDim.x * blockDim.x) {
+        dst[i] = src[i];
+    }
+}
+
+extern "C" __global__ void copy_bf16(bf16* __restrict__ dst, const bf16* __restrict__ src,
+                                     long long n) {
+    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+         i += (long long)gridDim.x * blockDim.x) {
+        dst[i] = src[i];
+    }
+}
+
+// a (N) += b, bf16 storage, fp32 arithmetic (the residual connection in place).
+extern "C" __global__ void add_inplace_bf16(bf16* __restrict__ a, const bf16* __restrict__ b,
+                                            long long n) {
+    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+         i += (long long)gridDim.x * blockDim.x) {
+        a[i] = f2bf(bf2f(a[i]) + bf2f(b[i]));
+    }
+}

@@ -1,0 +1,98 @@
+//! [`HostStaged`]: the collectives of a [`Device`] backend through host memory — download the
+//! view, run the host [`Comm`] (rank-order sums, the contract of `crate::comm`), write the result
+//! back. It lets the one executor run on emulated (or real) devices with threads as ranks; NCCL
+//! on device buffers replaces it where the speed matters.
+
+use super::{DMut, DRef, Device, GpuError, Launcher};
+use crate::backend::{Backend, Collective};
+use crate::comm::{all_reduce_f64, all_reduce_max, Comm, CommError};
+
+/// A host communicator serving a device backend.
+pub struct HostStaged<L: Launcher, C> {
+    dev: Device<L>,
+    comm: C,
+}
+
+impl<L: Launcher, C: Comm> HostStaged<L, C> {
+    pub fn new(dev: Device<L>, comm: C) -> Self {
+        HostStaged { dev, comm }
+    }
+}
+
+fn transport(op: &'static str) -> impl Fn(GpuError) -> CommError {
+    move |e| CommError::Transport {
+        op,
+        message: e.to_string(),
+    }
+}
+
+impl<L, C> HostStaged<L, C>
+where
+    L: Launcher + Sync + 'static,
+    L::Buf: Send + Sync,
+    C: Comm,
+{
+    fn get(&self, op: &'static str, v: DRef<'_, L::Buf>) -> Result<Vec<f32>, CommError> {
+        self.dev.download(v).map_err(transport(op))
+    }
+
+    fn put(&self, op: &'static str, v: DMut<'_, L::Buf>, x: &[f32]) -> Result<(), CommError> {
+        self.dev.write(v, x).map_err(transport(op))
+    }
+}
+
+impl<L, C> Collective<Device<L>> for HostStaged<L, C>
+where
+    L: Launcher + Sync + 'static,
+    L::Buf: Send + Sync,
+    C: Comm,
+{
+    fn rank(&self) -> usize {
+        self.comm.rank()
+    }
+    fn size(&self) -> usize {
+        self.comm.size()
+    }
+    fn all_reduce_sum(&self, buf: DMut<'_, L::Buf>) -> Result<(), CommError> {
+        let mut x = self.get("all_reduce", Device::<L>::ro(&buf))?;
+        self.comm.all_reduce_sum(&mut x)?;
+        self.put("all_reduce", buf, &x)
+    }
+    fn all_reduce_max(&self, buf: DMut<'_, L::Buf>) -> Result<(), CommError> {
+        let mut x = self.get("all_reduce_max", Device::<L>::ro(&buf))?;
+        all_reduce_max(&self.comm, &mut x)?;
+        self.put("all_reduce_max", buf, &x)
+    }
+    fn all_gather(
+        &self,
+        input: DRef<'_, L::Buf>,
+        output: DMut<'_, L::Buf>,
+    ) -> Result<(), CommError> {
+        let x = self.get("all_gather", input)?;
+        let mut out = vec![0.0; output.len];
+        self.comm.all_gather(&x, &mut out)?;
+        self.put("all_gather", output, &out)
+    }
+    fn reduce_scatter_sum(
+        &self,
+        input: DRef<'_, L::Buf>,
+        output: DMut<'_, L::Buf>,
+    ) -> Result<(), CommError> {
+        let x = self.get("reduce_scatter", input)?;
+        let mut out = vec![0.0; output.len];
+        self.comm.reduce_scatter_sum(&x, &mut out)?;
+        self.put("reduce_scatter", output, &out)
+    }
+    fn send(&self, buf: DRef<'_, L::Buf>, peer: usize) -> Result<(), CommError> {
+        let x = self.get("send", buf)?;
+        self.comm.send(&x, peer)
+    }
+    fn recv(&self, buf: DMut<'_, L::Buf>, peer: usize) -> Result<(), CommError> {
+        let mut x = vec![0.0; buf.len];
+        self.comm.recv(&mut x, peer)?;
+        self.put("recv", buf, &x)
+    }
+    fn all_reduce_f64(&self, x: f64) -> Result<f64, CommError> {
+        all_reduce_f64(&self.comm, x)
+    }
+}
