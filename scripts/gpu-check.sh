@@ -50,9 +50,9 @@ if command -v compute-sanitizer > /dev/null; then
 else
   echo "compute-sanitizer not found: skipped"
 fi
-# The executor parity (cuda-local 1×1×1 and 2×2×2 against the CPU at bf16 tolerance) joins
-# this list when the generic executor exists (issue 10, item 1); it does not yet.
-echo "executor parity: not built yet (issue 10 item 1)"
+# The executor on the GPU: the tiny model 1×1×1 and 2×2×2 (every rank on GPU 0) against the
+# CPU backend at bf16 tolerance, as tests/executor_emulated.rs checks it on the emulator in CI.
+step executor env TESSERA_REQUIRE_GPU=1 "$T/executor_cuda" --nocapture
 if python3 -c 'import torch; assert torch.cuda.is_available()' 2> /dev/null; then
   step torch-eager python3 bench/gpt2_torch.py --steps 30
   step torch-compile python3 bench/gpt2_torch.py --steps 30 --compile

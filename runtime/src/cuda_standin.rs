@@ -17,6 +17,7 @@ pub const COMPILED: bool = false;
 pub enum CudaBuf {}
 
 /// Uninhabited: no device can be opened without the feature.
+#[derive(Clone)]
 pub enum CudaLauncher {}
 
 impl CudaLauncher {

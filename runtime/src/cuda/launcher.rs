@@ -41,8 +41,20 @@ pub enum CudaBuf {
 /// Loaded kernels by (module, function), with the shared memory they were opted into.
 type FunctionTable = HashMap<(&'static str, &'static str), (CudaFunction, u32)>;
 
-/// One GPU, ready to run the backend's kernels.
-pub struct CudaLauncher {
+/// One GPU, ready to run the backend's kernels. Cheap to clone: clones share the context, the
+/// stream (so their work stays ordered) and the handles.
+#[derive(Clone)]
+pub struct CudaLauncher(Arc<LauncherState>);
+
+impl std::ops::Deref for CudaLauncher {
+    type Target = LauncherState;
+    fn deref(&self) -> &LauncherState {
+        &self.0
+    }
+}
+
+/// What a [`CudaLauncher`] holds.
+pub struct LauncherState {
     ctx: Arc<CudaContext>,
     stream: Arc<CudaStream>,
     blas: CudaBlas,
@@ -87,7 +99,7 @@ impl CudaLauncher {
             let arch = kernels::arch_of(info.compute_capability.0, info.compute_capability.1);
             let (major, minor) = super::compile::nvrtc_version()?;
             let cubin = major * 1000 + minor * 10 > probe::driver_cuda_version()?;
-            Ok(CudaLauncher {
+            Ok(CudaLauncher(Arc::new(LauncherState {
                 ctx: ctx.clone(),
                 stream,
                 blas,
@@ -98,7 +110,7 @@ impl CudaLauncher {
                 disk: DiskCache::from_env(),
                 functions: Mutex::new(HashMap::new()),
                 modules: Mutex::new(HashMap::new()),
-            })
+            })))
         })
     }
 

@@ -12,32 +12,98 @@
 use std::marker::PhantomData;
 use std::ops::Range;
 
+use super::kernels::{self, Param};
 use super::launch::{self, Geometry};
 use super::ops::{i32_of, n64};
-use super::{bf16, DType, GpuError, GpuKernels, HostData, HostVec, KArg, Launcher};
+use super::{bf16, DType, GpuError, HostData, HostVec, KArg, Launcher};
 use crate::backend::{AdamWStep, Backend, Storage};
 use crate::ops::GemmShape;
 
 /// The device backend on launcher `L`.
+#[derive(Clone)]
 pub struct Device<L: Launcher> {
-    pub(super) k: GpuKernels<L>,
-}
-
-impl<L: Launcher + Clone> Clone for Device<L> {
-    fn clone(&self) -> Self {
-        Device::new(self.k.launcher().clone())
-    }
+    launcher: L,
 }
 
 impl<L: Launcher> Device<L> {
     pub fn new(launcher: L) -> Self {
-        Device {
-            k: GpuKernels::new(launcher),
-        }
+        Device { launcher }
     }
 
     pub fn launcher(&self) -> &L {
-        self.k.launcher()
+        &self.launcher
+    }
+
+    /// Checks `args` against the kernel's signature (parsed from its .cu source) and the
+    /// geometry against the device, then launches (nothing when `geometry` is `None`: no work).
+    pub(super) fn run(
+        &self,
+        module: &str,
+        function: &'static str,
+        geometry: Option<Geometry>,
+        args: &[KArg<'_, L::Buf>],
+    ) -> Result<(), GpuError> {
+        let bad = |problem: String| GpuError::BadLaunch {
+            kernel: format!("{module}::{function}"),
+            problem,
+        };
+        let m = kernels::module(module).ok_or_else(|| bad("no such module".into()))?;
+        let sig =
+            kernels::signature(module, function).ok_or_else(|| bad("no such kernel".into()))?;
+        if sig.params.len() != args.len() {
+            return Err(bad(format!(
+                "{} arguments passed, the kernel takes {}",
+                args.len(),
+                sig.params.len()
+            )));
+        }
+        for (i, ((param, name), arg)) in sig.params.iter().zip(args).enumerate() {
+            let ok = match (param, arg) {
+                (Param::Ptr { elem, .. }, KArg::Buf(b)) => L::dtype(b) == *elem,
+                (Param::Ptr { elem, .. }, KArg::At(b, at)) => {
+                    L::dtype(b) == *elem && *at <= L::len(b)
+                }
+                (Param::Ptr { .. }, KArg::Null) => true,
+                (Param::I32, KArg::I32(_))
+                | (Param::I64, KArg::I64(_))
+                | (Param::F32, KArg::F32(_)) => true,
+                _ => false,
+            };
+            if !ok {
+                let got = match arg {
+                    KArg::Buf(b) => format!("a {:?} buffer", L::dtype(b)),
+                    KArg::At(b, at) => format!(
+                        "a {:?} buffer of {} elements at offset {at}",
+                        L::dtype(b),
+                        L::len(b)
+                    ),
+                    KArg::Null => "null".into(),
+                    KArg::I32(_) => "an i32".into(),
+                    KArg::I64(_) => "an i64".into(),
+                    KArg::F32(_) => "an f32".into(),
+                };
+                return Err(bad(format!(
+                    "argument {i} ({name}) is {param:?}, got {got}"
+                )));
+            }
+        }
+        let Some(g) = geometry else {
+            return Ok(());
+        };
+        if g.threads() % 32 != 0 || g.threads() > 1024 {
+            return Err(bad(format!(
+                "{} threads per block: must be whole warps, at most 1024",
+                g.threads()
+            )));
+        }
+        if g.shared_bytes > self.launcher.max_shared_bytes() {
+            return Err(bad(format!(
+                "{} bytes of shared memory, the device allows {}",
+                g.shared_bytes,
+                self.launcher.max_shared_bytes()
+            )));
+        }
+        self.launcher.launch(m, function, &g, args)
     }
 }
 
@@ -53,16 +119,6 @@ where
         };
         let tmp = self.upload(storage, data)?;
         self.copy(dst, Self::view(&tmp))
-    }
-
-    pub(super) fn run(
-        &self,
-        module: &str,
-        function: &'static str,
-        geometry: Option<Geometry>,
-        args: &[KArg<'_, L::Buf>],
-    ) -> Result<(), GpuError> {
-        self.k.run(module, function, geometry, args)
     }
 
     /// `dst (c) += Σ_chunks partial[k·stride + offset ..][..c]`.
@@ -92,7 +148,7 @@ where
 
     /// `out [+]= op(a) · op(b)` (row-major shapes; bf16 operands; `out` bf16, or f32 to
     /// accumulate).
-    fn gemm(
+    pub(super) fn gemm(
         &self,
         out: DMut<'_, L::Buf>,
         a: DRef<'_, L::Buf>,

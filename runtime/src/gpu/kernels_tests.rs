@@ -94,7 +94,6 @@ fn the_kernels_the_issue_asks_for_are_there() {
                 "add_bias",
                 "cast_f32_to_bf16",
                 "cast_bf16_to_f32",
-                "residual_add",
                 "sum_squares",
                 "fill_f32",
                 "fill_bf16",

@@ -19,7 +19,6 @@ pub mod gemm;
 pub mod kernels;
 pub mod launch;
 mod ops;
-mod ops_layers;
 mod staged;
 
 pub use device::{DMut, DRef, Device};

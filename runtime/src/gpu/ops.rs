@@ -1,14 +1,13 @@
-//! [`GpuKernels`]: the [`Kernels`] interface on any [`Launcher`] — which kernels to launch, with
-//! which arguments and geometry, and the bf16/f32 conversions around them.
-//!
-//! Every launch is checked against the kernel's signature parsed from its .cu source
-//! ([`kernels::signature`]) before it reaches the device. Inputs the GPU stores as bf16 are
-//! rounded on upload; statistics, gradient accumulators and optimizer state stay f32.
+//! [`GpuKernels`]: the host-slice [`Kernels`] interface (the op tests' surface) on any
+//! [`Launcher`], through the executor's own [`Device`] backend: each call uploads its inputs,
+//! runs the same `Device` method the executor runs, and downloads the outputs. So the op tests
+//! in `runtime/tests/ops.rs` check exactly the launches training uses. Inputs the GPU stores as
+//! bf16 are rounded on upload; statistics, gradient accumulators and optimizer state stay f32.
 #![allow(clippy::too_many_arguments)]
 
-use super::kernels::{self, Param};
-use super::launch::{self, Geometry};
-use super::{bf16, DType, GpuError, HostData, HostVec, KArg, Launcher};
+use super::launch;
+use super::{bf16, DType, Device, GpuError, HostData, HostVec, KArg, Launcher};
+use crate::backend::Backend;
 use crate::cpu::AttnShape;
 use crate::ops::{AdamWStep, GemmShape, Kernels, RopeShape, Storage};
 
@@ -22,7 +21,7 @@ pub const F32_RTOL: f32 = 1e-5;
 
 /// The GPU kernels behind [`Kernels`], on launcher `L`.
 pub struct GpuKernels<L: Launcher> {
-    launcher: L,
+    dev: Device<L>,
 }
 
 /// A size as the kernels' `long long` argument (usize ≤ i64::MAX on every supported target).
@@ -30,33 +29,44 @@ pub(super) fn n64(x: usize) -> i64 {
     x as i64
 }
 
+pub(super) fn i32_of(x: usize, what: &str) -> Result<i32, GpuError> {
+    i32::try_from(x).map_err(|_| GpuError::Unsupported {
+        what: format!("{what} = {x} does not fit the kernels' 32-bit argument"),
+        fix: "split the work into smaller pieces".into(),
+    })
+}
+
+type D<L> = Device<L>;
+
 impl<L: Launcher> GpuKernels<L> {
     pub fn new(launcher: L) -> Self {
-        GpuKernels { launcher }
+        GpuKernels {
+            dev: Device::new(launcher),
+        }
     }
 
     pub fn launcher(&self) -> &L {
-        &self.launcher
+        self.dev.launcher()
     }
 
-    pub(super) fn bf16(&self, x: &[f32]) -> Result<L::Buf, GpuError> {
-        self.launcher.upload(HostData::Bf16(&bf16::encode(x)))
+    fn bf16(&self, x: &[f32]) -> Result<L::Buf, GpuError> {
+        self.launcher().upload(HostData::Bf16(&bf16::encode(x)))
     }
 
-    pub(super) fn f32(&self, x: &[f32]) -> Result<L::Buf, GpuError> {
-        self.launcher.upload(HostData::F32(x))
+    fn f32(&self, x: &[f32]) -> Result<L::Buf, GpuError> {
+        self.launcher().upload(HostData::F32(x))
     }
 
-    pub(super) fn u32(&self, x: &[u32]) -> Result<L::Buf, GpuError> {
-        self.launcher.upload(HostData::U32(x))
+    fn u32(&self, x: &[u32]) -> Result<L::Buf, GpuError> {
+        self.launcher().upload(HostData::U32(x))
     }
 
-    pub(super) fn zeros(&self, dtype: DType, len: usize) -> Result<L::Buf, GpuError> {
-        self.launcher.alloc_zeros(dtype, len)
+    fn zeros(&self, dtype: DType, len: usize) -> Result<L::Buf, GpuError> {
+        self.launcher().alloc_zeros(dtype, len)
     }
 
-    pub(super) fn read(&self, buf: &L::Buf, out: &mut [f32]) -> Result<(), GpuError> {
-        let host = self.launcher.download(buf)?;
+    fn read(&self, buf: &L::Buf, out: &mut [f32]) -> Result<(), GpuError> {
+        let host = self.launcher().download(buf)?;
         let n = match &host {
             HostVec::Bf16(v) => v.len(),
             HostVec::F32(v) => v.len(),
@@ -83,121 +93,14 @@ impl<L: Launcher> GpuKernels<L> {
         }
         Ok(())
     }
-
-    /// Checks `args` against the kernel's signature and the geometry against the device, then
-    /// launches (nothing when `geometry` is `None`: no work).
-    pub(super) fn run(
-        &self,
-        module: &str,
-        function: &'static str,
-        geometry: Option<Geometry>,
-        args: &[KArg<'_, L::Buf>],
-    ) -> Result<(), GpuError> {
-        let bad = |problem: String| GpuError::BadLaunch {
-            kernel: format!("{module}::{function}"),
-            problem,
-        };
-        let m = kernels::module(module).ok_or_else(|| bad("no such module".into()))?;
-        let sig =
-            kernels::signature(module, function).ok_or_else(|| bad("no such kernel".into()))?;
-        if sig.params.len() != args.len() {
-            return Err(bad(format!(
-                "{} arguments passed, the kernel takes {}",
-                args.len(),
-                sig.params.len()
-            )));
-        }
-        for (i, ((param, name), arg)) in sig.params.iter().zip(args).enumerate() {
-            let ok = match (param, arg) {
-                (Param::Ptr { elem, .. }, KArg::Buf(b)) => L::dtype(b) == *elem,
-                (Param::Ptr { elem, .. }, KArg::At(b, at)) => {
-                    L::dtype(b) == *elem && *at <= L::len(b)
-                }
-                (Param::Ptr { .. }, KArg::Null) => true,
-                (Param::I32, KArg::I32(_))
-                | (Param::I64, KArg::I64(_))
-                | (Param::F32, KArg::F32(_)) => true,
-                _ => false,
-            };
-            if !ok {
-                let got = match arg {
-                    KArg::Buf(b) => format!("a {:?} buffer", L::dtype(b)),
-                    KArg::At(b, at) => format!(
-                        "a {:?} buffer of {} elements at offset {at}",
-                        L::dtype(b),
-                        L::len(b)
-                    ),
-                    KArg::Null => "null".into(),
-                    KArg::I32(_) => "an i32".into(),
-                    KArg::I64(_) => "an i64".into(),
-                    KArg::F32(_) => "an f32".into(),
-                };
-                return Err(bad(format!(
-                    "argument {i} ({name}) is {param:?}, got {got}"
-                )));
-            }
-        }
-        let Some(g) = geometry else {
-            return Ok(());
-        };
-        if g.threads() % 32 != 0 || g.threads() > 1024 {
-            return Err(bad(format!(
-                "{} threads per block: must be whole warps, at most 1024",
-                g.threads()
-            )));
-        }
-        if g.shared_bytes > self.launcher.max_shared_bytes() {
-            return Err(bad(format!(
-                "{} bytes of shared memory, the device allows {}",
-                g.shared_bytes,
-                self.launcher.max_shared_bytes()
-            )));
-        }
-        self.launcher.launch(m, function, &g, args)
-    }
-
-    /// `dst (c) += Σ_chunks partial[k·stride + offset ..][..c]`.
-    pub(super) fn add_partials(
-        &self,
-        dst: &mut [f32],
-        partial: &L::Buf,
-        chunks: u32,
-        stride: usize,
-        offset: usize,
-    ) -> Result<(), GpuError> {
-        let d = self.f32(dst)?;
-        let c = dst.len();
-        self.run(
-            "reduce",
-            "sum_partials",
-            launch::elementwise(c as u64),
-            &[
-                KArg::Buf(&d),
-                KArg::Buf(partial),
-                KArg::I32(chunks as i32),
-                KArg::I64(n64(c)),
-                KArg::I64(n64(stride)),
-                KArg::I64(n64(offset)),
-            ],
-        )?;
-        self.read(&d, dst)
-    }
 }
 
-pub(super) fn rows_of(len: usize, width: usize) -> usize {
-    len.checked_div(width).unwrap_or(0)
-}
-
-pub(super) fn i32_of(x: usize, what: &str) -> Result<i32, GpuError> {
-    i32::try_from(x).map_err(|_| GpuError::Unsupported {
-        what: format!("{what} = {x} does not fit the kernels' 32-bit argument"),
-        fix: "split the work into smaller pieces".into(),
-    })
-}
-
-impl<L: Launcher> Kernels for GpuKernels<L> {
+impl<L: Launcher + Sync + 'static> Kernels for GpuKernels<L>
+where
+    L::Buf: Send + Sync,
+{
     fn name(&self) -> String {
-        self.launcher.describe()
+        self.launcher().describe()
     }
 
     fn rtol(&self, storage: Storage) -> f32 {
@@ -215,30 +118,19 @@ impl<L: Launcher> Kernels for GpuKernels<L> {
         g: GemmShape,
         acc: bool,
     ) -> Result<(), GpuError> {
-        if g.m == 0 || g.n == 0 {
-            return Ok(());
-        }
-        if g.k == 0 {
-            if !acc {
-                out.fill(0.0);
-            }
-            return Ok(());
-        }
-        let col = g.to_col_major()?;
         let (ab, bb) = (self.bf16(a)?, self.bf16(b)?);
         // Accumulating products are gradient accumulators: f32 output, beta = 1.
-        let c = if acc {
+        let mut c = if acc {
             self.f32(out)?
         } else {
             self.zeros(DType::Bf16, out.len())?
         };
-        self.launcher.gemm(
-            &col,
-            (&bb, 0),
-            (&ab, 0),
-            (&c, 0),
-            1.0,
-            if acc { 1.0 } else { 0.0 },
+        self.dev.gemm(
+            D::<L>::view_mut(&mut c),
+            D::<L>::view(&ab),
+            D::<L>::view(&bb),
+            g,
+            acc,
         )?;
         self.read(&c, out)
     }
@@ -266,31 +158,20 @@ impl<L: Launcher> Kernels for GpuKernels<L> {
         if n == 0 || out_f == 0 {
             return Ok(());
         }
+        // cuBLASLt's bias epilogue (not used by the executor, which adds the bias after the
+        // TP reduction): checked here so the epilogue path stays correct.
         let col = g.to_col_major()?;
         let (xb, wb, bb) = (self.bf16(x)?, self.bf16(w)?, self.bf16(bias)?);
         let mut c = self.zeros(DType::Bf16, out.len())?;
-        self.launcher.gemm_bias(&col, &wb, &xb, &mut c, &bb)?;
+        self.launcher().gemm_bias(&col, &wb, &xb, &mut c, &bb)?;
         self.read(&c, out)
     }
 
-    fn bias_backward(&self, dbias: &mut [f32], dout: &[f32], c: usize) -> Result<(), GpuError> {
-        let n = rows_of(dout.len(), c);
-        let ch = launch::row_chunks(n as u64);
-        let partial = self.zeros(DType::F32, ch.chunks as usize * c)?;
-        let d = self.bf16(dout)?;
-        self.run(
-            "reduce",
-            "column_sums",
-            (n > 0).then(|| launch::per_channel(c, ch)).transpose()?,
-            &[
-                KArg::Buf(&partial),
-                KArg::Buf(&d),
-                KArg::I64(n64(n)),
-                KArg::I32(i32_of(c, "channels")?),
-                KArg::I64(ch.rows_per_chunk as i64),
-            ],
-        )?;
-        self.add_partials(dbias, &partial, ch.chunks, c, 0)
+    fn bias_backward(&self, dbias: &mut [f32], dout: &[f32], _c: usize) -> Result<(), GpuError> {
+        let (mut db, d) = (self.f32(dbias)?, self.bf16(dout)?);
+        self.dev
+            .bias_backward(D::<L>::view_mut(&mut db), D::<L>::view(&d))?;
+        self.read(&db, dbias)
     }
 
     fn embedding_forward(
@@ -301,22 +182,14 @@ impl<L: Launcher> Kernels for GpuKernels<L> {
         vocab_start: usize,
         c: usize,
     ) -> Result<(), GpuError> {
-        let n = tokens.len();
-        let o = self.zeros(DType::Bf16, n * c)?;
+        let mut o = self.zeros(DType::Bf16, out.len())?;
         let (t, w) = (self.u32(tokens)?, self.bf16(wte)?);
-        self.run(
-            "embedding",
-            "embedding_forward",
-            launch::elementwise((n * c) as u64),
-            &[
-                KArg::Buf(&o),
-                KArg::Buf(&t),
-                KArg::Buf(&w),
-                KArg::I64(n64(n)),
-                KArg::I32(i32_of(c, "channels")?),
-                KArg::I64(n64(vocab_start)),
-                KArg::I64(n64(rows_of(wte.len(), c))),
-            ],
+        self.dev.embedding_forward(
+            D::<L>::view_mut(&mut o),
+            &t,
+            D::<L>::view(&w),
+            vocab_start,
+            c,
         )?;
         self.read(&o, out)
     }
@@ -329,21 +202,13 @@ impl<L: Launcher> Kernels for GpuKernels<L> {
         vocab_start: usize,
         c: usize,
     ) -> Result<(), GpuError> {
-        let n = tokens.len();
-        let (dw, t, d) = (self.f32(dwte)?, self.u32(tokens)?, self.bf16(dout)?);
-        self.run(
-            "embedding",
-            "embedding_backward",
-            launch::per_item(c as u64)?,
-            &[
-                KArg::Buf(&dw),
-                KArg::Buf(&t),
-                KArg::Buf(&d),
-                KArg::I64(n64(n)),
-                KArg::I32(i32_of(c, "channels")?),
-                KArg::I64(n64(vocab_start)),
-                KArg::I64(n64(rows_of(dwte.len(), c))),
-            ],
+        let (mut dw, t, d) = (self.f32(dwte)?, self.u32(tokens)?, self.bf16(dout)?);
+        self.dev.embedding_backward(
+            D::<L>::view_mut(&mut dw),
+            &t,
+            D::<L>::view(&d),
+            vocab_start,
+            c,
         )?;
         self.read(&dw, dwte)
     }
@@ -355,21 +220,9 @@ impl<L: Launcher> Kernels for GpuKernels<L> {
         t: usize,
         c: usize,
     ) -> Result<(), GpuError> {
-        let n = rows_of(out.len(), c);
-        let (o, w) = (self.bf16(out)?, self.bf16(wpe)?);
-        self.run(
-            "embedding",
-            "pos_embedding_forward",
-            launch::elementwise((n * c) as u64),
-            &[
-                KArg::Buf(&o),
-                KArg::Buf(&w),
-                KArg::I64(n64(n)),
-                KArg::I32(i32_of(t, "sequence")?),
-                KArg::I32(i32_of(c, "channels")?),
-                KArg::I64(0),
-            ],
-        )?;
+        let (mut o, w) = (self.bf16(out)?, self.bf16(wpe)?);
+        self.dev
+            .pos_embedding_forward(D::<L>::view_mut(&mut o), D::<L>::view(&w), t, c, 0)?;
         self.read(&o, out)
     }
 
@@ -380,20 +233,9 @@ impl<L: Launcher> Kernels for GpuKernels<L> {
         t: usize,
         c: usize,
     ) -> Result<(), GpuError> {
-        let n = rows_of(dout.len(), c);
-        let (dw, d) = (self.f32(dwpe)?, self.bf16(dout)?);
-        self.run(
-            "embedding",
-            "pos_embedding_backward",
-            launch::per_item((t * c) as u64)?,
-            &[
-                KArg::Buf(&dw),
-                KArg::Buf(&d),
-                KArg::I64(n64(n)),
-                KArg::I32(i32_of(t, "sequence")?),
-                KArg::I32(i32_of(c, "channels")?),
-            ],
-        )?;
+        let (mut dw, d) = (self.f32(dwpe)?, self.bf16(dout)?);
+        self.dev
+            .pos_embedding_backward(D::<L>::view_mut(&mut dw), D::<L>::view(&d), t, c)?;
         self.read(&dw, dwpe)
     }
 
@@ -408,7 +250,26 @@ impl<L: Launcher> Kernels for GpuKernels<L> {
         c: usize,
         eps: f32,
     ) -> Result<(), GpuError> {
-        self.gpu_layernorm_forward(out, mean, rstd, inp, weight, bias, c, eps)
+        let mut o = self.zeros(DType::Bf16, out.len())?;
+        let (mut mb, mut rb) = (
+            self.zeros(DType::F32, mean.len())?,
+            self.zeros(DType::F32, rstd.len())?,
+        );
+        let (x, w) = (self.bf16(inp)?, self.bf16(weight)?);
+        let b = bias.map(|b| self.bf16(b)).transpose()?;
+        self.dev.layernorm_forward(
+            D::<L>::view_mut(&mut o),
+            D::<L>::view_mut(&mut mb),
+            D::<L>::view_mut(&mut rb),
+            D::<L>::view(&x),
+            D::<L>::view(&w),
+            b.as_ref().map(D::<L>::view),
+            c,
+            eps,
+        )?;
+        self.read(&o, out)?;
+        self.read(&mb, mean)?;
+        self.read(&rb, rstd)
     }
 
     fn layernorm_backward(
@@ -423,7 +284,31 @@ impl<L: Launcher> Kernels for GpuKernels<L> {
         rstd: &[f32],
         c: usize,
     ) -> Result<(), GpuError> {
-        self.gpu_layernorm_backward(dinp, dweight, dbias, dout, inp, weight, mean, rstd, c)
+        let (mut dx, dy, x, w) = (
+            self.bf16(dinp)?,
+            self.bf16(dout)?,
+            self.bf16(inp)?,
+            self.bf16(weight)?,
+        );
+        let (mb, rb, mut dw) = (self.f32(mean)?, self.f32(rstd)?, self.f32(dweight)?);
+        let mut db = dbias.as_ref().map(|b| self.f32(b)).transpose()?;
+        self.dev.layernorm_backward(
+            D::<L>::view_mut(&mut dx),
+            D::<L>::view_mut(&mut dw),
+            db.as_mut().map(D::<L>::view_mut),
+            D::<L>::view(&dy),
+            D::<L>::view(&x),
+            D::<L>::view(&w),
+            D::<L>::view(&mb),
+            D::<L>::view(&rb),
+            c,
+        )?;
+        self.read(&dx, dinp)?;
+        self.read(&dw, dweight)?;
+        if let (Some(out), Some(b)) = (dbias, db.as_ref()) {
+            self.read(b, out)?;
+        }
+        Ok(())
     }
 
     fn rmsnorm_forward(
@@ -435,7 +320,19 @@ impl<L: Launcher> Kernels for GpuKernels<L> {
         c: usize,
         eps: f32,
     ) -> Result<(), GpuError> {
-        self.gpu_rmsnorm_forward(out, rstd, inp, weight, c, eps)
+        let mut o = self.zeros(DType::Bf16, out.len())?;
+        let mut rb = self.zeros(DType::F32, rstd.len())?;
+        let (x, w) = (self.bf16(inp)?, self.bf16(weight)?);
+        self.dev.rmsnorm_forward(
+            D::<L>::view_mut(&mut o),
+            D::<L>::view_mut(&mut rb),
+            D::<L>::view(&x),
+            D::<L>::view(&w),
+            c,
+            eps,
+        )?;
+        self.read(&o, out)?;
+        self.read(&rb, rstd)
     }
 
     fn rmsnorm_backward(
@@ -448,7 +345,24 @@ impl<L: Launcher> Kernels for GpuKernels<L> {
         rstd: &[f32],
         c: usize,
     ) -> Result<(), GpuError> {
-        self.gpu_rmsnorm_backward(dinp, dweight, dout, inp, weight, rstd, c)
+        let (mut dx, dy, x, w) = (
+            self.bf16(dinp)?,
+            self.bf16(dout)?,
+            self.bf16(inp)?,
+            self.bf16(weight)?,
+        );
+        let (rb, mut dw) = (self.f32(rstd)?, self.f32(dweight)?);
+        self.dev.rmsnorm_backward(
+            D::<L>::view_mut(&mut dx),
+            D::<L>::view_mut(&mut dw),
+            D::<L>::view(&dy),
+            D::<L>::view(&x),
+            D::<L>::view(&w),
+            D::<L>::view(&rb),
+            c,
+        )?;
+        self.read(&dx, dinp)?;
+        self.read(&dw, dweight)
     }
 
     fn attention_forward(
@@ -458,7 +372,19 @@ impl<L: Launcher> Kernels for GpuKernels<L> {
         qkv: &[f32],
         s: AttnShape,
     ) -> Result<(), GpuError> {
-        self.gpu_attention_forward(y, saved, qkv, s)
+        let q = self.bf16(qkv)?;
+        let mut yb = self.zeros(DType::Bf16, y.len())?;
+        let mut lse = self.zeros(DType::F32, self.dev.attention_saved_len(&s))?;
+        self.dev.attention_forward(
+            D::<L>::view_mut(&mut yb),
+            D::<L>::view_mut(&mut lse),
+            D::<L>::view(&q),
+            s,
+        )?;
+        self.read(&yb, y)?;
+        saved.clear();
+        saved.resize(self.dev.attention_saved_len(&s), 0.0);
+        self.read(&lse, saved)
     }
 
     fn attention_backward(
@@ -470,74 +396,79 @@ impl<L: Launcher> Kernels for GpuKernels<L> {
         saved: &[f32],
         s: AttnShape,
     ) -> Result<(), GpuError> {
-        self.gpu_attention_backward(dqkv, dy, qkv, y, saved, s)
+        let (q, dyb, yb, lse) = (
+            self.bf16(qkv)?,
+            self.bf16(dy)?,
+            self.bf16(y)?,
+            self.f32(saved)?,
+        );
+        let mut delta = self.zeros(DType::F32, self.dev.attention_scratch_len(&s))?;
+        let mut dq = self.zeros(DType::Bf16, qkv.len())?;
+        self.dev.attention_backward(
+            D::<L>::view_mut(&mut dq),
+            D::<L>::view_mut(&mut delta),
+            D::<L>::view(&dyb),
+            D::<L>::view(&q),
+            D::<L>::view(&yb),
+            D::<L>::view(&lse),
+            s,
+        )?;
+        self.read(&dq, dqkv)
     }
 
     fn rope(
         &self,
         x: &mut [f32],
         shape: RopeShape,
-        tables: (&[f32], &[f32]),
+        (cos, sin): (&[f32], &[f32]),
         backward: bool,
     ) -> Result<(), GpuError> {
-        self.gpu_rope(x, shape, tables, backward)
+        let (mut xb, c, s) = (self.bf16(x)?, self.f32(cos)?, self.f32(sin)?);
+        self.dev.rope(
+            D::<L>::view_mut(&mut xb),
+            shape,
+            D::<L>::view(&c),
+            D::<L>::view(&s),
+            backward,
+        )?;
+        self.read(&xb, x)
     }
 
     fn residual_add(&self, out: &mut [f32], a: &[f32], b: &[f32]) -> Result<(), GpuError> {
-        let (o, x, y) = (
-            self.zeros(DType::Bf16, out.len())?,
-            self.bf16(a)?,
-            self.bf16(b)?,
-        );
-        self.run(
-            "reduce",
-            "residual_add",
-            launch::elementwise(out.len() as u64),
-            &[
-                KArg::Buf(&o),
-                KArg::Buf(&x),
-                KArg::Buf(&y),
-                KArg::I64(n64(out.len())),
-            ],
-        )?;
-        self.read(&o, out)
+        let (mut x, y) = (self.bf16(a)?, self.bf16(b)?);
+        self.dev
+            .add_assign(D::<L>::view_mut(&mut x), D::<L>::view(&y))?;
+        self.read(&x, out)
     }
 
     fn sum_squares(&self, x: &[f32]) -> Result<f64, GpuError> {
-        // Chunks of 4096 elements, one thread each; the partials are added here, in order.
-        const PER_CHUNK: usize = 4096;
-        let chunks = x.len().div_ceil(PER_CHUNK);
-        if chunks == 0 {
-            return Ok(0.0);
-        }
-        let (xs, partial) = (self.f32(x)?, self.zeros(DType::F32, chunks)?);
-        self.run(
-            "reduce",
-            "sum_squares",
-            launch::elementwise(chunks as u64),
-            &[
-                KArg::Buf(&partial),
-                KArg::Buf(&xs),
-                KArg::I64(n64(x.len())),
-                KArg::I64(n64(PER_CHUNK)),
-                KArg::I64(n64(chunks)),
-            ],
-        )?;
-        let mut sums = vec![0.0f32; chunks];
-        self.read(&partial, &mut sums)?;
-        Ok(sums.iter().map(|&v| f64::from(v)).sum())
+        let xs = self.f32(x)?;
+        self.dev.sum_squares(D::<L>::view(&xs))
     }
 
     fn gelu_forward(&self, out: &mut [f32], inp: &[f32]) -> Result<(), GpuError> {
-        self.gpu_gelu_forward(out, inp)
+        let (mut o, x) = (self.zeros(DType::Bf16, out.len())?, self.bf16(inp)?);
+        self.dev
+            .gelu_forward(D::<L>::view_mut(&mut o), D::<L>::view(&x))?;
+        self.read(&o, out)
     }
 
     fn gelu_backward(&self, dinp: &mut [f32], inp: &[f32], dout: &[f32]) -> Result<(), GpuError> {
-        self.gpu_gelu_backward(dinp, inp, dout)
+        let mut d = self.zeros(DType::Bf16, dinp.len())?;
+        let (x, dy) = (self.bf16(inp)?, self.bf16(dout)?);
+        self.dev.gelu_backward(
+            D::<L>::view_mut(&mut d),
+            D::<L>::view(&x),
+            D::<L>::view(&dy),
+        )?;
+        self.read(&d, dinp)
     }
 
     fn swiglu_forward(&self, out: &mut [f32], inp: &[f32], f: usize) -> Result<(), GpuError> {
-        self.gpu_swiglu_forward(out, inp, f)
+        let (mut o, x) = (self.zeros(DType::Bf16, out.len())?, self.bf16(inp)?);
+        self.dev
+            .swiglu_forward(D::<L>::view_mut(&mut o), D::<L>::view(&x), f)?;
+        self.read(&o, out)
     }
 
     fn swiglu_backward(
@@ -547,7 +478,15 @@ impl<L: Launcher> Kernels for GpuKernels<L> {
         dout: &[f32],
         f: usize,
     ) -> Result<(), GpuError> {
-        self.gpu_swiglu_backward(dinp, inp, dout, f)
+        let mut d = self.zeros(DType::Bf16, dinp.len())?;
+        let (x, dy) = (self.bf16(inp)?, self.bf16(dout)?);
+        self.dev.swiglu_backward(
+            D::<L>::view_mut(&mut d),
+            D::<L>::view(&x),
+            D::<L>::view(&dy),
+            f,
+        )?;
+        self.read(&d, dinp)
     }
 
     fn crossentropy_forward(
@@ -559,7 +498,30 @@ impl<L: Launcher> Kernels for GpuKernels<L> {
         targets: &[u32],
         v: usize,
     ) -> Result<(), GpuError> {
-        self.gpu_crossentropy_forward(losses, max, sumexp, logits, targets, v)
+        let n = targets.len();
+        let (lo, mb, sb) = (
+            self.zeros(DType::F32, n)?,
+            self.zeros(DType::F32, n)?,
+            self.zeros(DType::F32, n)?,
+        );
+        let (l, t) = (self.bf16(logits)?, self.u32(targets)?);
+        self.dev.run(
+            "crossentropy",
+            "crossentropy_forward",
+            launch::per_row(n as u64, v, 1024)?,
+            &[
+                KArg::Buf(&lo),
+                KArg::Buf(&mb),
+                KArg::Buf(&sb),
+                KArg::Buf(&l),
+                KArg::Buf(&t),
+                KArg::I64(n64(n)),
+                KArg::I32(i32_of(v, "vocabulary")?),
+            ],
+        )?;
+        self.read(&lo, losses)?;
+        self.read(&mb, max)?;
+        self.read(&sb, sumexp)
     }
 
     fn crossentropy_backward(
@@ -572,7 +534,18 @@ impl<L: Launcher> Kernels for GpuKernels<L> {
         vocab_start: usize,
         v: usize,
     ) -> Result<(), GpuError> {
-        self.gpu_crossentropy_backward(logits, max, sumexp, targets, dlosses, vocab_start, v)
+        let (mut l, mb, sb) = (self.bf16(logits)?, self.f32(max)?, self.f32(sumexp)?);
+        let (t, dl) = (self.u32(targets)?, self.f32(dlosses)?);
+        self.dev.crossentropy_backward(
+            D::<L>::view_mut(&mut l),
+            D::<L>::view(&mb),
+            D::<L>::view(&sb),
+            &t,
+            D::<L>::view(&dl),
+            vocab_start,
+            v,
+        )?;
+        self.read(&l, logits)
     }
 
     fn crossentropy_fused(
@@ -583,7 +556,24 @@ impl<L: Launcher> Kernels for GpuKernels<L> {
         dlosses: &[f32],
         v: usize,
     ) -> Result<(), GpuError> {
-        self.gpu_crossentropy_fused(losses, logits, targets, dlosses, v)
+        let n = targets.len();
+        let lo = self.zeros(DType::F32, n)?;
+        let (l, t, dl) = (self.bf16(logits)?, self.u32(targets)?, self.f32(dlosses)?);
+        self.dev.run(
+            "crossentropy",
+            "crossentropy_fused",
+            launch::per_row(n as u64, v, 1024)?,
+            &[
+                KArg::Buf(&lo),
+                KArg::Buf(&l),
+                KArg::Buf(&t),
+                KArg::Buf(&dl),
+                KArg::I64(n64(n)),
+                KArg::I32(i32_of(v, "vocabulary")?),
+            ],
+        )?;
+        self.read(&lo, losses)?;
+        self.read(&l, logits)
     }
 
     fn adamw(
@@ -595,38 +585,23 @@ impl<L: Launcher> Kernels for GpuKernels<L> {
         v: &mut [f32],
         step: &AdamWStep,
     ) -> Result<(), GpuError> {
-        let n = params.len();
-        let (p, g, mb, vb) = (
+        let (mut p, g, mut mb, mut vb) = (
             self.f32(params)?,
             self.f32(grads)?,
             self.f32(m)?,
             self.f32(v)?,
         );
-        let p16 = params_bf16
+        let mut p16 = params_bf16
             .as_ref()
-            .map(|_| self.zeros(DType::Bf16, n))
+            .map(|x| self.zeros(DType::Bf16, x.len()))
             .transpose()?;
-        let (bc1, bc2) = step.bias_corrections();
-        self.run(
-            "adamw",
-            "adamw_step",
-            launch::elementwise(n as u64),
-            &[
-                KArg::Buf(&p),
-                p16.as_ref().map_or(KArg::Null, KArg::Buf),
-                KArg::Buf(&g),
-                KArg::Buf(&mb),
-                KArg::Buf(&vb),
-                KArg::I64(n64(n)),
-                KArg::F32(step.lr),
-                KArg::F32(step.beta1),
-                KArg::F32(step.beta2),
-                KArg::F32(step.eps),
-                KArg::F32(step.weight_decay),
-                KArg::F32(bc1),
-                KArg::F32(bc2),
-                KArg::F32(step.grad_scale),
-            ],
+        self.dev.adamw(
+            D::<L>::view_mut(&mut p),
+            p16.as_mut().map(D::<L>::view_mut),
+            D::<L>::view(&g),
+            D::<L>::view_mut(&mut mb),
+            D::<L>::view_mut(&mut vb),
+            step,
         )?;
         self.read(&p, params)?;
         self.read(&mb, m)?;

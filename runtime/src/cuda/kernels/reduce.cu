@@ -58,15 +58,6 @@ extern "C" __global__ void cast_bf16_to_f32(float* __restrict__ out,
     }
 }
 
-// The residual add of a transformer block: out (N) = a + b, bf16 storage, fp32 arithmetic.
-extern "C" __global__ void residual_add(bf16* __restrict__ out, const bf16* __restrict__ a,
-                                        const bf16* __restrict__ b, long long n) {
-    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n;
-         i += (long long)gridDim.x * blockDim.x) {
-        out[i] = f2bf(bf2f(a[i]) + bf2f(b[i]));
-    }
-}
-
 // partial[k] = sum of x[i]^2 over chunk k of `per_chunk` elements, summed in order by one
 // thread per chunk (grid-stride over chunks; deterministic); the host adds the partials in order, in f64. The squared
 // norm of the gradients, for global-norm clipping.

@@ -1,0 +1,126 @@
+//! What the executor-on-a-device tests share: the tiny model's plans, the data, and the
+//! comparison with the CPU backend's run at bf16 accuracy.
+
+use std::path::Path;
+
+use tessera_planner::layout::{Layout, Recompute};
+use tessera_planner::plan::{Plan, SearchSummary};
+use tessera_planner::schedule::ScheduleKind;
+use tessera_planner::spec::{load_cluster, load_model, ClusterOverrides, TrainingOverrides};
+use tessera_runtime::data::Tokens;
+use tessera_runtime::exec::{train, train_on, RunError, TrainOptions, TrainReport};
+use tessera_runtime::gpu::{Device, HostStaged, Launcher};
+
+pub const STEPS: usize = 3;
+/// Sequences per step: two micro-batches of 2 per DP rank at DP 2.
+const GLOBAL_BATCH: u64 = 8;
+
+/// |loss_device − loss_cpu| ≤ this × loss_cpu. bf16 keeps 8 significant bits (relative step
+/// 2⁻⁸ ≈ 0.4% per value), but the loss is a mean over 512 tokens, so rounding averages out: the
+/// runs agreed to 4.2e-5 when this test was written. 2e-3 leaves room for kernel changes and
+/// still fails a real error: a planted bug that drops half of each residual add moved the
+/// second step's loss by 2.5%.
+const LOSS_RTOL: f64 = 2e-3;
+
+pub fn plan(dp: u64, pp: u64, tp: u64, zero: u8, recompute: Recompute) -> Plan {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let model = load_model(
+        &root.join("specs/models/tiny.toml"),
+        TrainingOverrides {
+            global_batch: Some(GLOBAL_BATCH),
+            ..TrainingOverrides::default()
+        },
+    )
+    .unwrap();
+    let cluster = load_cluster(
+        &root.join("specs/clusters/cpu-8.toml"),
+        ClusterOverrides {
+            nodes: None,
+            devices: Some(dp * pp * tp),
+        },
+    )
+    .unwrap();
+    let layout = Layout {
+        pp,
+        recompute,
+        schedule: ScheduleKind::OneFOneB,
+        virtual_stages: 1,
+        ..Layout::without_pipeline(dp, tp, zero, 2)
+    };
+    layout
+        .check(&model, &cluster)
+        .unwrap_or_else(|e| panic!("{}: {e}", layout.label()));
+    let summary = SearchSummary {
+        ordering: "pinned".into(),
+        evaluated: 1,
+        fitting: 1,
+        alternatives: vec![],
+    };
+    Plan::new(&model, &cluster, &layout, summary)
+}
+
+pub fn data() -> Tokens {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/data/parallelism.txt");
+    Tokens::load(&path).unwrap()
+}
+
+pub fn opts() -> TrainOptions {
+    TrainOptions {
+        steps: STEPS,
+        ..TrainOptions::default()
+    }
+}
+
+/// The plan trained with every rank on a device backend over `launcher(rank)`, collectives
+/// through host memory.
+pub fn on_device<L>(
+    plan: &Plan,
+    launcher: &(dyn Fn(usize) -> Result<L, RunError> + Sync),
+) -> TrainReport
+where
+    L: Launcher + Clone + Send + Sync + 'static,
+    L::Buf: Send + Sync,
+{
+    train_on(
+        plan,
+        &data(),
+        &opts(),
+        &mut |_| {},
+        &|r| Ok(Device::new(launcher(r)?)),
+        &|dev: &Device<L>, comm| -> Result<_, RunError> { Ok(HostStaged::new(dev.clone(), comm)) },
+    )
+    .unwrap_or_else(|e| panic!("{}: {e}", plan.parallel.layout().label()))
+}
+
+/// The CPU backend's run of the same plan.
+pub fn on_cpu(plan: &Plan) -> TrainReport {
+    train(plan, &data(), &opts(), &mut |_| {}).unwrap()
+}
+
+pub fn losses(r: &TrainReport) -> Vec<f64> {
+    r.steps.iter().map(|s| s.loss).collect()
+}
+
+/// Every step's loss within [`LOSS_RTOL`] of `want`'s.
+pub fn assert_close(got: &TrainReport, want: &TrainReport, what: &str) {
+    let (d, c) = (losses(got), losses(want));
+    assert_eq!(d.len(), STEPS, "{what}: every step reports a loss");
+    for (step, (d, c)) in d.iter().zip(&c).enumerate() {
+        let err = (d - c).abs() / c.abs();
+        assert!(
+            err <= LOSS_RTOL,
+            "{what}: step {step}: device loss {d}, CPU loss {c} (relative difference {err:.4})"
+        );
+    }
+    eprintln!("{what}: device {d:?}\n{what}: cpu    {c:?}");
+}
+
+/// The two plans every device backend must train like the CPU: one rank, and DP 2 with ZeRO-1,
+/// PP 2 (1F1B), TP 2 and selective recompute (every sync path of the executor).
+pub fn one_rank() -> Plan {
+    plan(1, 1, 1, 0, Recompute::None)
+}
+
+pub fn two_by_two_by_two() -> Plan {
+    plan(2, 2, 2, 1, Recompute::Selective)
+}

@@ -1,0 +1,44 @@
+//! The executor on a real GPU (feature `cuda`): the tiny model, 1×1×1 and 2×2×2 with every rank
+//! on GPU 0 (threads as ranks, collectives through host memory), against the CPU backend at
+//! bf16 accuracy — the same comparison `executor_emulated.rs` makes on the emulator. Skips,
+//! with the reason printed, where no GPU is usable; `TESSERA_REQUIRE_GPU=1` (set by
+//! scripts/gpu-check.sh) turns the skip into a failure.
+#![cfg(feature = "cuda")]
+
+mod exec_common;
+
+use exec_common::{assert_close, losses, on_cpu, on_device, one_rank, two_by_two_by_two, STEPS};
+use tessera_runtime::cuda::CudaLauncher;
+use tessera_runtime::exec::RunError;
+
+/// GPU 0, shared by every rank (clones share its stream), or `None` with the reason printed.
+fn gpu() -> Option<CudaLauncher> {
+    match CudaLauncher::open(0) {
+        Ok(l) => Some(l),
+        Err(e) if std::env::var_os("TESSERA_REQUIRE_GPU").is_some() => {
+            panic!("TESSERA_REQUIRE_GPU is set and no GPU is usable: {e}")
+        }
+        Err(e) => {
+            eprintln!("SKIPPED: no usable GPU: {e}");
+            None
+        }
+    }
+}
+
+#[test]
+fn one_rank_on_a_gpu_trains_like_the_cpu() {
+    let Some(gpu) = gpu() else { return };
+    let p = one_rank();
+    let dev = on_device(&p, &|_| Ok::<_, RunError>(gpu.clone()));
+    assert_close(&dev, &on_cpu(&p), "GPU 1×1×1");
+    let l = losses(&dev);
+    assert!(l[STEPS - 1] < l[0], "the GPU run learns: {l:?}");
+}
+
+#[test]
+fn two_by_two_by_two_on_one_gpu_trains_like_the_cpu() {
+    let Some(gpu) = gpu() else { return };
+    let p = two_by_two_by_two();
+    let dev = on_device(&p, &|_| Ok::<_, RunError>(gpu.clone()));
+    assert_close(&dev, &on_cpu(&p), "GPU 2×2×2");
+}
