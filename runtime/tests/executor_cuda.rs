@@ -7,7 +7,10 @@
 
 mod exec_common;
 
-use exec_common::{assert_close, losses, on_cpu, on_device, one_rank, two_by_two_by_two, STEPS};
+use exec_common::{
+    assert_close, losses, on_cpu, on_device, one_rank, tp2_sequence_parallel, two_by_two_by_two,
+    STEPS,
+};
 use tessera_runtime::cuda::CudaLauncher;
 use tessera_runtime::exec::RunError;
 
@@ -41,4 +44,12 @@ fn two_by_two_by_two_on_one_gpu_trains_like_the_cpu() {
     let p = two_by_two_by_two();
     let dev = on_device(&p, &|_| Ok::<_, RunError>(gpu.clone()));
     assert_close(&dev, &on_cpu(&p), "GPU 2×2×2");
+}
+
+#[test]
+fn sequence_parallel_on_one_gpu_trains_like_the_cpu() {
+    let Some(gpu) = gpu() else { return };
+    let p = tp2_sequence_parallel();
+    let dev = on_device(&p, &|_| Ok::<_, RunError>(gpu.clone()));
+    assert_close(&dev, &on_cpu(&p), "GPU TP 2 with sequence parallelism");
 }

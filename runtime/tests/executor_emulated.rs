@@ -10,7 +10,10 @@
 mod emu;
 mod exec_common;
 
-use exec_common::{assert_close, losses, on_cpu, on_device, one_rank, two_by_two_by_two, STEPS};
+use exec_common::{
+    assert_close, losses, on_cpu, on_device, one_rank, tp2_sequence_parallel, two_by_two_by_two,
+    STEPS,
+};
 use tessera_runtime::exec::RunError;
 
 /// A launcher per rank on one emulator process, or `None` (the reason printed) without one.
@@ -45,4 +48,13 @@ fn two_by_two_by_two_on_emulated_kernels_trains_like_the_cpu() {
     // The device's parallel run against its own single-rank run, at the same tolerance.
     let one = on_device(&one_rank(), &|_| Ok::<_, RunError>(emu.clone()));
     assert_close(&dev, &one, "2×2×2 vs 1×1×1 on the device");
+}
+
+#[test]
+fn sequence_parallel_on_emulated_kernels_trains_like_the_cpu() {
+    let p = tp2_sequence_parallel();
+    let cpu = on_cpu(&p);
+    let Some(emu) = emulator() else { return };
+    let dev = on_device(&p, &|_| Ok::<_, RunError>(emu.clone()));
+    assert_close(&dev, &cpu, "TP 2 with sequence parallelism");
 }

@@ -145,7 +145,7 @@ fn cuda_refusal(args: &RunArgs, plan: &Plan) -> String {
         // The error carries its own fix.
         Err(e) => format!("the CUDA backend is built in, but {e}\n  or {cpu}"),
         Ok(devices) => format!(
-            "{} GPU(s) found ({}), but the CUDA executor that trains a plan on them is not written yet: the kernels, cuBLAS, NCCL and the launcher are (docs/cuda.md)\n  fix: {cpu}",
+            "{} GPU(s) found ({}), but `tessera run` does not drive GPUs yet: the executor runs on them only from the tests (runtime/tests/executor_cuda.rs, docs/cuda.md)\n  fix: {cpu}",
             devices.len(),
             devices.iter().map(|d| d.to_string()).collect::<Vec<_>>().join("; ")
         ),

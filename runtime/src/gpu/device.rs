@@ -181,6 +181,21 @@ where
     }
 }
 
+/// Token ids on the device, with their rows grouped by token (host-sorted, for the embedding
+/// backward's one thread per (token, channel)).
+pub struct DeviceIds<B> {
+    pub ids: B,
+    /// Row indices sorted by token, rows ascending within a token.
+    order: B,
+    /// Bucket `b` is `order[starts[b] .. starts[b + 1]]`.
+    starts: B,
+    /// The token of each bucket.
+    tokens: B,
+    buckets: usize,
+    /// Tokens (rows).
+    pub n: usize,
+}
+
 /// A read view: `len` elements of `buf` from element `at`.
 #[derive(Debug)]
 pub struct DRef<'a, B> {
@@ -253,7 +268,7 @@ where
     type Buf = L::Buf;
     type Ref<'a> = DRef<'a, L::Buf>;
     type Mut<'a> = DMut<'a, L::Buf>;
-    type Ids = L::Buf;
+    type Ids = DeviceIds<L::Buf>;
 
     fn name(&self) -> String {
         self.launcher().describe()
@@ -279,8 +294,41 @@ where
             HostVec::U32(_) => return Err(GpuError::shape("download", "token ids read as f32")),
         })
     }
-    fn ids(&self, ids: Vec<u32>) -> Result<L::Buf, GpuError> {
-        self.launcher().upload(HostData::U32(&ids))
+    fn ids(&self, ids: Vec<u32>) -> Result<DeviceIds<L::Buf>, GpuError> {
+        let n = u32::try_from(ids.len()).map_err(|_| GpuError::Unsupported {
+            what: format!("{} tokens in one micro-batch", ids.len()),
+            fix: "a smaller micro-batch or sequence".into(),
+        })?;
+        let mut order: Vec<u32> = (0..n).collect();
+        order.sort_by_key(|&r| ids[r as usize]); // stable: rows stay ascending per token
+        let (mut starts, mut tokens) = (vec![0u32], Vec::new());
+        for (k, &r) in order.iter().enumerate() {
+            let t = ids[r as usize];
+            if tokens.last() != Some(&t) {
+                if k > 0 {
+                    starts.push(k as u32);
+                }
+                tokens.push(t);
+            }
+        }
+        starts.push(n);
+        let buckets = tokens.len();
+        // Never an empty upload: an empty micro-batch keeps one unused element.
+        let nonempty = |mut v: Vec<u32>| {
+            if v.is_empty() {
+                v.push(0);
+            }
+            v
+        };
+        let up = |v: Vec<u32>| self.launcher().upload(HostData::U32(&nonempty(v)));
+        Ok(DeviceIds {
+            ids: up(ids)?,
+            order: up(order)?,
+            starts: up(starts)?,
+            tokens: up(tokens)?,
+            buckets,
+            n: n as usize,
+        })
     }
 
     fn view(buf: &L::Buf) -> DRef<'_, L::Buf> {
@@ -538,7 +586,7 @@ where
     fn embedding_forward(
         &self,
         out: DMut<'_, L::Buf>,
-        ids: &L::Buf,
+        ids: &DeviceIds<L::Buf>,
         wte: DRef<'_, L::Buf>,
         vocab_start: usize,
         c: usize,
@@ -548,12 +596,29 @@ where
     fn embedding_backward(
         &self,
         dwte: DMut<'_, L::Buf>,
-        ids: &L::Buf,
+        ids: &DeviceIds<L::Buf>,
         dout: DRef<'_, L::Buf>,
         vocab_start: usize,
         c: usize,
     ) -> Result<(), GpuError> {
-        self.embedding_backward_impl(dwte, ids, dout, vocab_start, c)
+        need("embedding_backward", dout.len, ids.n * c)?;
+        let v_local = rows("embedding table", dwte.len, c)?;
+        self.run(
+            "embedding",
+            "embedding_backward",
+            launch::elementwise((ids.buckets * c) as u64),
+            &[
+                dwte.arg(),
+                KArg::Buf(&ids.order),
+                KArg::Buf(&ids.starts),
+                KArg::Buf(&ids.tokens),
+                dout.arg(),
+                KArg::I64(n64(ids.buckets)),
+                KArg::I32(i32_of(c, "channels")?),
+                KArg::I64(n64(vocab_start)),
+                KArg::I64(n64(v_local)),
+            ],
+        )
     }
     fn pos_embedding_forward(
         &self,
@@ -756,11 +821,11 @@ where
         both: DMut<'_, L::Buf>,
         logits: DRef<'_, L::Buf>,
         max: DRef<'_, L::Buf>,
-        targets: &L::Buf,
+        targets: &DeviceIds<L::Buf>,
         vocab_start: usize,
         v: usize,
     ) -> Result<(), GpuError> {
-        self.ce_partials_impl(both, logits, max, targets, vocab_start, v)
+        self.ce_partials_impl(both, logits, max, &targets.ids, vocab_start, v)
     }
     fn ce_losses(
         &self,
@@ -776,12 +841,13 @@ where
         logits: DMut<'_, L::Buf>,
         max: DRef<'_, L::Buf>,
         sumexp: DRef<'_, L::Buf>,
-        targets: &L::Buf,
+        targets: &DeviceIds<L::Buf>,
         dlosses: DRef<'_, L::Buf>,
         vocab_start: usize,
         v: usize,
     ) -> Result<(), GpuError> {
-        self.crossentropy_backward_impl(logits, max, sumexp, targets, dlosses, vocab_start, v)
+        let t = &targets.ids;
+        self.crossentropy_backward_impl(logits, max, sumexp, t, dlosses, vocab_start, v)
     }
 
     fn adamw(

@@ -3,7 +3,7 @@
 //! bf16 activations, f32 statistics and gradient accumulators.
 #![allow(clippy::too_many_arguments)]
 
-use super::device::{need, rows, DMut, DRef, Device};
+use super::device::{need, rows, DMut, DRef, Device, DeviceIds};
 use super::launch;
 use super::ops::{i32_of, n64};
 use super::{DType, GpuError, KArg, Launcher};
@@ -20,12 +20,12 @@ where
     pub(super) fn embedding_forward_impl(
         &self,
         out: M<'_, L>,
-        ids: &L::Buf,
+        ids: &DeviceIds<L::Buf>,
         wte: V<'_, L>,
         vocab_start: usize,
         c: usize,
     ) -> Result<(), GpuError> {
-        let n = L::len(ids);
+        let n = ids.n;
         need("embedding_forward", out.len, n * c)?;
         let v_local = rows("embedding table", wte.len, c)?;
         self.run(
@@ -34,35 +34,8 @@ where
             launch::elementwise((n * c) as u64),
             &[
                 out.arg(),
-                KArg::Buf(ids),
+                KArg::Buf(&ids.ids),
                 wte.arg(),
-                KArg::I64(n64(n)),
-                KArg::I32(i32_of(c, "channels")?),
-                KArg::I64(n64(vocab_start)),
-                KArg::I64(n64(v_local)),
-            ],
-        )
-    }
-
-    pub(super) fn embedding_backward_impl(
-        &self,
-        dwte: M<'_, L>,
-        ids: &L::Buf,
-        dout: V<'_, L>,
-        vocab_start: usize,
-        c: usize,
-    ) -> Result<(), GpuError> {
-        let n = L::len(ids);
-        need("embedding_backward", dout.len, n * c)?;
-        let v_local = rows("embedding table", dwte.len, c)?;
-        self.run(
-            "embedding",
-            "embedding_backward",
-            launch::per_item(c as u64)?,
-            &[
-                dwte.arg(),
-                KArg::Buf(ids),
-                dout.arg(),
                 KArg::I64(n64(n)),
                 KArg::I32(i32_of(c, "channels")?),
                 KArg::I64(n64(vocab_start)),

@@ -21,7 +21,7 @@ pub mod launch;
 mod ops;
 mod staged;
 
-pub use device::{DMut, DRef, Device};
+pub use device::{DMut, DRef, Device, DeviceIds};
 pub use error::GpuError;
 pub use launch::Geometry;
 pub use ops::GpuKernels;

@@ -183,7 +183,7 @@ where
         c: usize,
     ) -> Result<(), GpuError> {
         let mut o = self.zeros(DType::Bf16, out.len())?;
-        let (t, w) = (self.u32(tokens)?, self.bf16(wte)?);
+        let (t, w) = (self.dev.ids(tokens.to_vec())?, self.bf16(wte)?);
         self.dev.embedding_forward(
             D::<L>::view_mut(&mut o),
             &t,
@@ -202,7 +202,8 @@ where
         vocab_start: usize,
         c: usize,
     ) -> Result<(), GpuError> {
-        let (mut dw, t, d) = (self.f32(dwte)?, self.u32(tokens)?, self.bf16(dout)?);
+        let (mut dw, d) = (self.f32(dwte)?, self.bf16(dout)?);
+        let t = self.dev.ids(tokens.to_vec())?;
         self.dev.embedding_backward(
             D::<L>::view_mut(&mut dw),
             &t,
@@ -535,7 +536,7 @@ where
         v: usize,
     ) -> Result<(), GpuError> {
         let (mut l, mb, sb) = (self.bf16(logits)?, self.f32(max)?, self.f32(sumexp)?);
-        let (t, dl) = (self.u32(targets)?, self.f32(dlosses)?);
+        let (t, dl) = (self.dev.ids(targets.to_vec())?, self.f32(dlosses)?);
         self.dev.crossentropy_backward(
             D::<L>::view_mut(&mut l),
             D::<L>::view(&mb),

@@ -23,6 +23,18 @@ const GLOBAL_BATCH: u64 = 8;
 const LOSS_RTOL: f64 = 2e-3;
 
 pub fn plan(dp: u64, pp: u64, tp: u64, zero: u8, recompute: Recompute) -> Plan {
+    plan_sp(dp, pp, tp, zero, recompute, false)
+}
+
+/// [`plan`] with or without sequence parallelism.
+pub fn plan_sp(
+    dp: u64,
+    pp: u64,
+    tp: u64,
+    zero: u8,
+    recompute: Recompute,
+    sequence_parallel: bool,
+) -> Plan {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
     let model = load_model(
         &root.join("specs/models/tiny.toml"),
@@ -43,6 +55,7 @@ pub fn plan(dp: u64, pp: u64, tp: u64, zero: u8, recompute: Recompute) -> Plan {
     let layout = Layout {
         pp,
         recompute,
+        sequence_parallel,
         schedule: ScheduleKind::OneFOneB,
         virtual_stages: 1,
         ..Layout::without_pipeline(dp, tp, zero, 2)
@@ -123,4 +136,10 @@ pub fn one_rank() -> Plan {
 
 pub fn two_by_two_by_two() -> Plan {
     plan(2, 2, 2, 1, Recompute::Selective)
+}
+
+/// TP 2 with sequence parallelism and full recompute: the row-sharded norms and residuals, the
+/// position embedding from a rank's first row, and the recompute of a whole block.
+pub fn tp2_sequence_parallel() -> Plan {
+    plan_sp(1, 1, 2, 0, Recompute::Full, true)
 }

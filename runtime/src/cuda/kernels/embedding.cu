@@ -29,21 +29,31 @@ extern "C" __global__ void pos_embedding_forward(bf16* __restrict__ out,
     }
 }
 
-// dwte[tokens[n] - vocab_start] += dout[n] for tokens in this shard. One thread per channel,
-// rows in order: deterministic (no atomics), the same order as the CPU kernel.
+// dwte[token - vocab_start] += dout[rows of that token] for tokens in this shard. The rows are
+// grouped by token on the host (`order`: row indices sorted by token, rows ascending within a
+// token; bucket b is order[starts[b] .. starts[b+1]] with token tokens[b]). One thread per
+// (bucket, channel) adds its rows in ascending order: deterministic, no atomics, the same order
+// as the CPU kernel, and parallel over distinct tokens × channels (not one thread per channel).
 extern "C" __global__ void embedding_backward(float* __restrict__ dwte,
+                                              const unsigned int* __restrict__ order,
+                                              const unsigned int* __restrict__ starts,
                                               const unsigned int* __restrict__ tokens,
-                                              const bf16* __restrict__ dout, long long n_rows,
+                                              const bf16* __restrict__ dout, long long n_buckets,
                                               int c, long long vocab_start, long long v_local) {
-    const int ch = blockIdx.x * blockDim.x + threadIdx.x;
-    if (ch >= c) {
-        return;
-    }
-    for (long long n = 0; n < n_rows; n++) {
-        const long long r = (long long)tokens[n] - vocab_start;
-        if (r >= 0 && r < v_local) {
-            dwte[r * c + ch] += bf2f(dout[n * c + ch]);
+    const long long total = n_buckets * c;
+    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < total;
+         i += (long long)gridDim.x * blockDim.x) {
+        const long long b = i / c;
+        const int ch = (int)(i % c);
+        const long long r = (long long)tokens[b] - vocab_start;
+        if (r < 0 || r >= v_local) {
+            continue;
         }
+        float acc = dwte[r * c + ch];
+        for (unsigned int k = starts[b]; k < starts[b + 1]; k++) {
+            acc += bf2f(dout[(long long)order[k] * c + ch]);
+        }
+        dwte[r * c + ch] = acc;
     }
 }
 
