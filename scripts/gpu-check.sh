@@ -53,6 +53,11 @@ fi
 # The executor on the GPU: the tiny model 1×1×1 and 2×2×2 (every rank on GPU 0) against the
 # CPU backend at bf16 tolerance, as tests/executor_emulated.rs checks it on the emulator in CI.
 step executor env TESSERA_REQUIRE_GPU=1 "$T/executor_cuda" --nocapture
+# `tessera run` on the GPU: the README's tiny plan with --backend cuda, then GPT-2 124M planned
+# for one H100 (sequence 1024; the planner picks the micro-batch), with the planner's predicted
+# step time printed next to the measured one.
+step run-tiny sh -c '.gpu/tessera plan specs/models/tiny.toml specs/clusters/cpu-8.toml --dp 2 --pp 2 --tp 2 --no-sp --micro-batch 2 --schedule 1f1b --zero 1 -o .gpu/tiny-plan.json && .gpu/tessera run .gpu/tiny-plan.json --backend cuda --steps 20'
+step run-gpt2 sh -c '.gpu/tessera plan specs/models/gpt2-124m.toml specs/clusters/dgx-h100-80g.toml --devices 1 -o .gpu/gpt2-plan.json && .gpu/tessera run .gpu/gpt2-plan.json --steps 20'
 if python3 -c 'import torch; assert torch.cuda.is_available()' 2> /dev/null; then
   step torch-eager python3 bench/gpt2_torch.py --steps 30
   step torch-compile python3 bench/gpt2_torch.py --steps 30 --compile

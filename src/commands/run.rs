@@ -15,8 +15,10 @@ use clap::{Args, ValueEnum};
 use indicatif::{ProgressBar, ProgressStyle};
 use tessera_planner::plan::Plan;
 use tessera_planner::spec::DeviceKind;
+use tessera_runtime::cuda::CudaLauncher;
 use tessera_runtime::data::Tokens;
 use tessera_runtime::exec::{self, chrome_trace, TrainOptions};
+use tessera_runtime::gpu::{Device, HostStaged};
 use tessera_runtime::launch::env::LaunchEnv;
 use tessera_runtime::launch::rendezvous::{rendezvous, RendezvousError};
 use tessera_runtime::launch::EXIT_PEER_FAILED;
@@ -129,33 +131,35 @@ fn host_available_bytes() -> Option<f64> {
 }
 
 /// Why a plan cannot run on the CUDA backend here, with the fix.
-fn cuda_refusal(args: &RunArgs, plan: &Plan) -> String {
+fn cuda_refusal(args: &RunArgs, plan: &Plan, problem: &str) -> String {
     let cluster = &plan.job.cluster;
     let why = if args.backend == Backend::Cuda {
         "--backend cuda"
     } else {
         "a GPU cluster"
     };
+    format!(
+        "{}: this plan is for {} × {} ({why}); running it needs the CUDA backend: {problem}",
+        args.plan.display(),
+        cluster.devices,
+        cluster.device.name,
+    )
+}
+
+/// The GPUs a run may use, or why there are none.
+fn gpus_here(args: &RunArgs, plan: &Plan) -> anyhow::Result<usize> {
     let cpu =
         "plan for a CPU cluster (specs/clusters/cpu-8.toml) to train here with the CPU backend";
-    let status = match tessera_runtime::cuda::devices() {
+    let problem = match tessera_runtime::cuda::devices() {
+        Ok(devices) if !devices.is_empty() => return Ok(devices.len()),
+        Ok(_) => format!("no GPU is visible\n  fix: {cpu}"),
         Err(tessera_runtime::gpu::GpuError::NotCompiledWithCudaSupport) => format!(
             "this tessera was built without CUDA support\n  fix: build with `cargo build --release --features cuda` on a machine with NVIDIA GPUs (docs/cuda.md), or {cpu}"
         ),
         // The error carries its own fix.
         Err(e) => format!("the CUDA backend is built in, but {e}\n  or {cpu}"),
-        Ok(devices) => format!(
-            "{} GPU(s) found ({}), but `tessera run` does not drive GPUs yet: the executor runs on them only from the tests (runtime/tests/executor_cuda.rs, docs/cuda.md)\n  fix: {cpu}",
-            devices.len(),
-            devices.iter().map(|d| d.to_string()).collect::<Vec<_>>().join("; ")
-        ),
     };
-    format!(
-        "{}: this plan is for {} × {} ({why}); running it needs the CUDA backend: {status}",
-        args.plan.display(),
-        cluster.devices,
-        cluster.device.name,
-    )
+    bail!("{}", cuda_refusal(args, plan, &problem))
 }
 
 pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
@@ -172,14 +176,24 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     )?;
     let plan = Plan::load(&args.plan)?;
     let cluster = &plan.job.cluster;
+    let launch = LaunchEnv::from_env().context("reading the launch environment")?;
     if args.backend == Backend::Cuda || cluster.device.kind == DeviceKind::Gpu {
-        bail!("{}", cuda_refusal(&args, &plan));
+        let gpus = gpus_here(&args, &plan)?;
+        exec::check_supported(&plan)
+            .map_err(|e| anyhow::anyhow!("{}: {e}", args.plan.display()))?;
+        if launch.as_ref().is_some_and(|env| env.world_size > 1) {
+            bail!(
+                "{}: the CUDA backend trains every rank as a thread of one process, on the GPUs it sees; it does not run under a launcher yet\n  fix: run `tessera run {}` once, without `tessera launch` or torchrun",
+                args.plan.display(),
+                args.plan.display()
+            );
+        }
+        return train_here(&args, &plan, Some(gpus));
     }
     check_runnable(&plan, &args.plan)?;
-    let launch = LaunchEnv::from_env().context("reading the launch environment")?;
     match launch {
         Some(env) if env.world_size > 1 => distributed(&args, &plan, &env),
-        _ => train_here(&args, &plan),
+        _ => train_here(&args, &plan, None),
     }
 }
 
@@ -223,7 +237,7 @@ fn distributed(args: &RunArgs, plan: &Plan, env: &LaunchEnv) -> anyhow::Result<E
         println!(
             "rank 0 of {world}: all ranks joined and run the same plan; the CPU backend trains all {world} ranks as threads of this process"
         );
-        let result = train_here(args, plan);
+        let result = train_here(args, plan, None);
         let outcome = match &result {
             Ok(code) if *code == ExitCode::SUCCESS => Ok(()),
             Ok(_) => Err("rank 0 exited with an error".to_string()),
@@ -250,11 +264,16 @@ fn distributed(args: &RunArgs, plan: &Plan, env: &LaunchEnv) -> anyhow::Result<E
     }
 }
 
-/// Trains in this process (every rank a thread).
-fn train_here(args: &RunArgs, plan: &Plan) -> anyhow::Result<ExitCode> {
+/// Trains in this process (every rank a thread): on the CPU, or with `gpus`, rank r on GPU
+/// r mod gpus (the device backend, collectives through host memory).
+fn train_here(args: &RunArgs, plan: &Plan, gpus: Option<usize>) -> anyhow::Result<ExitCode> {
     let cluster = &plan.job.cluster;
-    let need = host_bytes_needed(plan);
-    if let Some(have) = host_available_bytes() {
+    let need = if gpus.is_some() {
+        0.0
+    } else {
+        host_bytes_needed(plan)
+    };
+    if let Some(have) = host_available_bytes().filter(|_| gpus.is_none()) {
         if need > have {
             bail!(
                 "{}: this CPU run needs about {} of host memory ({} ranks), and {} is available\n  fix: plan a smaller model, a smaller micro-batch or more recompute, or free memory",
@@ -302,13 +321,17 @@ fn train_here(args: &RunArgs, plan: &Plan) -> anyhow::Result<ExitCode> {
     };
     let p = &plan.parallel;
     println!(
-        "{}: {} parameters, dp {} × tp {} × pp {} on {} CPU ranks, micro-batch {} × {} micro-batches, ZeRO-{}, {} recompute, schedule {}",
+        "{}: {} parameters, dp {} × tp {} × pp {} on {} {} ranks, micro-batch {} × {} micro-batches, ZeRO-{}, {} recompute, schedule {}",
         plan.job.model.name,
         plan.job.parameters,
         p.dp,
         p.tp,
         p.pp,
         p.world,
+        match gpus {
+            None => "CPU".to_string(),
+            Some(n) => format!("GPU (on {n} visible GPUs)"),
+        },
         p.micro_batch,
         p.microbatches,
         p.zero_stage,
@@ -322,7 +345,7 @@ fn train_here(args: &RunArgs, plan: &Plan) -> anyhow::Result<ExitCode> {
     );
     let mut metrics = args.metrics.as_deref().map(LineStream::open).transpose()?;
     let mut write_error = None;
-    let result = exec::train(plan, &data, &opts, &mut |m| {
+    let mut on_step = |m: &exec::StepMetrics| {
         bar.set_position(m.step as u64 + 1);
         bar.set_message(format!(
             "loss {:.4}  {:.0} tokens/s",
@@ -336,7 +359,18 @@ fn train_here(args: &RunArgs, plan: &Plan) -> anyhow::Result<ExitCode> {
                 write_error = Some(e.context(format!("step {}: the run stops here", m.step)));
             }
         }
-    });
+    };
+    let result = match gpus {
+        None => exec::train(plan, &data, &opts, &mut on_step),
+        Some(n) => exec::train_on(
+            plan,
+            &data,
+            &opts,
+            &mut on_step,
+            &|r| Ok(Device::new(CudaLauncher::open(r % n)?)),
+            &|dev: &Device<CudaLauncher>, comm| Ok(HostStaged::new(dev.clone(), comm)),
+        ),
+    };
     bar.finish();
     if let Some(e) = write_error {
         return Err(e);
@@ -383,13 +417,20 @@ fn train_here(args: &RunArgs, plan: &Plan) -> anyhow::Result<ExitCode> {
         mem.add_row(vec![
             r.to_string(),
             stage.to_string(),
-            mib(*bytes),
+            match gpus {
+                None => mib(*bytes),
+                Some(_) => "-".into(),
+            },
             predicted.map_or("-".into(), |s| mib(s.total_bytes)),
         ]);
     }
     println!("{mem}");
     println!(
-        "measured: peak bytes the allocator gave each rank's thread (f32 weights, gradients and Adam moments); predicted: the plan's per-device total under the \"{}\" precision policy",
+        "measured: {}; predicted: the plan's per-device total under the \"{}\" precision policy",
+        match gpus {
+            None => "peak bytes the allocator gave each rank's thread (f32 weights, gradients and Adam moments)",
+            Some(_) => "not tracked on GPUs yet",
+        },
         plan.job.model.training.precision
     );
     if let Some(path) = &args.trace {
