@@ -3,9 +3,10 @@
 //! bf16 activations, f32 statistics and gradient accumulators.
 #![allow(clippy::too_many_arguments)]
 
-use super::device::{need, rows, DMut, DRef, Device, DeviceIds};
+use super::device::Device;
 use super::launch;
 use super::ops::{i32_of, n64};
+use super::views::{need, rows, DMut, DRef, DeviceIds};
 use super::{DType, GpuError, KArg, Launcher};
 use crate::cpu::AttnShape;
 use crate::ops::RopeShape;

@@ -12,6 +12,7 @@
 
 pub mod bf16;
 mod device;
+mod device_backend;
 mod device_layers;
 pub mod doctor;
 mod error;
@@ -20,12 +21,14 @@ pub mod kernels;
 pub mod launch;
 mod ops;
 mod staged;
+mod views;
 
-pub use device::{DMut, DRef, Device, DeviceIds};
+pub use device::Device;
 pub use error::GpuError;
 pub use launch::Geometry;
 pub use ops::GpuKernels;
 pub use staged::HostStaged;
+pub use views::{DMut, DRef, DeviceIds};
 
 use gemm::ColMajorGemm;
 use kernels::Module;
