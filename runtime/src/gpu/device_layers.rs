@@ -288,10 +288,15 @@ where
         need("attention log-sum-exp", lse.len, s.b * s.hq * s.t)?;
         let geo = launch::attention(&s, self.launcher().max_shared_bytes())?;
         let scale = 1.0 / (s.hd as f32).sqrt();
+        // Tensor cores where the head size allows (a multiple of 16), else CUDA cores.
+        let (function, geometry) = match geo.forward_tc {
+            Some(g) => ("attention_forward_tc", g),
+            None => ("attention_forward", geo.forward),
+        };
         self.run(
             "attention",
-            "attention_forward",
-            Some(geo.forward),
+            function,
+            Some(geometry),
             &[
                 y.arg(),
                 lse.arg(),

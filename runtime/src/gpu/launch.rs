@@ -142,6 +142,8 @@ pub fn per_item(n: u64) -> Result<Option<Geometry>, GpuError> {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct AttentionLaunch {
     pub forward: Geometry,
+    /// The tensor-core forward (`attention_forward_tc`), when the head size is a multiple of 16.
+    pub forward_tc: Option<Geometry>,
     pub delta: Geometry,
     pub backward_dq: Geometry,
     pub backward_dkv: Geometry,
@@ -190,7 +192,23 @@ pub fn attention(s: &AttnShape, max_shared: u32) -> Result<AttentionLaunch, GpuE
     let b = grid_dim(s.b as u64, "batch", 65_535)?;
     let block = (ATT_WARPS * 32, 1, 1);
     let warps_rows = (s.b * s.hq * s.t) as u64;
+    // Tensor-core tiles: 64 query rows (4 warps × 16) and two 64-key bf16 tiles of stride hd + 8.
+    let forward_tc = if s.hd.is_multiple_of(16) {
+        let tc_bytes = 2 * 64 * (s.hd as u64 + 8) * 2;
+        Some(Geometry {
+            grid: (
+                grid_dim((s.t as u64).div_ceil(64), "query tiles", i32::MAX as u64)?,
+                hq,
+                b,
+            ),
+            block: (128, 1, 1),
+            shared_bytes: bytes(tc_bytes.div_ceil(4))?,
+        })
+    } else {
+        None
+    };
     Ok(AttentionLaunch {
+        forward_tc,
         forward: Geometry {
             grid: (row_tiles, hq, b),
             block,

@@ -100,6 +100,46 @@ T shfl(T v, int src) {
     return r;
 }
 
+// The fragments of one warp-wide mma.sync (per lane: 4 A registers, 2 B registers, 4 C values).
+inline std::vector<uint32_t> mma_a, mma_b;
+
+inline float bf16_bits_to_float(uint32_t bits) {
+    const uint32_t u = bits << 16;
+    float f;
+    std::memcpy(&f, &u, 4);
+    return f;
+}
+
+// mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32, d += a * b over one warp: every lane
+// posts its fragments, then each computes its own four outputs (products summed in f32 in k
+// order, then added to d). Layout as in the PTX ISA (attention.cu states it).
+inline void mma_m16n8k16(float* d, const unsigned* a, const unsigned* b) {
+    const unsigned lin = lane_index();
+    const unsigned w = lin / 32, l = lin % 32;
+    for (int i = 0; i < 4; i++) mma_a[(w * 32 + l) * 4 + i] = a[i];
+    for (int i = 0; i < 2; i++) mma_b[(w * 32 + l) * 2 + i] = b[i];
+    arrive_and_wait(warp_bars[w]);
+    const unsigned gid = l >> 2, tig = l & 3;
+    float out[4];
+    for (int e = 0; e < 4; e++) {
+        const unsigned row = gid + (e >= 2 ? 8 : 0);
+        const unsigned col = tig * 2 + (e & 1);
+        float acc = 0.0f;
+        for (unsigned k = 0; k < 16; k++) {
+            const unsigned al = (row % 8) * 4 + (k % 8) / 2;
+            const unsigned ar = (row >= 8 ? 1 : 0) + (k >= 8 ? 2 : 0);
+            const unsigned bl = col * 4 + (k % 8) / 2;
+            const unsigned br = k >= 8 ? 1 : 0;
+            const uint32_t av = mma_a[(w * 32 + al) * 4 + ar] >> (16 * (k % 2));
+            const uint32_t bv = mma_b[(w * 32 + bl) * 2 + br] >> (16 * (k % 2));
+            acc += bf16_bits_to_float(av & 0xffffu) * bf16_bits_to_float(bv & 0xffffu);
+        }
+        out[e] = d[e] + acc;
+    }
+    arrive_and_wait(warp_bars[w]);
+    for (int e = 0; e < 4; e++) d[e] = out[e];
+}
+
 inline void setup(emu_uint3 grid, emu_uint3 block, unsigned int shared_bytes) {
     gdim = grid;
     bdim = block;
@@ -118,6 +158,8 @@ inline void run(emu_uint3 grid, emu_uint3 block, unsigned int shared_bytes,
     block_bar = Barrier{n, 0, 0};
     warp_bars.assign(n / 32, Barrier{32, 0, 0});
     warp_slots.assign((n / 32 + 1) * 32, 0);
+    mma_a.assign((n / 32 + 1) * 32 * 4, 0);
+    mma_b.assign((n / 32 + 1) * 32 * 2, 0);
     for (unsigned int z = 0; z < grid.z; z++) {
         for (unsigned int y = 0; y < grid.y; y++) {
             for (unsigned int x = 0; x < grid.x; x++) {

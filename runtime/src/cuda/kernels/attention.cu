@@ -328,3 +328,206 @@ extern "C" __global__ void attention_backward_dkv(bf16* __restrict__ dqkv,
         }
     }
 }
+
+// ---- Tensor-core forward (FlashAttention-2 style) ---------------------------------------------
+// bf16 `mma.sync.m16n8k16` with fp32 accumulation, through inline PTX (NVRTC needs no header for
+// it; the tests' emulator provides the same warp-wide product as `emu::mma_m16n8k16`). Same
+// inputs, outputs and log-sum-exp as `attention_forward`; used when hd is a multiple of 16.
+// A block of TC_WARPS warps owns TC_BR = 64 query rows of one (batch, head), 16 per warp; key
+// tiles of TC_BC = 64 keys, K and V tiles in shared memory as bf16 (row stride hd + 8).
+// Fragment layout (PTX ISA, m16n8k16): lane = 4*gid + tig; A (16x16, row-major) a0 = (gid,
+// 2tig..+1), a1 = (gid+8, ..), a2 = (gid, 8+2tig..), a3 = (gid+8, 8+..); B (16x8) b0 = (k 2tig..+1,
+// n gid), b1 = (k 8+2tig..); C (16x8) c0,c1 = (gid, 2tig..+1), c2,c3 = (gid+8, ..).
+#define TC_WARPS 4
+#define TC_BR 64
+#define TC_BC 64
+#define TC_MAXD 128
+
+__device__ __forceinline__ unsigned pack_bf16(bf16 lo, bf16 hi) {
+    return (unsigned)lo | ((unsigned)hi << 16);
+}
+
+// d (16x8, fp32) += a (16x16, bf16) * b (16x8, bf16), one warp.
+__device__ __forceinline__ void mma_bf16_16816(float* d, const unsigned* a, const unsigned* b) {
+#ifdef TESSERA_EMU
+    emu::mma_m16n8k16(d, a, b);
+#else
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+        "{%8,%9}, {%0,%1,%2,%3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+#endif
+}
+
+// Two adjacent bf16 of row `t` (0 past T).
+__device__ __forceinline__ unsigned load_pair(const bf16* base, long long W, int col, int t,
+                                              int T) {
+    if (t >= T) {
+        return 0u;
+    }
+    const bf16* p = base + (long long)t * W + col;
+    return pack_bf16(p[0], p[1]);
+}
+
+extern "C" __global__ void attention_forward_tc(bf16* __restrict__ y, float* __restrict__ lse,
+                                                const bf16* __restrict__ qkv, int B, int T,
+                                                int hq, int hkv, int hd, float scale) {
+    TESSERA_DYNAMIC_SHARED(bf16, smem_tc);  // (a second extern name: its type differs)
+    const int ld = hd + 8;
+    bf16* k_s = smem_tc;
+    bf16* v_s = k_s + TC_BC * ld;
+    const int b = blockIdx.z;
+    const int h = blockIdx.y;
+    const int g = h / (hq / hkv);
+    const int warp = threadIdx.x / 32;
+    const int lane = threadIdx.x % 32;
+    const int gid = lane >> 2;
+    const int tig = lane & 3;
+    const long long W = (long long)(hq + 2 * hkv) * hd;
+    const bf16* base = qkv + (long long)b * T * W;
+    const int q0 = blockIdx.x * TC_BR;
+    const int r0 = q0 + warp * 16 + gid;
+    const int r1 = r0 + 8;
+    const int ksteps = hd / 16;
+    const int dtiles = hd / 8;
+
+    unsigned qa[TC_MAXD / 16][4];
+#pragma unroll
+    for (int kt = 0; kt < TC_MAXD / 16; kt++) {
+        const int c = h * hd + kt * 16 + tig * 2;
+        const bool in = kt < ksteps;
+        qa[kt][0] = in ? load_pair(base, W, c, r0, T) : 0u;
+        qa[kt][1] = in ? load_pair(base, W, c, r1, T) : 0u;
+        qa[kt][2] = in ? load_pair(base, W, c + 8, r0, T) : 0u;
+        qa[kt][3] = in ? load_pair(base, W, c + 8, r1, T) : 0u;
+    }
+    float m0 = TS_NEG_INF, m1 = TS_NEG_INF, l0 = 0.0f, l1 = 0.0f;
+    float o[TC_MAXD / 8][4];
+#pragma unroll
+    for (int dn = 0; dn < TC_MAXD / 8; dn++) {
+        o[dn][0] = o[dn][1] = o[dn][2] = o[dn][3] = 0.0f;
+    }
+    const int last_q = (q0 + TC_BR < T ? q0 + TC_BR : T) - 1;
+    for (int k0 = 0; k0 <= last_q; k0 += TC_BC) {
+        __syncthreads();
+        for (int idx = threadIdx.x; idx < TC_BC * hd; idx += blockDim.x) {
+            const int r = idx / hd;
+            const int d = idx % hd;
+            const int t = k0 + r;
+            const bf16* row = base + (long long)t * W;
+            k_s[r * ld + d] = t < T ? row[(hq + g) * hd + d] : (bf16)0;
+            v_s[r * ld + d] = t < T ? row[(hq + hkv + g) * hd + d] : (bf16)0;
+        }
+        __syncthreads();
+        // Scores S (16 rows x 64 keys per warp) = Q K^T, scaled and causally masked.
+        float s[TC_BC / 8][4];
+        float mx0 = TS_NEG_INF, mx1 = TS_NEG_INF;
+#pragma unroll
+        for (int nt = 0; nt < TC_BC / 8; nt++) {
+            s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.0f;
+            const bf16* kr = k_s + (nt * 8 + gid) * ld + tig * 2;
+#pragma unroll
+            for (int kt = 0; kt < TC_MAXD / 16; kt++) {
+                if (kt < ksteps) {
+                    const unsigned kb[2] = {pack_bf16(kr[kt * 16], kr[kt * 16 + 1]),
+                                            pack_bf16(kr[kt * 16 + 8], kr[kt * 16 + 9])};
+                    mma_bf16_16816(s[nt], qa[kt], kb);
+                }
+            }
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const int row = e < 2 ? r0 : r1;
+                const int col = k0 + nt * 8 + tig * 2 + (e & 1);
+                const bool live = row < T && col <= row;
+                s[nt][e] = live ? s[nt][e] * scale : TS_NEG_INF;
+            }
+            mx0 = fmaxf(mx0, fmaxf(s[nt][0], s[nt][1]));
+            mx1 = fmaxf(mx1, fmaxf(s[nt][2], s[nt][3]));
+        }
+        // The 4 lanes of a group hold one row pair: reduce across them.
+        mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
+        mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
+        mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
+        mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
+        const float n0 = fmaxf(m0, mx0);
+        const float n1 = fmaxf(m1, mx1);
+        const float c0 = m0 == TS_NEG_INF ? 0.0f : expf(m0 - n0);
+        const float c1 = m1 == TS_NEG_INF ? 0.0f : expf(m1 - n1);
+        float sum0 = 0.0f, sum1 = 0.0f;
+#pragma unroll
+        for (int nt = 0; nt < TC_BC / 8; nt++) {
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const float mr = e < 2 ? n0 : n1;
+                const float p = s[nt][e] == TS_NEG_INF ? 0.0f : expf(s[nt][e] - mr);
+                s[nt][e] = p;
+                if (e < 2) {
+                    sum0 += p;
+                } else {
+                    sum1 += p;
+                }
+            }
+        }
+        sum0 += __shfl_xor_sync(0xffffffffu, sum0, 1);
+        sum0 += __shfl_xor_sync(0xffffffffu, sum0, 2);
+        sum1 += __shfl_xor_sync(0xffffffffu, sum1, 1);
+        sum1 += __shfl_xor_sync(0xffffffffu, sum1, 2);
+        l0 = l0 * c0 + sum0;
+        l1 = l1 * c1 + sum1;
+        m0 = n0;
+        m1 = n1;
+#pragma unroll
+        for (int dn = 0; dn < TC_MAXD / 8; dn++) {
+            o[dn][0] *= c0;
+            o[dn][1] *= c0;
+            o[dn][2] *= c1;
+            o[dn][3] *= c1;
+        }
+        // O += P V: two score tiles (16 keys) form one A operand.
+#pragma unroll
+        for (int kk = 0; kk < TC_BC / 16; kk++) {
+            const unsigned pa[4] = {
+                pack_bf16(f2bf(s[2 * kk][0]), f2bf(s[2 * kk][1])),
+                pack_bf16(f2bf(s[2 * kk][2]), f2bf(s[2 * kk][3])),
+                pack_bf16(f2bf(s[2 * kk + 1][0]), f2bf(s[2 * kk + 1][1])),
+                pack_bf16(f2bf(s[2 * kk + 1][2]), f2bf(s[2 * kk + 1][3]))};
+            const bf16* vr = v_s + (kk * 16 + tig * 2) * ld + gid;
+#pragma unroll
+            for (int dn = 0; dn < TC_MAXD / 8; dn++) {
+                if (dn < dtiles) {
+                    const bf16* v = vr + dn * 8;
+                    const unsigned vb[2] = {pack_bf16(v[0], v[ld]),
+                                            pack_bf16(v[8 * ld], v[9 * ld])};
+                    mma_bf16_16816(o[dn], pa, vb);
+                }
+            }
+        }
+    }
+    const float inv0 = l0 > 0.0f ? 1.0f / l0 : 0.0f;
+    const float inv1 = l1 > 0.0f ? 1.0f / l1 : 0.0f;
+#pragma unroll
+    for (int dn = 0; dn < TC_MAXD / 8; dn++) {
+        if (dn < dtiles) {
+            const int d = h * hd + dn * 8 + tig * 2;
+            if (r0 < T) {
+                bf16* yr = y + ((long long)b * T + r0) * hq * hd + d;
+                yr[0] = f2bf(o[dn][0] * inv0);
+                yr[1] = f2bf(o[dn][1] * inv0);
+            }
+            if (r1 < T) {
+                bf16* yr = y + ((long long)b * T + r1) * hq * hd + d;
+                yr[0] = f2bf(o[dn][2] * inv1);
+                yr[1] = f2bf(o[dn][3] * inv1);
+            }
+        }
+    }
+    if (tig == 0) {
+        if (r0 < T) {
+            lse[((long long)b * hq + h) * T + r0] = m0 + logf(l0);
+        }
+        if (r1 < T) {
+            lse[((long long)b * hq + h) * T + r1] = m1 + logf(l1);
+        }
+    }
+}
