@@ -346,10 +346,12 @@ where
                 KArg::I32(hd),
             ],
         )?;
-        for (function, g) in [
-            ("attention_backward_dq", geo.backward_dq),
-            ("attention_backward_dkv", geo.backward_dkv),
-        ] {
+        // dq on tensor cores where the head size allows, as the forward.
+        let dq = match geo.forward_tc {
+            Some(g) => ("attention_backward_dq_tc", g),
+            None => ("attention_backward_dq", geo.backward_dq),
+        };
+        for (function, g) in [dq, ("attention_backward_dkv", geo.backward_dkv)] {
             self.run(
                 "attention",
                 function,

@@ -142,7 +142,8 @@ pub fn per_item(n: u64) -> Result<Option<Geometry>, GpuError> {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct AttentionLaunch {
     pub forward: Geometry,
-    /// The tensor-core forward (`attention_forward_tc`), when the head size is a multiple of 16.
+    /// The tensor-core forward (`attention_forward_tc`) and dq (`attention_backward_dq_tc`),
+    /// when the head size is a multiple of 16 (same tiles, same geometry).
     pub forward_tc: Option<Geometry>,
     pub delta: Geometry,
     pub backward_dq: Geometry,

@@ -531,3 +531,135 @@ extern "C" __global__ void attention_forward_tc(bf16* __restrict__ y, float* __r
         }
     }
 }
+
+// dq on tensor cores: the same tiles as `attention_forward_tc` (64 query rows per block, 16 per
+// warp, 64-key bf16 K/V tiles). Per key tile: S = Q K^T (scaled), P = exp(S - lse), dP = dO V^T,
+// dS = P (dP - delta), dq += dS K; dq is written scaled, as `attention_backward_dq` writes it.
+extern "C" __global__ void attention_backward_dq_tc(bf16* __restrict__ dqkv,
+                                                    const bf16* __restrict__ dy,
+                                                    const bf16* __restrict__ qkv,
+                                                    const float* __restrict__ lse,
+                                                    const float* __restrict__ delta, int B,
+                                                    int T, int hq, int hkv, int hd,
+                                                    float scale) {
+    TESSERA_DYNAMIC_SHARED(bf16, smem_dq);
+    const int ld = hd + 8;
+    bf16* k_s = smem_dq;
+    bf16* v_s = k_s + TC_BC * ld;
+    const int b = blockIdx.z;
+    const int h = blockIdx.y;
+    const int g = h / (hq / hkv);
+    const int warp = threadIdx.x / 32;
+    const int lane = threadIdx.x % 32;
+    const int gid = lane >> 2;
+    const int tig = lane & 3;
+    const long long W = (long long)(hq + 2 * hkv) * hd;
+    const long long Wy = (long long)hq * hd;
+    const bf16* base = qkv + (long long)b * T * W;
+    const bf16* dyb = dy + (long long)b * T * Wy;
+    const int q0 = blockIdx.x * TC_BR;
+    const int r0 = q0 + warp * 16 + gid;
+    const int r1 = r0 + 8;
+    const int ksteps = hd / 16;
+    const int dtiles = hd / 8;
+    const float* lrow = lse + ((long long)b * hq + h) * T;
+    const float* drow = delta + ((long long)b * hq + h) * T;
+    const float L0 = r0 < T ? lrow[r0] : 0.0f, L1 = r1 < T ? lrow[r1] : 0.0f;
+    const float D0 = r0 < T ? drow[r0] : 0.0f, D1 = r1 < T ? drow[r1] : 0.0f;
+
+    unsigned qa[TC_MAXD / 16][4];
+    unsigned da[TC_MAXD / 16][4];
+#pragma unroll
+    for (int kt = 0; kt < TC_MAXD / 16; kt++) {
+        const int c = kt * 16 + tig * 2;
+        const bool in = kt < ksteps;
+        qa[kt][0] = in ? load_pair(base, W, h * hd + c, r0, T) : 0u;
+        qa[kt][1] = in ? load_pair(base, W, h * hd + c, r1, T) : 0u;
+        qa[kt][2] = in ? load_pair(base, W, h * hd + c + 8, r0, T) : 0u;
+        qa[kt][3] = in ? load_pair(base, W, h * hd + c + 8, r1, T) : 0u;
+        da[kt][0] = in ? load_pair(dyb, Wy, h * hd + c, r0, T) : 0u;
+        da[kt][1] = in ? load_pair(dyb, Wy, h * hd + c, r1, T) : 0u;
+        da[kt][2] = in ? load_pair(dyb, Wy, h * hd + c + 8, r0, T) : 0u;
+        da[kt][3] = in ? load_pair(dyb, Wy, h * hd + c + 8, r1, T) : 0u;
+    }
+    float dq[TC_MAXD / 8][4];
+#pragma unroll
+    for (int dn = 0; dn < TC_MAXD / 8; dn++) {
+        dq[dn][0] = dq[dn][1] = dq[dn][2] = dq[dn][3] = 0.0f;
+    }
+    const int last_q = (q0 + TC_BR < T ? q0 + TC_BR : T) - 1;
+    for (int k0 = 0; k0 <= last_q; k0 += TC_BC) {
+        __syncthreads();
+        for (int idx = threadIdx.x; idx < TC_BC * hd; idx += blockDim.x) {
+            const int r = idx / hd;
+            const int d = idx % hd;
+            const int t = k0 + r;
+            const bf16* row = base + (long long)t * W;
+            k_s[r * ld + d] = t < T ? row[(hq + g) * hd + d] : (bf16)0;
+            v_s[r * ld + d] = t < T ? row[(hq + hkv + g) * hd + d] : (bf16)0;
+        }
+        __syncthreads();
+        float ds[TC_BC / 8][4];
+#pragma unroll
+        for (int nt = 0; nt < TC_BC / 8; nt++) {
+            float s[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+            float dp[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+            const bf16* kr = k_s + (nt * 8 + gid) * ld + tig * 2;
+            const bf16* vr = v_s + (nt * 8 + gid) * ld + tig * 2;
+#pragma unroll
+            for (int kt = 0; kt < TC_MAXD / 16; kt++) {
+                if (kt < ksteps) {
+                    const unsigned kb[2] = {pack_bf16(kr[kt * 16], kr[kt * 16 + 1]),
+                                            pack_bf16(kr[kt * 16 + 8], kr[kt * 16 + 9])};
+                    mma_bf16_16816(s, qa[kt], kb);
+                    const unsigned vb[2] = {pack_bf16(vr[kt * 16], vr[kt * 16 + 1]),
+                                            pack_bf16(vr[kt * 16 + 8], vr[kt * 16 + 9])};
+                    mma_bf16_16816(dp, da[kt], vb);
+                }
+            }
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const int row = e < 2 ? r0 : r1;
+                const int col = k0 + nt * 8 + tig * 2 + (e & 1);
+                const bool live = row < T && col <= row;
+                const float p = live ? expf(s[e] * scale - (e < 2 ? L0 : L1)) : 0.0f;
+                ds[nt][e] = p * (dp[e] - (e < 2 ? D0 : D1));
+            }
+        }
+        // dq += dS K: two score tiles (16 keys) form one A operand; B[key][d] = K[key][d].
+#pragma unroll
+        for (int kk = 0; kk < TC_BC / 16; kk++) {
+            const unsigned pa[4] = {
+                pack_bf16(f2bf(ds[2 * kk][0]), f2bf(ds[2 * kk][1])),
+                pack_bf16(f2bf(ds[2 * kk][2]), f2bf(ds[2 * kk][3])),
+                pack_bf16(f2bf(ds[2 * kk + 1][0]), f2bf(ds[2 * kk + 1][1])),
+                pack_bf16(f2bf(ds[2 * kk + 1][2]), f2bf(ds[2 * kk + 1][3]))};
+            const bf16* kr = k_s + (kk * 16 + tig * 2) * ld + gid;
+#pragma unroll
+            for (int dn = 0; dn < TC_MAXD / 8; dn++) {
+                if (dn < dtiles) {
+                    const bf16* k = kr + dn * 8;
+                    const unsigned kb[2] = {pack_bf16(k[0], k[ld]),
+                                            pack_bf16(k[8 * ld], k[9 * ld])};
+                    mma_bf16_16816(dq[dn], pa, kb);
+                }
+            }
+        }
+    }
+#pragma unroll
+    for (int dn = 0; dn < TC_MAXD / 8; dn++) {
+        if (dn < dtiles) {
+            const int d = h * hd + dn * 8 + tig * 2;
+            if (r0 < T) {
+                bf16* out = dqkv + ((long long)b * T + r0) * W + d;
+                out[0] = f2bf(dq[dn][0] * scale);
+                out[1] = f2bf(dq[dn][1] * scale);
+            }
+            if (r1 < T) {
+                bf16* out = dqkv + ((long long)b * T + r1) * W + d;
+                out[0] = f2bf(dq[dn][2] * scale);
+                out[1] = f2bf(dq[dn][3] * scale);
+            }
+        }
+    }
+}
