@@ -297,6 +297,14 @@ fn attention_body(k: &dyn Kernels) {
             hkv: 2,
             hd: 128,
         },
+        // The tensor-core kernels' tiles: three 64-row tiles (the last partial), GQA 4:2.
+        AttnShape {
+            b: 2,
+            t: 130,
+            hq: 4,
+            hkv: 2,
+            hd: 32,
+        },
     ];
     for s in shapes {
         let qkv = randn(s.b * s.t * s.qkv_width(), 26, 1.0);

@@ -351,7 +351,11 @@ where
             Some(g) => ("attention_backward_dq_tc", g),
             None => ("attention_backward_dq", geo.backward_dq),
         };
-        for (function, g) in [dq, ("attention_backward_dkv", geo.backward_dkv)] {
+        let dkv = match geo.backward_dkv_tc {
+            Some(g) => ("attention_backward_dkv_tc", g),
+            None => ("attention_backward_dkv", geo.backward_dkv),
+        };
+        for (function, g) in [dq, dkv] {
             self.run(
                 "attention",
                 function,

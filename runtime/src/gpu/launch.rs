@@ -145,6 +145,9 @@ pub struct AttentionLaunch {
     /// The tensor-core forward (`attention_forward_tc`) and dq (`attention_backward_dq_tc`),
     /// when the head size is a multiple of 16 (same tiles, same geometry).
     pub forward_tc: Option<Geometry>,
+    /// The tensor-core dk/dv (`attention_backward_dkv_tc`), for head sizes that are a multiple
+    /// of 16 and at most 64 (its K, V and accumulators live in registers).
+    pub backward_dkv_tc: Option<Geometry>,
     pub delta: Geometry,
     pub backward_dq: Geometry,
     pub backward_dkv: Geometry,
@@ -208,8 +211,24 @@ pub fn attention(s: &AttnShape, max_shared: u32) -> Result<AttentionLaunch, GpuE
     } else {
         None
     };
+    // Q and dO tiles of 64 queries (bf16, stride hd + 8) plus 64 lse and 64 delta values.
+    let backward_dkv_tc = if s.hd.is_multiple_of(16) && s.hd <= 64 {
+        let tc_bytes = 2 * 64 * (s.hd as u64 + 8) * 2 + 2 * 64 * 4;
+        Some(Geometry {
+            grid: (
+                grid_dim((s.t as u64).div_ceil(64), "key tiles", i32::MAX as u64)?,
+                hkv,
+                b,
+            ),
+            block: (128, 1, 1),
+            shared_bytes: bytes(tc_bytes.div_ceil(4))?,
+        })
+    } else {
+        None
+    };
     Ok(AttentionLaunch {
         forward_tc,
+        backward_dkv_tc,
         forward: Geometry {
             grid: (row_tiles, hq, b),
             block,

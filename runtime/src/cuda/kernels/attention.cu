@@ -663,3 +663,165 @@ extern "C" __global__ void attention_backward_dq_tc(bf16* __restrict__ dqkv,
         }
     }
 }
+
+// dk, dv on tensor cores for head sizes up to TC_DKV_MAXD (a multiple of 16): a block owns 64
+// keys of one (batch, kv head), 16 per warp, with K and V as A operands in registers, and loops
+// over the head's q heads and the 64-query tiles at or after its keys (Q, dO tiles in shared
+// memory as bf16). Per tile: S^T = K Q^T, P^T = exp(S^T - lse), dP^T = V dO^T,
+// dS^T = P^T (dP^T - delta); dv += P^T dO, dk += dS^T Q. Written as attention_backward_dkv.
+#define TC_DKV_MAXD 64
+
+extern "C" __global__ void attention_backward_dkv_tc(bf16* __restrict__ dqkv,
+                                                     const bf16* __restrict__ dy,
+                                                     const bf16* __restrict__ qkv,
+                                                     const float* __restrict__ lse,
+                                                     const float* __restrict__ delta, int B,
+                                                     int T, int hq, int hkv, int hd,
+                                                     float scale) {
+    TESSERA_DYNAMIC_SHARED(bf16, smem_dkv);
+    const int ld = hd + 8;
+    bf16* q_s = smem_dkv;
+    bf16* do_s = q_s + TC_BR * ld;
+    float* lse_s = (float*)(do_s + TC_BR * ld);
+    float* dl_s = lse_s + TC_BR;
+    const int b = blockIdx.z;
+    const int g = blockIdx.y;
+    const int rep = hq / hkv;
+    const int warp = threadIdx.x / 32;
+    const int lane = threadIdx.x % 32;
+    const int gid = lane >> 2;
+    const int tig = lane & 3;
+    const long long W = (long long)(hq + 2 * hkv) * hd;
+    const long long Wy = (long long)hq * hd;
+    const bf16* base = qkv + (long long)b * T * W;
+    const bf16* dyb = dy + (long long)b * T * Wy;
+    const int k0 = blockIdx.x * TC_BC;
+    const int kr0 = k0 + warp * 16 + gid;
+    const int kr1 = kr0 + 8;
+    const int ksteps = hd / 16;
+    const int dtiles = hd / 8;
+
+    unsigned ka[TC_DKV_MAXD / 16][4];
+    unsigned va[TC_DKV_MAXD / 16][4];
+#pragma unroll
+    for (int kt = 0; kt < TC_DKV_MAXD / 16; kt++) {
+        const int c = kt * 16 + tig * 2;
+        const bool in = kt < ksteps;
+        const int kc = (hq + g) * hd + c;
+        const int vc = (hq + hkv + g) * hd + c;
+        ka[kt][0] = in ? load_pair(base, W, kc, kr0, T) : 0u;
+        ka[kt][1] = in ? load_pair(base, W, kc, kr1, T) : 0u;
+        ka[kt][2] = in ? load_pair(base, W, kc + 8, kr0, T) : 0u;
+        ka[kt][3] = in ? load_pair(base, W, kc + 8, kr1, T) : 0u;
+        va[kt][0] = in ? load_pair(base, W, vc, kr0, T) : 0u;
+        va[kt][1] = in ? load_pair(base, W, vc, kr1, T) : 0u;
+        va[kt][2] = in ? load_pair(base, W, vc + 8, kr0, T) : 0u;
+        va[kt][3] = in ? load_pair(base, W, vc + 8, kr1, T) : 0u;
+    }
+    float dk[TC_DKV_MAXD / 8][4];
+    float dv[TC_DKV_MAXD / 8][4];
+#pragma unroll
+    for (int dn = 0; dn < TC_DKV_MAXD / 8; dn++) {
+        dk[dn][0] = dk[dn][1] = dk[dn][2] = dk[dn][3] = 0.0f;
+        dv[dn][0] = dv[dn][1] = dv[dn][2] = dv[dn][3] = 0.0f;
+    }
+    for (int hh = 0; hh < rep; hh++) {
+        const int h = g * rep + hh;
+        const long long stat = ((long long)b * hq + h) * T;
+        for (int q0 = k0; q0 < T; q0 += TC_BR) {
+            __syncthreads();
+            for (int idx = threadIdx.x; idx < TC_BR * hd; idx += blockDim.x) {
+                const int r = idx / hd;
+                const int d = idx % hd;
+                const int t = q0 + r;
+                q_s[r * ld + d] = t < T ? base[(long long)t * W + h * hd + d] : (bf16)0;
+                do_s[r * ld + d] = t < T ? dyb[(long long)t * Wy + h * hd + d] : (bf16)0;
+            }
+            if (threadIdx.x < TC_BR) {
+                const int t = q0 + threadIdx.x;
+                lse_s[threadIdx.x] = t < T ? lse[stat + t] : 0.0f;
+                dl_s[threadIdx.x] = t < T ? delta[stat + t] : 0.0f;
+            }
+            __syncthreads();
+            float pt[TC_BR / 8][4];
+            float dst[TC_BR / 8][4];
+#pragma unroll
+            for (int nt = 0; nt < TC_BR / 8; nt++) {
+                float s[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+                float dp[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+                const bf16* qr = q_s + (nt * 8 + gid) * ld + tig * 2;
+                const bf16* dr = do_s + (nt * 8 + gid) * ld + tig * 2;
+#pragma unroll
+                for (int kt = 0; kt < TC_DKV_MAXD / 16; kt++) {
+                    if (kt < ksteps) {
+                        const unsigned qb[2] = {pack_bf16(qr[kt * 16], qr[kt * 16 + 1]),
+                                                pack_bf16(qr[kt * 16 + 8], qr[kt * 16 + 9])};
+                        mma_bf16_16816(s, ka[kt], qb);
+                        const unsigned db[2] = {pack_bf16(dr[kt * 16], dr[kt * 16 + 1]),
+                                                pack_bf16(dr[kt * 16 + 8], dr[kt * 16 + 9])};
+                        mma_bf16_16816(dp, va[kt], db);
+                    }
+                }
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    const int key = e < 2 ? kr0 : kr1;
+                    const int qc = nt * 8 + tig * 2 + (e & 1);
+                    const int qi = q0 + qc;
+                    const bool live = qi < T && key <= qi;
+                    const float p = live ? expf(s[e] * scale - lse_s[qc]) : 0.0f;
+                    pt[nt][e] = p;
+                    dst[nt][e] = p * (dp[e] - dl_s[qc]);
+                }
+            }
+            // dv += P^T dO and dk += dS^T Q: two tiles (16 queries) form one A operand;
+            // B[query][d] = dO[query][d] or Q[query][d].
+#pragma unroll
+            for (int kk = 0; kk < TC_BR / 16; kk++) {
+                const unsigned pa[4] = {
+                    pack_bf16(f2bf(pt[2 * kk][0]), f2bf(pt[2 * kk][1])),
+                    pack_bf16(f2bf(pt[2 * kk][2]), f2bf(pt[2 * kk][3])),
+                    pack_bf16(f2bf(pt[2 * kk + 1][0]), f2bf(pt[2 * kk + 1][1])),
+                    pack_bf16(f2bf(pt[2 * kk + 1][2]), f2bf(pt[2 * kk + 1][3]))};
+                const unsigned sa[4] = {
+                    pack_bf16(f2bf(dst[2 * kk][0]), f2bf(dst[2 * kk][1])),
+                    pack_bf16(f2bf(dst[2 * kk][2]), f2bf(dst[2 * kk][3])),
+                    pack_bf16(f2bf(dst[2 * kk + 1][0]), f2bf(dst[2 * kk + 1][1])),
+                    pack_bf16(f2bf(dst[2 * kk + 1][2]), f2bf(dst[2 * kk + 1][3]))};
+                const int qrow = (kk * 16 + tig * 2) * ld + gid;
+#pragma unroll
+                for (int dn = 0; dn < TC_DKV_MAXD / 8; dn++) {
+                    if (dn < dtiles) {
+                        const bf16* o = do_s + qrow + dn * 8;
+                        const unsigned ob[2] = {pack_bf16(o[0], o[ld]),
+                                                pack_bf16(o[8 * ld], o[9 * ld])};
+                        mma_bf16_16816(dv[dn], pa, ob);
+                        const bf16* q = q_s + qrow + dn * 8;
+                        const unsigned qb[2] = {pack_bf16(q[0], q[ld]),
+                                                pack_bf16(q[8 * ld], q[9 * ld])};
+                        mma_bf16_16816(dk[dn], sa, qb);
+                    }
+                }
+            }
+        }
+    }
+#pragma unroll
+    for (int dn = 0; dn < TC_DKV_MAXD / 8; dn++) {
+        if (dn < dtiles) {
+            const int d = dn * 8 + tig * 2;
+            if (kr0 < T) {
+                bf16* row = dqkv + ((long long)b * T + kr0) * W;
+                row[(long long)(hq + g) * hd + d] = f2bf(dk[dn][0] * scale);
+                row[(long long)(hq + g) * hd + d + 1] = f2bf(dk[dn][1] * scale);
+                row[(long long)(hq + hkv + g) * hd + d] = f2bf(dv[dn][0]);
+                row[(long long)(hq + hkv + g) * hd + d + 1] = f2bf(dv[dn][1]);
+            }
+            if (kr1 < T) {
+                bf16* row = dqkv + ((long long)b * T + kr1) * W;
+                row[(long long)(hq + g) * hd + d] = f2bf(dk[dn][2] * scale);
+                row[(long long)(hq + g) * hd + d + 1] = f2bf(dk[dn][3] * scale);
+                row[(long long)(hq + hkv + g) * hd + d] = f2bf(dv[dn][2]);
+                row[(long long)(hq + hkv + g) * hd + d + 1] = f2bf(dv[dn][3]);
+            }
+        }
+    }
+}
