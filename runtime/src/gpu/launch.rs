@@ -146,7 +146,7 @@ pub struct AttentionLaunch {
     /// when the head size is a multiple of 16 (same tiles, same geometry).
     pub forward_tc: Option<Geometry>,
     /// The tensor-core dk/dv (`attention_backward_dkv_tc`), for head sizes that are a multiple
-    /// of 16 and at most 64 (its K, V and accumulators live in registers).
+    /// of 16: one block per 64 keys, kv head and 64-dim half of the head (two above 64).
     pub backward_dkv_tc: Option<Geometry>,
     pub delta: Geometry,
     pub backward_dq: Geometry,
@@ -212,12 +212,13 @@ pub fn attention(s: &AttnShape, max_shared: u32) -> Result<AttentionLaunch, GpuE
         None
     };
     // Q and dO tiles of 64 queries (bf16, stride hd + 8) plus 64 lse and 64 delta values.
-    let backward_dkv_tc = if s.hd.is_multiple_of(16) && s.hd <= 64 {
+    let backward_dkv_tc = if s.hd.is_multiple_of(16) {
         let tc_bytes = 2 * 64 * (s.hd as u64 + 8) * 2 + 2 * 64 * 4;
+        let halves = (s.hd as u64).div_ceil(64);
         Some(Geometry {
             grid: (
                 grid_dim((s.t as u64).div_ceil(64), "key tiles", i32::MAX as u64)?,
-                hkv,
+                grid_dim(s.hkv as u64 * halves, "kv heads × halves", 65_535)?,
                 b,
             ),
             block: (128, 1, 1),

@@ -664,11 +664,13 @@ extern "C" __global__ void attention_backward_dq_tc(bf16* __restrict__ dqkv,
     }
 }
 
-// dk, dv on tensor cores for head sizes up to TC_DKV_MAXD (a multiple of 16): a block owns 64
-// keys of one (batch, kv head), 16 per warp, with K and V as A operands in registers, and loops
-// over the head's q heads and the 64-query tiles at or after its keys (Q, dO tiles in shared
-// memory as bf16). Per tile: S^T = K Q^T, P^T = exp(S^T - lse), dP^T = V dO^T,
-// dS^T = P^T (dP^T - delta); dv += P^T dO, dk += dS^T Q. Written as attention_backward_dkv.
+// dk, dv on tensor cores (head size a multiple of 16, at most 128): a block owns 64 keys of one
+// (batch, kv head), 16 per warp, with K and V as A operands in registers, and loops over the
+// head's q heads and the 64-query tiles at or after its keys (Q, dO tiles in shared memory as
+// bf16). Per tile: S^T = K Q^T, P^T = exp(S^T - lse), dP^T = V dO^T, dS^T = P^T (dP^T - delta);
+// dv += P^T dO, dk += dS^T Q. The accumulators cover TC_DKV_MAXD = 64 dims: above that,
+// blockIdx.y also picks a 64-dim half (S and dP are computed by both halves' blocks).
+// Written as attention_backward_dkv writes it.
 #define TC_DKV_MAXD 64
 
 extern "C" __global__ void attention_backward_dkv_tc(bf16* __restrict__ dqkv,
@@ -685,7 +687,9 @@ extern "C" __global__ void attention_backward_dkv_tc(bf16* __restrict__ dqkv,
     float* lse_s = (float*)(do_s + TC_BR * ld);
     float* dl_s = lse_s + TC_BR;
     const int b = blockIdx.z;
-    const int g = blockIdx.y;
+    const int halves = (hd + TC_DKV_MAXD - 1) / TC_DKV_MAXD;
+    const int g = blockIdx.y / halves;
+    const int d0 = (blockIdx.y % halves) * TC_DKV_MAXD;
     const int rep = hq / hkv;
     const int warp = threadIdx.x / 32;
     const int lane = threadIdx.x % 32;
@@ -699,12 +703,12 @@ extern "C" __global__ void attention_backward_dkv_tc(bf16* __restrict__ dqkv,
     const int kr0 = k0 + warp * 16 + gid;
     const int kr1 = kr0 + 8;
     const int ksteps = hd / 16;
-    const int dtiles = hd / 8;
+    const int dtiles = (hd - d0 < TC_DKV_MAXD ? hd - d0 : TC_DKV_MAXD) / 8;
 
-    unsigned ka[TC_DKV_MAXD / 16][4];
-    unsigned va[TC_DKV_MAXD / 16][4];
+    unsigned ka[TC_MAXD / 16][4];
+    unsigned va[TC_MAXD / 16][4];
 #pragma unroll
-    for (int kt = 0; kt < TC_DKV_MAXD / 16; kt++) {
+    for (int kt = 0; kt < TC_MAXD / 16; kt++) {
         const int c = kt * 16 + tig * 2;
         const bool in = kt < ksteps;
         const int kc = (hq + g) * hd + c;
@@ -752,7 +756,7 @@ extern "C" __global__ void attention_backward_dkv_tc(bf16* __restrict__ dqkv,
                 const bf16* qr = q_s + (nt * 8 + gid) * ld + tig * 2;
                 const bf16* dr = do_s + (nt * 8 + gid) * ld + tig * 2;
 #pragma unroll
-                for (int kt = 0; kt < TC_DKV_MAXD / 16; kt++) {
+                for (int kt = 0; kt < TC_MAXD / 16; kt++) {
                     if (kt < ksteps) {
                         const unsigned qb[2] = {pack_bf16(qr[kt * 16], qr[kt * 16 + 1]),
                                                 pack_bf16(qr[kt * 16 + 8], qr[kt * 16 + 9])};
@@ -787,7 +791,7 @@ extern "C" __global__ void attention_backward_dkv_tc(bf16* __restrict__ dqkv,
                     pack_bf16(f2bf(dst[2 * kk][2]), f2bf(dst[2 * kk][3])),
                     pack_bf16(f2bf(dst[2 * kk + 1][0]), f2bf(dst[2 * kk + 1][1])),
                     pack_bf16(f2bf(dst[2 * kk + 1][2]), f2bf(dst[2 * kk + 1][3]))};
-                const int qrow = (kk * 16 + tig * 2) * ld + gid;
+                const int qrow = (kk * 16 + tig * 2) * ld + d0 + gid;
 #pragma unroll
                 for (int dn = 0; dn < TC_DKV_MAXD / 8; dn++) {
                     if (dn < dtiles) {
@@ -807,7 +811,7 @@ extern "C" __global__ void attention_backward_dkv_tc(bf16* __restrict__ dqkv,
 #pragma unroll
     for (int dn = 0; dn < TC_DKV_MAXD / 8; dn++) {
         if (dn < dtiles) {
-            const int d = dn * 8 + tig * 2;
+            const int d = d0 + dn * 8 + tig * 2;
             if (kr0 < T) {
                 bf16* row = dqkv + ((long long)b * T + kr0) * W;
                 row[(long long)(hq + g) * hd + d] = f2bf(dk[dn][0] * scale);
