@@ -11,10 +11,9 @@
 //! training path: it must not grow state between calls.
 #![allow(clippy::too_many_arguments)]
 
+use crate::backend::{Backend, Cpu};
 use crate::cpu::{self, AttnShape, MatMut, MatRef};
 use crate::gpu::{bf16, GpuError};
-use crate::optim::{AdamW, AdamWConfig};
-use crate::params::{Init, ParamLayout, ParamSpec, Shard};
 
 pub use crate::gpu::gemm::RowMajorGemm as GemmShape;
 
@@ -456,24 +455,16 @@ impl Kernels for CpuKernels {
         (cos, sin): (&[f32], &[f32]),
         backward: bool,
     ) -> Result<(), GpuError> {
-        let rotate = if backward {
-            cpu::rope_backward
-        } else {
-            cpu::rope_forward
-        };
-        rotate(x, s.t, s.width, s.heads, s.hd, cos, sin);
-        Ok(())
+        Cpu.rope(x, s, cos, sin, backward)
     }
 
     fn residual_add(&self, out: &mut [f32], a: &[f32], b: &[f32]) -> Result<(), GpuError> {
-        for ((o, &x), &y) in out.iter_mut().zip(a).zip(b) {
-            *o = x + y;
-        }
-        Ok(())
+        out.copy_from_slice(a);
+        Cpu.add_assign(out, b)
     }
 
     fn sum_squares(&self, x: &[f32]) -> Result<f64, GpuError> {
-        Ok(x.iter().map(|&v| f64::from(v) * f64::from(v)).sum())
+        Cpu.sum_squares(x)
     }
 
     fn gelu_forward(&self, out: &mut [f32], inp: &[f32]) -> Result<(), GpuError> {
@@ -553,31 +544,8 @@ impl Kernels for CpuKernels {
         v: &mut [f32],
         step: &AdamWStep,
     ) -> Result<(), GpuError> {
-        // The real optimizer on a one-tensor layout, so this is the code training runs.
-        let n = params.len();
-        let mut layout = ParamLayout::new();
-        layout
-            .add(ParamSpec {
-                name: "p".into(),
-                global_shape: vec![n],
-                shard: Shard::Replicated,
-                decay: step.weight_decay != 0.0,
-                init: Init::Const(0.0),
-            })
-            .map_err(|e| GpuError::shape("adamw", e.to_string()))?;
-        let cfg = AdamWConfig {
-            beta1: step.beta1,
-            beta2: step.beta2,
-            eps: step.eps,
-            weight_decay: step.weight_decay,
-        };
-        let mut opt = AdamW::new(cfg, &layout, 0..n);
-        opt.t = step.t.saturating_sub(1);
-        opt.m.copy_from_slice(m);
-        opt.v.copy_from_slice(v);
-        opt.step(params, grads, step.lr, step.grad_scale);
-        m.copy_from_slice(&opt.m);
-        v.copy_from_slice(&opt.v);
+        // The update training runs (`optim::adamw_update`, as `backend::Cpu::adamw` calls it).
+        Cpu.adamw(params, None, grads, m, v, step)?;
         if let Some(p16) = params_bf16 {
             p16.iter_mut()
                 .zip(params.iter())

@@ -60,12 +60,17 @@ struct HeadActs<B: Backend> {
     logits: B::Buf, // (N, V_local)
     max: B::Buf,    // (N) global row statistics
     sumexp: B::Buf, // (N)
+    /// The micro-batch's target ids, as the forward uploaded them.
+    targets: B::Ids,
 }
 
 /// What one (micro-batch, chunk) keeps between forward and backward.
 struct ChunkActs<B: Backend> {
     blocks: Vec<BlockActs<B>>,
     head: Option<HeadActs<B>>,
+    /// The micro-batch's input ids, on the chunk that embeds them (as the forward uploaded
+    /// them, for the embedding backward).
+    inputs: Option<B::Ids>,
 }
 
 type Key = (usize, usize);
@@ -349,7 +354,7 @@ impl<'a, B: Backend, C: Collective<B>> Rank<'a, B, C> {
                 self.ctx.pp.send(B::view(&buf), peer)?;
             }
             Op::Forward { mb, chunk } => self.forward(mb, chunk, step)?,
-            Op::Backward { mb, chunk } => self.backward(mb, chunk, step)?,
+            Op::Backward { mb, chunk } => self.backward(mb, chunk)?,
         }
         Ok(())
     }
@@ -369,7 +374,11 @@ impl<'a, B: Backend, C: Collective<B>> Rank<'a, B, C> {
             .iter()
             .map(|b| BlockActs::new(self.be, b, self.dims, recompute))
             .collect::<Result<Vec<_>, _>>()?;
-        Ok(ChunkActs { blocks, head: None })
+        Ok(ChunkActs {
+            blocks,
+            head: None,
+            inputs: None,
+        })
     }
 
     fn forward(&mut self, mb: usize, chunk: usize, step: u64) -> Result<(), RunError> {
@@ -402,6 +411,7 @@ impl<'a, B: Backend, C: Collective<B>> Rank<'a, B, C> {
                 if let Some(wpe) = &e.wpe {
                     wpe.forward(be, p, m(&mut x), self.dims.t, first)?;
                 }
+                acts.inputs = Some(inputs);
                 x
             }
             None => self.inbox.remove(&(mb, chunk)).ok_or_else(|| {
@@ -458,6 +468,7 @@ impl<'a, B: Backend, C: Collective<B>> Rank<'a, B, C> {
                     logits,
                     max,
                     sumexp,
+                    targets,
                 });
             }
             None => {
@@ -471,7 +482,7 @@ impl<'a, B: Backend, C: Collective<B>> Rank<'a, B, C> {
         Ok(())
     }
 
-    fn backward(&mut self, mb: usize, chunk: usize, step: u64) -> Result<(), RunError> {
+    fn backward(&mut self, mb: usize, chunk: usize) -> Result<(), RunError> {
         if self.zero == 3 {
             self.gather_region(chunk)?;
         }
@@ -483,14 +494,12 @@ impl<'a, B: Backend, C: Collective<B>> Rank<'a, B, C> {
             .acts
             .remove(&(mb, chunk))
             .ok_or_else(|| schedule_bug(format!("runs backward of micro-batch {mb} first")))?;
-        let (inputs, targets) = self.tokens(step, mb);
         let ch = &self.model.chunks[chunk];
         let p = B::view(&self.params);
         let mut g = B::view_mut(&mut self.grads);
         let (v, m) = (B::view, B::view_mut);
         let mut dx = match (&ch.head, acts.head.take()) {
             (Some(head), Some(mut s)) => {
-                let targets = be.ids(targets)?;
                 let t = &self.ctx.plan.job.model.training;
                 let mut dl = be.alloc(Storage::F32, n)?;
                 be.fill(m(&mut dl), 1.0 / (t.global_batch * t.seq_len) as f32)?;
@@ -500,7 +509,7 @@ impl<'a, B: Backend, C: Collective<B>> Rank<'a, B, C> {
                     m(&mut s.logits),
                     v(&s.max),
                     v(&s.sumexp),
-                    &targets,
+                    &s.targets,
                     v(&dl),
                     start,
                 )?;
@@ -559,7 +568,11 @@ impl<'a, B: Backend, C: Collective<B>> Rank<'a, B, C> {
                     gather_rows(tp, v(&dx), m(&mut full))?;
                     dx = full;
                 }
-                let inputs = be.ids(inputs)?;
+                let inputs = acts.inputs.take().ok_or_else(|| {
+                    schedule_bug(format!(
+                        "runs backward of micro-batch {mb} before embedding it"
+                    ))
+                })?;
                 e.wte.backward(be, B::rb(&mut g), &inputs, v(&dx))?;
                 if let Some(wpe) = &e.wpe {
                     wpe.backward(be, B::rb(&mut g), v(&dx), self.dims.t)?;

@@ -21,11 +21,11 @@
 //! in the same order) but not the MLP output's.
 //! This module must not allocate in the hot path after the first call.
 
-use crate::backend::{Backend, Collective};
+use crate::backend::{scratch, Backend, Collective, Storage};
 use crate::params::ParamLayout;
 
 use super::attention::{ParallelAttention, RopeTables};
-use super::block_bufs::{saved_in, sized, Grads, Saved, SpScratch};
+use super::block_bufs::{saved_in, Grads, Saved, SpScratch};
 pub use super::block_bufs::{BlockActs, BlockWorkspace};
 use super::mlp::ParallelMlp;
 use super::norm::Norm;
@@ -231,7 +231,7 @@ impl TransformerBlock {
         let att_len = be.attention_saved_len(&self.attn.shape(d));
         let att = match &mut acts.att {
             Some(a) => B::view_mut(a),
-            None => sized(be, ws_att, att_len)?,
+            None => scratch(be, ws_att, Storage::F32, att_len)?,
         };
         let s = match acts.saved.as_mut() {
             Some(s) => s,
@@ -278,14 +278,14 @@ impl TransformerBlock {
         let (s, att): (&Saved<B>, B::Ref<'_>) = match (&acts.att, acts.saved.as_ref()) {
             (Some(att), Some(s)) => (s, B::view(att)),
             (None, Some(s)) => {
-                let mut att = sized(be, ws_att, att_len)?;
+                let mut att = scratch(be, ws_att, Storage::F32, att_len)?;
                 self.attn
                     .recompute_saved(be, B::view(&s.qkv), B::rb(&mut att), d)?;
                 (s, B::freeze(att))
             }
             (_, None) => {
                 let s = saved_in(be, ws_saved, self, d)?;
-                let mut att = sized(be, ws_att, att_len)?;
+                let mut att = scratch(be, ws_att, Storage::F32, att_len)?;
                 let x = B::view(&acts.x);
                 self.forward_core(
                     be,

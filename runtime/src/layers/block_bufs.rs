@@ -2,7 +2,7 @@
 //! forward and backward ([`BlockActs`]), and the scratch shared by the blocks of a stage
 //! ([`BlockWorkspace`]). Activations are `Storage::Bf16`, statistics `F32`.
 
-use crate::backend::{scratch, Backend, Storage};
+use crate::backend::{Backend, Storage};
 
 use super::attention::{AttnGrads, RopeTables};
 use super::block::TransformerBlock;
@@ -181,15 +181,6 @@ impl<B: Backend> BlockWorkspace<B> {
             },
         })
     }
-}
-
-/// The workspace's attention buffer, as a write view of `len` elements.
-pub(super) fn sized<'a, B: Backend>(
-    be: &B,
-    slot: &'a mut Option<B::Buf>,
-    len: usize,
-) -> Result<B::Mut<'a>, LayerError> {
-    Ok(scratch(be, slot, Storage::F32, len)?)
 }
 
 /// The workspace's recompute buffers, allocated on first use.

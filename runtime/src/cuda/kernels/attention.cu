@@ -370,6 +370,44 @@ __device__ __forceinline__ unsigned load_pair(const bf16* base, long long W, int
     return pack_bf16(p[0], p[1]);
 }
 
+// The A fragments of rows r0 and r0 + 8 of the columns [col, col + 16*ksteps) of a row-major
+// (T, W) bf16 matrix, one set per 16-wide k step (0 past T or past ksteps).
+__device__ __forceinline__ void load_a_frags(unsigned a[TC_MAXD / 16][4], const bf16* base,
+                                             long long W, int col, int r0, int T, int ksteps,
+                                             int tig) {
+#pragma unroll
+    for (int kt = 0; kt < TC_MAXD / 16; kt++) {
+        const int c = col + kt * 16 + tig * 2;
+        const bool in = kt < ksteps;
+        a[kt][0] = in ? load_pair(base, W, c, r0, T) : 0u;
+        a[kt][1] = in ? load_pair(base, W, c, r0 + 8, T) : 0u;
+        a[kt][2] = in ? load_pair(base, W, c + 8, r0, T) : 0u;
+        a[kt][3] = in ? load_pair(base, W, c + 8, r0 + 8, T) : 0u;
+    }
+}
+
+// Two adjacent 16x8 accumulator tiles (8 columns each) as one 16x16 A operand, in bf16.
+__device__ __forceinline__ void c_to_a(unsigned a[4], const float lo[4], const float hi[4]) {
+    a[0] = pack_bf16(f2bf(lo[0]), f2bf(lo[1]));
+    a[1] = pack_bf16(f2bf(lo[2]), f2bf(lo[3]));
+    a[2] = pack_bf16(f2bf(hi[0]), f2bf(hi[1]));
+    a[3] = pack_bf16(f2bf(hi[2]), f2bf(hi[3]));
+}
+
+// The 64-key K and V tiles from key k0 (columns kcol, vcol of qkv) into shared memory, row
+// stride ld, zeros past T. All threads of the block take part.
+__device__ void load_kv_tile(bf16* k_s, bf16* v_s, const bf16* base, long long W, int kcol,
+                             int vcol, int k0, int T, int hd, int ld) {
+    for (int idx = threadIdx.x; idx < TC_BC * hd; idx += blockDim.x) {
+        const int r = idx / hd;
+        const int d = idx % hd;
+        const int t = k0 + r;
+        const bf16* row = base + (long long)t * W;
+        k_s[r * ld + d] = t < T ? row[kcol + d] : (bf16)0;
+        v_s[r * ld + d] = t < T ? row[vcol + d] : (bf16)0;
+    }
+}
+
 extern "C" __global__ void attention_forward_tc(bf16* __restrict__ y, float* __restrict__ lse,
                                                 const bf16* __restrict__ qkv, int B, int T,
                                                 int hq, int hkv, int hd, float scale) {
@@ -393,15 +431,7 @@ extern "C" __global__ void attention_forward_tc(bf16* __restrict__ y, float* __r
     const int dtiles = hd / 8;
 
     unsigned qa[TC_MAXD / 16][4];
-#pragma unroll
-    for (int kt = 0; kt < TC_MAXD / 16; kt++) {
-        const int c = h * hd + kt * 16 + tig * 2;
-        const bool in = kt < ksteps;
-        qa[kt][0] = in ? load_pair(base, W, c, r0, T) : 0u;
-        qa[kt][1] = in ? load_pair(base, W, c, r1, T) : 0u;
-        qa[kt][2] = in ? load_pair(base, W, c + 8, r0, T) : 0u;
-        qa[kt][3] = in ? load_pair(base, W, c + 8, r1, T) : 0u;
-    }
+    load_a_frags(qa, base, W, h * hd, r0, T, ksteps, tig);
     float m0 = TS_NEG_INF, m1 = TS_NEG_INF, l0 = 0.0f, l1 = 0.0f;
     float o[TC_MAXD / 8][4];
 #pragma unroll
@@ -411,14 +441,7 @@ extern "C" __global__ void attention_forward_tc(bf16* __restrict__ y, float* __r
     const int last_q = (q0 + TC_BR < T ? q0 + TC_BR : T) - 1;
     for (int k0 = 0; k0 <= last_q; k0 += TC_BC) {
         __syncthreads();
-        for (int idx = threadIdx.x; idx < TC_BC * hd; idx += blockDim.x) {
-            const int r = idx / hd;
-            const int d = idx % hd;
-            const int t = k0 + r;
-            const bf16* row = base + (long long)t * W;
-            k_s[r * ld + d] = t < T ? row[(hq + g) * hd + d] : (bf16)0;
-            v_s[r * ld + d] = t < T ? row[(hq + hkv + g) * hd + d] : (bf16)0;
-        }
+        load_kv_tile(k_s, v_s, base, W, (hq + g) * hd, (hq + hkv + g) * hd, k0, T, hd, ld);
         __syncthreads();
         // Scores S (16 rows x 64 keys per warp) = Q K^T, scaled and causally masked.
         float s[TC_BC / 8][4];
@@ -487,11 +510,8 @@ extern "C" __global__ void attention_forward_tc(bf16* __restrict__ y, float* __r
         // O += P V: two score tiles (16 keys) form one A operand.
 #pragma unroll
         for (int kk = 0; kk < TC_BC / 16; kk++) {
-            const unsigned pa[4] = {
-                pack_bf16(f2bf(s[2 * kk][0]), f2bf(s[2 * kk][1])),
-                pack_bf16(f2bf(s[2 * kk][2]), f2bf(s[2 * kk][3])),
-                pack_bf16(f2bf(s[2 * kk + 1][0]), f2bf(s[2 * kk + 1][1])),
-                pack_bf16(f2bf(s[2 * kk + 1][2]), f2bf(s[2 * kk + 1][3]))};
+            unsigned pa[4];
+            c_to_a(pa, s[2 * kk], s[2 * kk + 1]);
             const bf16* vr = v_s + (kk * 16 + tig * 2) * ld + gid;
 #pragma unroll
             for (int dn = 0; dn < TC_MAXD / 8; dn++) {
@@ -569,19 +589,8 @@ extern "C" __global__ void attention_backward_dq_tc(bf16* __restrict__ dqkv,
 
     unsigned qa[TC_MAXD / 16][4];
     unsigned da[TC_MAXD / 16][4];
-#pragma unroll
-    for (int kt = 0; kt < TC_MAXD / 16; kt++) {
-        const int c = kt * 16 + tig * 2;
-        const bool in = kt < ksteps;
-        qa[kt][0] = in ? load_pair(base, W, h * hd + c, r0, T) : 0u;
-        qa[kt][1] = in ? load_pair(base, W, h * hd + c, r1, T) : 0u;
-        qa[kt][2] = in ? load_pair(base, W, h * hd + c + 8, r0, T) : 0u;
-        qa[kt][3] = in ? load_pair(base, W, h * hd + c + 8, r1, T) : 0u;
-        da[kt][0] = in ? load_pair(dyb, Wy, h * hd + c, r0, T) : 0u;
-        da[kt][1] = in ? load_pair(dyb, Wy, h * hd + c, r1, T) : 0u;
-        da[kt][2] = in ? load_pair(dyb, Wy, h * hd + c + 8, r0, T) : 0u;
-        da[kt][3] = in ? load_pair(dyb, Wy, h * hd + c + 8, r1, T) : 0u;
-    }
+    load_a_frags(qa, base, W, h * hd, r0, T, ksteps, tig);
+    load_a_frags(da, dyb, Wy, h * hd, r0, T, ksteps, tig);
     float dq[TC_MAXD / 8][4];
 #pragma unroll
     for (int dn = 0; dn < TC_MAXD / 8; dn++) {
@@ -590,14 +599,7 @@ extern "C" __global__ void attention_backward_dq_tc(bf16* __restrict__ dqkv,
     const int last_q = (q0 + TC_BR < T ? q0 + TC_BR : T) - 1;
     for (int k0 = 0; k0 <= last_q; k0 += TC_BC) {
         __syncthreads();
-        for (int idx = threadIdx.x; idx < TC_BC * hd; idx += blockDim.x) {
-            const int r = idx / hd;
-            const int d = idx % hd;
-            const int t = k0 + r;
-            const bf16* row = base + (long long)t * W;
-            k_s[r * ld + d] = t < T ? row[(hq + g) * hd + d] : (bf16)0;
-            v_s[r * ld + d] = t < T ? row[(hq + hkv + g) * hd + d] : (bf16)0;
-        }
+        load_kv_tile(k_s, v_s, base, W, (hq + g) * hd, (hq + hkv + g) * hd, k0, T, hd, ld);
         __syncthreads();
         float ds[TC_BC / 8][4];
 #pragma unroll
@@ -629,11 +631,8 @@ extern "C" __global__ void attention_backward_dq_tc(bf16* __restrict__ dqkv,
         // dq += dS K: two score tiles (16 keys) form one A operand; B[key][d] = K[key][d].
 #pragma unroll
         for (int kk = 0; kk < TC_BC / 16; kk++) {
-            const unsigned pa[4] = {
-                pack_bf16(f2bf(ds[2 * kk][0]), f2bf(ds[2 * kk][1])),
-                pack_bf16(f2bf(ds[2 * kk][2]), f2bf(ds[2 * kk][3])),
-                pack_bf16(f2bf(ds[2 * kk + 1][0]), f2bf(ds[2 * kk + 1][1])),
-                pack_bf16(f2bf(ds[2 * kk + 1][2]), f2bf(ds[2 * kk + 1][3]))};
+            unsigned pa[4];
+            c_to_a(pa, ds[2 * kk], ds[2 * kk + 1]);
             const bf16* kr = k_s + (kk * 16 + tig * 2) * ld + gid;
 #pragma unroll
             for (int dn = 0; dn < TC_MAXD / 8; dn++) {
@@ -707,21 +706,8 @@ extern "C" __global__ void attention_backward_dkv_tc(bf16* __restrict__ dqkv,
 
     unsigned ka[TC_MAXD / 16][4];
     unsigned va[TC_MAXD / 16][4];
-#pragma unroll
-    for (int kt = 0; kt < TC_MAXD / 16; kt++) {
-        const int c = kt * 16 + tig * 2;
-        const bool in = kt < ksteps;
-        const int kc = (hq + g) * hd + c;
-        const int vc = (hq + hkv + g) * hd + c;
-        ka[kt][0] = in ? load_pair(base, W, kc, kr0, T) : 0u;
-        ka[kt][1] = in ? load_pair(base, W, kc, kr1, T) : 0u;
-        ka[kt][2] = in ? load_pair(base, W, kc + 8, kr0, T) : 0u;
-        ka[kt][3] = in ? load_pair(base, W, kc + 8, kr1, T) : 0u;
-        va[kt][0] = in ? load_pair(base, W, vc, kr0, T) : 0u;
-        va[kt][1] = in ? load_pair(base, W, vc, kr1, T) : 0u;
-        va[kt][2] = in ? load_pair(base, W, vc + 8, kr0, T) : 0u;
-        va[kt][3] = in ? load_pair(base, W, vc + 8, kr1, T) : 0u;
-    }
+    load_a_frags(ka, base, W, (hq + g) * hd, kr0, T, ksteps, tig);
+    load_a_frags(va, base, W, (hq + hkv + g) * hd, kr0, T, ksteps, tig);
     float dk[TC_DKV_MAXD / 8][4];
     float dv[TC_DKV_MAXD / 8][4];
 #pragma unroll
@@ -781,16 +767,10 @@ extern "C" __global__ void attention_backward_dkv_tc(bf16* __restrict__ dqkv,
             // B[query][d] = dO[query][d] or Q[query][d].
 #pragma unroll
             for (int kk = 0; kk < TC_BR / 16; kk++) {
-                const unsigned pa[4] = {
-                    pack_bf16(f2bf(pt[2 * kk][0]), f2bf(pt[2 * kk][1])),
-                    pack_bf16(f2bf(pt[2 * kk][2]), f2bf(pt[2 * kk][3])),
-                    pack_bf16(f2bf(pt[2 * kk + 1][0]), f2bf(pt[2 * kk + 1][1])),
-                    pack_bf16(f2bf(pt[2 * kk + 1][2]), f2bf(pt[2 * kk + 1][3]))};
-                const unsigned sa[4] = {
-                    pack_bf16(f2bf(dst[2 * kk][0]), f2bf(dst[2 * kk][1])),
-                    pack_bf16(f2bf(dst[2 * kk][2]), f2bf(dst[2 * kk][3])),
-                    pack_bf16(f2bf(dst[2 * kk + 1][0]), f2bf(dst[2 * kk + 1][1])),
-                    pack_bf16(f2bf(dst[2 * kk + 1][2]), f2bf(dst[2 * kk + 1][3]))};
+                unsigned pa[4];
+                unsigned sa[4];
+                c_to_a(pa, pt[2 * kk], pt[2 * kk + 1]);
+                c_to_a(sa, dst[2 * kk], dst[2 * kk + 1]);
                 const int qrow = (kk * 16 + tig * 2) * ld + d0 + gid;
 #pragma unroll
                 for (int dn = 0; dn < TC_DKV_MAXD / 8; dn++) {
