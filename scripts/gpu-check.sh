@@ -58,6 +58,14 @@ step executor env TESSERA_REQUIRE_GPU=1 "$T/executor_cuda" --nocapture
 # step time printed next to the measured one.
 step run-tiny sh -c '.gpu/tessera plan specs/models/tiny.toml specs/clusters/cpu-8.toml --dp 2 --pp 2 --tp 2 --no-sp --micro-batch 2 --schedule 1f1b --zero 1 -o .gpu/tiny-plan.json && .gpu/tessera run .gpu/tiny-plan.json --backend cuda --steps 20'
 step run-gpt2 sh -c '.gpu/tessera plan specs/models/gpt2-124m.toml specs/clusters/dgx-h100-80g.toml --devices 1 -o .gpu/gpt2-plan.json && .gpu/tessera run .gpu/gpt2-plan.json --steps 20'
+# NCCL on device buffers needs a GPU per rank: with 2 or more GPUs, the tiny model with DP over
+# all of them, compared with the same plan through host memory (losses agree within bf16).
+ngpu=$(nvidia-smi -L 2> /dev/null | wc -l)
+if [ "$ngpu" -ge 2 ]; then
+  step run-nccl sh -c ".gpu/tessera plan specs/models/tiny.toml specs/clusters/cpu-8.toml --devices $ngpu --dp $ngpu --pp 1 --tp 1 --zero 0 -o .gpu/nccl-plan.json && .gpu/tessera run .gpu/nccl-plan.json --backend cuda --collectives nccl --steps 20 --metrics .gpu/nccl.jsonl && .gpu/tessera run .gpu/nccl-plan.json --backend cuda --collectives staged --steps 20 --metrics .gpu/staged.jsonl && paste .gpu/nccl.jsonl .gpu/staged.jsonl | tail -3"
+else
+  echo "one GPU: NCCL on device buffers skipped (it needs a GPU per rank)"
+fi
 if python3 -c 'import torch; assert torch.cuda.is_available()' 2> /dev/null; then
   step torch-eager python3 bench/gpt2_torch.py --steps 30
   step torch-compile python3 bench/gpt2_torch.py --steps 30 --compile

@@ -115,6 +115,18 @@ impl Launcher for CudaLauncher {
     }
 }
 
+/// Without the feature a rank's collectives on a (never opened) GPU are the host-staged ones.
+pub type DeviceCollective = crate::gpu::HostStaged<CudaLauncher, crate::comm::LocalComm>;
+
+/// See the `cuda` feature's `device_collective`; unreachable here (no device can be opened).
+pub fn device_collective(
+    dev: &crate::gpu::Device<CudaLauncher>,
+    local: crate::comm::LocalComm,
+    _nccl: bool,
+) -> Result<DeviceCollective, GpuError> {
+    Ok(crate::gpu::HostStaged::new(dev.clone(), local))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -15,10 +15,10 @@ use clap::{Args, ValueEnum};
 use indicatif::{ProgressBar, ProgressStyle};
 use tessera_planner::plan::Plan;
 use tessera_planner::spec::DeviceKind;
-use tessera_runtime::cuda::CudaLauncher;
+use tessera_runtime::cuda::{device_collective, CudaLauncher};
 use tessera_runtime::data::Tokens;
 use tessera_runtime::exec::{self, chrome_trace, TrainOptions};
-use tessera_runtime::gpu::{Device, HostStaged};
+use tessera_runtime::gpu::Device;
 use tessera_runtime::launch::env::LaunchEnv;
 use tessera_runtime::launch::rendezvous::{rendezvous, RendezvousError};
 use tessera_runtime::launch::EXIT_PEER_FAILED;
@@ -36,6 +36,18 @@ enum Backend {
     Cpu,
     /// NVIDIA GPUs (needs a build with `--features cuda`).
     Cuda,
+}
+
+/// How a GPU run's ranks exchange data.
+#[derive(Clone, Copy, ValueEnum, PartialEq, Debug)]
+enum Collectives {
+    /// NCCL when every rank has a GPU of its own, else through host memory.
+    Auto,
+    /// NCCL on the device buffers (each rank needs its own GPU: NCCL refuses two ranks of one
+    /// communicator on one GPU).
+    Nccl,
+    /// Through host memory (any number of ranks per GPU; rank-order sums, bit-reproducible).
+    Staged,
 }
 
 #[derive(Args)]
@@ -63,6 +75,9 @@ pub struct RunArgs {
     /// Where to run.
     #[arg(long, value_enum, default_value_t = Backend::Cpu)]
     backend: Backend,
+    /// GPU runs: how ranks exchange data.
+    #[arg(long, value_enum, default_value_t = Collectives::Auto)]
+    collectives: Collectives,
     /// Test hook: under a launcher, the process with this RANK fails before the rendezvous.
     #[arg(long, hide = true)]
     fail_rank: Option<usize>,
@@ -306,6 +321,22 @@ fn train_here(args: &RunArgs, plan: &Plan, gpus: Option<usize>) -> anyhow::Resul
     }
     let data = Tokens::load(&args.data)
         .with_context(|| format!("{}: cannot load the training data", args.data.display()))?;
+    let world = plan.parallel.world as usize;
+    let nccl = match (args.collectives, gpus) {
+        (Collectives::Staged, _) | (_, None) => false,
+        (Collectives::Nccl, Some(n)) => {
+            if world > n {
+                bail!(
+                    "{}: --collectives nccl needs a GPU per rank, and this plan has {world} ranks on {n} visible GPUs (NCCL refuses two ranks of one communicator on one GPU)\n  fix: use --collectives staged, or plan for {n} devices",
+                    args.plan.display()
+                );
+            }
+            tessera_runtime::cuda::probe_nccl()
+                .map_err(|e| anyhow::anyhow!("--collectives nccl: {e}"))?;
+            true
+        }
+        (Collectives::Auto, Some(n)) => world <= n && tessera_runtime::cuda::probe_nccl().is_ok(),
+    };
     let stop = Arc::new(exec::Stop::new());
     let interrupts = Interrupts::for_run(stop.clone())?;
     let opts = TrainOptions {
@@ -330,7 +361,10 @@ fn train_here(args: &RunArgs, plan: &Plan, gpus: Option<usize>) -> anyhow::Resul
         p.world,
         match gpus {
             None => "CPU".to_string(),
-            Some(n) => format!("GPU (on {n} visible GPUs)"),
+            Some(n) => format!(
+                "GPU (on {n} visible GPUs, collectives {})",
+                if nccl { "on NCCL" } else { "through host memory" }
+            ),
         },
         p.micro_batch,
         p.microbatches,
@@ -368,7 +402,7 @@ fn train_here(args: &RunArgs, plan: &Plan, gpus: Option<usize>) -> anyhow::Resul
             &opts,
             &mut on_step,
             &|r| Ok(Device::new(CudaLauncher::open(r % n)?)),
-            &|dev: &Device<CudaLauncher>, comm| Ok(HostStaged::new(dev.clone(), comm)),
+            &|dev: &Device<CudaLauncher>, comm| Ok(device_collective(dev, comm, nccl)?),
         ),
     };
     bar.finish();

@@ -324,12 +324,25 @@ pub trait Backend: Sized + Sync + 'static {
     ) -> Result<(), BackendError>;
 }
 
-/// One rank's view of a process group, on a backend's buffers. Every implementation keeps the
-/// contract of [`crate::comm`]: reductions in rank order, identical on every rank.
+/// One rank's view of a process group, on a backend's buffers. Every implementation gives
+/// results identical on every rank of the group; the host ones (and [`crate::gpu::HostStaged`])
+/// keep the contract of [`crate::comm`] too, reductions in rank order, so a parallel run on them
+/// is bit-reproducible. NCCL reduces in its own order.
 pub trait Collective<B: Backend> {
     fn rank(&self) -> usize;
     fn size(&self) -> usize;
     fn all_reduce_sum(&self, buf: B::Mut<'_>) -> Result<(), CommError>;
+    /// Starts `buf = Σ buf` and may return before it is done: the caller neither reads nor
+    /// writes `buf`'s range until [`Collective::wait_started`]. Where the transport has a
+    /// stream of its own (NCCL), the sum overlaps the compute that follows, as data parallelism's
+    /// gradient buckets do during the backward. By default it is [`Collective::all_reduce_sum`].
+    fn all_reduce_sum_start(&self, buf: B::Mut<'_>) -> Result<(), CommError> {
+        self.all_reduce_sum(buf)
+    }
+    /// Orders everything after this call behind the sums started so far.
+    fn wait_started(&self) -> Result<(), CommError> {
+        Ok(())
+    }
     /// Element-wise maximum over the group.
     fn all_reduce_max(&self, buf: B::Mut<'_>) -> Result<(), CommError>;
     /// `output (size · n)` = every rank's `input (n)`, in rank order.

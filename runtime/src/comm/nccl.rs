@@ -29,7 +29,7 @@ use super::{Comm, CommError, RankGroups};
 use crate::cuda::probe;
 use crate::gpu::GpuError;
 
-fn nccl_err(op: &'static str) -> impl Fn(nccl::result::NcclError) -> CommError {
+pub(crate) fn nccl_err(op: &'static str) -> impl Fn(nccl::result::NcclError) -> CommError {
     // NcclError wraps ncclResult_t, whose Debug names the result (e.g. ncclInvalidUsage).
     move |e| CommError::Transport {
         op,
@@ -37,7 +37,7 @@ fn nccl_err(op: &'static str) -> impl Fn(nccl::result::NcclError) -> CommError {
     }
 }
 
-fn cuda_err(op: &'static str) -> impl Fn(DriverError) -> CommError {
+pub(crate) fn cuda_err(op: &'static str) -> impl Fn(DriverError) -> CommError {
     move |e| CommError::Transport {
         op,
         message: e.to_string(),
@@ -100,6 +100,12 @@ impl NcclComm {
             pending: RefCell::new(Vec::new()),
             in_flight: RefCell::new(Vec::new()),
         })
+    }
+
+    /// The communicator itself, for callers that order its stream themselves
+    /// (`crate::cuda::NcclDevice`).
+    pub(crate) fn raw(&self) -> &nccl::Comm {
+        &self.comm
     }
 
     /// Issues the staged sends (inside the caller's NCCL group when there is one).

@@ -118,6 +118,14 @@ impl CudaLauncher {
         &self.info
     }
 
+    /// A new stream on this device, for a communicator: its work is ordered against
+    /// [`CudaLauncher::stream`] by events its user records.
+    pub fn side_stream(&self) -> Result<Arc<CudaStream>, GpuError> {
+        self.ctx
+            .new_stream()
+            .map_err(|e| driver_err("creating a stream", e))
+    }
+
     /// The stream every operation of this launcher is ordered on.
     pub fn stream(&self) -> &Arc<CudaStream> {
         &self.stream

@@ -12,10 +12,12 @@
 pub mod compile;
 pub mod doctor;
 mod launcher;
+mod nccl_device;
 pub mod probe;
 
 pub use doctor::doctor;
 pub use launcher::{CudaBuf, CudaLauncher};
+pub use nccl_device::{device_collective, DeviceCollective, NcclDevice};
 pub use probe::{devices, probe, probe_nccl};
 
 use crate::gpu::{GpuError, GpuKernels};

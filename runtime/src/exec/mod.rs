@@ -184,7 +184,7 @@ pub fn train_on<B, C>(
 ) -> Result<TrainReport, RunError>
 where
     B: Backend,
-    C: Collective<B> + Send,
+    C: Collective<B>,
 {
     check_supported(plan)?;
     let t = &plan.job.model.training;

@@ -162,6 +162,10 @@ struct Rank<'a, B: Backend, C: Collective<B>> {
     /// Gradients summed over TP at the end of a step: the norms' under sequence parallelism
     /// (each TP rank computes them from its own rows), else none.
     tp_summed: Vec<Range<usize>>,
+    /// Per chunk: the index in `ops` of its last backward (its gradients are final there), and
+    /// whether this step's DP sum of them has started (see `sync::chunk_grads_done`).
+    last_backward: Vec<Option<usize>>,
+    bucketed: Vec<bool>,
     trace: Vec<TraceEvent>,
     loss_sum: f64,
 }
@@ -231,6 +235,14 @@ impl<'a, B: Backend, C: Collective<B>> Rank<'a, B, C> {
             })?;
         let ws = BlockWorkspace::new(be, first_block, dims)?;
         let chunks = model.chunks.len();
+        let mut last_backward = vec![None; chunks];
+        for (i, op) in ops.iter().enumerate() {
+            if let Op::Backward { chunk, .. } = op {
+                *last_backward.get_mut(*chunk).ok_or_else(|| {
+                    schedule_bug(format!("a backward of chunk {chunk}, of {chunks} here"))
+                })? = Some(i);
+            }
+        }
         let mut r = Rank {
             ctx,
             be,
@@ -268,6 +280,8 @@ impl<'a, B: Backend, C: Collective<B>> Rank<'a, B, C> {
             } else {
                 Vec::new()
             },
+            last_backward,
+            bucketed: vec![false; chunks],
             trace: Vec::new(),
             loss_sum: 0.0,
             model,
@@ -284,10 +298,16 @@ impl<'a, B: Backend, C: Collective<B>> Rank<'a, B, C> {
     fn step(&mut self, step: usize) -> Result<Option<f64>, RunError> {
         self.be.fill(B::view_mut(&mut self.grads), 0.0)?;
         self.loss_sum = 0.0;
+        self.bucketed.fill(false);
         let ops = std::mem::take(&mut self.ops);
-        for op in &ops {
+        for (i, op) in ops.iter().enumerate() {
             let start = self.ctx.epoch.elapsed();
             self.op(*op, step as u64)?;
+            if let Op::Backward { chunk, .. } = op {
+                if self.last_backward[*chunk] == Some(i) {
+                    self.chunk_grads_done(*chunk)?;
+                }
+            }
             if self.ctx.opts.trace {
                 self.trace.push(TraceEvent::op(
                     self.ctx.rank,

@@ -10,30 +10,106 @@ use crate::backend::{scratch, Backend, Collective, Storage};
 use crate::exec::model::shard_of;
 use crate::optim::clip_scale;
 
+/// `region` without the ranges of `holes` (sorted, disjoint), in order.
+fn without(region: Range<usize>, holes: &[Range<usize>]) -> Vec<Range<usize>> {
+    let mut out = Vec::new();
+    let mut at = region.start;
+    for h in holes {
+        let (a, b) = (h.start.max(region.start), h.end.min(region.end));
+        if a >= b {
+            continue;
+        }
+        if at < a {
+            out.push(at..a);
+        }
+        at = at.max(b);
+    }
+    if at < region.end {
+        out.push(at..region.end);
+    }
+    out
+}
+
 impl<B: Backend, C: Collective<B>> Rank<'_, B, C> {
+    /// The tied embedding's gradient range on this rank, summed over the embedding group at
+    /// the end of the step (stage 0's table, or the last stage's copy of it).
+    fn tied_range(&self) -> Option<Range<usize>> {
+        self.ctx.embedding?;
+        Some(match &self.model.tied_copy {
+            Some(r) => r.clone(),
+            None => self.model.chunks[0].embedding.as_ref()?.wte.w.range(),
+        })
+    }
+
+    /// Chunk `c`'s gradients are final for this step (its last backward ran): without ZeRO,
+    /// start their DP sum now, one bucket per chunk, so that it overlaps the backward of the
+    /// chunks still to run (on a collective with a stream of its own). The sequence-parallel
+    /// norm gradients in the chunk are summed over TP first, and the tied embedding's range is
+    /// left for the end of the step, after its sum over the embedding group: each element is
+    /// summed in the same order as when everything waits for the end of the step.
+    pub(super) fn chunk_grads_done(&mut self, c: usize) -> Result<(), RunError> {
+        if self.zero != 0 || self.dp == 1 {
+            return Ok(());
+        }
+        let region = self.model.chunks[c].region.clone();
+        let inside = |r: &Range<usize>| r.start >= region.start && r.end <= region.end;
+        for r in self.tp_summed.iter().filter(|r| inside(r)) {
+            let g = B::sub_mut(B::view_mut(&mut self.grads), r.clone());
+            self.ctx.tp.all_reduce_sum(g)?;
+        }
+        let holes: Vec<Range<usize>> = self.tied_range().into_iter().collect();
+        for piece in without(region, &holes) {
+            let g = B::sub_mut(B::view_mut(&mut self.grads), piece);
+            self.ctx.dp.all_reduce_sum_start(g)?;
+        }
+        self.bucketed[c] = true;
+        Ok(())
+    }
+
     /// Gradient sync over DP (all-reduce, or reduce-scatter under ZeRO), global-norm clipping,
     /// the optimizer on this rank's part, and the parameter all-gather.
     pub(super) fn sync_and_update(&mut self, step: usize) -> Result<(), RunError> {
         let be = self.be;
+        let regions: Vec<Range<usize>> =
+            self.model.chunks.iter().map(|c| c.region.clone()).collect();
+        let done = |r: &Range<usize>, bucketed: &[bool]| {
+            regions
+                .iter()
+                .zip(bucketed)
+                .any(|(g, &b)| b && r.start >= g.start && r.end <= g.end)
+        };
         for r in &self.tp_summed {
+            if done(r, &self.bucketed) {
+                continue;
+            }
             let g = B::sub_mut(B::view_mut(&mut self.grads), r.clone());
             self.ctx.tp.all_reduce_sum(g)?;
         }
-        if let Some(emb) = self.ctx.embedding {
-            let range = match &self.model.tied_copy {
-                Some(r) => r.clone(),
-                None => self.model.chunks[0]
-                    .embedding
-                    .as_ref()
-                    .expect("stage 0 holds the embedding")
-                    .wte
-                    .w
-                    .range(),
-            };
+        let tied = self.tied_range();
+        if let (Some(emb), Some(range)) = (self.ctx.embedding, tied.clone()) {
             emb.all_reduce_sum(B::sub_mut(B::view_mut(&mut self.grads), range))?;
         }
         if self.zero == 0 {
-            self.ctx.dp.all_reduce_sum(B::view_mut(&mut self.grads))?;
+            // What the chunk buckets did not cover: chunks without a backward this step (none
+            // in a well-formed schedule) and the tied embedding's range.
+            self.ctx.dp.wait_started()?;
+            for (region, &b) in regions.iter().zip(&self.bucketed) {
+                let rest = match b {
+                    true => tied
+                        .iter()
+                        .filter_map(|t| {
+                            let r = t.start.max(region.start)..t.end.min(region.end);
+                            (r.start < r.end).then_some(r)
+                        })
+                        .collect(),
+                    false => vec![region.clone()],
+                };
+                for r in rest {
+                    self.ctx
+                        .dp
+                        .all_reduce_sum(B::sub_mut(B::view_mut(&mut self.grads), r))?;
+                }
+            }
         } else {
             for c in 0..self.model.chunks.len() {
                 self.reduce_scatter_region(c)?;
@@ -187,5 +263,27 @@ impl<B: Backend, C: Collective<B>> Rank<'_, B, C> {
         let after = B::sub_mut(rest, shard.end - shard.start..region.end - shard.start);
         self.be.fill(after, 0.0)?;
         Ok(())
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::single_range_in_vec_init)] // holes are lists of ranges
+mod tests {
+    use super::without;
+
+    #[test]
+    fn without_cuts_the_holes_out_of_a_region() {
+        assert_eq!(without(10..20, &[]), vec![10..20]);
+        assert_eq!(without(10..20, &[12..15]), vec![10..12, 15..20]);
+        assert_eq!(without(10..20, &[0..12, 18..30]), vec![12..18]);
+        assert_eq!(without(10..20, &[0..5, 25..30]), vec![10..20]);
+        assert_eq!(
+            without(10..20, &[10..20]),
+            Vec::<std::ops::Range<usize>>::new()
+        );
+        assert_eq!(
+            without(10..20, &[11..12, 14..16]),
+            vec![10..11, 12..14, 16..20]
+        );
     }
 }

@@ -36,6 +36,30 @@ where
         self.dev.download(v).map_err(transport(op))
     }
 
+    /// A group of one: its collectives stay on the device (a copy at most), no host round trip.
+    fn alone(&self) -> bool {
+        self.comm.size() == 1
+    }
+
+    fn copy(
+        &self,
+        op: &'static str,
+        dst: DMut<'_, L::Buf>,
+        src: DRef<'_, L::Buf>,
+    ) -> Result<(), CommError> {
+        if dst.len != src.len {
+            return Err(CommError::SizeMismatch {
+                op,
+                expected: src.len,
+                got: dst.len,
+            });
+        }
+        Backend::copy(&self.dev, dst, src).map_err(|e| CommError::Transport {
+            op,
+            message: e.to_string(),
+        })
+    }
+
     fn put(&self, op: &'static str, v: DMut<'_, L::Buf>, x: &[f32]) -> Result<(), CommError> {
         self.dev.write(v, x).map_err(transport(op))
     }
@@ -54,11 +78,17 @@ where
         self.comm.size()
     }
     fn all_reduce_sum(&self, buf: DMut<'_, L::Buf>) -> Result<(), CommError> {
+        if self.alone() {
+            return Ok(());
+        }
         let mut x = self.get("all_reduce", Device::<L>::ro(&buf))?;
         self.comm.all_reduce_sum(&mut x)?;
         self.put("all_reduce", buf, &x)
     }
     fn all_reduce_max(&self, buf: DMut<'_, L::Buf>) -> Result<(), CommError> {
+        if self.alone() {
+            return Ok(());
+        }
         let mut x = self.get("all_reduce_max", Device::<L>::ro(&buf))?;
         all_reduce_max(&self.comm, &mut x)?;
         self.put("all_reduce_max", buf, &x)
@@ -68,6 +98,9 @@ where
         input: DRef<'_, L::Buf>,
         output: DMut<'_, L::Buf>,
     ) -> Result<(), CommError> {
+        if self.alone() {
+            return self.copy("all_gather", output, input);
+        }
         let x = self.get("all_gather", input)?;
         let mut out = vec![0.0; output.len];
         self.comm.all_gather(&x, &mut out)?;
@@ -78,6 +111,9 @@ where
         input: DRef<'_, L::Buf>,
         output: DMut<'_, L::Buf>,
     ) -> Result<(), CommError> {
+        if self.alone() {
+            return self.copy("reduce_scatter", output, input);
+        }
         let x = self.get("reduce_scatter", input)?;
         let mut out = vec![0.0; output.len];
         self.comm.reduce_scatter_sum(&x, &mut out)?;
