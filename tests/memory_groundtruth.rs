@@ -59,6 +59,7 @@ fn gpt2(layers: u64, hidden: u64, heads: u64, vocab: u64, precision: &str) -> Mo
             bias: true,
             qkv_bias: true,
             max_positions: 1024,
+            vocab_divisible_by: 1,
         },
         training: Training {
             seq_len: 1024,

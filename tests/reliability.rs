@@ -53,7 +53,7 @@ fn position_table_shorter_than_the_sequence_is_refused_by_plan_and_validate() {
         &[&s(&model), "architecture.max_positions", "seq_len 64"],
     );
     // The line of the key.
-    assert!(r.stderr.contains("tiny.toml:16:"), "{}", r.stderr);
+    assert!(r.stderr.contains("tiny.toml:19:"), "{}", r.stderr);
     refused(
         &run(&["validate", &s(&model)]),
         &["architecture.max_positions"],

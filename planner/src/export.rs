@@ -143,6 +143,11 @@ fn megatron(plan: &Plan) -> Result<String, ExportError> {
     }
     args.push(format!("--attention-dropout {}", tr.dropout));
     args.push(format!("--hidden-dropout {}", tr.dropout));
+    // Megatron pads the tokenizer's vocabulary itself; the same divisor gives the plan's rows.
+    args.push(format!(
+        "--make-vocab-size-divisible-by {}",
+        a.vocab_divisible_by
+    ));
     args.push(format!("--tensor-model-parallel-size {}", p.tp));
     args.push(format!("--pipeline-model-parallel-size {}", p.pp));
     if p.virtual_stages > 1 {

@@ -190,13 +190,12 @@ impl Layout {
                 ),
             ));
         }
-        if !a.ffn_hidden.is_multiple_of(self.tp) || !a.vocab.is_multiple_of(self.tp) {
+        // The vocabulary never refuses a TP degree: it is padded to a multiple of
+        // `vocab_divisible_by × TP` (`Architecture::padded_vocab`), as Megatron-LM does.
+        if !a.ffn_hidden.is_multiple_of(self.tp) {
             return Err(Rejection::new(
-                "TP does not divide the FFN width or vocabulary",
-                format!(
-                    "TP {} does not divide ffn_hidden {} and vocab {}",
-                    self.tp, a.ffn_hidden, a.vocab
-                ),
+                "TP does not divide the FFN width",
+                format!("TP {} does not divide ffn_hidden {}", self.tp, a.ffn_hidden),
             ));
         }
         if self.sequence_parallel && (self.tp == 1 || !t.seq_len.is_multiple_of(self.tp)) {

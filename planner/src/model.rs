@@ -67,6 +67,16 @@ pub struct Architecture {
     pub qkv_bias: bool,
     /// Rows of the learned position table (0 with RoPE).
     pub max_positions: u64,
+    /// The embedding table and output layer are padded to a multiple of this × TP rows, as
+    /// Megatron-LM's `--make-vocab-size-divisible-by` does (spec key
+    /// `make_vocab_size_divisible_by`, default 128); 1 pads only as far as TP needs. Plans
+    /// written before the key existed read as 1.
+    #[serde(default = "one")]
+    pub vocab_divisible_by: u64,
+}
+
+fn one() -> u64 {
+    1
 }
 
 /// Training settings that the plan depends on.
@@ -172,7 +182,33 @@ impl Architecture {
         }
     }
 
-    /// Token embedding (vocab-parallel) plus the learned position table (replicated).
+    /// The vocabulary as the embedding table and output layer hold it under TP `tp`: `vocab`
+    /// rounded up to a multiple of `vocab_divisible_by × tp` (Megatron-LM's
+    /// `_vocab_size_with_padding`). Saturates at `u64::MAX`.
+    pub fn padded_vocab(&self, tp: u64) -> u64 {
+        let multiple = self.vocab_divisible_by.max(1).saturating_mul(tp.max(1));
+        self.vocab.div_ceil(multiple).saturating_mul(multiple)
+    }
+
+    /// [`Architecture::embedding_params`] with the padded vocabulary of TP `tp`: what a rank
+    /// holds.
+    pub fn embedding_params_at(&self, tp: u64) -> LayerParams {
+        let mut p = self.embedding_params();
+        p.sharded = self.padded_vocab(tp).saturating_mul(self.hidden);
+        p
+    }
+
+    /// [`Architecture::head_params`] with the padded vocabulary of TP `tp`.
+    pub fn head_params_at(&self, shares_embedding: bool, tp: u64) -> LayerParams {
+        let mut p = self.head_params(shares_embedding);
+        if !shares_embedding {
+            p.sharded = self.padded_vocab(tp).saturating_mul(self.hidden);
+        }
+        p
+    }
+
+    /// Token embedding (vocab-parallel) plus the learned position table (replicated), as
+    /// published (no padding).
     pub fn embedding_params(&self) -> LayerParams {
         let positions = match self.position {
             Position::Learned => self.max_positions.saturating_mul(self.hidden),
@@ -232,6 +268,7 @@ mod tests {
             bias: true,
             qkv_bias: true,
             max_positions: 128,
+            vocab_divisible_by: 1,
         }
     }
 

@@ -42,13 +42,7 @@ fn plan(dp: u64, zero_stage: u8) -> Plan {
     )
     .expect("preset loads");
     let layout = Layout::without_pipeline(dp, 1, zero_stage, MICRO);
-    let summary = SearchSummary {
-        ordering: "pinned".into(),
-        evaluated: 1,
-        fitting: 1,
-        alternatives: vec![],
-    };
-    Plan::new(&model, &cluster, &layout, summary)
+    Plan::new(&model, &cluster, &layout, SearchSummary::pinned())
 }
 
 /// Matmul FLOPs of one training step (forward 2·N·tokens for the linear layers and the tied

@@ -299,10 +299,12 @@ pub fn evaluate(
         .map(|s| {
             let mut p = a.layer_params().per_tp_rank(tp) * layers[s] as f64;
             if s == 0 {
-                p += a.embedding_params().per_tp_rank(tp);
+                p += a.embedding_params_at(tp).per_tp_rank(tp);
             }
             if s == pp - 1 {
-                p += a.head_params(a.tied_embeddings && pp == 1).per_tp_rank(tp);
+                p += a
+                    .head_params_at(a.tied_embeddings && pp == 1, tp)
+                    .per_tp_rank(tp);
             }
             p
         })
@@ -351,7 +353,7 @@ pub fn evaluate(
         // The first and last stage all-reduce the shared embedding's gradient.
         sync[0] += links
             .first_last
-            .all_reduce(a.embedding_params().per_tp_rank(tp) * grad);
+            .all_reduce(a.embedding_params_at(tp).per_tp_rank(tp) * grad);
     }
     let dev = Device::of(cluster);
     let per_rank = if zero >= 1 { shard } else { 1.0 };

@@ -210,7 +210,8 @@ pub fn head(
     fused_loss: bool,
 ) -> (f64, f64) {
     let x = shapes(model, tp, sp, b);
-    let v = model.architecture.vocab as f64 / tp as f64;
+    // The padded vocabulary: the padding rows are computed like the others.
+    let v = model.architecture.padded_vocab(tp) as f64 / tp as f64;
     let (lf, lb) = dev.linear(x.t, x.h, v);
     let norm_f = dev.memory(x.t_rep * x.h * 4.0);
     let norm_b = dev.memory(x.t_rep * x.h * 6.0);
@@ -276,6 +277,7 @@ mod tests {
                 bias: true,
                 qkv_bias: true,
                 max_positions: s,
+                vocab_divisible_by: 1,
             },
             training: Training {
                 seq_len: s,

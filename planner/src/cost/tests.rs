@@ -95,8 +95,8 @@ fn cost_dp_all_reduce_exposed_without_overlap() {
     // DP 16 with TP 8: one rank per node, one HDR NIC at 86% of 25 GB/s, 5 µs per step.
     let a = &m.architecture;
     let params = a.layer_params().per_tp_rank(8) * 96.0
-        + a.embedding_params().per_tp_rank(8)
-        + a.head_params(true).per_tp_rank(8);
+        + a.embedding_params_at(8).per_tp_rank(8)
+        + a.head_params_at(true, 8).per_tp_rank(8);
     let bytes = params * 4.0;
     let want = 2.0 * 15.0 / 16.0 * bytes / (0.86 * 25e9) + 30.0 * 5e-6;
     let got = p.term("dp_exposed");

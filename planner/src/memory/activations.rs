@@ -157,7 +157,7 @@ pub fn head_terms(model: &Model, b: u64, tp: u64, sp: bool) -> [(&'static str, f
         ("head_input", 2.0 * sb * h / rep),
         (
             "logits_fp32",
-            4.0 * sb * model.architecture.vocab as f64 / t,
+            4.0 * sb * model.architecture.padded_vocab(tp) as f64 / t,
         ),
     ]
 }
@@ -186,6 +186,7 @@ mod tests {
                 bias: true,
                 qkv_bias: true,
                 max_positions: s,
+                vocab_divisible_by: 1,
             },
             training: Training {
                 seq_len: s,

@@ -183,11 +183,13 @@ impl<'a> Ctx<'a> {
         let (pp, tp) = (self.layout.pp, self.layout.tp);
         let mut params = times(a.layer_params().per_tp_rank(tp), self.layers(stage) as f64);
         if stage == 0 {
-            params += a.embedding_params().per_tp_rank(tp);
+            params += a.embedding_params_at(tp).per_tp_rank(tp);
         }
         if stage == pp - 1 {
             // Tied embeddings share one matrix only when embedding and head sit on one stage.
-            params += a.head_params(a.tied_embeddings && pp == 1).per_tp_rank(tp);
+            params += a
+                .head_params_at(a.tied_embeddings && pp == 1, tp)
+                .per_tp_rank(tp);
         }
         params
     }
@@ -410,14 +412,17 @@ impl StageBytes {
             fixed_all += a.layer_params().per_tp_rank(tp) * (2.0 * wb + 2.0);
         }
         let held0 = in_flight(layout.schedule, pp, m, 1, 0).min(m) as f64;
-        let first = a.embedding_params().per_tp_rank(tp) * bpp
+        let first = a.embedding_params_at(tp).per_tp_rank(tp) * bpp
             + activations::embedding_bytes(model, b, tp, sp) * held0;
         let held_last = if layout.schedule == ScheduleKind::Gpipe {
             m
         } else {
             1
         } as f64;
-        let last = a.head_params(a.tied_embeddings && pp == 1).per_tp_rank(tp) * bpp
+        let last = a
+            .head_params_at(a.tied_embeddings && pp == 1, tp)
+            .per_tp_rank(tp)
+            * bpp
             + activations::head_terms(model, b, tp, sp)
                 .iter()
                 .map(|(_, x)| x * held_last)

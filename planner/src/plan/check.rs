@@ -87,6 +87,18 @@ impl Plan {
                     .into(),
             ));
         }
+        if let Some(v) = &p.vocab {
+            let want = super::VocabPadding::of(&self.job.model, p.tp);
+            if *v != want {
+                return Err(bad(
+                    "parallel.vocab",
+                    format!(
+                        "says the vocabulary is {} padded to {}, but the model and TP {} give {} padded to {}",
+                        v.model, v.padded, p.tp, want.model, want.padded
+                    ),
+                ));
+            }
+        }
         if self.job.parameters != self.job.model.architecture.param_count() {
             return Err(bad(
                 "job.parameters",

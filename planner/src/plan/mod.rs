@@ -76,6 +76,51 @@ pub struct Parallel {
     pub sequence_parallel: bool,
     pub schedule: ScheduleKind,
     pub virtual_stages: u64,
+    /// The vocabulary as the embedding table and output layer hold it under this TP. Absent in
+    /// plans written before it existed (they hold the model's vocabulary unpadded).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub vocab: Option<VocabPadding>,
+}
+
+/// The padded vocabulary of a plan, and why.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct VocabPadding {
+    /// The model's vocabulary (`architecture.vocab`).
+    pub model: u64,
+    /// Rows of the embedding table and output layer: `model` rounded up to `multiple`.
+    pub padded: u64,
+    /// `architecture.vocab_divisible_by × tp`.
+    pub multiple: u64,
+    pub reason: String,
+}
+
+impl VocabPadding {
+    pub fn of(model: &Model, tp: u64) -> VocabPadding {
+        let a = &model.architecture;
+        let padded = a.padded_vocab(tp);
+        let multiple = a.vocab_divisible_by.max(1).saturating_mul(tp.max(1));
+        let reason = if padded == a.vocab {
+            format!(
+                "vocab {} is already a multiple of {} (make_vocab_size_divisible_by {} × TP {tp})",
+                a.vocab, multiple, a.vocab_divisible_by
+            )
+        } else {
+            format!(
+                "vocab {} padded to {padded}, a multiple of {multiple} (make_vocab_size_divisible_by {} × TP {tp}, as Megatron-LM pads it): every TP rank holds {} rows; the {} padding rows are allocated and multiplied but never a target",
+                a.vocab,
+                a.vocab_divisible_by,
+                padded / tp.max(1),
+                padded - a.vocab
+            )
+        };
+        VocabPadding {
+            model: a.vocab,
+            padded,
+            multiple,
+            reason,
+        }
+    }
 }
 
 /// One pipeline stage and the model chunks it holds.
@@ -172,6 +217,18 @@ pub struct SearchSummary {
     pub alternatives: Vec<Alternative>,
 }
 
+impl SearchSummary {
+    /// The summary of a plan made for one given layout, without a search (tests, benches).
+    pub fn pinned() -> SearchSummary {
+        SearchSummary {
+            ordering: "pinned".into(),
+            evaluated: 1,
+            fitting: 1,
+            alternatives: vec![],
+        }
+    }
+}
+
 /// A ranked alternative layout.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
@@ -204,6 +261,7 @@ impl Parallel {
             sequence_parallel: l.sequence_parallel,
             schedule: l.schedule,
             virtual_stages: l.virtual_stages,
+            vocab: Some(VocabPadding::of(model, l.tp)),
         }
     }
 

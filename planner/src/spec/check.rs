@@ -209,6 +209,10 @@ impl Model {
             ("architecture.head_dim", a.head_dim),
             ("architecture.ffn_hidden", a.ffn_hidden),
             ("architecture.vocab", a.vocab),
+            (
+                "architecture.make_vocab_size_divisible_by",
+                a.vocab_divisible_by,
+            ),
         ] {
             count(field, v)?;
         }

@@ -141,6 +141,7 @@ pub fn parse_hf_config(src: &Source, over: TrainingOverrides) -> Result<Model, D
                         .and_then(Value::as_bool)
                         .unwrap_or(false),
                 max_positions: 0,
+                vocab_divisible_by: crate::spec::DEFAULT_VOCAB_DIVISIBLE_BY,
             }
         }
         Family::Gpt2 => {
@@ -163,6 +164,7 @@ pub fn parse_hf_config(src: &Source, over: TrainingOverrides) -> Result<Model, D
                 bias: true,
                 qkv_bias: true,
                 max_positions: int(&["n_positions", "max_position_embeddings"], true)?.unwrap_or(0),
+                vocab_divisible_by: crate::spec::DEFAULT_VOCAB_DIVISIBLE_BY,
             }
         }
     };

@@ -15,7 +15,7 @@ pub use cluster::{
     GIB,
 };
 pub use hf::parse_hf_config;
-pub use model::{parse_model_toml, TrainingOverrides};
+pub use model::{parse_model_toml, TrainingOverrides, DEFAULT_VOCAB_DIVISIBLE_BY};
 
 use std::path::Path;
 

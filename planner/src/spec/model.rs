@@ -34,6 +34,9 @@ pub(crate) struct RawArchitecture {
     pub bias: Field<bool>,
     pub qkv_bias: Field<bool>,
     pub max_positions: Field<i64>,
+    /// Megatron-LM's `--make-vocab-size-divisible-by`: the vocabulary is padded to a multiple
+    /// of this × TP.
+    pub make_vocab_size_divisible_by: Field<i64>,
     /// Mixture-of-experts: experts per MoE layer, and how many each token is routed to.
     pub experts: Field<i64>,
     pub experts_per_token: Field<i64>,
@@ -68,6 +71,7 @@ pub const MODEL_KEYS: &[&str] = &[
     "bias",
     "qkv_bias",
     "max_positions",
+    "make_vocab_size_divisible_by",
     "experts",
     "experts_per_token",
     "seq_len",
@@ -147,6 +151,9 @@ pub(crate) fn finish_positions(mut a: Architecture, t: &Training) -> Architectur
     }
     a
 }
+
+/// Megatron-LM's default `--make-vocab-size-divisible-by`.
+pub const DEFAULT_VOCAB_DIVISIBLE_BY: u64 = 128;
 
 pub(crate) fn resolve_architecture(
     f: &Fields,
@@ -234,6 +241,13 @@ pub(crate) fn resolve_architecture(
             .unwrap_or(0),
         Position::Rope => 0,
     };
+    let vocab_divisible_by = f
+        .opt_pos_int(
+            T,
+            "make_vocab_size_divisible_by",
+            &a.make_vocab_size_divisible_by,
+        )?
+        .unwrap_or(DEFAULT_VOCAB_DIVISIBLE_BY);
     Ok(Architecture {
         layers,
         hidden,
@@ -249,6 +263,7 @@ pub(crate) fn resolve_architecture(
         bias,
         qkv_bias: bias || a.qkv_bias.as_ref().is_some_and(|s| *s.get_ref()),
         max_positions,
+        vocab_divisible_by,
     })
 }
 

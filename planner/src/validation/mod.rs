@@ -233,6 +233,9 @@ fn resolve(r: &Value, a100: &Cluster, h100: &Cluster) -> Result<Run, String> {
             bias: megatron || llmc,
             qkv_bias: megatron || llmc,
             max_positions: seq_len,
+            // Megatron-LM pads to 128 × TP (`--make-vocab-size-divisible-by 128`), llm.c to a
+            // multiple of 128 (50257 → 50304); llm-foundry trains MPT's vocabulary as it is.
+            vocab_divisible_by: if megatron || llmc { 128 } else { 1 },
         },
         training: Training {
             seq_len,

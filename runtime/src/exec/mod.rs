@@ -142,10 +142,19 @@ pub fn check_supported(plan: &Plan) -> Result<(), RunError> {
         });
     }
     let a = &plan.job.model.architecture;
-    if !a.vocab.is_multiple_of(p.tp) {
+    // Padding rows sit at the end of the vocabulary: a TP rank whose whole shard is padding
+    // would compute empty logits, which the kernels do not take.
+    let local = a.padded_vocab(p.tp) / p.tp;
+    if (a.vocab - 1) / local < p.tp - 1 {
         return Err(RunError::Unsupported {
-            what: format!("vocab {} is not divisible by TP {}", a.vocab, p.tp),
-            fix: "pad the vocabulary to a multiple of TP in the model spec".into(),
+            what: format!(
+                "vocab {} padded to {} leaves TP ranks {}..{} only padding rows ({local} each)",
+                a.vocab,
+                a.padded_vocab(p.tp),
+                (a.vocab - 1) / local + 1,
+                p.tp - 1
+            ),
+            fix: "set a smaller make_vocab_size_divisible_by under [architecture] (1 pads only to a multiple of TP), or plan with a smaller TP".into(),
         });
     }
     if plan.job.model.training.dropout > 0.0 {

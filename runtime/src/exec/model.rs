@@ -44,7 +44,13 @@ pub struct StageModel {
     pub layout: ParamLayout,
     pub chunks: Vec<Chunk>,
     pub cfg: BlockConfig,
+    /// Rows of the embedding table and output layer: the model's vocabulary padded to the
+    /// plan's multiple (`Architecture::padded_vocab`).
     pub vocab: usize,
+    /// The real (not padding) rows of this TP rank's vocabulary shard: the output layer
+    /// computes logits for these only, so padding rows are never in the softmax and every
+    /// padding gives the same model.
+    pub vocab_real: usize,
     /// The last stage's copy of a tied embedding table living on stage 0 (PP > 1): its
     /// gradient is summed with stage 0's and it is counted once in the gradient norm.
     pub tied_copy: Option<Range<usize>>,
@@ -62,7 +68,9 @@ impl StageModel {
     pub fn build(plan: &Plan, stage: usize, tp: TpShard) -> Result<StageModel, LayerError> {
         let a: &Architecture = &plan.job.model.architecture;
         let cfg = BlockConfig::from_architecture(a)?;
-        let (c, vocab) = (us(a.hidden), us(a.vocab));
+        let (c, vocab) = (us(a.hidden), us(a.padded_vocab(tp.size as u64)));
+        let local = vocab / tp.size;
+        let vocab_real = us(a.vocab).saturating_sub(tp.rank * local).min(local);
         let mut layout = ParamLayout::new();
         let mut chunks = Vec::new();
         let mut tied_copy = None;
@@ -109,7 +117,8 @@ impl StageModel {
                     ColumnParallelLinear::tied(table, c)
                 } else {
                     ColumnParallelLinear::new(&mut layout, "lm_head", c, vocab, false, tp, 0.02)?
-                };
+                }
+                .first_rows(vocab_real);
                 Some(Head { norm, proj })
             } else {
                 None
@@ -127,6 +136,7 @@ impl StageModel {
             chunks,
             cfg,
             vocab,
+            vocab_real,
             tied_copy,
         })
     }

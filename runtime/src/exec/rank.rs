@@ -447,7 +447,7 @@ impl<'a, B: Backend, C: Collective<B>> Rank<'a, B, C> {
             Some(head) => {
                 let (_, targets) = self.tokens(step, mb);
                 let targets = be.ids(targets)?;
-                let v_local = self.model.vocab / self.tp.size;
+                let v_local = self.model.vocab_real;
                 // `h`: the final norm's output, kept for the backward (this rank's rows under
                 // SP, gathered again there).
                 let mut h = be.alloc(Storage::Bf16, rows * c)?;
@@ -467,7 +467,7 @@ impl<'a, B: Backend, C: Collective<B>> Rank<'a, B, C> {
                 let mut max = be.alloc(Storage::F32, n)?;
                 let mut sumexp = be.alloc(Storage::F32, n)?;
                 let mut both = be.alloc(Storage::F32, 2 * n)?;
-                let start = self.tp.rank * v_local;
+                let start = self.tp.rank * (self.model.vocab / self.tp.size);
                 vocab_parallel_cross_entropy_forward(
                     be,
                     m(&mut losses),

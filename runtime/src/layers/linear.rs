@@ -120,6 +120,18 @@ impl ColumnParallelLinear {
         }
     }
 
+    /// The layer restricted to its first `rows` local outputs (rows of `W_local`, contiguous):
+    /// the output layer over the real rows of a padded vocabulary. Bias-free layers only.
+    pub fn first_rows(mut self, rows: usize) -> Self {
+        assert!(
+            self.b.is_none() && rows <= self.out_local,
+            "first_rows of a biased layer"
+        );
+        self.w.len = rows * self.in_features;
+        self.out_local = rows;
+        self
+    }
+
     /// `y (N, out_local) = x (N, in) · W_localᵀ + b` (forward of `copy_to_tp` is the identity).
     pub fn forward<B: Backend>(
         &self,

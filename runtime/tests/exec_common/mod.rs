@@ -63,13 +63,7 @@ pub fn plan_sp(
     layout
         .check(&model, &cluster)
         .unwrap_or_else(|e| panic!("{}: {e}", layout.label()));
-    let summary = SearchSummary {
-        ordering: "pinned".into(),
-        evaluated: 1,
-        fitting: 1,
-        alternatives: vec![],
-    };
-    Plan::new(&model, &cluster, &layout, summary)
+    Plan::new(&model, &cluster, &layout, SearchSummary::pinned())
 }
 
 pub fn data() -> Tokens {
