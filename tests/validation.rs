@@ -81,6 +81,26 @@ fn validation_meets_the_targets_and_the_document_is_current() {
         100.0 * worst.error,
         100.0 * report::TARGET_WORST
     );
+    // Generalisation: every A100 run scored by constants fitted without its source.
+    let (loso_median, (loso_id, loso_worst)) = v.loso_summary().expect("held-out runs");
+    assert_eq!(
+        v.loso.iter().map(|h| h.runs).sum::<usize>(),
+        v.scored.iter().filter(|r| !r.id.contains("h100")).count(),
+        "every A100 run is held out once"
+    );
+    assert!(
+        loso_median <= report::TARGET_MEDIAN,
+        "leave-one-source-out median |error| {:.1}% is above the {:.0}% target",
+        100.0 * loso_median,
+        100.0 * report::TARGET_MEDIAN
+    );
+    // The worst held-out run misses the 25% target (docs/validation.md says so); this bound
+    // keeps it from getting worse than it is today (-37.5%) while the model is improved.
+    assert!(
+        loso_worst.abs() <= 0.40,
+        "{loso_id} held out is off by {:.1}%, worse than the 40% ratchet",
+        100.0 * loso_worst
+    );
     let committed = root().join("docs/validation.md");
     if std::env::var_os("TESSERA_UPDATE_VALIDATION").is_some() {
         std::fs::write(&committed, &md).unwrap();

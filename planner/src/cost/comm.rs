@@ -220,6 +220,8 @@ mod tests {
                 memory_gib: 80.0,
                 peak_tflops: 100.0,
                 memory_bandwidth_gbps: 1000.0,
+                sms: 0,
+                kernel_launch_us: 0.0,
             },
             intra_node: Link {
                 bandwidth_gbps: 300.0,

@@ -9,6 +9,7 @@
 //! spec's `[calibration]` only. This module predicts; it does not choose layouts or print.
 
 pub mod comm;
+pub mod gemm;
 pub mod ops;
 pub mod pipeline;
 #[cfg(test)]

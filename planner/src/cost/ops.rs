@@ -1,14 +1,17 @@
 //! Compute time of one micro-batch through the model's parts on one device: a roofline per op.
 //!
 //! Each op is `max(FLOPs / (peak · efficiency), bytes / (bandwidth · memory efficiency))`.
-//! Matrix multiplies take their efficiency from the cluster's calibration curve at the op's
-//! smallest dimension (so large TP, which shrinks the per-GPU matrices, costs efficiency);
-//! element-wise ops are costed by the bytes they read and write; flash attention by the FLOPs it
+//! Matrix multiplies are timed by the tile and wave model of [`super::gemm`] (output tiles in
+//! waves over the SMs, the memory roofline, a launch each) when the calibration has a
+//! `gemm_efficiency`; otherwise (older specs) they take their efficiency from the
+//! `matmul_efficiency` curve at the op's smallest dimension. Element-wise ops are costed by the
+//! bytes they read and write plus a launch per kernel (with the tile model); flash attention by the FLOPs it
 //! executes (causal: half the score matrix) at its calibrated efficiency, with the backward
 //! executing 2.5× the forward's FLOPs (it recomputes the scores; Dao 2023, FlashAttention-2 §3).
 //! Byte counts per element are written out next to each op. No communication here (`comm`),
 //! no schedules (`pipeline`), no I/O.
 
+use super::gemm::Gemm;
 use crate::model::{Activation, AttentionImpl, Model, Position};
 use crate::spec::{Calibration, Cluster};
 
@@ -20,15 +23,40 @@ pub struct Device<'a> {
     /// Bytes/s.
     pub bandwidth: f64,
     pub cal: &'a Calibration,
+    /// The tile and wave GEMM model, when the calibration has a `gemm_efficiency`; else the
+    /// `matmul_efficiency` curve times GEMMs.
+    pub gemm: Option<Gemm>,
+    /// Seconds per kernel launch, charged to every kernel when `gemm` is in use.
+    pub launch: f64,
 }
 
 impl<'a> Device<'a> {
     pub fn of(cluster: &'a Cluster) -> Device<'a> {
+        let (peak, bandwidth) = (
+            cluster.device.peak_tflops * 1e12,
+            cluster.device.memory_bandwidth_gbps * 1e9,
+        );
+        let cal = &cluster.calibration;
+        let launch = cluster.device.kernel_launch_us * 1e-6;
+        let gemm = cal.gemm_efficiency.map(|efficiency| Gemm {
+            peak,
+            efficiency,
+            sms: cluster.device.sms as f64,
+            bandwidth: bandwidth * cal.memory_efficiency,
+            launch,
+        });
         Device {
-            peak: cluster.device.peak_tflops * 1e12,
-            bandwidth: cluster.device.memory_bandwidth_gbps * 1e9,
-            cal: &cluster.calibration,
+            peak,
+            bandwidth,
+            cal,
+            launch: if gemm.is_some() { launch } else { 0.0 },
+            gemm,
         }
+    }
+
+    /// Seconds of `n` kernel launches (0 under the legacy curve).
+    pub fn launches(&self, n: f64) -> f64 {
+        n * self.launch
     }
 
     /// Seconds to move `bytes` through memory.
@@ -38,6 +66,9 @@ impl<'a> Device<'a> {
 
     /// Seconds for `batch` multiplies of an (m × k) by a (k × n) 16-bit matrix.
     pub fn matmul(&self, m: f64, k: f64, n: f64, batch: f64) -> f64 {
+        if let Some(g) = &self.gemm {
+            return g.time(m, k, n, batch);
+        }
         let flops = 2.0 * m * k * n * batch;
         let eff = self.cal.matmul_efficiency_at(m.min(k).min(n));
         let bytes = 2.0 * (m * k + k * n + m * n) * batch;
@@ -139,8 +170,10 @@ pub fn layer(model: &Model, dev: &Device, tp: u64, sp: bool, b: u64) -> LayerCom
                 ew_f += 5.0 * elems;
                 ew_b += 5.0 * elems;
             }
-            let f = scores + pv + dev.memory(ew_f);
-            add((f, scores_b + pv_b + dev.memory(ew_b)));
+            // Kernels: softmax (and dropout) each way.
+            let k = if dropout { 2.0 } else { 1.0 };
+            let f = scores + pv + dev.memory(ew_f) + dev.launches(k);
+            add((f, scores_b + pv_b + dev.memory(ew_b) + dev.launches(k)));
             f
         }
         AttentionImpl::Flash => {
@@ -148,8 +181,10 @@ pub fn layer(model: &Model, dev: &Device, tp: u64, sp: bool, b: u64) -> LayerCom
             let flops = 0.5 * 4.0 * x.b * x.heads * x.s * x.s * x.d;
             let eff = dev.peak * dev.cal.flash_attention_efficiency;
             let io = dev.memory(2.0 * x.t * (2.0 * x.q + 2.0 * x.kv));
-            let f = (flops / eff).max(io);
-            add((f, (2.5 * flops / eff).max(2.0 * io)));
+            // One forward kernel; the backward's three (FlashAttention-2: the `rowsum(dO ∘ O)`
+            // pre-pass, the main kernel, the dQ conversion).
+            let f = (flops / eff).max(io) + dev.launches(1.0);
+            add((f, (2.5 * flops / eff).max(2.0 * io) + dev.launches(3.0)));
             f
         }
     };
@@ -170,7 +205,17 @@ pub fn layer(model: &Model, dev: &Device, tp: u64, sp: bool, b: u64) -> LayerCom
         ew_f += x.t * (x.q + x.kv) * 4.0;
         ew_b += x.t * (x.q + x.kv) * 4.0;
     }
-    add((dev.memory(ew_f), dev.memory(ew_b)));
+    // Element-wise kernels: forward two norms, two residual adds, the activation (and RoPE);
+    // backward each norm twice (input gradient, then the weight gradient's reduction).
+    let rope = if a.position == Position::Rope {
+        1.0
+    } else {
+        0.0
+    };
+    add((
+        dev.memory(ew_f) + dev.launches(5.0 + rope),
+        dev.memory(ew_b) + dev.launches(7.0 + rope),
+    ));
     LayerCompute {
         fwd,
         bwd,
@@ -192,7 +237,10 @@ pub fn embedding(model: &Model, dev: &Device, tp: u64, sp: bool, b: u64) -> (f64
     if model.training.dropout > 0.0 {
         fwd += 5.0;
     }
-    (dev.memory(x.t * x.h * fwd), dev.memory(x.t * x.h * 10.0))
+    (
+        dev.memory(x.t * x.h * fwd) + dev.launches(1.0),
+        dev.memory(x.t * x.h * 10.0) + dev.launches(1.0),
+    )
 }
 
 /// Final norm, output projection and loss on the last stage: forward and backward seconds for
@@ -216,9 +264,11 @@ pub fn head(
     let norm_f = dev.memory(x.t_rep * x.h * 4.0);
     let norm_b = dev.memory(x.t_rep * x.h * 6.0);
     let (ce_f, ce_b) = if fused_loss { (4.0, 2.0) } else { (18.0, 22.0) };
+    // Kernels besides the GEMMs: the norm, and the loss (one fused, else about three each way).
+    let k = if fused_loss { 1.0 } else { 3.0 };
     (
-        norm_f + lf + dev.memory(x.t * v * ce_f),
-        norm_b + lb + dev.memory(x.t * v * ce_b),
+        norm_f + lf + dev.memory(x.t * v * ce_f) + dev.launches(1.0 + k),
+        norm_b + lb + dev.memory(x.t * v * ce_b) + dev.launches(2.0 + k),
     )
 }
 
@@ -253,6 +303,7 @@ mod tests {
         Calibration {
             matmul_efficiency: vec![[1.0, eff]],
             memory_efficiency: 1.0,
+            gemm_efficiency: None,
             flash_attention_efficiency: 0.5,
             intra_node_efficiency: 1.0,
             inter_node_efficiency: 1.0,
@@ -296,6 +347,8 @@ mod tests {
             peak: 100e12,
             bandwidth: 1e12,
             cal: &c,
+            gemm: None,
+            launch: 0.0,
         };
         // 4096³: 2·4096³ FLOPs at 50 TFLOP/s, far above its 3·2·4096² bytes at 1 TB/s.
         let n = 4096.0;
@@ -325,6 +378,8 @@ mod tests {
             peak: 1e15,
             bandwidth: f64::INFINITY,
             cal: &c,
+            gemm: None,
+            launch: 0.0,
         };
         let m = gpt(1024, 16, 512, 1000);
         let (t, h, s) = (2.0 * 512.0, 1024.0, 512.0);
@@ -345,6 +400,8 @@ mod tests {
             peak: f64::INFINITY,
             bandwidth: 1e12,
             cal: &c,
+            gemm: None,
+            launch: 0.0,
         };
         let m = gpt(1024, 16, 512, 1000);
         let plain = layer(&m, &dev, 4, false, 1);

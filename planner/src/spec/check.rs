@@ -163,6 +163,21 @@ impl Cluster {
         gib("device.memory_gib", d.memory_gib, false)?;
         positive("device.peak_tflops", d.peak_tflops)?;
         positive("device.memory_bandwidth_gbps", d.memory_bandwidth_gbps)?;
+        non_negative("device.kernel_launch_us", d.kernel_launch_us)?;
+        if d.kernel_launch_us > 1e6 || d.sms > 1 << 20 {
+            return Err(Problem::new(
+                if d.sms > 1 << 20 {
+                    "device.sms"
+                } else {
+                    "device.kernel_launch_us"
+                },
+                format!(
+                    "sms {} / kernel_launch_us {} is out of range",
+                    d.sms, d.kernel_launch_us
+                ),
+                "give the device's SM count (108 for an A100) and a launch cost of a few µs",
+            ));
+        }
         for (t, l) in [
             ("intra_node", &self.intra_node),
             ("inter_node", &self.inter_node),
@@ -174,6 +189,9 @@ impl Cluster {
         non_negative("overhead.fragmentation", self.overhead.fragmentation)?;
         let c = &self.calibration;
         fraction("calibration.memory_efficiency", c.memory_efficiency)?;
+        if let Some(e) = c.gemm_efficiency {
+            fraction("calibration.gemm_efficiency", e)?;
+        }
         fraction(
             "calibration.flash_attention_efficiency",
             c.flash_attention_efficiency,

@@ -31,6 +31,13 @@ pub struct Device {
     pub peak_tflops: f64,
     /// GB/s.
     pub memory_bandwidth_gbps: f64,
+    /// Streaming multiprocessors (108 on the A100, 132 on the H100 SXM): the GEMM model's wave
+    /// quantisation. 0 (absent) models none.
+    #[serde(default)]
+    pub sms: u64,
+    /// Microseconds each kernel launch adds. Absent: 0.
+    #[serde(default)]
+    pub kernel_launch_us: f64,
 }
 
 /// A link class: GB/s per device in one direction, and latency.
@@ -84,6 +91,10 @@ pub struct Calibration {
     pub matmul_efficiency: Vec<[f64; 2]>,
     /// Fraction of `memory_bandwidth_gbps` that memory-bound (element-wise) kernels reach.
     pub memory_efficiency: f64,
+    /// Fraction of `peak_tflops` a full wave of large GEMM tiles reaches. When present, GEMMs
+    /// are timed by the tile and wave model (`cost::gemm`) and `matmul_efficiency` is not read.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gemm_efficiency: Option<f64>,
     /// Fraction of `peak_tflops` that fused (flash) attention reaches on the FLOPs it executes.
     pub flash_attention_efficiency: f64,
     /// NCCL bus bandwidth of a collective inside a node, as a fraction of the intra-node link.
@@ -98,6 +109,7 @@ impl Default for Calibration {
         Calibration {
             matmul_efficiency: DEFAULT_MATMUL_EFFICIENCY.to_vec(),
             memory_efficiency: 0.75,
+            gemm_efficiency: None,
             flash_attention_efficiency: 0.31,
             intra_node_efficiency: 0.775,
             inter_node_efficiency: 0.86,
@@ -164,6 +176,8 @@ struct RawDevice {
     memory_gib: Field<Num>,
     peak_tflops: Field<Num>,
     memory_bandwidth_gbps: Field<Num>,
+    sms: Field<i64>,
+    kernel_launch_us: Field<Num>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -184,6 +198,7 @@ struct RawOverhead {
 #[serde(deny_unknown_fields)]
 struct RawCalibration {
     matmul_efficiency: Field<Vec<(Num, Num)>>,
+    gemm_efficiency: Field<Num>,
     memory_efficiency: Field<Num>,
     flash_attention_efficiency: Field<Num>,
     intra_node_efficiency: Field<Num>,
@@ -202,12 +217,15 @@ pub const CLUSTER_KEYS: &[&str] = &[
     "memory_gib",
     "peak_tflops",
     "memory_bandwidth_gbps",
+    "sms",
+    "kernel_launch_us",
     "bandwidth_gbps",
     "latency_us",
     "context_gib",
     "fragmentation",
     "calibration",
     "matmul_efficiency",
+    "gemm_efficiency",
     "memory_efficiency",
     "flash_attention_efficiency",
     "intra_node_efficiency",
@@ -258,6 +276,10 @@ pub fn parse_cluster_toml(src: &Source, over: ClusterOverrides) -> Result<Cluste
             &d.memory_bandwidth_gbps,
             "2039",
         )?,
+        sms: f.opt_pos_int("device", "sms", &d.sms)?.unwrap_or(0),
+        kernel_launch_us: f
+            .opt_nonneg_num("device", "kernel_launch_us", &d.kernel_launch_us)?
+            .unwrap_or(0.0),
     };
     let link = |t: &str, l: Option<RawLink>| -> Result<Link, Diagnostic> {
         let l = l.ok_or_else(|| table(t))?;
@@ -371,6 +393,7 @@ fn calibration(f: &Fields, c: RawCalibration) -> Result<Calibration, Diagnostic>
             *slot = x;
         }
     }
+    out.gemm_efficiency = f.opt_nonneg_num(T, "gemm_efficiency", &c.gemm_efficiency)?;
     if let Some(curve) = &c.matmul_efficiency {
         out.matmul_efficiency = curve
             .get_ref()

@@ -1,8 +1,9 @@
 //! Fitting a cluster preset's calibration to published runs, and checking that constants fitted
 //! on some sources hold on the others (leave one source out).
 //!
-//! Coordinate descent over the A100 preset's fitted constants — the matmul efficiency curve's
-//! points (kept non-decreasing), the memory efficiency and the flash-attention efficiency —
+//! Coordinate descent over the A100 preset's fitted constants — the GEMM efficiency of the tile
+//! and wave model (or, without one, the matmul efficiency curve's points, kept non-decreasing),
+//! the memory efficiency and the flash-attention efficiency —
 //! minimising the mean |log(predicted / measured)| of the step time plus a penalty on any run
 //! worse than 20%. The NCCL efficiencies are not fitted: they are published measurements. This
 //! is a developer's tool (`tessera validate-planner --fit`): it prints, it does not write presets.
@@ -27,15 +28,25 @@ pub struct HeldOut {
     pub median: f64,
     pub worst: f64,
     pub runs: usize,
+    /// Each held-out A100 run's signed error under the constants fitted without its source.
+    pub errors: Vec<(String, f64)>,
 }
 
 fn errors(runs: &[Run], cal: &Calibration) -> Vec<f64> {
+    named_errors(runs, cal)
+        .into_iter()
+        .map(|(_, e)| e)
+        .collect()
+}
+
+/// Each A100 run's id and signed error under `cal`.
+fn named_errors(runs: &[Run], cal: &Calibration) -> Vec<(String, f64)> {
     runs.iter()
         .filter(|r| r.cluster.device.name.contains("A100"))
         .filter_map(|r| {
             let mut r = r.clone();
             r.cluster.calibration = cal.clone();
-            replay(&r).ok().map(|row| row.error)
+            replay(&r).ok().map(|row| (row.id, row.error))
         })
         .collect()
 }
@@ -60,7 +71,22 @@ pub fn fit(runs: &[Run], start: &Calibration, rounds: usize) -> Fitted {
     let mut best = objective(&errors(runs, &cal));
     let steps = [0.9, 0.95, 0.98, 1.02, 1.05, 1.1];
     for _ in 0..rounds {
-        for i in 0..cal.matmul_efficiency.len() {
+        // The tile and wave model has one GEMM factor; the legacy curve has its points.
+        if cal.gemm_efficiency.is_some() {
+            for k in steps {
+                let mut c = cal.clone();
+                c.gemm_efficiency = c.gemm_efficiency.map(|e| (e * k).min(1.0));
+                let o = objective(&errors(runs, &c));
+                if o < best {
+                    (best, cal) = (o, c);
+                }
+            }
+        }
+        let points = match cal.gemm_efficiency {
+            Some(_) => 0,
+            None => cal.matmul_efficiency.len(),
+        };
+        for i in 0..points {
             for k in steps {
                 let mut c = cal.clone();
                 c.matmul_efficiency[i][1] = (c.matmul_efficiency[i][1] * k).min(1.0);
@@ -98,6 +124,32 @@ pub fn fit(runs: &[Run], start: &Calibration, rounds: usize) -> Fitted {
     }
 }
 
+/// For each source: the constants fitted (from `start`) on every other source, scored on it.
+pub fn leave_one_source_out(scored: &[Run], start: &Calibration, rounds: usize) -> Vec<HeldOut> {
+    let mut held = Vec::new();
+    for fam in [
+        Family::Megatron,
+        Family::Korthikanti,
+        Family::LlmC,
+        Family::Mpt,
+    ] {
+        let (out, train): (Vec<Run>, Vec<Run>) =
+            scored.iter().cloned().partition(|r| r.family == fam);
+        let f = fit(&train, start, rounds);
+        let errors = named_errors(&out, &f.calibration);
+        let (median, worst) = summary(&errors.iter().map(|(_, e)| *e).collect::<Vec<_>>());
+        held.push(HeldOut {
+            held_out: fam,
+            runs: errors.len(),
+            fitted: f,
+            median,
+            worst,
+            errors,
+        });
+    }
+    held
+}
+
 /// The fit on every source, and one fit per held-out source.
 pub fn fit_all(
     runs_toml: &str,
@@ -111,32 +163,17 @@ pub fn fit_all(
         .filter(|r| r.measured_step_s.is_some() || r.measured_tokens_per_s_per_gpu.is_some())
         .collect();
     let all = fit(&scored, &a100.calibration, rounds);
-    let mut held = Vec::new();
-    for fam in [
-        Family::Megatron,
-        Family::Korthikanti,
-        Family::LlmC,
-        Family::Mpt,
-    ] {
-        let (out, train): (Vec<Run>, Vec<Run>) =
-            scored.iter().cloned().partition(|r| r.family == fam);
-        let f = fit(&train, &a100.calibration, rounds);
-        let (median, worst) = summary(&errors(&out, &f.calibration));
-        held.push(HeldOut {
-            held_out: fam,
-            runs: out
-                .iter()
-                .filter(|r| r.cluster.device.name.contains("A100"))
-                .count(),
-            fitted: f,
-            median,
-            worst,
-        });
-    }
+    let held = leave_one_source_out(&scored, &a100.calibration, rounds);
     Ok((all, held))
 }
 
 fn constants(c: &Calibration) -> String {
+    if let Some(g) = c.gemm_efficiency {
+        return format!(
+            "gemm_efficiency = {g:.3}, memory_efficiency = {:.3}, flash_attention_efficiency = {:.3}",
+            c.memory_efficiency, c.flash_attention_efficiency
+        );
+    }
     let curve: Vec<String> = c
         .matmul_efficiency
         .iter()
@@ -156,7 +193,8 @@ pub fn markdown(start: &Calibration, all: &Fitted, held: &[HeldOut], command: &s
         "# Calibration of the A100 preset\n\n\
          Generated by `{command}` (minutes: it replays every scored run of \
          `../shared/groundtruth/runs.toml` for each trial). The fit is coordinate descent over the \
-         matmul efficiency curve (kept non-decreasing), the memory efficiency and the \
+         GEMM efficiency of the tile and wave model (or, for a spec without one, the matmul \
+         efficiency curve, kept non-decreasing), the memory efficiency and the \
          flash-attention efficiency, minimising the mean |log(predicted / measured)| of the step \
          time plus a penalty on runs worse than 20%, on the A100 runs. The NCCL efficiencies are \
          not fitted (published measurements, see specs/clusters/dgx-a100-80g.toml). The preset \

@@ -421,9 +421,24 @@ pub struct Validation {
     pub scored: Vec<Row>,
     pub unscored: Vec<Row>,
     pub skipped: Vec<Skipped>,
+    /// Leave one source out: per source, the A100 constants fitted on the others, scored on it
+    /// (filled by [`document`]).
+    pub loso: Vec<fit::HeldOut>,
 }
 
+/// Rounds of coordinate descent of each leave-one-source-out fit in [`document`].
+pub const LOSO_ROUNDS: usize = 3;
+
 impl Validation {
+    /// Every held-out run's error, pooled over the sources: (median |error|, worst signed
+    /// error and its run).
+    pub fn loso_summary(&self) -> Option<(f64, (String, f64))> {
+        let all: Vec<&(String, f64)> = self.loso.iter().flat_map(|h| &h.errors).collect();
+        let worst = all.iter().max_by(|a, b| a.1.abs().total_cmp(&b.1.abs()))?;
+        let errs: Vec<f64> = all.iter().map(|(_, e)| *e).collect();
+        Some((median_abs(&errs), (*worst).clone()))
+    }
+
     pub fn median_abs_error(&self) -> f64 {
         median_abs(&self.scored.iter().map(|r| r.error).collect::<Vec<_>>())
     }
@@ -458,6 +473,7 @@ pub fn run_all(
         scored,
         unscored,
         skipped,
+        loso: Vec::new(),
     })
 }
 
@@ -470,7 +486,13 @@ pub fn document(
     a100: &Cluster,
     h100: &Cluster,
 ) -> Result<(Validation, String), ValidationError> {
-    let v = run_all(runs_toml, a100, h100)?;
+    let mut v = run_all(runs_toml, a100, h100)?;
+    let (runs, _) = load(runs_toml, a100, h100)?;
+    let scored: Vec<Run> = runs
+        .into_iter()
+        .filter(|r| r.measured_step_s.is_some() || r.measured_tokens_per_s_per_gpu.is_some())
+        .collect();
+    v.loso = fit::leave_one_source_out(&scored, &a100.calibration, LOSO_ROUNDS);
     let layer = layer::layer_benchmark(runs_toml, a100, h100);
     let md = report::markdown(&v, &layer, &[a100, h100], COMMAND);
     Ok((v, md))
