@@ -1,4 +1,5 @@
-//! Collectives on the links a group of ranks actually spans: ring α-β costs.
+//! Collectives on the links a group of ranks actually spans: NCCL's own estimate on GPUs
+//! (`super::nccl`: ring or tree, LL/LL128/Simple), ring α-β costs between CPU ranks.
 //!
 //! A group's bandwidth comes from the topology (`Mesh` groups and `nodes_spanned`): inside one
 //! node it is the intra-node link's NCCL bus bandwidth; across nodes, each node's members send
@@ -8,8 +9,9 @@
 //! all-reduce `2(n−1)/n·S/B + 2(n−1)·α`; all-gather and reduce-scatter `(n−1)/n·S/B + (n−1)·α`;
 //! point-to-point `S/B + α` (DESIGN §6). Nothing here knows about layers or schedules.
 
+use super::nccl;
 use crate::mesh::Mesh;
-use crate::spec::Cluster;
+use crate::spec::{Cluster, DeviceKind};
 
 /// The effective link of a group: per-rank bandwidth (bytes/s) and per-step latency (s).
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -20,6 +22,9 @@ pub struct GroupLink {
     pub nodes: u64,
     pub bandwidth: f64,
     pub latency: f64,
+    /// On GPUs: the collectives as NCCL estimates them (`super::nccl`); on CPU ranks, the
+    /// α-β formulas above.
+    pub nccl: Option<nccl::Group>,
 }
 
 impl GroupLink {
@@ -29,6 +34,7 @@ impl GroupLink {
         nodes: 1,
         bandwidth: f64::INFINITY,
         latency: 0.0,
+        nccl: None,
     };
 
     /// The link of `ranks` ranks spread over `nodes` nodes with at most `per_node` in one node.
@@ -47,11 +53,19 @@ impl GroupLink {
             };
             (bw, cluster.inter_node.latency_us * 1e-6)
         };
+        let nccl = (cluster.device.kind == DeviceKind::Gpu).then_some(nccl::Group {
+            ranks: ranks as f64,
+            nodes: nodes as f64,
+            bandwidth,
+            intra_extra: cluster.intra_node.latency_us * 1e-6,
+            inter_extra: cluster.inter_node.latency_us * 1e-6,
+        });
         GroupLink {
             ranks,
             nodes,
             bandwidth,
             latency,
+            nccl,
         }
     }
 
@@ -76,6 +90,9 @@ impl GroupLink {
         if self.ranks <= 1 {
             return 0.0;
         }
+        if let Some(g) = &self.nccl {
+            return g.all_reduce(bytes);
+        }
         let n = self.ranks as f64;
         2.0 * (n - 1.0) / n * bytes / self.bandwidth + 2.0 * (n - 1.0) * self.latency
     }
@@ -85,8 +102,19 @@ impl GroupLink {
         if self.ranks <= 1 {
             return 0.0;
         }
+        if let Some(g) = &self.nccl {
+            return g.all_gather(bytes);
+        }
         let n = self.ranks as f64;
         (n - 1.0) / n * bytes / self.bandwidth + (n - 1.0) * self.latency
+    }
+
+    /// Seconds for one message of `bytes` between the group's two ranks.
+    pub fn p2p(&self, bytes: f64) -> f64 {
+        match &self.nccl {
+            Some(g) => g.p2p(bytes),
+            None => bytes / self.bandwidth + self.latency,
+        }
     }
 
     /// Seconds to reduce-scatter a full buffer of `bytes` (the same ring traffic as all-gather).
@@ -97,8 +125,7 @@ impl GroupLink {
 
 /// Seconds for one point-to-point message of `bytes` between two ranks.
 pub fn p2p(cluster: &Cluster, mesh: &Mesh, from: u64, to: u64, bytes: f64) -> f64 {
-    let link = GroupLink::of_group(cluster, mesh, &[from, to]);
-    bytes / link.bandwidth + link.latency
+    GroupLink::of_group(cluster, mesh, &[from, to]).p2p(bytes)
 }
 
 /// The links of one layout's groups, computed once from the mesh.
@@ -282,6 +309,7 @@ mod tests {
             nodes: 1,
             bandwidth: 100e9,
             latency: 1e-6,
+            nccl: None,
         };
         let s = 1e9;
         // 2·3/4·1e9/1e11 + 6·1e-6 and 3/4·1e9/1e11 + 3·1e-6, written out.
@@ -290,8 +318,9 @@ mod tests {
         assert_eq!(GroupLink::SOLO.all_reduce(s), 0.0);
         let c = cluster();
         let m = Mesh::new(1, 2, 8, 8);
-        // Stage 0 (ranks 0-7) to stage 1 (ranks 8-15): different nodes, one NIC.
-        assert!((p2p(&c, &m, 0, 8, 1e6) - (1e6 / 20e9 + 5e-6)).abs() < 1e-15);
+        // Stage 0 (ranks 0-7) to stage 1 (ranks 8-15): different nodes, one NIC; on GPUs one
+        // Simple network hop of NCCL's (14 µs) plus the spec's 5 µs.
+        assert!((p2p(&c, &m, 0, 8, 1e6) - (1e6 / 20e9 + 14e-6 + 5e-6)).abs() < 1e-15);
     }
 
     /// The closed form of a group's nodes and densest node equals listing its ranks.

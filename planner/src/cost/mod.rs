@@ -10,6 +10,7 @@
 
 pub mod comm;
 pub mod gemm;
+pub mod nccl;
 pub mod ops;
 pub mod pipeline;
 #[cfg(test)]
@@ -282,7 +283,7 @@ pub fn evaluate(
     let p2p_next: Vec<f64> = links
         .pp_next
         .iter()
-        .map(|l| act / tp as f64 / l.bandwidth + l.latency + regather)
+        .map(|l| l.p2p(act / tp as f64) + regather)
         .collect();
     let pipeline = Pipeline {
         kind: layout.schedule,
