@@ -29,33 +29,36 @@ fn megatron_layout(dir: &Scratch) -> PathBuf {
     plan(dir, "gpt3.json", &args)
 }
 
+/// Llama-3 8B on one DGX H100: DP 2 × TP 2 with SP × PP 2 (1F1B), micro-batch 1.
+const LLAMA_2X2X2: [&str; 15] = [
+    LLAMA,
+    H100,
+    "--nodes",
+    "1",
+    "--tp",
+    "2",
+    "--pp",
+    "2",
+    "--dp",
+    "2",
+    "--micro-batch",
+    "1",
+    "--sp",
+    "--schedule",
+    "1f1b",
+];
+
+/// [`LLAMA_2X2X2`] with ZeRO stage `zero` and `extra` flags.
+fn llama(dir: &Scratch, name: &str, zero: &str, extra: &[&str]) -> PathBuf {
+    let mut args = LLAMA_2X2X2.to_vec();
+    args.extend(["--zero", zero]);
+    args.extend_from_slice(extra);
+    plan(dir, name, &args)
+}
+
 /// Llama-3 8B on one DGX H100 with FSDP (ZeRO-3) and TP 2 with SP, two pipeline stages.
 fn fsdp_layout(dir: &Scratch) -> PathBuf {
-    plan(
-        dir,
-        "llama.json",
-        &[
-            LLAMA,
-            H100,
-            "--nodes",
-            "1",
-            "--tp",
-            "2",
-            "--pp",
-            "2",
-            "--dp",
-            "2",
-            "--micro-batch",
-            "1",
-            "--zero",
-            "3",
-            "--sp",
-            "--recompute",
-            "full",
-            "--schedule",
-            "1f1b",
-        ],
-    )
+    llama(dir, "llama.json", "3", &["--recompute", "full"])
 }
 
 fn export(plan: &Path, to: &str) -> String {
@@ -168,4 +171,49 @@ fn each_export_parses_in_its_own_language() {
         Some(o) => assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr)),
         None => eprintln!("skipped: no python3 to check the kubernetes export"),
     }
+}
+
+/// The recompute policies as the engines name them: under flash attention the plan's
+/// selective recompute is torchtitan's per-op checkpointing, and full recompute of every N-th
+/// layer is torchtitan's layer option and Megatron-LM's block method.
+#[test]
+fn recompute_policies_export_as_the_engines_name_them() {
+    let dir = Scratch::new();
+    // torchtitan shards with FSDP2 (ZeRO-3); Megatron-LM with its distributed optimizer (1).
+    let with = |name: &str, zero: &str, extra: &[&str]| llama(&dir, name, zero, extra);
+    let op = with("op.json", "3", &["--recompute", "selective"]);
+    let text = export(&op, "torchtitan");
+    assert!(
+        text.contains("mode = \"selective\"\nselective_ac_option = \"op\""),
+        "{text}"
+    );
+    // Megatron's selective recompute is of the attention core, which flash never stores.
+    let op1 = with("op1.json", "1", &["--recompute", "selective"]);
+    let r = run(&["export", &s(&op1), "--to", "megatron"]);
+    refused(&r, &["per-op checkpointing", "fix:"]);
+    // Llama-3 8B: 32 layers, 16 per stage; every 4th layer is 4 of each stage's 16.
+    let every = with(
+        "every.json",
+        "3",
+        &["--recompute", "full", "--recompute-every", "4"],
+    );
+    let text = export(&every, "torchtitan");
+    assert!(
+        text.contains("mode = \"selective\"\nselective_ac_option = \"4\""),
+        "{text}"
+    );
+    let every1 = with(
+        "every1.json",
+        "1",
+        &["--recompute", "full", "--recompute-every", "4"],
+    );
+    let text = export(&every1, "megatron");
+    assert!(
+        text.contains("--recompute-granularity full")
+            && text.contains("--recompute-method block")
+            && text.contains("--recompute-num-layers 4"),
+        "{text}"
+    );
+    let r = run(&["export", &s(&every1), "--to", "deepspeed"]);
+    refused(&r, &["only some layers", "fix:"]);
 }

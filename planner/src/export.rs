@@ -5,7 +5,7 @@
 //! something else. Pure: text in, text out.
 
 use crate::layout::Recompute;
-use crate::model::{Activation, Norm, Position};
+use crate::model::{Activation, AttentionImpl, Norm, Position};
 use crate::plan::Plan;
 use crate::schedule::ScheduleKind;
 
@@ -181,7 +181,34 @@ fn megatron(plan: &Plan) -> Result<String, ExportError> {
     args.push(format!("--global-batch-size {}", tr.global_batch));
     match p.recompute {
         Recompute::None => {}
+        Recompute::Selective if plan.job.model.training.attention == AttentionImpl::Flash => {
+            return Err(refuse(
+                t,
+                "selective recompute under flash attention, which the plan costs as torchtitan's per-op checkpointing (Megatron-LM's selective recompute is of the attention core, which flash attention never stores)",
+                "re-plan with --recompute none or full, or export to torchtitan",
+            ));
+        }
         Recompute::Selective => args.push("--recompute-granularity selective".into()),
+        Recompute::Full if p.recompute_every > 1 => {
+            // Megatron's block method recomputes the first K layers of each stage (of each
+            // model chunk when interleaved): K = the chunk's layers / N keeps the plan's share.
+            let per = a.layers / (p.pp * p.virtual_stages);
+            if !per.is_multiple_of(p.recompute_every)
+                || !a.layers.is_multiple_of(p.pp * p.virtual_stages)
+            {
+                return Err(refuse(
+                    t,
+                    format!("full recompute of every {}th layer with {} layers per model chunk (Megatron-LM's block method recomputes the same number of layers in every chunk)", p.recompute_every, per),
+                    "re-plan with --recompute-every dividing the layers per chunk",
+                ));
+            }
+            args.push("--recompute-granularity full".into());
+            args.push("--recompute-method block".into());
+            args.push(format!(
+                "--recompute-num-layers {}",
+                per / p.recompute_every
+            ));
+        }
         Recompute::Full => {
             args.push("--recompute-granularity full".into());
             args.push("--recompute-method uniform".into());
@@ -220,10 +247,10 @@ fn megatron(plan: &Plan) -> Result<String, ExportError> {
 fn deepspeed(plan: &Plan) -> Result<String, ExportError> {
     let t = Target::DeepSpeed;
     let p = &plan.parallel;
-    if p.recompute == Recompute::Selective {
+    if p.recompute == Recompute::Selective || p.recompute_every > 1 {
         return Err(refuse(
             t,
-            "selective recompute (DeepSpeed's activation checkpointing is per layer: full)",
+            "selective recompute, or full recompute of only some layers (DeepSpeed's activation checkpointing is of every layer: full)",
             "re-plan with --recompute full or none",
         ));
     }
@@ -319,16 +346,23 @@ fn torchtitan(plan: &Plan) -> Result<String, ExportError> {
         (_, ScheduleKind::OneFOneB) => "1F1B",
         (_, ScheduleKind::Interleaved) => "Interleaved1F1B",
     };
-    // torchtitan's "selective" is per-op checkpointing, not the plan's (Megatron's) selective
-    // recompute of the attention scores. torchtitan's SDPA kernels never store those scores,
-    // so the plan's selective recompute is already what mode "none" does there.
-    let (mode, note) = match p.recompute {
-        Recompute::None => ("none", ""),
+    // Under flash attention the plan's selective recompute is torchtitan's per-op checkpointing
+    // (`selective_ac_option = "op"`), and full recompute of every N-th layer its layer option.
+    // Under eager attention, selective recompute is of the attention scores (Megatron's), which
+    // torchtitan's SDPA kernels never store: mode "none" does that there.
+    let flash = plan.job.model.training.attention == AttentionImpl::Flash;
+    let (mode, note, option) = match p.recompute {
+        Recompute::None => ("none", "", None),
+        Recompute::Selective if flash => ("selective", "", Some("op".to_string())),
         Recompute::Selective => (
             "none",
             "# The plan recomputes the attention scores (Megatron's selective recompute); torchtitan's\n# SDPA never stores them, so no checkpointing mode is needed for that.\n",
+            None,
         ),
-        Recompute::Full => ("full", ""),
+        Recompute::Full if p.recompute_every > 1 => {
+            ("selective", "", Some(p.recompute_every.to_string()))
+        }
+        Recompute::Full => ("full", "", None),
     };
     let tr = &plan.job.model.training;
     let mut out = format!(
@@ -377,6 +411,9 @@ fn torchtitan(plan: &Plan) -> Result<String, ExportError> {
         );
     }
     out += &format!("[activation_checkpoint]\n{note}mode = \"{mode}\"\n");
+    if let Some(option) = option {
+        out += &format!("selective_ac_option = \"{option}\"\n");
+    }
     Ok(out)
 }
 

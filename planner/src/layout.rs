@@ -74,6 +74,9 @@ pub struct Layout {
     pub micro_batch: u64,
     pub sharding: Sharding,
     pub recompute: Recompute,
+    /// With full recompute: every N-th layer is recomputed (layers N, 2N, … counting from 1,
+    /// as torchtitan's `selective_ac_option = "N"`); 1 recomputes every layer.
+    pub recompute_every: u64,
     pub sequence_parallel: bool,
     pub schedule: ScheduleKind,
     /// Model chunks per pipeline stage (1 unless interleaved).
@@ -95,6 +98,7 @@ impl Layout {
                 hybrid: false,
             },
             recompute: Recompute::None,
+            recompute_every: 1,
             sequence_parallel: false,
             schedule: ScheduleKind::OneFOneB,
             virtual_stages: 1,
@@ -148,6 +152,9 @@ impl Layout {
         }
         if self.recompute != Recompute::None {
             s += &format!(" rc-{}", self.recompute.name());
+            if self.recompute_every > 1 {
+                s += &format!("/{}", self.recompute_every);
+            }
         }
         if self.sequence_parallel {
             s += " sp";
@@ -236,12 +243,20 @@ impl Layout {
                 ),
             ));
         }
-        if self.recompute == Recompute::Selective
-            && t.attention == crate::model::AttentionImpl::Flash
-        {
+        if self.recompute_every != 1 && self.recompute != Recompute::Full {
             return Err(Rejection::new(
-                "selective recompute is what flash attention already does",
-                "flash attention stores no s×s tensors, so selective recompute changes nothing; use none or full".to_string(),
+                "recompute every N-th layer needs full recompute",
+                format!(
+                    "recompute_every {} applies to full recompute, and the recompute is {}",
+                    self.recompute_every,
+                    self.recompute.name()
+                ),
+            ));
+        }
+        if self.recompute_every == 0 {
+            return Err(Rejection::new(
+                "recompute every N-th layer needs N ≥ 1",
+                "recompute_every is 0".to_string(),
             ));
         }
         if self.sharding.zero_stage > 3 {

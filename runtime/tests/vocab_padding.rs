@@ -2,13 +2,11 @@
 //! time, not the model: the runtime computes logits for the real rows only, so padding rows are
 //! never in the softmax and never get a gradient. The reference is the unpadded single-rank run.
 
-use std::path::Path;
+mod tiny;
 
 use tessera_planner::layout::Layout;
-use tessera_planner::plan::{Plan, SearchSummary};
-use tessera_planner::spec::{load_cluster, load_model, ClusterOverrides, TrainingOverrides};
-use tessera_runtime::data::Tokens;
-use tessera_runtime::exec::{train, TrainOptions, TrainReport};
+use tessera_planner::plan::Plan;
+use tessera_runtime::exec::TrainReport;
 
 const STEPS: usize = 4;
 /// Not a multiple of 128: padded to 256 at TP 1 and 2 with the default divisor.
@@ -16,37 +14,14 @@ const VOCAB: u64 = 200;
 const HIDDEN: usize = 64;
 
 fn plan(tp: u64, divisible_by: u64) -> Plan {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
-    let mut model = load_model(
-        &root.join("specs/models/tiny.toml"),
-        TrainingOverrides::default(),
-    )
-    .unwrap();
+    let mut model = tiny::model();
     model.architecture.vocab = VOCAB;
     model.architecture.vocab_divisible_by = divisible_by;
-    let cluster = load_cluster(
-        &root.join("specs/clusters/cpu-8.toml"),
-        ClusterOverrides {
-            nodes: None,
-            devices: Some(tp),
-        },
-    )
-    .unwrap();
-    let layout = Layout::without_pipeline(1, tp, 0, 2);
-    layout.check(&model, &cluster).unwrap();
-    Plan::new(&model, &cluster, &layout, SearchSummary::pinned())
+    tiny::plan(&model, &Layout::without_pipeline(1, tp, 0, 2))
 }
 
 fn run(plan: &Plan) -> TrainReport {
-    let data = Tokens::load(
-        &Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/data/parallelism.txt"),
-    )
-    .unwrap();
-    let opts = TrainOptions {
-        steps: STEPS,
-        ..TrainOptions::default()
-    };
-    train(plan, &data, &opts, &mut |_| {}).unwrap()
+    tiny::run(plan, STEPS)
 }
 
 /// The first `VOCAB` rows of the embedding table, where the padded runs hold more.

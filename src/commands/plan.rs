@@ -87,6 +87,10 @@ pub struct PlanArgs {
     /// Pin activation recompute.
     #[arg(long, value_enum)]
     recompute: Option<RecomputeArg>,
+    /// With `--recompute full`: recompute every N-th layer only (layers N, 2N, …), keeping the
+    /// others' activations (torchtitan's `selective_ac_option = "N"`).
+    #[arg(long, requires = "recompute", value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
+    recompute_every: Option<u64>,
     /// Pin sequence parallelism on.
     #[arg(long, conflicts_with = "no_sp")]
     sp: bool,
@@ -128,6 +132,7 @@ impl PlanArgs {
                 RecomputeArg::Selective => Recompute::Selective,
                 RecomputeArg::Full => Recompute::Full,
             }),
+            recompute_every: self.recompute_every,
             sp: if self.sp {
                 Some(true)
             } else if self.no_sp {

@@ -20,7 +20,7 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use crate::layout::{Layout, Recompute};
-use crate::model::Model;
+use crate::model::{AttentionImpl, Model};
 use crate::precision::{Policy, StateClass};
 use crate::spec::Cluster;
 use comm::Links;
@@ -158,10 +158,17 @@ pub fn layer_times(
     };
     match layout.recompute {
         Recompute::None => {}
+        // Under flash attention, selective is per-op checkpointing (torchtitan's op SAC): every
+        // second matmul and every element-wise kernel run again (`memory::activations::Keep`).
+        Recompute::Selective if model.training.attention == AttentionImpl::Flash => {
+            layer.bwd.recompute = 0.5 * lc.linear_fwd + lc.elementwise_fwd
+        }
         Recompute::Selective => layer.bwd.recompute = lc.attention_core_fwd,
         Recompute::Full => {
-            layer.bwd.recompute = lc.fwd;
-            layer.bwd.tp += per_pass;
+            // Every N-th layer: the average layer re-runs 1/N of a forward.
+            let share = 1.0 / layout.recompute_every.max(1) as f64;
+            layer.bwd.recompute = lc.fwd * share;
+            layer.bwd.tp += per_pass * share;
         }
     }
     let mut zero3_first_gather = 0.0;
@@ -231,6 +238,7 @@ pub struct Evaluation {
     layers: Vec<u64>,
     dp_reason: String,
     tp_reason: String,
+    recompute_reason: String,
     update_bytes: f64,
     layout: Layout,
 }
@@ -374,6 +382,7 @@ pub fn evaluate(
         layers,
         dp_reason: dp_reason(layout, links),
         tp_reason: tp_reason(layout, links, sp),
+        recompute_reason: recompute_reason(layout, model.training.attention),
         update_bytes: update,
         layout: *layout,
         pipeline,
@@ -391,6 +400,19 @@ fn link_words(l: &comm::GroupLink) -> String {
         )
     } else {
         format!("inside a node at {:.0} GB/s per rank", l.bandwidth / 1e9)
+    }
+}
+
+fn recompute_reason(layout: &Layout, attention: AttentionImpl) -> String {
+    match (layout.recompute, attention) {
+        (Recompute::None, _) => "no activation recompute".into(),
+        (Recompute::Selective, AttentionImpl::Flash) => "per-op selective checkpointing (torchtitan's op SAC) re-runs every second matmul and the element-wise kernels in the backward".into(),
+        (Recompute::Selective, AttentionImpl::Eager) => "selective recompute re-runs the attention core in the backward".into(),
+        (Recompute::Full, _) if layout.recompute_every > 1 => format!(
+            "full recompute of every {}th layer re-runs its forward in the backward",
+            layout.recompute_every
+        ),
+        (Recompute::Full, _) => "full recompute re-runs each layer's forward in the backward".into(),
     }
 }
 
@@ -483,11 +505,7 @@ impl Evaluation {
             (
                 "recompute",
                 sum.recompute,
-                match l.recompute {
-                    Recompute::None => "no activation recompute".to_string(),
-                    Recompute::Selective => "selective recompute re-runs the attention core in the backward".into(),
-                    Recompute::Full => "full recompute re-runs each layer's forward in the backward".into(),
-                },
+                self.recompute_reason.clone(),
             ),
             ("tp_comm", sum.tp, self.tp_reason.clone()),
             (

@@ -91,6 +91,11 @@ pub struct LayerCompute {
     /// The attention core's forward (scores, softmax, dropout, scores × V): what selective
     /// recompute runs again in the backward.
     pub attention_core_fwd: f64,
+    /// The linear layers' forward, and the element-wise kernels' forward (norms, residual
+    /// adds, the activation, RoPE): what per-op selective checkpointing re-runs (half the
+    /// former, all the latter).
+    pub linear_fwd: f64,
+    pub elementwise_fwd: f64,
 }
 
 /// Shapes of one layer on one TP rank, in elements.
@@ -142,16 +147,20 @@ pub fn layer(model: &Model, dev: &Device, tp: u64, sp: bool, b: u64) -> LayerCom
         bwd += b;
     };
     // Linear layers (column-parallel in, row-parallel out).
-    add(dev.linear(x.t, x.h, x.q + 2.0 * x.kv));
-    add(dev.linear(x.t, x.q, x.h));
     let mlp_in = match a.activation {
-        Activation::Gelu => 1.0,
-        Activation::Swiglu => 2.0,
+        Activation::Gelu => 1,
+        Activation::Swiglu => 2,
     };
-    for _ in 0..mlp_in as usize {
-        add(dev.linear(x.t, x.h, x.f));
+    let mut linears = vec![
+        dev.linear(x.t, x.h, x.q + 2.0 * x.kv),
+        dev.linear(x.t, x.q, x.h),
+    ];
+    linears.extend((0..mlp_in).map(|_| dev.linear(x.t, x.h, x.f)));
+    linears.push(dev.linear(x.t, x.f, x.h));
+    let linear_fwd: f64 = linears.iter().map(|l| l.0).sum();
+    for l in linears {
+        add(l);
     }
-    add(dev.linear(x.t, x.f, x.h));
     // Attention core.
     let core = match model.training.attention {
         AttentionImpl::Eager => {
@@ -212,14 +221,14 @@ pub fn layer(model: &Model, dev: &Device, tp: u64, sp: bool, b: u64) -> LayerCom
     } else {
         0.0
     };
-    add((
-        dev.memory(ew_f) + dev.launches(5.0 + rope),
-        dev.memory(ew_b) + dev.launches(7.0 + rope),
-    ));
+    let elementwise_fwd = dev.memory(ew_f) + dev.launches(5.0 + rope);
+    add((elementwise_fwd, dev.memory(ew_b) + dev.launches(7.0 + rope)));
     LayerCompute {
         fwd,
         bwd,
         attention_core_fwd: core,
+        linear_fwd,
+        elementwise_fwd,
     }
 }
 

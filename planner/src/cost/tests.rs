@@ -35,6 +35,7 @@ fn layout(dp: u64, pp: u64, tp: u64, zero: u8, kind: ScheduleKind, v: u64) -> La
             hybrid: false,
         },
         recompute: Recompute::Full,
+        recompute_every: 1,
         sequence_parallel: false,
         schedule: kind,
         virtual_stages: v,

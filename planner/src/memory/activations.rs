@@ -31,6 +31,40 @@ pub struct Stored {
     pub attention_core: bool,
     /// The layer's input: the only tensor full recompute keeps.
     pub layer_input: bool,
+    /// A matrix multiply's output: per-op selective checkpointing (torchtitan's op SAC) keeps
+    /// every second one.
+    pub mm_output: bool,
+    /// The fused attention kernel's output (and log-sum-exp): op SAC keeps it.
+    pub sdpa_output: bool,
+    /// Kept only by op SAC (a matmul output the backward needs no copy of otherwise).
+    pub op_sac_only: bool,
+}
+
+/// What a recompute policy keeps of a layer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Keep {
+    All,
+    /// Everything but the attention core's s×s tensors (Korthikanti et al.'s selective).
+    NoAttentionCore,
+    /// torchtitan's per-op selective checkpointing (`selective_ac_option = "op"`): the
+    /// outputs of matrix multiplies (every second one is recomputed, so half of their bytes),
+    /// of the fused attention kernel and the layer's input; element-wise results are
+    /// recomputed. What `selective` means under flash attention.
+    OpSac,
+    /// The layer's input only.
+    Input,
+}
+
+impl Keep {
+    /// The policy of `recompute` for this model's attention.
+    pub fn of(recompute: Recompute, attention: AttentionImpl) -> Keep {
+        match (recompute, attention) {
+            (Recompute::None, _) => Keep::All,
+            (Recompute::Selective, AttentionImpl::Eager) => Keep::NoAttentionCore,
+            (Recompute::Selective, AttentionImpl::Flash) => Keep::OpSac,
+            (Recompute::Full, _) => Keep::Input,
+        }
+    }
 }
 
 /// The tensors one transformer layer stores for one micro-batch of `b` sequences.
@@ -54,6 +88,9 @@ pub fn layer_tensors(model: &Model, b: u64) -> Vec<Stored> {
                 split,
                 attention_core,
                 layer_input,
+                mm_output: false,
+                sdpa_output: false,
+                op_sac_only: false,
             })
         }
     };
@@ -102,32 +139,55 @@ pub fn layer_tensors(model: &Model, b: u64) -> Vec<Stored> {
     if dropout {
         push("mlp_dropout_mask", sb * h, Replicated, false, false);
     }
+    // The projections' outputs the backward does not otherwise keep (op SAC saves them).
+    for name in ["attn_out_proj_output", "mlp_down_output"] {
+        v.push(Stored {
+            name,
+            bytes: 2.0 * sb * h,
+            split: Replicated,
+            attention_core: false,
+            layer_input: false,
+            mm_output: true,
+            sdpa_output: false,
+            op_sac_only: true,
+        });
+    }
+    for x in &mut v {
+        x.mm_output |= matches!(
+            x.name,
+            "q" | "k" | "v" | "gelu_input" | "gate_output" | "up_output"
+        );
+        x.sdpa_output = matches!(x.name, "softmax_lse_fp32" | "attn_proj_input");
+    }
     v
 }
 
-/// Bytes one TP rank keeps for one tensor under the given parallelism and recompute.
-pub fn kept_bytes(x: &Stored, tp: u64, sp: bool, recompute: Recompute) -> f64 {
-    let dropped = match recompute {
-        Recompute::None => false,
-        Recompute::Selective => x.attention_core,
-        Recompute::Full => !x.layer_input,
+/// Bytes one TP rank keeps for one tensor under the given parallelism and policy.
+pub fn kept_bytes(x: &Stored, tp: u64, sp: bool, keep: Keep) -> f64 {
+    let share = match keep {
+        _ if x.op_sac_only && keep != Keep::OpSac => 0.0,
+        Keep::All => 1.0,
+        Keep::NoAttentionCore => f64::from(!x.attention_core),
+        Keep::OpSac if x.layer_input || x.sdpa_output => 1.0,
+        Keep::OpSac if x.mm_output => 0.5,
+        Keep::OpSac => 0.0,
+        Keep::Input => f64::from(x.layer_input),
     };
-    if dropped {
-        return 0.0;
-    }
     let divided = sp || x.split == Split::Sharded;
-    if divided {
-        x.bytes / tp as f64
-    } else {
-        x.bytes
-    }
+    share
+        * if divided {
+            x.bytes / tp as f64
+        } else {
+            x.bytes
+        }
 }
 
 /// Activation bytes of one layer for one micro-batch on one TP rank.
 pub fn layer_bytes(model: &Model, b: u64, tp: u64, sp: bool, recompute: Recompute) -> f64 {
+    let keep = Keep::of(recompute, model.training.attention);
     layer_tensors(model, b)
         .iter()
-        .map(|x| kept_bytes(x, tp, sp, recompute))
+        .map(|x| kept_bytes(x, tp, sp, keep))
         .sum()
 }
 

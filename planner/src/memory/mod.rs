@@ -10,7 +10,7 @@ pub mod activations;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use crate::layout::Layout;
+use crate::layout::{Layout, Recompute};
 use crate::model::Model;
 use crate::precision::{Policy, State, StateClass};
 use crate::schedule::ScheduleKind;
@@ -161,13 +161,7 @@ impl<'a> Ctx<'a> {
             split: split.to_vec(),
             microbatches: layout.microbatches(model),
             shard: layout.shard_degree(cluster),
-            per_layer_act: activations::layer_bytes(
-                model,
-                layout.micro_batch,
-                layout.tp,
-                layout.sequence_parallel,
-                layout.recompute,
-            ),
+            per_layer_act: per_layer_act(model, layout),
         }
     }
 
@@ -304,6 +298,27 @@ impl<'a> Ctx<'a> {
     }
 }
 
+/// Activation bytes of an average layer for one micro-batch on one TP rank: under full
+/// recompute of every N-th layer, one layer in N keeps its input only and the others keep all.
+pub fn per_layer_act(model: &Model, layout: &Layout) -> f64 {
+    let bytes = |r| {
+        activations::layer_bytes(
+            model,
+            layout.micro_batch,
+            layout.tp,
+            layout.sequence_parallel,
+            r,
+        )
+    };
+    let every = layout.recompute_every.max(1) as f64;
+    match layout.recompute {
+        Recompute::Full if every > 1.0 => {
+            bytes(Recompute::Full) / every + bytes(Recompute::None) * (1.0 - 1.0 / every)
+        }
+        r => bytes(r),
+    }
+}
+
 /// The largest per-device total over all stages, without building the breakdown, for the
 /// layout's even split of the layers.
 pub fn peak_bytes(model: &Model, cluster: &Cluster, layout: &Layout) -> u64 {
@@ -403,7 +418,7 @@ impl StageBytes {
             .iter()
             .map(|s| per_param(s, zero, shard))
             .sum();
-        let act = activations::layer_bytes(model, b, tp, sp, layout.recompute);
+        let act = per_layer_act(model, layout);
         let layer_states = a.layer_params().per_tp_rank(tp) * bpp;
         let grow = 1.0 + cluster.overhead.fragmentation;
         let mut fixed_all = 0.0;
@@ -520,6 +535,7 @@ mod tests {
                                 hybrid,
                             },
                             recompute,
+                            recompute_every: 1,
                             sequence_parallel: sp,
                             schedule: kind,
                             virtual_stages: v,

@@ -73,6 +73,9 @@ pub struct Parallel {
     pub zero_stage: u8,
     pub hybrid_shard: bool,
     pub recompute: Recompute,
+    /// With full recompute, every N-th layer is recomputed (1: every layer). Absent means 1.
+    #[serde(default = "one", skip_serializing_if = "is_one")]
+    pub recompute_every: u64,
     pub sequence_parallel: bool,
     pub schedule: ScheduleKind,
     pub virtual_stages: u64,
@@ -80,6 +83,14 @@ pub struct Parallel {
     /// plans written before it existed (they hold the model's vocabulary unpadded).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub vocab: Option<VocabPadding>,
+}
+
+fn one() -> u64 {
+    1
+}
+
+fn is_one(x: &u64) -> bool {
+    *x == 1
 }
 
 /// The padded vocabulary of a plan, and why.
@@ -258,6 +269,7 @@ impl Parallel {
             zero_stage: l.sharding.zero_stage,
             hybrid_shard: l.sharding.hybrid,
             recompute: l.recompute,
+            recompute_every: l.recompute_every,
             sequence_parallel: l.sequence_parallel,
             schedule: l.schedule,
             virtual_stages: l.virtual_stages,
@@ -276,6 +288,7 @@ impl Parallel {
                 hybrid: self.hybrid_shard,
             },
             recompute: self.recompute,
+            recompute_every: self.recompute_every,
             sequence_parallel: self.sequence_parallel,
             schedule: self.schedule,
             virtual_stages: self.virtual_stages,

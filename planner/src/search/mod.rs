@@ -46,6 +46,8 @@ pub struct Pins {
     pub zero: Option<u8>,
     pub hybrid: Option<bool>,
     pub recompute: Option<Recompute>,
+    /// With full recompute: recompute every N-th layer only (unpinned: every layer).
+    pub recompute_every: Option<u64>,
     pub sp: Option<bool>,
     pub schedule: Option<ScheduleKind>,
     pub virtual_stages: Option<u64>,

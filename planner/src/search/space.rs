@@ -242,6 +242,12 @@ pub(super) fn for_each_layout(
                                         micro_batch,
                                         sharding: Sharding { zero_stage, hybrid },
                                         recompute,
+                                        recompute_every: match recompute {
+                                            Recompute::Full => {
+                                                lists.pins.recompute_every.unwrap_or(1)
+                                            }
+                                            _ => 1,
+                                        },
                                         sequence_parallel,
                                         schedule,
                                         virtual_stages,

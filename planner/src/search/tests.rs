@@ -133,6 +133,7 @@ fn candidate(tp: u64, p: Prediction) -> Candidate {
                 hybrid: false,
             },
             recompute: Recompute::Full,
+            recompute_every: 1,
             sequence_parallel: false,
             schedule: ScheduleKind::OneFOneB,
             virtual_stages: 1,

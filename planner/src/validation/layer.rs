@@ -78,6 +78,7 @@ pub fn layer_benchmark(runs_toml: &str, a100: &Cluster, h100: &Cluster) -> Vec<L
                 hybrid: false,
             },
             recompute,
+            recompute_every: 1,
             sequence_parallel: sp,
             schedule: crate::schedule::ScheduleKind::OneFOneB,
             virtual_stages: 1,

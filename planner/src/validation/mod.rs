@@ -283,6 +283,7 @@ fn resolve(r: &Value, a100: &Cluster, h100: &Cluster) -> Result<Run, String> {
         zero,
         hybrid: Some(false),
         recompute,
+        recompute_every: None,
         sp,
         schedule,
         virtual_stages: v.or((!pipelined || schedule == Some(ScheduleKind::OneFOneB)).then_some(1)),

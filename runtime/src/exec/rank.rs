@@ -9,6 +9,7 @@ use std::ops::Range;
 use std::sync::mpsc;
 use std::time::Instant;
 
+use tessera_planner::layout::Recompute;
 use tessera_planner::plan::Plan;
 use tessera_planner::schedule::{self, Op};
 use tessera_planner::Mesh;
@@ -388,11 +389,21 @@ impl<'a, B: Backend, C: Collective<B>> Rank<'a, B, C> {
     }
 
     fn new_acts(&self, chunk: usize) -> Result<ChunkActs<B>, RunError> {
-        let recompute = self.ctx.plan.parallel.recompute;
+        let p = &self.ctx.plan.parallel;
+        let first = self.ctx.plan.stages[self.stage].chunks[chunk].layers[0] as usize;
+        let every = p.recompute_every.max(1) as usize;
         let blocks = self.model.chunks[chunk]
             .blocks
             .iter()
-            .map(|b| BlockActs::new(self.be, b, self.dims, recompute))
+            .enumerate()
+            .map(|(i, b)| {
+                // Full recompute of every N-th layer: layers N, 2N, … counting from 1.
+                let recompute = match p.recompute {
+                    Recompute::Full if !(first + i + 1).is_multiple_of(every) => Recompute::None,
+                    r => r,
+                };
+                BlockActs::new(self.be, b, self.dims, recompute)
+            })
             .collect::<Result<Vec<_>, _>>()?;
         Ok(ChunkActs {
             blocks,

@@ -1,0 +1,53 @@
+//! The tiny model's spec, the CPU cluster and the data, for tests that build their own plans.
+
+use std::path::Path;
+
+use tessera_planner::layout::Layout;
+use tessera_planner::model::Model;
+use tessera_planner::plan::{Plan, SearchSummary};
+use tessera_planner::spec::{load_cluster, load_model, ClusterOverrides, TrainingOverrides};
+use tessera_planner::Cluster;
+use tessera_runtime::data::Tokens;
+use tessera_runtime::exec::{train, TrainOptions, TrainReport};
+
+fn root() -> std::path::PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+/// specs/models/tiny.toml.
+pub fn model() -> Model {
+    load_model(
+        &root().join("specs/models/tiny.toml"),
+        TrainingOverrides::default(),
+    )
+    .unwrap()
+}
+
+/// `devices` devices of specs/clusters/cpu-8.toml.
+pub fn cluster(devices: u64) -> Cluster {
+    load_cluster(
+        &root().join("specs/clusters/cpu-8.toml"),
+        ClusterOverrides {
+            nodes: None,
+            devices: Some(devices),
+        },
+    )
+    .unwrap()
+}
+
+/// The plan of `layout` for `model` (checked first).
+pub fn plan(model: &Model, layout: &Layout) -> Plan {
+    let cluster = cluster(layout.dp * layout.pp * layout.tp);
+    layout.check(model, &cluster).unwrap();
+    Plan::new(model, &cluster, layout, SearchSummary::pinned())
+}
+
+/// `steps` steps of `plan` on the CPU backend, on examples/data/parallelism.txt.
+pub fn run(plan: &Plan, steps: usize) -> TrainReport {
+    let data = Tokens::load(&root().join("examples/data/parallelism.txt")).unwrap();
+    let opts = TrainOptions {
+        steps,
+        ..TrainOptions::default()
+    };
+    train(plan, &data, &opts, &mut |_| {}).unwrap()
+}
