@@ -494,7 +494,7 @@ fn pinned_layout_that_does_not_fit() {
             "weights_bf16",
             "adam_m_fp32",
             "layer_activations",
-            "runtime_context",
+            "cuda_context",
             "`pins`",
             "GiB over device memory",
             "fix: unpin a knob",

@@ -37,6 +37,7 @@ fn cluster(devices: u64, memory_gib: f64) -> Cluster {
         overhead: Overhead {
             context_gib: 0.0,
             fragmentation: 0.0,
+            ..Overhead::default()
         },
         calibration: Default::default(),
         calibrated: false,

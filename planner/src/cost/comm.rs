@@ -261,6 +261,7 @@ mod tests {
             overhead: Overhead {
                 context_gib: 0.0,
                 fragmentation: 0.0,
+                ..Overhead::default()
             },
             calibration: Calibration {
                 intra_node_efficiency: 0.5,

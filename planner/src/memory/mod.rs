@@ -292,10 +292,80 @@ impl<'a> Ctx<'a> {
                 )
             },
         );
-        sink.term("runtime_context", "overhead", self.cluster.overhead.context_gib * GIB, &|| {
-            "runtime context, library workspaces and communication buffers: the cluster spec's overhead.context_gib".into()
-        });
+        for (name, bytes, why) in runtime_overheads(self.model, self.cluster, layout, stage) {
+            sink.term(name, "overhead", bytes, &|| why.clone());
+        }
     }
+}
+
+/// The fixed memory of the framework on a rank of `stage`, besides the tensors: the CUDA
+/// context, the BLAS workspaces, NCCL's buffers per communicator the rank belongs to, and the
+/// spec's `overhead.context_gib` for the rest. Sizes are the cluster spec's (the presets cite
+/// theirs).
+pub fn runtime_overheads(
+    model: &Model,
+    cluster: &Cluster,
+    layout: &Layout,
+    stage: u64,
+) -> Vec<(&'static str, f64, String)> {
+    let o = &cluster.overhead;
+    let mib = 1024.0 * 1024.0;
+    let mut comms = Vec::new();
+    if layout.tp > 1 {
+        comms.push("TP");
+    }
+    if layout.dp > 1 {
+        comms.push("DP");
+        if layout.sharding.hybrid && layout.sharding.zero_stage > 0 {
+            comms.push("DP across nodes");
+        }
+    }
+    if layout.pp > 1 {
+        comms.push("PP");
+        let end = stage == 0 || stage + 1 == layout.pp;
+        if model.architecture.tied_embeddings && end {
+            comms.push("tied embedding");
+        }
+    }
+    let mut out = Vec::new();
+    if o.cuda_context_mib > 0.0 {
+        out.push((
+            "cuda_context",
+            o.cuda_context_mib * mib,
+            format!(
+                "the CUDA context: overhead.cuda_context_mib = {}",
+                o.cuda_context_mib
+            ),
+        ));
+    }
+    if o.cublas_workspace_mib > 0.0 {
+        out.push((
+            "cublas_workspace",
+            o.cublas_workspace_mib * mib,
+            format!(
+                "cuBLAS and cuBLASLt workspaces: overhead.cublas_workspace_mib = {}",
+                o.cublas_workspace_mib
+            ),
+        ));
+    }
+    if o.nccl_mib_per_communicator > 0.0 && !comms.is_empty() {
+        out.push((
+            "nccl_buffers",
+            o.nccl_mib_per_communicator * mib * comms.len() as f64,
+            format!(
+                "NCCL buffers of {} communicator(s) ({}) × overhead.nccl_mib_per_communicator = {}",
+                comms.len(),
+                comms.join(", "),
+                o.nccl_mib_per_communicator
+            ),
+        ));
+    }
+    out.push((
+        "runtime_context",
+        o.context_gib * GIB,
+        "the rest of the runtime's fixed memory: the cluster spec's overhead.context_gib".into(),
+    ));
+    out
 }
 
 /// Activation bytes of an average layer for one micro-batch on one TP rank: under full
@@ -442,7 +512,6 @@ impl StageBytes {
                 .iter()
                 .map(|(_, x)| x * held_last)
                 .sum::<f64>();
-        let context = cluster.overhead.context_gib * GIB;
         let (mut per_layer, mut fixed) = (Vec::new(), Vec::new());
         for s in 0..pp {
             let flight = in_flight(layout.schedule, pp, m, v, s) as f64;
@@ -454,6 +523,10 @@ impl StageBytes {
             if s == pp - 1 {
                 f += last;
             }
+            let context: f64 = runtime_overheads(model, cluster, layout, s)
+                .iter()
+                .map(|t| t.1)
+                .sum();
             fixed.push(grow * f + context);
         }
         StageBytes { per_layer, fixed }

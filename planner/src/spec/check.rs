@@ -187,6 +187,19 @@ impl Cluster {
         }
         gib("overhead.context_gib", self.overhead.context_gib, true)?;
         non_negative("overhead.fragmentation", self.overhead.fragmentation)?;
+        for (field, mib) in [
+            ("overhead.cuda_context_mib", self.overhead.cuda_context_mib),
+            (
+                "overhead.cublas_workspace_mib",
+                self.overhead.cublas_workspace_mib,
+            ),
+            (
+                "overhead.nccl_mib_per_communicator",
+                self.overhead.nccl_mib_per_communicator,
+            ),
+        ] {
+            gib(field, mib / 1024.0, true)?;
+        }
         let c = &self.calibration;
         fraction("calibration.memory_efficiency", c.memory_efficiency)?;
         if let Some(e) = c.gemm_efficiency {

@@ -49,13 +49,23 @@ pub struct Link {
 }
 
 /// Memory the framework takes on every device besides the model's tensors.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Overhead {
     /// Fixed: runtime context, library workspaces, communication buffers (GiB).
     pub context_gib: f64,
     /// Allocator slack, as a fraction added on top of all tensors.
     pub fragmentation: f64,
+    /// The CUDA context of each process (MiB). Absent: 0 (then `context_gib` holds it).
+    #[serde(default)]
+    pub cuda_context_mib: f64,
+    /// cuBLAS and cuBLASLt workspaces (MiB).
+    #[serde(default)]
+    pub cublas_workspace_mib: f64,
+    /// NCCL's buffers for each communicator a rank belongs to (MiB): TP, DP (two under hybrid
+    /// sharding), PP and the tied embedding's first–last group, each when it has 2+ ranks.
+    #[serde(default)]
+    pub nccl_mib_per_communicator: f64,
 }
 
 /// A cluster, resolved. `devices` is how many of its devices the plan uses.
@@ -192,6 +202,9 @@ struct RawLink {
 struct RawOverhead {
     context_gib: Field<Num>,
     fragmentation: Field<Num>,
+    cuda_context_mib: Field<Num>,
+    cublas_workspace_mib: Field<Num>,
+    nccl_mib_per_communicator: Field<Num>,
 }
 
 #[derive(Debug, Deserialize, Default)]
@@ -223,6 +236,9 @@ pub const CLUSTER_KEYS: &[&str] = &[
     "latency_us",
     "context_gib",
     "fragmentation",
+    "cuda_context_mib",
+    "cublas_workspace_mib",
+    "nccl_mib_per_communicator",
     "calibration",
     "matmul_efficiency",
     "gemm_efficiency",
@@ -293,13 +309,19 @@ pub fn parse_cluster_toml(src: &Source, over: ClusterOverrides) -> Result<Cluste
     let intra_node = link("intra_node", raw.intra_node)?;
     let inter_node = link("inter_node", raw.inter_node)?;
     let o = raw.overhead.unwrap_or_default();
+    // Every [overhead] key is optional, ≥ 0, and 0 when absent.
+    let zero_or = |key: &str, v: &Field<Num>| -> Result<f64, Diagnostic> {
+        Ok(f.opt_nonneg_num("overhead", key, v)?.unwrap_or(0.0))
+    };
     let overhead = Overhead {
-        context_gib: f
-            .opt_nonneg_num("overhead", "context_gib", &o.context_gib)?
-            .unwrap_or(0.0),
-        fragmentation: f
-            .opt_nonneg_num("overhead", "fragmentation", &o.fragmentation)?
-            .unwrap_or(0.0),
+        context_gib: zero_or("context_gib", &o.context_gib)?,
+        fragmentation: zero_or("fragmentation", &o.fragmentation)?,
+        cuda_context_mib: zero_or("cuda_context_mib", &o.cuda_context_mib)?,
+        cublas_workspace_mib: zero_or("cublas_workspace_mib", &o.cublas_workspace_mib)?,
+        nccl_mib_per_communicator: zero_or(
+            "nccl_mib_per_communicator",
+            &o.nccl_mib_per_communicator,
+        )?,
     };
     let calibrated = raw.calibration.is_some();
     let calibration = calibration(&f, raw.calibration.unwrap_or_default())?;

@@ -253,7 +253,7 @@ pub fn markdown(v: &Validation, layer: &[LayerRow], presets: &[&Cluster], comman
                 pct(r.predicted_tensors_gib / m - 1.0)
             );
         }
-        out.push_str("\nThe llm.c figure is the sum of its allocation lines (weights, gradients, AdamW states, activations); it excludes library workspaces and NCCL buffers, which the predicted peak's overhead terms (`overhead.context_gib`, `overhead.fragmentation`) add.\n");
+        out.push_str("\nThe llm.c figure is the sum of its allocation lines (weights, gradients, AdamW states, activations); it excludes library workspaces and NCCL buffers, which the predicted peak's overhead terms add (the CUDA context, the BLAS workspaces, NCCL's buffers per communicator and the allocator's fragmentation, sized in the cluster preset's `[overhead]` table).\n");
     }
     if !layer.is_empty() {
         out.push_str("\n## One layer: Korthikanti et al. Table 4\n\nThe 22B model's layer (h 6144, 64 heads, s 2048, micro-batch 4) on 8-way TP, forward and backward in ms, compute plus TP collectives.\n\n| variant | measured fwd | predicted fwd | measured bwd | predicted bwd | error fwd | error bwd |\n|---|---:|---:|---:|---:|---:|---:|\n");
