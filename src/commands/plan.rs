@@ -368,7 +368,11 @@ fn print_prediction(plan: &Plan) {
         100.0 * p.mfu,
         p.bottleneck_stage
     );
-    println!("MFU counts {}\n", p.flop_convention);
+    println!("MFU counts {}", p.flop_convention);
+    if let Some(v) = &plan.parallel.vocab {
+        println!("vocabulary: {}", v.reason);
+    }
+    println!();
     let mut t = table(&["term", "seconds", "% of step", "why"], &[1, 2]);
     for term in &p.breakdown {
         t.add_row(vec![
