@@ -330,4 +330,29 @@ mod tests {
             2.0 * 4096.0 * (3.0 * 14336.0 - 2.0 * 4.0 * 4096.0),
         );
     }
+
+    /// torchtitan's per-op checkpointing under flash attention (what `selective` means there),
+    /// written out tensor by tensor for a GeLU layer without dropout, TP 1: the layer input
+    /// (2sbh), the attention kernel's output (2sbh) and fp32 log-sum-exp (4·a·sb), and half of
+    /// the matmul outputs: Q, K, V (6sbh), the output projection (2sbh), the MLP's up
+    /// projection (8sbh) and its down projection (2sbh).
+    #[test]
+    fn op_sac_keeps_the_layer_input_the_attention_output_and_half_the_matmul_outputs() {
+        let mut m = gpt3(16, 1024, 512);
+        m.training.attention = AttentionImpl::Flash;
+        m.training.dropout = 0.0;
+        let (s, b, h, a) = (512.0, 2.0, 1024.0, 16.0);
+        let sbh = s * b * h;
+        let want = 2.0 * sbh + 2.0 * sbh + 4.0 * a * s * b + 0.5 * (6.0 + 2.0 + 8.0 + 2.0) * sbh;
+        close(layer_bytes(&m, 2, 1, false, Recompute::Selective), want);
+        // Between full recompute (the input only) and none.
+        let none = layer_bytes(&m, 2, 1, false, Recompute::None);
+        let full = layer_bytes(&m, 2, 1, false, Recompute::Full);
+        assert!(full < want && want < none, "{full} < {want} < {none}");
+        // The op-SAC-only tensors never count in the other modes: none is the usual list,
+        // 2sbh (norm1 input) + 2sbh (qkv input) + 6sbh (q, k, v) + 4·a·sb (lse) + 2sbh
+        // (attention output) + 2sbh (norm2 input) + 2sbh (MLP input) + 8sbh (GeLU input) +
+        // 8sbh (down-projection input).
+        close(none, 32.0 * sbh + 4.0 * a * s * b);
+    }
 }

@@ -6,6 +6,9 @@
 //! the cluster spec. This module only counts; it does not decide anything.
 
 pub mod activations;
+mod overhead;
+
+pub use overhead::runtime_overheads;
 
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
@@ -14,7 +17,7 @@ use crate::layout::{Layout, Recompute};
 use crate::model::Model;
 use crate::precision::{Policy, State, StateClass};
 use crate::schedule::ScheduleKind;
-use crate::spec::{Cluster, GIB};
+use crate::spec::Cluster;
 
 /// One named term of a stage's memory.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
@@ -296,76 +299,6 @@ impl<'a> Ctx<'a> {
             sink.term(name, "overhead", bytes, &|| why.clone());
         }
     }
-}
-
-/// The fixed memory of the framework on a rank of `stage`, besides the tensors: the CUDA
-/// context, the BLAS workspaces, NCCL's buffers per communicator the rank belongs to, and the
-/// spec's `overhead.context_gib` for the rest. Sizes are the cluster spec's (the presets cite
-/// theirs).
-pub fn runtime_overheads(
-    model: &Model,
-    cluster: &Cluster,
-    layout: &Layout,
-    stage: u64,
-) -> Vec<(&'static str, f64, String)> {
-    let o = &cluster.overhead;
-    let mib = 1024.0 * 1024.0;
-    let mut comms = Vec::new();
-    if layout.tp > 1 {
-        comms.push("TP");
-    }
-    if layout.dp > 1 {
-        comms.push("DP");
-        if layout.sharding.hybrid && layout.sharding.zero_stage > 0 {
-            comms.push("DP across nodes");
-        }
-    }
-    if layout.pp > 1 {
-        comms.push("PP");
-        let end = stage == 0 || stage + 1 == layout.pp;
-        if model.architecture.tied_embeddings && end {
-            comms.push("tied embedding");
-        }
-    }
-    let mut out = Vec::new();
-    if o.cuda_context_mib > 0.0 {
-        out.push((
-            "cuda_context",
-            o.cuda_context_mib * mib,
-            format!(
-                "the CUDA context: overhead.cuda_context_mib = {}",
-                o.cuda_context_mib
-            ),
-        ));
-    }
-    if o.cublas_workspace_mib > 0.0 {
-        out.push((
-            "cublas_workspace",
-            o.cublas_workspace_mib * mib,
-            format!(
-                "cuBLAS and cuBLASLt workspaces: overhead.cublas_workspace_mib = {}",
-                o.cublas_workspace_mib
-            ),
-        ));
-    }
-    if o.nccl_mib_per_communicator > 0.0 && !comms.is_empty() {
-        out.push((
-            "nccl_buffers",
-            o.nccl_mib_per_communicator * mib * comms.len() as f64,
-            format!(
-                "NCCL buffers of {} communicator(s) ({}) × overhead.nccl_mib_per_communicator = {}",
-                comms.len(),
-                comms.join(", "),
-                o.nccl_mib_per_communicator
-            ),
-        ));
-    }
-    out.push((
-        "runtime_context",
-        o.context_gib * GIB,
-        "the rest of the runtime's fixed memory: the cluster spec's overhead.context_gib".into(),
-    ));
-    out
 }
 
 /// Activation bytes of an average layer for one micro-batch on one TP rank: under full

@@ -1,0 +1,127 @@
+//! The runtime's fixed memory on each rank besides the model's tensors, as named terms sized
+//! by the cluster spec's `[overhead]` table (the presets cite their sizes).
+
+use crate::layout::Layout;
+use crate::model::Model;
+use crate::spec::{Cluster, GIB};
+
+/// The fixed memory of the framework on a rank of `stage`, besides the tensors: the CUDA
+/// context, the BLAS workspaces, NCCL's buffers per communicator the rank belongs to, and the
+/// spec's `overhead.context_gib` for the rest. Sizes are the cluster spec's (the presets cite
+/// theirs).
+pub fn runtime_overheads(
+    model: &Model,
+    cluster: &Cluster,
+    layout: &Layout,
+    stage: u64,
+) -> Vec<(&'static str, f64, String)> {
+    let o = &cluster.overhead;
+    let mib = 1024.0 * 1024.0;
+    let mut comms = Vec::new();
+    if layout.tp > 1 {
+        comms.push("TP");
+    }
+    if layout.dp > 1 {
+        comms.push("DP");
+        if layout.sharding.hybrid && layout.sharding.zero_stage > 0 {
+            comms.push("DP across nodes");
+        }
+    }
+    if layout.pp > 1 {
+        comms.push("PP");
+        let end = stage == 0 || stage + 1 == layout.pp;
+        if model.architecture.tied_embeddings && end {
+            comms.push("tied embedding");
+        }
+    }
+    let mut out = Vec::new();
+    if o.cuda_context_mib > 0.0 {
+        out.push((
+            "cuda_context",
+            o.cuda_context_mib * mib,
+            format!(
+                "the CUDA context: overhead.cuda_context_mib = {}",
+                o.cuda_context_mib
+            ),
+        ));
+    }
+    if o.cublas_workspace_mib > 0.0 {
+        out.push((
+            "cublas_workspace",
+            o.cublas_workspace_mib * mib,
+            format!(
+                "cuBLAS and cuBLASLt workspaces: overhead.cublas_workspace_mib = {}",
+                o.cublas_workspace_mib
+            ),
+        ));
+    }
+    if o.nccl_mib_per_communicator > 0.0 && !comms.is_empty() {
+        out.push((
+            "nccl_buffers",
+            o.nccl_mib_per_communicator * mib * comms.len() as f64,
+            format!(
+                "NCCL buffers of {} communicator(s) ({}) × overhead.nccl_mib_per_communicator = {}",
+                comms.len(),
+                comms.join(", "),
+                o.nccl_mib_per_communicator
+            ),
+        ));
+    }
+    out.push((
+        "runtime_context",
+        o.context_gib * GIB,
+        "the rest of the runtime's fixed memory: the cluster spec's overhead.context_gib".into(),
+    ));
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::layout::Sharding;
+    use crate::spec::{self, ClusterOverrides, TrainingOverrides};
+    use std::path::Path;
+
+    /// NCCL's buffers count one communicator per group of 2+ ranks the rank is in: TP, DP and
+    /// hybrid sharding's second DP group, PP, and on the end stages the tied embedding's.
+    #[test]
+    fn nccl_buffers_count_the_communicators_of_each_stage() {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../specs");
+        let model = spec::load_model(
+            &root.join("models/gpt3-175b.toml"),
+            TrainingOverrides::default(),
+        )
+        .unwrap();
+        let cluster = spec::load_cluster(
+            &root.join("clusters/dgx-a100-80g.toml"),
+            ClusterOverrides {
+                nodes: Some(8),
+                devices: None,
+            },
+        )
+        .unwrap();
+        let per = cluster.overhead.nccl_mib_per_communicator * 1024.0 * 1024.0;
+        let nccl = |layout: &Layout, stage: u64| {
+            runtime_overheads(&model, &cluster, layout, stage)
+                .into_iter()
+                .find(|t| t.0 == "nccl_buffers")
+                .map_or(0.0, |t| t.1 / per)
+        };
+        let hybrid = Layout {
+            pp: 4,
+            sharding: Sharding {
+                zero_stage: 3,
+                hybrid: true,
+            },
+            ..Layout::without_pipeline(2, 8, 3, 1)
+        };
+        // GPT-3's embeddings are tied: the first and last stages share a group.
+        assert_eq!(nccl(&hybrid, 0), 5.0);
+        assert_eq!(nccl(&hybrid, 1), 4.0);
+        assert_eq!(nccl(&hybrid, 3), 5.0);
+        // One rank: no communicator, no term.
+        assert_eq!(nccl(&Layout::without_pipeline(1, 1, 0, 1), 0), 0.0);
+        // TP only.
+        assert_eq!(nccl(&Layout::without_pipeline(1, 8, 0, 1), 0), 1.0);
+    }
+}
