@@ -44,6 +44,8 @@ enum Command {
     Launch(commands::launch::LaunchArgs),
     /// Check this machine's GPU environment: driver, libraries, devices, kernel compilation.
     Doctor(commands::doctor::DoctorArgs),
+    /// Measure this host for the CPU backend and write a calibrated cluster spec.
+    Calibrate(commands::calibrate::CalibrateArgs),
     /// Replay the published runs of runs.toml through the planner; write docs/validation.md.
     #[command(hide = true)]
     ValidatePlanner(commands::validate_planner::ValidatePlannerArgs),
@@ -67,6 +69,7 @@ fn main() -> ExitCode {
         Command::Run(args) => commands::run::run(args),
         Command::Launch(args) => commands::launch::run(args),
         Command::Doctor(args) => commands::doctor::run(args),
+        Command::Calibrate(args) => commands::calibrate::run(args),
         Command::ValidatePlanner(args) => commands::validate_planner::run(args),
     };
     match result {

@@ -2,6 +2,7 @@
 
 pub mod alloc;
 pub mod backend;
+pub mod calibrate;
 pub mod comm;
 pub mod comm_parity;
 pub mod cpu;

@@ -1,5 +1,6 @@
 //! One module per subcommand: build the options, call a library function, print.
 
+pub mod calibrate;
 pub mod diff;
 pub mod doctor;
 pub mod explain;

@@ -138,7 +138,7 @@ fn host_bytes_needed(plan: &Plan) -> f64 {
         .sum()
 }
 
-fn host_available_bytes() -> Option<f64> {
+pub(crate) fn host_available_bytes() -> Option<f64> {
     let text = std::fs::read_to_string("/proc/meminfo").ok()?;
     let line = text.lines().find(|l| l.starts_with("MemAvailable:"))?;
     let kb: f64 = line.split_whitespace().nth(1)?.parse().ok()?;
@@ -432,10 +432,15 @@ fn train_here(args: &RunArgs, plan: &Plan, gpus: Option<usize>) -> anyhow::Resul
             (t.global_batch * t.seq_len) as f64 / mean,
             plan.predicted.step_time_s,
             plan.predicted.step_time_s / mean,
-            if plan.job.cluster.device.kind == DeviceKind::Cpu {
-                " — the CPU cluster presets are nominal, not calibrated"
-            } else {
-                ""
+            match (
+                plan.job.cluster.device.kind == DeviceKind::Cpu,
+                plan.job.cluster.calibrated,
+            ) {
+                (true, false) => {
+                    " — this CPU cluster spec is nominal: `tessera calibrate` measures this host"
+                }
+                (true, true) => " — on the cluster spec's measured constants",
+                _ => "",
             }
         );
     }

@@ -1,0 +1,195 @@
+//! Measuring this host for the CPU backend's cluster spec (`tessera calibrate`): what one rank
+//! gets when `ranks` ranks run at once as threads, each with its share of the cores, the way
+//! `tessera run` runs them.
+//!
+//! - GEMM: square f32 products through the runtime's own matmul ([`crate::cpu::matmul`]), at
+//!   each size, every rank at once; the rate per rank.
+//! - Memory: a copy of a buffer larger than the caches, every rank at once; bytes read and
+//!   written per second per rank.
+//! - Collectives: the ranks' [`LocalComm`] all-reduce, small (its latency) and large (its bus
+//!   bandwidth, NCCL's convention: `2(n−1)/n · bytes / time`).
+//!
+//! Each figure is the best of a few repetitions (the machine is shared and noisy).
+
+use std::sync::{Barrier, Mutex};
+use std::time::Instant;
+
+use crate::comm::{Comm, LocalComm};
+
+/// What one rank measured.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Measured {
+    pub ranks: usize,
+    pub threads_per_rank: usize,
+    /// `(n, GFLOP/s per rank)` of an n×n×n f32 product.
+    pub gemm: Vec<(usize, f64)>,
+    /// Bytes read plus written per second per rank, GB/s.
+    pub copy_gbps: f64,
+    /// All-reduce bus bandwidth per rank, GB/s, and the latency of one ring step, µs (0 for a
+    /// single rank).
+    pub comm_gbps: f64,
+    pub comm_latency_us: f64,
+}
+
+/// The sizes measured: the smallest dimensions of the layers the cost model times.
+pub const GEMM_SIZES: [usize; 5] = [64, 128, 256, 512, 1024];
+
+/// Runs `setup(rank)` on `ranks` threads, then, all together after a barrier, `work` on what
+/// each set up: the seconds from the first start to the last finish (the wall time of the ranks
+/// sharing the cores, as in training).
+fn at_once<S>(
+    ranks: usize,
+    threads: usize,
+    setup: &(dyn Fn(usize) -> S + Sync),
+    work: &(dyn Fn(&mut S) + Sync),
+) -> f64 {
+    let barrier = Barrier::new(ranks);
+    let spans: Vec<(Instant, Instant)> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..ranks)
+            .map(|r| {
+                let barrier = &barrier;
+                s.spawn(move || {
+                    crate::cpu::set_threads(threads);
+                    let mut state = setup(r);
+                    barrier.wait();
+                    let start = Instant::now();
+                    work(&mut state);
+                    let end = Instant::now();
+                    std::hint::black_box(&state);
+                    (start, end)
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().expect("a measuring thread does not panic"))
+            .collect()
+    });
+    let first = spans.iter().map(|s| s.0).min().expect("one rank at least");
+    let last = spans.iter().map(|s| s.1).max().expect("one rank at least");
+    (last - first).as_secs_f64()
+}
+
+/// The fastest of `reps` runs of [`at_once`].
+fn best<S>(
+    reps: usize,
+    ranks: usize,
+    threads: usize,
+    setup: &(dyn Fn(usize) -> S + Sync),
+    work: &(dyn Fn(&mut S) + Sync),
+) -> f64 {
+    (0..reps)
+        .map(|_| at_once(ranks, threads, setup, work))
+        .fold(f64::INFINITY, f64::min)
+}
+
+/// Seconds per all-reduce of `bytes` on every one of `ranks` ranks at once.
+fn all_reduce_seconds(ranks: usize, threads: usize, bytes: usize, reps: usize) -> f64 {
+    let comms: Vec<Mutex<Option<LocalComm>>> = LocalComm::group(ranks)
+        .into_iter()
+        .map(|c| Mutex::new(Some(c)))
+        .collect();
+    let t = at_once(
+        ranks,
+        threads,
+        &|r| {
+            let comm = comms[r]
+                .lock()
+                .expect("not poisoned")
+                .take()
+                .expect("one run");
+            (comm, vec![1.0f32; bytes / 4])
+        },
+        &|(comm, buf)| {
+            for _ in 0..reps {
+                comm.all_reduce_sum(buf).expect("local all-reduce");
+            }
+        },
+    );
+    t / reps as f64
+}
+
+/// Measures this host for `ranks` ranks of `threads_per_rank` threads each.
+pub fn measure(ranks: usize, threads_per_rank: usize) -> Measured {
+    let ranks = ranks.max(1);
+    let threads = threads_per_rank.max(1);
+    let mut gemm = Vec::new();
+    for n in GEMM_SIZES {
+        let a = vec![0.5f32; n * n];
+        let b = vec![0.25f32; n * n];
+        // About 10^9 FLOPs per rank, at least one product.
+        let count = (1e9 / (2.0 * (n * n * n) as f64)).ceil().max(1.0) as usize;
+        let t = best(
+            3,
+            ranks,
+            threads,
+            &|_| {
+                let mut c = vec![0.0f32; n * n];
+                crate::cpu::matmul(&mut c, &a, &b, n, n, n, false);
+                c
+            },
+            &|c| {
+                // The three products of a linear layer, as the runtime calls them: forward
+                // `x · Wᵀ`, input gradient `dy · W`, weight gradient `dyᵀ · x` (accumulated).
+                for _ in 0..count.div_ceil(3) {
+                    crate::cpu::matmul_bt(c, &a, &b, n, n, n, false);
+                    crate::cpu::matmul(c, &a, &b, n, n, n, false);
+                    crate::cpu::matmul_at(c, &a, &b, n, n, n, true);
+                }
+            },
+        );
+        let products = 3 * count.div_ceil(3);
+        gemm.push((n, 2.0 * (n * n * n * products) as f64 / t / 1e9));
+    }
+    // 64 MiB per rank, beyond the caches: read 4 B and write 4 B per element.
+    let len = 16 << 20;
+    let t = best(
+        3,
+        ranks,
+        threads,
+        &|_| (vec![1.0f32; len], vec![0.0f32; len]),
+        &|(src, dst)| dst.copy_from_slice(src),
+    );
+    let copy_gbps = 8.0 * len as f64 / t / 1e9;
+    let (comm_gbps, comm_latency_us) = if ranks > 1 {
+        let n = ranks as f64;
+        let small = all_reduce_seconds(ranks, threads, 8, 200);
+        let big_bytes = 16 << 20;
+        let big = all_reduce_seconds(ranks, threads, big_bytes, 3);
+        (
+            2.0 * (n - 1.0) / n * big_bytes as f64 / big / 1e9,
+            small / (2.0 * (n - 1.0)) * 1e6,
+        )
+    } else {
+        (0.0, 0.0)
+    };
+    Measured {
+        ranks,
+        threads_per_rank: threads,
+        gemm,
+        copy_gbps,
+        comm_gbps,
+        comm_latency_us,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every figure is a positive, finite rate, on one rank and on two at once.
+    #[test]
+    fn measurements_are_positive_rates() {
+        for ranks in [1, 2] {
+            let m = measure(ranks, 1);
+            assert_eq!(m.gemm.len(), GEMM_SIZES.len());
+            for &(n, g) in &m.gemm {
+                assert!(g.is_finite() && g > 0.0, "{n}: {g}");
+            }
+            assert!(m.copy_gbps.is_finite() && m.copy_gbps > 0.0);
+            if ranks > 1 {
+                assert!(m.comm_gbps > 0.0 && m.comm_latency_us > 0.0, "{m:?}");
+            }
+        }
+    }
+}

@@ -1,0 +1,153 @@
+//! `tessera calibrate CLUSTER.toml [-o calibrated.toml] [--ranks N]`: measure this host for the
+//! CPU backend and write the cluster spec with the measured figures, for `tessera plan` to use as
+//! it uses the presets.
+//!
+//! The measurements are `tessera_runtime::calibrate`'s: each rank's GEMM rate at the sizes the
+//! cost model uses, memory bandwidth and the local all-reduce, with every rank running at once
+//! on its share of the cores, as `tessera run` runs them. GPU clusters are refused: measuring
+//! GPUs needs a GPU (and is not built yet).
+
+use std::fmt::Write as _;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::bail;
+use clap::Args;
+use tessera_planner::spec::{load_cluster, ClusterOverrides, DeviceKind};
+use tessera_runtime::calibrate::{measure, Measured};
+
+use crate::files::{check_outputs, named, write_output};
+use crate::output::table;
+
+#[derive(Args)]
+pub struct CalibrateArgs {
+    /// The CPU cluster spec to calibrate (its name, nodes and memory caps are kept).
+    cluster: PathBuf,
+    /// Where to write the calibrated spec (default: standard output).
+    #[arg(short, long)]
+    output: Option<PathBuf>,
+    /// Ranks to measure at once (default: the spec's devices).
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..=1024))]
+    ranks: Option<u64>,
+}
+
+pub fn run(args: CalibrateArgs) -> anyhow::Result<ExitCode> {
+    let outputs: Vec<_> = args
+        .output
+        .iter()
+        .map(|p| named("-o/--output", p))
+        .collect();
+    check_outputs(&[named("CLUSTER", &args.cluster)], &outputs)?;
+    let cluster = load_cluster(&args.cluster, ClusterOverrides::default())?;
+    if cluster.device.kind != DeviceKind::Cpu {
+        bail!(
+            "{}: `{}` is a GPU cluster; tessera calibrate measures the CPU backend's ranks on this host, and measuring GPUs is not built yet\n  fix: calibrate a CPU cluster (specs/clusters/cpu-8.toml), or keep the GPU preset's cited constants",
+            args.cluster.display(),
+            cluster.name
+        );
+    }
+    let ranks = args.ranks.unwrap_or(cluster.devices) as usize;
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let threads = (cores / ranks).max(1);
+    eprintln!("measuring {ranks} rank(s) at once, {threads} thread(s) each, on {cores} core(s)…");
+    let m = measure(ranks, threads);
+    let mut t = table(&["what", "per rank"], &[1]);
+    for (n, g) in &m.gemm {
+        t.add_row(vec![
+            format!("f32 GEMM {n}×{n}×{n}"),
+            format!("{g:.1} GFLOP/s"),
+        ]);
+    }
+    t.add_row(vec![
+        "memory copy".into(),
+        format!("{:.2} GB/s", m.copy_gbps),
+    ]);
+    if ranks > 1 {
+        t.add_row(vec![
+            "all-reduce bus bandwidth".into(),
+            format!("{:.2} GB/s", m.comm_gbps),
+        ]);
+        t.add_row(vec![
+            "all-reduce latency per ring step".into(),
+            format!("{:.1} µs", m.comm_latency_us),
+        ]);
+    }
+    eprintln!("{t}");
+    // Each virtual device's memory cap: this host's available memory shared by the ranks.
+    let memory_gib = super::run::host_available_bytes()
+        .map(|b| ((b / ranks as f64 / tessera_planner::spec::GIB) * 10.0).floor() / 10.0)
+        .filter(|g| *g > 0.0)
+        .unwrap_or(cluster.device.memory_gib);
+    let text = spec_text(&cluster, &m, cores, memory_gib);
+    match &args.output {
+        Some(path) => {
+            write_output(path, text.as_bytes())?;
+            println!("wrote {}", path.display());
+        }
+        None => print!("{text}"),
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// The calibrated spec: the cluster's shape and memory caps, the measured rates.
+///
+/// The cost model counts activations and their traffic in 16-bit elements, and the CPU backend
+/// moves f32: the memory bandwidth is written in 16-bit-element terms (half the measured bytes
+/// per second), so that element-wise time comes out as the CPU spends it.
+fn spec_text(c: &tessera_planner::Cluster, m: &Measured, cores: usize, memory_gib: f64) -> String {
+    let peak = m.gemm.iter().map(|g| g.1).fold(0.0, f64::max);
+    let curve: Vec<String> = m
+        .gemm
+        .iter()
+        .map(|&(n, g)| format!("[{n}, {:.3}]", (g / peak).clamp(0.001, 1.0)))
+        .collect();
+    let comm_gbps = if m.ranks > 1 {
+        m.comm_gbps
+    } else {
+        c.intra_node.bandwidth_gbps
+    };
+    let latency = if m.ranks > 1 {
+        m.comm_latency_us
+    } else {
+        c.intra_node.latency_us
+    };
+    let mut s = String::new();
+    let _ = writeln!(
+        s,
+        "# {} calibrated by `tessera calibrate` on this host ({cores} cores): {} ranks measured at once, {} thread(s) each.\n\
+         # Every rate is what one rank reached while the others ran too (runtime/src/calibrate.rs).",
+        c.name, m.ranks, m.threads_per_rank
+    );
+    let _ = writeln!(s, "name = \"{}-calibrated\"", c.name);
+    let _ = writeln!(
+        s,
+        "nodes = {}\ngpus_per_node = {}\n",
+        c.nodes, c.gpus_per_node
+    );
+    let _ = writeln!(
+        s,
+        "[device]\nname = \"{}\"\nkind = \"cpu\"\nmemory_gib = {}               # this host's available memory over the ranks\npeak_tflops = {:.6}          # the best f32 GEMM rate per rank\nmemory_bandwidth_gbps = {:.3}  # half the measured copy rate: the cost model counts 16-bit elements, the CPU moves f32\n",
+        c.device.name,
+        memory_gib,
+        peak / 1000.0,
+        m.copy_gbps / 2.0
+    );
+    for t in ["intra_node", "inter_node"] {
+        let _ = writeln!(
+            s,
+            "[{t}]\nbandwidth_gbps = {comm_gbps:.3}  # measured all-reduce bus bandwidth between the ranks' threads\nlatency_us = {latency:.2}\n"
+        );
+    }
+    let _ = writeln!(
+        s,
+        "[overhead]\ncontext_gib = {}\nfragmentation = {}\n",
+        c.overhead.context_gib, c.overhead.fragmentation
+    );
+    let _ = writeln!(
+        s,
+        "[calibration]\n# Measured: each size's GEMM rate over the best one.\nmatmul_efficiency = [{}]\nmemory_efficiency = 1.0\nflash_attention_efficiency = {}\nintra_node_efficiency = 1.0\ninter_node_efficiency = 1.0",
+        curve.join(", "),
+        c.calibration.flash_attention_efficiency
+    );
+    s
+}
