@@ -14,6 +14,8 @@
 use std::sync::{Barrier, Mutex};
 use std::time::Instant;
 
+use tessera_planner::Cluster;
+
 use crate::comm::{Comm, LocalComm};
 
 /// What one rank measured.
@@ -147,7 +149,8 @@ pub fn measure(ranks: usize, threads_per_rank: usize) -> Measured {
         3,
         ranks,
         threads,
-        &|_| (vec![1.0f32; len], vec![0.0f32; len]),
+        // Both buffers written in the setup: no page faults inside the timed copy.
+        &|_| (vec![1.0f32; len], vec![2.0f32; len]),
         &|(src, dst)| dst.copy_from_slice(src),
     );
     let copy_gbps = 8.0 * len as f64 / t / 1e9;
@@ -171,6 +174,38 @@ pub fn measure(ranks: usize, threads_per_rank: usize) -> Measured {
         comm_gbps,
         comm_latency_us,
     }
+}
+
+/// `cluster` with the measured figures: the best GEMM rate as the peak and each size's share of
+/// it as the `matmul_efficiency` curve; half the copy rate as the memory bandwidth (the cost
+/// model counts 16-bit elements, the CPU backend moves f32); the all-reduce's bus bandwidth and
+/// ring-step latency as both links (one host); `memory_gib` per device. Efficiencies are 1: the
+/// rates are what was reached.
+pub fn calibrated(cluster: &Cluster, m: &Measured, memory_gib: f64) -> Cluster {
+    let mut c = cluster.clone();
+    let peak = m.gemm.iter().map(|g| g.1).fold(0.0, f64::max);
+    c.name = format!("{}-calibrated", cluster.name);
+    c.device.memory_gib = memory_gib;
+    c.device.peak_tflops = peak / 1000.0;
+    c.device.memory_bandwidth_gbps = m.copy_gbps / 2.0;
+    if m.ranks > 1 {
+        for link in [&mut c.intra_node, &mut c.inter_node] {
+            link.bandwidth_gbps = m.comm_gbps;
+            link.latency_us = m.comm_latency_us;
+        }
+    }
+    let k = &mut c.calibration;
+    k.matmul_efficiency = m
+        .gemm
+        .iter()
+        .map(|&(n, g)| [n as f64, (g / peak).clamp(0.001, 1.0)])
+        .collect();
+    k.gemm_efficiency = None;
+    k.memory_efficiency = 1.0;
+    k.intra_node_efficiency = 1.0;
+    k.inter_node_efficiency = 1.0;
+    c.calibrated = true;
+    c
 }
 
 #[cfg(test)]

@@ -14,7 +14,7 @@ use std::process::ExitCode;
 use anyhow::bail;
 use clap::Args;
 use tessera_planner::spec::{load_cluster, ClusterOverrides, DeviceKind};
-use tessera_runtime::calibrate::{measure, Measured};
+use tessera_runtime::calibrate::{calibrated, measure, Measured};
 
 use crate::files::{check_outputs, named, write_output};
 use crate::output::table;
@@ -78,7 +78,7 @@ pub fn run(args: CalibrateArgs) -> anyhow::Result<ExitCode> {
         .map(|b| ((b / ranks as f64 / tessera_planner::spec::GIB) * 10.0).floor() / 10.0)
         .filter(|g| *g > 0.0)
         .unwrap_or(cluster.device.memory_gib);
-    let text = spec_text(&cluster, &m, cores, memory_gib);
+    let text = spec_text(&calibrated(&cluster, &m, memory_gib), &m, cores);
     match &args.output {
         Some(path) => {
             write_output(path, text.as_bytes())?;
@@ -89,53 +89,38 @@ pub fn run(args: CalibrateArgs) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-/// The calibrated spec: the cluster's shape and memory caps, the measured rates.
-///
-/// The cost model counts activations and their traffic in 16-bit elements, and the CPU backend
-/// moves f32: the memory bandwidth is written in 16-bit-element terms (half the measured bytes
-/// per second), so that element-wise time comes out as the CPU spends it.
-fn spec_text(c: &tessera_planner::Cluster, m: &Measured, cores: usize, memory_gib: f64) -> String {
-    let peak = m.gemm.iter().map(|g| g.1).fold(0.0, f64::max);
-    let curve: Vec<String> = m
-        .gemm
+/// The calibrated cluster as a spec file, with where each figure comes from.
+fn spec_text(c: &tessera_planner::Cluster, m: &Measured, cores: usize) -> String {
+    let k = &c.calibration;
+    let curve: Vec<String> = k
+        .matmul_efficiency
         .iter()
-        .map(|&(n, g)| format!("[{n}, {:.3}]", (g / peak).clamp(0.001, 1.0)))
+        .map(|[n, e]| format!("[{n:.0}, {e:.3}]"))
         .collect();
-    let comm_gbps = if m.ranks > 1 {
-        m.comm_gbps
-    } else {
-        c.intra_node.bandwidth_gbps
-    };
-    let latency = if m.ranks > 1 {
-        m.comm_latency_us
-    } else {
-        c.intra_node.latency_us
-    };
     let mut s = String::new();
     let _ = writeln!(
         s,
-        "# {} calibrated by `tessera calibrate` on this host ({cores} cores): {} ranks measured at once, {} thread(s) each.\n\
+        "# {} by `tessera calibrate` on this host ({cores} cores): {} ranks measured at once, {} thread(s) each.\n\
          # Every rate is what one rank reached while the others ran too (runtime/src/calibrate.rs).",
         c.name, m.ranks, m.threads_per_rank
     );
-    let _ = writeln!(s, "name = \"{}-calibrated\"", c.name);
+    let _ = writeln!(s, "name = \"{}\"", c.name);
     let _ = writeln!(
         s,
         "nodes = {}\ngpus_per_node = {}\n",
         c.nodes, c.gpus_per_node
     );
+    let d = &c.device;
     let _ = writeln!(
         s,
         "[device]\nname = \"{}\"\nkind = \"cpu\"\nmemory_gib = {}               # this host's available memory over the ranks\npeak_tflops = {:.6}          # the best f32 GEMM rate per rank\nmemory_bandwidth_gbps = {:.3}  # half the measured copy rate: the cost model counts 16-bit elements, the CPU moves f32\n",
-        c.device.name,
-        memory_gib,
-        peak / 1000.0,
-        m.copy_gbps / 2.0
+        d.name, d.memory_gib, d.peak_tflops, d.memory_bandwidth_gbps
     );
-    for t in ["intra_node", "inter_node"] {
+    for (t, l) in [("intra_node", &c.intra_node), ("inter_node", &c.inter_node)] {
         let _ = writeln!(
             s,
-            "[{t}]\nbandwidth_gbps = {comm_gbps:.3}  # measured all-reduce bus bandwidth between the ranks' threads\nlatency_us = {latency:.2}\n"
+            "[{t}]\nbandwidth_gbps = {:.3}  # the all-reduce's bus bandwidth between the ranks' threads (measured with 2+ ranks)\nlatency_us = {:.2}\n",
+            l.bandwidth_gbps, l.latency_us
         );
     }
     let _ = writeln!(
@@ -145,9 +130,12 @@ fn spec_text(c: &tessera_planner::Cluster, m: &Measured, cores: usize, memory_gi
     );
     let _ = writeln!(
         s,
-        "[calibration]\n# Measured: each size's GEMM rate over the best one.\nmatmul_efficiency = [{}]\nmemory_efficiency = 1.0\nflash_attention_efficiency = {}\nintra_node_efficiency = 1.0\ninter_node_efficiency = 1.0",
+        "[calibration]\n# Measured: each size's GEMM rate over the best one.\nmatmul_efficiency = [{}]\nmemory_efficiency = {}\nflash_attention_efficiency = {}\nintra_node_efficiency = {}\ninter_node_efficiency = {}",
         curve.join(", "),
-        c.calibration.flash_attention_efficiency
+        k.memory_efficiency,
+        k.flash_attention_efficiency,
+        k.intra_node_efficiency,
+        k.inter_node_efficiency
     );
     s
 }
