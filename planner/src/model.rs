@@ -186,8 +186,13 @@ impl Architecture {
     /// rounded up to a multiple of `vocab_divisible_by × tp` (Megatron-LM's
     /// `_vocab_size_with_padding`). Saturates at `u64::MAX`.
     pub fn padded_vocab(&self, tp: u64) -> u64 {
-        let multiple = self.vocab_divisible_by.max(1).saturating_mul(tp.max(1));
+        let multiple = self.vocab_multiple(tp);
         self.vocab.div_ceil(multiple).saturating_mul(multiple)
+    }
+
+    /// What the vocabulary is padded to a multiple of under TP `tp`: `vocab_divisible_by × tp`.
+    pub fn vocab_multiple(&self, tp: u64) -> u64 {
+        self.vocab_divisible_by.max(1).saturating_mul(tp.max(1))
     }
 
     /// [`Architecture::embedding_params`] with the padded vocabulary of TP `tp`: what a rank

@@ -9,8 +9,8 @@ use std::path::Path;
 use tessera_planner::layout::{Layout, Recompute};
 use tessera_planner::plan::{Plan, SearchSummary};
 use tessera_planner::schedule::ScheduleKind;
-use tessera_planner::spec::{self, ClusterOverrides, TrainingOverrides, GIB};
-use tessera_runtime::calibrate::{calibrated, measure};
+use tessera_planner::spec::{self, ClusterOverrides, TrainingOverrides};
+use tessera_runtime::calibrate::{calibrated, measure, memory_gib_per_rank};
 use tessera_runtime::data::Tokens;
 use tessera_runtime::exec::{train, TrainOptions};
 
@@ -21,19 +21,6 @@ struct Job {
     global_batch: Option<u64>,
     layout: Layout,
     steps: usize,
-}
-
-fn available_bytes() -> f64 {
-    std::fs::read_to_string("/proc/meminfo")
-        .ok()
-        .and_then(|t| {
-            let line = t
-                .lines()
-                .find(|l| l.starts_with("MemAvailable:"))?
-                .to_string();
-            line.split_whitespace().nth(1)?.parse::<f64>().ok()
-        })
-        .map_or(8.0 * GIB, |kb| kb * 1024.0)
 }
 
 fn main() {
@@ -96,7 +83,7 @@ fn main() {
         .expect("preset loads");
         let threads = (cores / ranks).max(1);
         let m = measure(ranks, threads);
-        let memory = (available_bytes() / ranks as f64 / GIB * 10.0).floor() / 10.0;
+        let memory = memory_gib_per_rank(ranks, nominal.device.memory_gib);
         let cluster = calibrated(&nominal, &m, memory);
         let plan = Plan::new(&model, &cluster, l, SearchSummary::pinned());
         let opts = TrainOptions {

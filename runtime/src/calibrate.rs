@@ -14,6 +14,7 @@
 use std::sync::{Barrier, Mutex};
 use std::time::Instant;
 
+use tessera_planner::spec::GIB;
 use tessera_planner::Cluster;
 
 use crate::comm::{Comm, LocalComm};
@@ -174,6 +175,23 @@ pub fn measure(ranks: usize, threads_per_rank: usize) -> Measured {
         comm_gbps,
         comm_latency_us,
     }
+}
+
+/// The host's available memory (Linux `MemAvailable`), in bytes.
+pub fn available_memory_bytes() -> Option<f64> {
+    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = text.lines().find(|l| l.starts_with("MemAvailable:"))?;
+    let kb: f64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kb * 1024.0)
+}
+
+/// Each of `ranks` virtual devices' share of the host's available memory, GiB (rounded down
+/// to 0.1), or `fallback` where it cannot be read.
+pub fn memory_gib_per_rank(ranks: usize, fallback: f64) -> f64 {
+    available_memory_bytes()
+        .map(|b| ((b / ranks.max(1) as f64 / GIB) * 10.0).floor() / 10.0)
+        .filter(|g| *g > 0.0)
+        .unwrap_or(fallback)
 }
 
 /// `cluster` with the measured figures: the best GEMM rate as the peak and each size's share of

@@ -14,7 +14,7 @@ use std::process::ExitCode;
 use anyhow::bail;
 use clap::Args;
 use tessera_planner::spec::{load_cluster, ClusterOverrides, DeviceKind};
-use tessera_runtime::calibrate::{calibrated, measure, Measured};
+use tessera_runtime::calibrate::{calibrated, measure, memory_gib_per_rank, Measured};
 
 use crate::files::{check_outputs, named, write_output};
 use crate::output::table;
@@ -74,10 +74,7 @@ pub fn run(args: CalibrateArgs) -> anyhow::Result<ExitCode> {
     }
     eprintln!("{t}");
     // Each virtual device's memory cap: this host's available memory shared by the ranks.
-    let memory_gib = super::run::host_available_bytes()
-        .map(|b| ((b / ranks as f64 / tessera_planner::spec::GIB) * 10.0).floor() / 10.0)
-        .filter(|g| *g > 0.0)
-        .unwrap_or(cluster.device.memory_gib);
+    let memory_gib = memory_gib_per_rank(ranks, cluster.device.memory_gib);
     let text = spec_text(&calibrated(&cluster, &m, memory_gib), &m, cores);
     match &args.output {
         Some(path) => {

@@ -138,13 +138,6 @@ fn host_bytes_needed(plan: &Plan) -> f64 {
         .sum()
 }
 
-pub(crate) fn host_available_bytes() -> Option<f64> {
-    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
-    let line = text.lines().find(|l| l.starts_with("MemAvailable:"))?;
-    let kb: f64 = line.split_whitespace().nth(1)?.parse().ok()?;
-    Some(kb * 1024.0)
-}
-
 /// Why a plan cannot run on the CUDA backend here, with the fix.
 fn cuda_refusal(args: &RunArgs, plan: &Plan, problem: &str) -> String {
     let cluster = &plan.job.cluster;
@@ -288,7 +281,9 @@ fn train_here(args: &RunArgs, plan: &Plan, gpus: Option<usize>) -> anyhow::Resul
     } else {
         host_bytes_needed(plan)
     };
-    if let Some(have) = host_available_bytes().filter(|_| gpus.is_none()) {
+    if let Some(have) =
+        tessera_runtime::calibrate::available_memory_bytes().filter(|_| gpus.is_none())
+    {
         if need > have {
             bail!(
                 "{}: this CPU run needs about {} of host memory ({} ranks), and {} is available\n  fix: plan a smaller model, a smaller micro-batch or more recompute, or free memory",
@@ -301,7 +296,10 @@ fn train_here(args: &RunArgs, plan: &Plan, gpus: Option<usize>) -> anyhow::Resul
     }
     // Loading holds the file's bytes and the u32 tokens made of them: 5 bytes per byte of text,
     // 3 per byte of a .bin (u16) file, 2 per byte of a .u32 file.
-    if let (Ok(m), Some(have)) = (std::fs::metadata(&args.data), host_available_bytes()) {
+    if let (Ok(m), Some(have)) = (
+        std::fs::metadata(&args.data),
+        tessera_runtime::calibrate::available_memory_bytes(),
+    ) {
         let per_byte = match args.data.extension().and_then(|e| e.to_str()) {
             Some("u32") => 2.0,
             Some("bin") => 3.0,

@@ -15,10 +15,11 @@
 //!
 //! Pure functions; the device comes in as [`Gemm`].
 
-/// Output tile shapes (rows × columns) of the 16-bit tensor-core kernels cuBLAS picks among for
-/// large GEMMs on Ampere and Hopper (CUTLASS's default thread-block tiles for these: 256 × 128,
-/// 128 × 256, 128 × 128). Smaller tiles reuse less data per load and are not modelled: a GEMM
-/// small enough to want them is bound by memory or launch latency here.
+/// Output tile shapes (rows × columns) the model lets a GEMM choose from: large tiles of the
+/// sizes tensor-core libraries use for 16-bit GEMMs (256 × 128, 128 × 256, 128 × 128). This set
+/// is a modelling choice, not read from cuBLAS's heuristics. Smaller tiles reuse less data per
+/// load and are not modelled: a GEMM small enough to want them is bound by memory or launch
+/// latency here.
 pub const TILES: [(f64, f64); 3] = [(256.0, 128.0), (128.0, 256.0), (128.0, 128.0)];
 
 /// What a GEMM's time depends on, for one device.

@@ -8,7 +8,7 @@
 pub mod activations;
 mod overhead;
 
-pub use overhead::runtime_overheads;
+pub use overhead::{runtime_overhead_bytes, runtime_overheads};
 
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
@@ -456,11 +456,7 @@ impl StageBytes {
             if s == pp - 1 {
                 f += last;
             }
-            let context: f64 = runtime_overheads(model, cluster, layout, s)
-                .iter()
-                .map(|t| t.1)
-                .sum();
-            fixed.push(grow * f + context);
+            fixed.push(grow * f + runtime_overhead_bytes(model, cluster, layout, s));
         }
         StageBytes { per_layer, fixed }
     }

@@ -5,18 +5,8 @@ use crate::layout::Layout;
 use crate::model::Model;
 use crate::spec::{Cluster, GIB};
 
-/// The fixed memory of the framework on a rank of `stage`, besides the tensors: the CUDA
-/// context, the BLAS workspaces, NCCL's buffers per communicator the rank belongs to, and the
-/// spec's `overhead.context_gib` for the rest. Sizes are the cluster spec's (the presets cite
-/// theirs).
-pub fn runtime_overheads(
-    model: &Model,
-    cluster: &Cluster,
-    layout: &Layout,
-    stage: u64,
-) -> Vec<(&'static str, f64, String)> {
-    let o = &cluster.overhead;
-    let mib = 1024.0 * 1024.0;
+/// The communicators with 2+ ranks that a rank of `stage` belongs to.
+fn communicators(model: &Model, layout: &Layout, stage: u64) -> Vec<&'static str> {
     let mut comms = Vec::new();
     if layout.tp > 1 {
         comms.push("TP");
@@ -34,45 +24,80 @@ pub fn runtime_overheads(
             comms.push("tied embedding");
         }
     }
-    let mut out = Vec::new();
-    if o.cuda_context_mib > 0.0 {
-        out.push((
-            "cuda_context",
-            o.cuda_context_mib * mib,
-            format!(
-                "the CUDA context: overhead.cuda_context_mib = {}",
-                o.cuda_context_mib
-            ),
-        ));
-    }
-    if o.cublas_workspace_mib > 0.0 {
-        out.push((
-            "cublas_workspace",
-            o.cublas_workspace_mib * mib,
-            format!(
-                "cuBLAS and cuBLASLt workspaces: overhead.cublas_workspace_mib = {}",
-                o.cublas_workspace_mib
-            ),
-        ));
-    }
-    if o.nccl_mib_per_communicator > 0.0 && !comms.is_empty() {
-        out.push((
-            "nccl_buffers",
-            o.nccl_mib_per_communicator * mib * comms.len() as f64,
-            format!(
-                "NCCL buffers of {} communicator(s) ({}) × overhead.nccl_mib_per_communicator = {}",
-                comms.len(),
-                comms.join(", "),
-                o.nccl_mib_per_communicator
-            ),
-        ));
-    }
-    out.push((
-        "runtime_context",
-        o.context_gib * GIB,
-        "the rest of the runtime's fixed memory: the cluster spec's overhead.context_gib".into(),
-    ));
-    out
+    comms
+}
+
+/// The fixed memory of the framework on a rank of `stage`, besides the tensors: the CUDA
+/// context, the BLAS workspaces, NCCL's buffers per communicator the rank belongs to, and the
+/// spec's `overhead.context_gib` for the rest, as `(term, bytes)`. Sizes are the cluster spec's
+/// (the presets cite theirs). Terms of 0 bytes are left out.
+fn terms(
+    model: &Model,
+    cluster: &Cluster,
+    layout: &Layout,
+    stage: u64,
+) -> [(&'static str, f64); 4] {
+    let o = &cluster.overhead;
+    let mib = 1024.0 * 1024.0;
+    let comms = communicators(model, layout, stage).len() as f64;
+    [
+        ("cuda_context", o.cuda_context_mib * mib),
+        ("cublas_workspace", o.cublas_workspace_mib * mib),
+        ("nccl_buffers", o.nccl_mib_per_communicator * mib * comms),
+        ("runtime_context", o.context_gib * GIB),
+    ]
+}
+
+/// The bytes of [`runtime_overheads`], without their reasons (the search's path).
+pub fn runtime_overhead_bytes(
+    model: &Model,
+    cluster: &Cluster,
+    layout: &Layout,
+    stage: u64,
+) -> f64 {
+    terms(model, cluster, layout, stage)
+        .iter()
+        .map(|t| t.1)
+        .sum()
+}
+
+/// The runtime's fixed memory on a rank of `stage` as named terms with their reasons, for the
+/// memory report.
+pub fn runtime_overheads(
+    model: &Model,
+    cluster: &Cluster,
+    layout: &Layout,
+    stage: u64,
+) -> Vec<(&'static str, f64, String)> {
+    let o = &cluster.overhead;
+    terms(model, cluster, layout, stage)
+        .into_iter()
+        .filter(|&(name, bytes)| bytes > 0.0 || name == "runtime_context")
+        .map(|(name, bytes)| {
+            let why = match name {
+                "cuda_context" => format!(
+                    "the CUDA context: overhead.cuda_context_mib = {}",
+                    o.cuda_context_mib
+                ),
+                "cublas_workspace" => format!(
+                    "cuBLAS and cuBLASLt workspaces: overhead.cublas_workspace_mib = {}",
+                    o.cublas_workspace_mib
+                ),
+                "nccl_buffers" => {
+                    let comms = communicators(model, layout, stage);
+                    format!(
+                        "NCCL buffers of {} communicator(s) ({}) × overhead.nccl_mib_per_communicator = {}",
+                        comms.len(),
+                        comms.join(", "),
+                        o.nccl_mib_per_communicator
+                    )
+                }
+                _ => "the rest of the runtime's fixed memory: the cluster spec's overhead.context_gib"
+                    .into(),
+            };
+            (name, bytes, why)
+        })
+        .collect()
 }
 
 #[cfg(test)]

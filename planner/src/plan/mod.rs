@@ -110,7 +110,7 @@ impl VocabPadding {
     pub fn of(model: &Model, tp: u64) -> VocabPadding {
         let a = &model.architecture;
         let padded = a.padded_vocab(tp);
-        let multiple = a.vocab_divisible_by.max(1).saturating_mul(tp.max(1));
+        let multiple = a.vocab_multiple(tp);
         let reason = if padded == a.vocab {
             format!(
                 "vocab {} is already a multiple of {} (make_vocab_size_divisible_by {} × TP {tp})",

@@ -8,7 +8,7 @@
 //! worse than 20%. The NCCL efficiencies are not fitted: they are published measurements. This
 //! is a developer's tool (`tessera validate-planner --fit`): it prints, it does not write presets.
 
-use super::{load, replay, Family, Run, ValidationError};
+use super::{replay, Family, Run, ValidationError};
 use crate::spec::{Calibration, Cluster};
 
 /// What a fit produced, and how well it does.
@@ -157,11 +157,7 @@ pub fn fit_all(
     h100: &Cluster,
     rounds: usize,
 ) -> Result<(Fitted, Vec<HeldOut>), ValidationError> {
-    let (runs, _) = load(runs_toml, a100, h100)?;
-    let scored: Vec<Run> = runs
-        .into_iter()
-        .filter(|r| r.measured_step_s.is_some() || r.measured_tokens_per_s_per_gpu.is_some())
-        .collect();
+    let scored = super::scored_runs(runs_toml, a100, h100)?;
     let all = fit(&scored, &a100.calibration, rounds);
     let held = leave_one_source_out(&scored, &a100.calibration, rounds);
     Ok((all, held))

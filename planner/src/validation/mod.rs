@@ -451,6 +451,19 @@ impl Validation {
     }
 }
 
+/// The runs with a published (or derived) step time or tokens/s: the ones scored and fitted.
+pub fn scored_runs(
+    runs_toml: &str,
+    a100: &Cluster,
+    h100: &Cluster,
+) -> Result<Vec<Run>, ValidationError> {
+    let (runs, _) = load(runs_toml, a100, h100)?;
+    Ok(runs
+        .into_iter()
+        .filter(|r| r.measured_step_s.is_some() || r.measured_tokens_per_s_per_gpu.is_some())
+        .collect())
+}
+
 /// Loads and replays every run.
 pub fn run_all(
     runs_toml: &str,
@@ -488,11 +501,7 @@ pub fn document(
     h100: &Cluster,
 ) -> Result<(Validation, String), ValidationError> {
     let mut v = run_all(runs_toml, a100, h100)?;
-    let (runs, _) = load(runs_toml, a100, h100)?;
-    let scored: Vec<Run> = runs
-        .into_iter()
-        .filter(|r| r.measured_step_s.is_some() || r.measured_tokens_per_s_per_gpu.is_some())
-        .collect();
+    let scored = scored_runs(runs_toml, a100, h100)?;
     v.loso = fit::leave_one_source_out(&scored, &a100.calibration, LOSO_ROUNDS);
     let layer = layer::layer_benchmark(runs_toml, a100, h100);
     let md = report::markdown(&v, &layer, &[a100, h100], COMMAND);

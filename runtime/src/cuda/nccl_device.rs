@@ -221,6 +221,13 @@ impl NcclDevice {
         Ok(())
     }
 
+    /// Orders the compute stream after `done`.
+    fn after(&self, done: &CudaEvent) -> Result<(), CommError> {
+        self.compute
+            .wait(done)
+            .map_err(cuda_err("wait for an event"))
+    }
+
     /// Runs `f` and orders the compute stream after it (a blocking collective, as the executor
     /// sees it); staging buffers of sends issued before are released.
     fn blocking(
@@ -229,9 +236,7 @@ impl NcclDevice {
         f: impl FnOnce(&nccl::Comm) -> Result<(), CommError>,
     ) -> Result<(), CommError> {
         let done = self.run(grouped, f)?;
-        self.compute
-            .wait(&done)
-            .map_err(cuda_err("wait for an event"))?;
+        self.after(&done)?;
         // Their frees are enqueued on the compute stream, now behind the sends.
         self.in_flight.borrow_mut().clear();
         Ok(())
@@ -292,9 +297,7 @@ impl Collective<Device<CudaLauncher>> for NcclDevice {
 
     fn all_reduce_sum(&self, buf: DMut<'_, CudaBuf>) -> Result<(), CommError> {
         let done = self.all_reduce(&buf, ReduceOp::Sum)?;
-        self.compute
-            .wait(&done)
-            .map_err(cuda_err("wait for an event"))
+        self.after(&done)
     }
 
     fn all_reduce_sum_start(&self, buf: DMut<'_, CudaBuf>) -> Result<(), CommError> {
@@ -305,18 +308,14 @@ impl Collective<Device<CudaLauncher>> for NcclDevice {
 
     fn wait_started(&self) -> Result<(), CommError> {
         for done in self.started.borrow_mut().drain(..) {
-            self.compute
-                .wait(&done)
-                .map_err(cuda_err("wait for an event"))?;
+            self.after(&done)?;
         }
         Ok(())
     }
 
     fn all_reduce_max(&self, buf: DMut<'_, CudaBuf>) -> Result<(), CommError> {
         let done = self.all_reduce(&buf, ReduceOp::Max)?;
-        self.compute
-            .wait(&done)
-            .map_err(cuda_err("wait for an event"))
+        self.after(&done)
     }
 
     fn all_gather(
