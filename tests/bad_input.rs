@@ -603,3 +603,23 @@ fn failed_plan_leaves_no_output_file() {
         assert_eq!(dir.files(), before, "tessera {a:?} left files behind");
     }
 }
+
+#[test]
+fn flash_kernel_without_flash_attention() {
+    let dir = Scratch::new("flash-kernel");
+    let (model, line) = dir.edit(
+        GPT3,
+        "attention = \"eager\"",
+        Some("attention = \"eager\"\nflash_kernel = \"triton\""),
+    );
+    let err = plan_model(&model);
+    says(
+        &err,
+        &[
+            &format!("{}:{}:16", s(&model), line + 1),
+            "`training.flash_kernel`",
+            "attention is \"eager\"",
+            "fix: remove flash_kernel, or set attention = \"flash\"",
+        ],
+    );
+}

@@ -69,6 +69,7 @@ fn gpt2(layers: u64, hidden: u64, heads: u64, vocab: u64, precision: &str) -> Mo
             global_batch: 128,
             precision: precision.into(),
             attention: AttentionImpl::Flash,
+            flash_kernel: Default::default(),
             dropout: 0.0,
         },
     }

@@ -46,6 +46,48 @@ pub enum AttentionImpl {
     Eager,
 }
 
+/// Which flash-attention kernel runs, when `attention` is flash. The kernels do the same
+/// arithmetic and keep the same tensors; they differ in speed, which the cost model takes as
+/// the FlashAttention-2 paper measured it (Dao 2023, §4.1: FlashAttention-2 is 1.7–3.0×
+/// faster than FlashAttention and 1.3–2.5× faster than FlashAttention in Triton).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum FlashKernel {
+    /// FlashAttention-2 and kernels of its class (cuDNN's fused attention, PyTorch's SDPA
+    /// flash backend): the cluster's `flash_attention_efficiency` is theirs.
+    #[default]
+    Fa2,
+    /// FlashAttention (v1, CUDA; flash-attn < 2.0).
+    Fa1,
+    /// FlashAttention in Triton (`flash_attn.flash_attn_triton`, flash-attn 1.0; llm-foundry's
+    /// `attn_impl: triton` in 2023).
+    Triton,
+}
+
+impl FlashKernel {
+    /// How many times longer this kernel takes than FlashAttention-2 for the same work: the
+    /// midpoint of the range the FlashAttention-2 paper measured on the A100 (Dao 2023, §4.1,
+    /// Figs. 4–6, forward, backward and both, sequence 512 to 16k, head dimension 64 and 128,
+    /// with and without the causal mask).
+    pub fn slowdown(self) -> f64 {
+        match self {
+            FlashKernel::Fa2 => 1.0,
+            // "1.7-3.0× faster than FlashAttention"
+            FlashKernel::Fa1 => (1.7 + 3.0) / 2.0,
+            // "1.3-2.5× faster than FlashAttention in Triton"
+            FlashKernel::Triton => 1.0 / 3.5 * 1.4 + 2.5 / 3.5 * 2.0,
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            FlashKernel::Fa2 => "fa2",
+            FlashKernel::Fa1 => "fa1",
+            FlashKernel::Triton => "triton",
+        }
+    }
+}
+
 /// A decoder-only transformer, resolved and validated.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
@@ -89,6 +131,10 @@ pub struct Training {
     /// Name of the precision/optimizer policy (see `precision`).
     pub precision: String,
     pub attention: AttentionImpl,
+    /// The flash kernel (spec key `flash_kernel`, default `fa2`); plans written before the key
+    /// existed read as `fa2`.
+    #[serde(default)]
+    pub flash_kernel: FlashKernel,
     /// Dropout probability; masks are stored only when it is above zero.
     pub dropout: f64,
 }

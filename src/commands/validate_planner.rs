@@ -93,9 +93,10 @@ fn fit(
     h100: &tessera_planner::Cluster,
     output: &std::path::Path,
 ) -> anyhow::Result<ExitCode> {
-    let (all, held) = validation::fit::fit_all(text, a100, h100, 3)?;
+    let start = validation::fit::kernel_start(&a100.calibration);
+    let (all, held) = validation::fit::fit_all(text, a100, h100, &start)?;
     let md = validation::fit::markdown(
-        &a100.calibration,
+        &start,
         &all,
         &held,
         "cargo run --release -- validate-planner --fit",

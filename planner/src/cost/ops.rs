@@ -6,7 +6,8 @@
 //! `gemm_efficiency`; otherwise (older specs) they take their efficiency from the
 //! `matmul_efficiency` curve at the op's smallest dimension. Element-wise ops are costed by the
 //! bytes they read and write plus a launch per kernel (with the tile model); flash attention by the FLOPs it
-//! executes (causal: half the score matrix) at its calibrated efficiency, with the backward
+//! executes (causal: half the score matrix) at its calibrated efficiency (FlashAttention-2's,
+//! divided by the measured slowdown of an older kernel), with the backward
 //! executing 2.5× the forward's FLOPs (it recomputes the scores; Dao 2023, FlashAttention-2 §3).
 //! Byte counts per element are written out next to each op. No communication here (`comm`),
 //! no schedules (`pipeline`), no I/O.
@@ -188,7 +189,10 @@ pub fn layer(model: &Model, dev: &Device, tp: u64, sp: bool, b: u64) -> LayerCom
         AttentionImpl::Flash => {
             // Causal: half of the 4·b·s²·d FLOPs per head; reads Q, K, V and writes O.
             let flops = 0.5 * 4.0 * x.b * x.heads * x.s * x.s * x.d;
-            let eff = dev.peak * dev.cal.flash_attention_efficiency;
+            // The calibrated efficiency is FlashAttention-2's; older kernels take longer by
+            // the factor the FlashAttention-2 paper measured (`FlashKernel::slowdown`).
+            let eff = dev.peak * dev.cal.flash_attention_efficiency
+                / model.training.flash_kernel.slowdown();
             let io = dev.memory(2.0 * x.t * (2.0 * x.q + 2.0 * x.kv));
             // One forward kernel; the backward's three (FlashAttention-2: the `rowsum(dO ∘ O)`
             // pre-pass, the main kernel, the dQ conversion).
@@ -319,6 +323,17 @@ mod tests {
         }
     }
 
+    /// A device without the tile model (GEMMs by the efficiency curve) and without launches.
+    fn curve_device(peak: f64, bandwidth: f64, cal: &Calibration) -> Device<'_> {
+        Device {
+            peak,
+            bandwidth,
+            cal,
+            gemm: None,
+            launch: 0.0,
+        }
+    }
+
     fn gpt(h: u64, heads: u64, s: u64, v: u64) -> Model {
         Model {
             name: "gpt".into(),
@@ -344,6 +359,7 @@ mod tests {
                 global_batch: 8,
                 precision: "default".into(),
                 attention: AttentionImpl::Eager,
+                flash_kernel: Default::default(),
                 dropout: 0.0,
             },
         }
@@ -352,13 +368,7 @@ mod tests {
     #[test]
     fn cost_matmul_is_a_roofline() {
         let c = cal(0.5);
-        let dev = Device {
-            peak: 100e12,
-            bandwidth: 1e12,
-            cal: &c,
-            gemm: None,
-            launch: 0.0,
-        };
+        let dev = curve_device(100e12, 1e12, &c);
         // 4096³: 2·4096³ FLOPs at 50 TFLOP/s, far above its 3·2·4096² bytes at 1 TB/s.
         let n = 4096.0;
         assert!((dev.matmul(n, n, n, 1.0) - 2.0 * n * n * n / 50e12).abs() < 1e-15);
@@ -383,13 +393,7 @@ mod tests {
         // With efficiency 1, infinite bandwidth and no TP, the forward matmuls of a GPT layer
         // take 24·T·h² + 4·T·s·h FLOPs (T tokens), the backward twice that.
         let c = cal(1.0);
-        let dev = Device {
-            peak: 1e15,
-            bandwidth: f64::INFINITY,
-            cal: &c,
-            gemm: None,
-            launch: 0.0,
-        };
+        let dev = curve_device(1e15, f64::INFINITY, &c);
         let m = gpt(1024, 16, 512, 1000);
         let (t, h, s) = (2.0 * 512.0, 1024.0, 512.0);
         let l = layer(&m, &dev, 1, false, 2);
@@ -403,15 +407,34 @@ mod tests {
     }
 
     #[test]
+    fn cost_flash_kernels_take_the_papers_measured_slowdown() {
+        // Flash attention at efficiency 0.5 of 1 PFLOP/s, infinite bandwidth: the causal forward
+        // executes 2·b·heads·s²·d FLOPs (b = 2, 16 heads of 64, s = 512), the backward 2.5×
+        // that. The Triton kernel takes (1/3.5)·1.4 + (2.5/3.5)·2 = 1.8286× as long: the paper
+        // gives 1.3–1.5× (taken as 1.4) in the forward, 2× in the backward.
+        let c = cal(1.0);
+        let dev = curve_device(1e15, f64::INFINITY, &c);
+        let mut m = gpt(1024, 16, 512, 1000);
+        m.training.attention = AttentionImpl::Flash;
+        let fa2 = layer(&m, &dev, 1, false, 2).attention_core_fwd;
+        let want = 2.0 * 2.0 * 16.0 * 512.0 * 512.0 * 64.0 / 0.5e15;
+        assert!((fa2 - want).abs() <= 1e-9 * want, "{fa2} vs {want}");
+        m.training.flash_kernel = crate::model::FlashKernel::Triton;
+        let triton = layer(&m, &dev, 1, false, 2).attention_core_fwd;
+        assert!(
+            (triton / fa2 - 1.828_571_4).abs() < 1e-6,
+            "{}",
+            triton / fa2
+        );
+        m.training.flash_kernel = crate::model::FlashKernel::Fa1;
+        let fa1 = layer(&m, &dev, 1, false, 2).attention_core_fwd;
+        assert!((fa1 / fa2 - 2.35).abs() < 1e-9, "{}", fa1 / fa2);
+    }
+
+    #[test]
     fn cost_element_wise_bytes_shrink_with_sequence_parallelism() {
         let c = cal(1.0);
-        let dev = Device {
-            peak: f64::INFINITY,
-            bandwidth: 1e12,
-            cal: &c,
-            gemm: None,
-            launch: 0.0,
-        };
+        let dev = curve_device(f64::INFINITY, 1e12, &c);
         let m = gpt(1024, 16, 512, 1000);
         let plain = layer(&m, &dev, 4, false, 1);
         let sp = layer(&m, &dev, 4, true, 1);

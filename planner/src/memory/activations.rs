@@ -253,6 +253,7 @@ mod tests {
                 global_batch: 8,
                 precision: "default".into(),
                 attention: AttentionImpl::Eager,
+                flash_kernel: Default::default(),
                 dropout: 0.1,
             },
         }

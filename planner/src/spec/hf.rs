@@ -193,6 +193,7 @@ pub fn parse_hf_config(src: &Source, over: TrainingOverrides) -> Result<Model, D
         global_batch: over.global_batch.ok_or_else(|| need("--global-batch"))?,
         precision: "default".into(),
         attention: AttentionImpl::Flash,
+        flash_kernel: Default::default(),
         dropout: 0.0,
     };
     let name = v

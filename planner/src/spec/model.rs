@@ -6,7 +6,9 @@ use serde::Deserialize;
 
 use super::fields::{toml_error, Field, Fields, Num};
 use crate::error::Diagnostic;
-use crate::model::{Activation, Architecture, AttentionImpl, Model, Norm, Position, Training};
+use crate::model::{
+    Activation, Architecture, AttentionImpl, FlashKernel, Model, Norm, Position, Training,
+};
 use crate::source::Source;
 
 #[derive(Debug, Deserialize)]
@@ -49,6 +51,7 @@ pub(crate) struct RawTraining {
     pub global_batch: Field<i64>,
     pub precision: Field<String>,
     pub attention: Field<String>,
+    pub flash_kernel: Field<String>,
     pub dropout: Field<Num>,
 }
 
@@ -78,6 +81,7 @@ pub const MODEL_KEYS: &[&str] = &[
     "global_batch",
     "precision",
     "attention",
+    "flash_kernel",
     "dropout",
 ];
 
@@ -312,6 +316,27 @@ pub(crate) fn resolve_training(
         ],
         Some(AttentionImpl::Flash),
     )?;
+    let flash_kernel = f.choice(
+        T,
+        "flash_kernel",
+        &t.flash_kernel,
+        &[
+            ("fa2", FlashKernel::Fa2),
+            ("fa1", FlashKernel::Fa1),
+            ("triton", FlashKernel::Triton),
+        ],
+        Some(FlashKernel::Fa2),
+    )?;
+    if attention == AttentionImpl::Eager {
+        if let Some(k) = &t.flash_kernel {
+            return Err(f.err(
+                Some(k.span()),
+                "training.flash_kernel",
+                "flash_kernel names the flash-attention kernel, but attention is \"eager\"",
+                "remove flash_kernel, or set attention = \"flash\"",
+            ));
+        }
+    }
     let dropout = f.opt_nonneg_num(T, "dropout", &t.dropout)?.unwrap_or(0.0);
     if dropout >= 1.0 {
         return Err(f.err(
@@ -326,6 +351,7 @@ pub(crate) fn resolve_training(
         global_batch,
         precision,
         attention,
+        flash_kernel,
         dropout,
     })
 }

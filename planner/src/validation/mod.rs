@@ -20,7 +20,9 @@ use toml::Value;
 use crate::cost::Options;
 use crate::layout::{Layout, Recompute};
 use crate::memory;
-use crate::model::{Activation, Architecture, AttentionImpl, Model, Norm, Position, Training};
+use crate::model::{
+    Activation, Architecture, AttentionImpl, FlashKernel, Model, Norm, Position, Training,
+};
 use crate::schedule::ScheduleKind;
 use crate::search::{self, Pins, SearchOptions};
 use crate::spec::Cluster;
@@ -76,7 +78,7 @@ impl Family {
         match self {
             Family::Megatron | Family::Korthikanti => "GPT as Megatron-LM builds it: GeLU MLP, LayerNorm, learned positions, tied embeddings, biases, dropout 0.1, a materialised softmax (no flash attention in 2021–22), fp32 main gradients (the `megatron` policy), no ZeRO; the DP all-reduce follows the backward (Korthikanti et al. §6.3: \"the gradient all-reduce was not overlapped\")",
             Family::LlmC => "GPT-2 as llm.c trains it: GeLU, LayerNorm, learned positions, tied embeddings, biases, no dropout, cuDNN flash attention, a fused classifier (`fused_classifier`: loss and its gradient in one pass over the logits), bf16 weights and gradients with fp32 master and Adam (`mixed16`), ZeRO-1 as stated; DP sync overlapped with the backward",
-            Family::Mpt => "MPT as llm-foundry trains it: GeLU, LayerNorm, learned positions (the source's NumParams grows with the sequence length), tied embeddings, no biases, no dropout, flash attention (\"our models use Flash Attention\"), bf16 with fp32 master and Adam (`mixed16`), FSDP FULL_SHARD = ZeRO-3 with prefetch",
+            Family::Mpt => "MPT as llm-foundry trains it: GeLU, LayerNorm, learned positions (the source's NumParams grows with the sequence length), tied embeddings, no biases, no dropout, FlashAttention's Triton kernel (the benchmark sweep's `--attn_impl` default `triton`, flash-attn 1.0.3 pinned; FlashAttention-2 is 1.3–2.5× faster, Dao 2023 §4.1), bf16 with fp32 master and Adam (`mixed16`), FSDP FULL_SHARD = ZeRO-3 with prefetch",
         }
     }
 
@@ -245,6 +247,15 @@ fn resolve(r: &Value, a100: &Cluster, h100: &Cluster) -> Result<Run, String> {
                 AttentionImpl::Eager
             } else {
                 AttentionImpl::Flash
+            },
+            // llm-foundry's benchmark sweep (scripts/train/benchmarking/submit_benchmarks.py,
+            // `--attn_impl` default 'triton', with flash-attn 1.0.3.post0 and triton
+            // 2.0.0.dev20221202 pinned in setup.py) ran FlashAttention's Triton kernel; llm.c
+            // runs cuDNN's fused attention (FlashAttention-2 class).
+            flash_kernel: if family == Family::Mpt {
+                FlashKernel::Triton
+            } else {
+                FlashKernel::Fa2
             },
             dropout: if megatron { 0.1 } else { 0.0 },
         },
@@ -427,9 +438,6 @@ pub struct Validation {
     pub loso: Vec<fit::HeldOut>,
 }
 
-/// Rounds of coordinate descent of each leave-one-source-out fit in [`document`].
-pub const LOSO_ROUNDS: usize = 3;
-
 impl Validation {
     /// Every held-out run's error, pooled over the sources: (median |error|, worst signed
     /// error and its run).
@@ -502,7 +510,7 @@ pub fn document(
 ) -> Result<(Validation, String), ValidationError> {
     let mut v = run_all(runs_toml, a100, h100)?;
     let scored = scored_runs(runs_toml, a100, h100)?;
-    v.loso = fit::leave_one_source_out(&scored, &a100.calibration, LOSO_ROUNDS);
+    v.loso = fit::leave_one_source_out(&scored, &fit::kernel_start(&a100.calibration));
     let layer = layer::layer_benchmark(runs_toml, a100, h100);
     let md = report::markdown(&v, &layer, &[a100, h100], COMMAND);
     Ok((v, md))
