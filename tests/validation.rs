@@ -100,6 +100,25 @@ fn validation_meets_the_targets_and_the_document_is_current() {
         100.0 * loso_worst,
         100.0 * report::TARGET_WORST
     );
+    // Memory: every run that publishes its memory is predicted within 5% (issue 9). llm.c's
+    // figure is the sum of its allocation lines, so it is compared with the tensors alone.
+    let with_memory: Vec<_> = v
+        .scored
+        .iter()
+        .chain(&v.unscored)
+        .filter_map(|r| r.measured_memory_gib.map(|m| (r, m)))
+        .collect();
+    assert!(!with_memory.is_empty(), "no run publishes its memory");
+    for (r, measured) in with_memory {
+        let err = r.predicted_tensors_gib / measured - 1.0;
+        assert!(
+            err.abs() <= 0.05,
+            "{}: tensors {:.1} GiB against {measured} GiB published ({:+.1}%)",
+            r.id,
+            r.predicted_tensors_gib,
+            100.0 * err
+        );
+    }
     let committed = root().join("docs/validation.md");
     if std::env::var_os("TESSERA_UPDATE_VALIDATION").is_some() {
         std::fs::write(&committed, &md).unwrap();
