@@ -27,7 +27,11 @@ fn calibrated_spec_is_a_cluster_spec_with_measured_rates() {
     let peak = spec["device"]["peak_tflops"].as_float().unwrap();
     assert!(peak > 0.0 && peak < 100.0, "{peak}");
     let curve = spec["calibration"]["matmul_efficiency"].as_array().unwrap();
-    assert_eq!(curve.len(), 5);
+    assert_eq!(curve.len(), 7);
+    let exp = spec["device"]["transcendental_gops"].as_float().unwrap();
+    assert!(exp > 0.0 && exp < 100.0, "{exp}");
+    let cores = spec["device"]["shared_cores"].as_integer().unwrap();
+    assert!(cores >= 1, "{cores}");
     // The best size is 1.0 of the peak.
     assert!(curve
         .iter()

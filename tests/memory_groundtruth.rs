@@ -25,6 +25,8 @@ fn cluster(devices: u64, memory_gib: f64) -> Cluster {
             memory_bandwidth_gbps: 1000.0,
             sms: 0,
             kernel_launch_us: 0.0,
+            transcendental_gops: None,
+            shared_cores: None,
         },
         intra_node: Link {
             bandwidth_gbps: 100.0,

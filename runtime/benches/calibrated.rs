@@ -84,7 +84,7 @@ fn main() {
         let threads = (cores / ranks).max(1);
         let m = measure(ranks, threads);
         let memory = memory_gib_per_rank(ranks, nominal.device.memory_gib);
-        let cluster = calibrated(&nominal, &m, memory);
+        let cluster = calibrated(&nominal, &m, memory, cores);
         let plan = Plan::new(&model, &cluster, l, SearchSummary::pinned());
         let opts = TrainOptions {
             steps: job.steps,

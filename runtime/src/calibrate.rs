@@ -6,6 +6,9 @@
 //!   each size, every rank at once; the rate per rank.
 //! - Memory: a copy of a buffer larger than the caches, every rank at once; bytes read and
 //!   written per second per rank.
+//! - Exponentials: the runtime's GELU forward (one `expf` per element) on a buffer that stays
+//!   in the caches, every rank at once; elements per second per rank. The backend's GELU,
+//!   SiLU, softmax and loss kernels are bound by it, not by memory.
 //! - Collectives: the ranks' [`LocalComm`] all-reduce, small (its latency) and large (its bus
 //!   bandwidth, NCCL's convention: `2(n−1)/n · bytes / time`).
 //!
@@ -28,14 +31,17 @@ pub struct Measured {
     pub gemm: Vec<(usize, f64)>,
     /// Bytes read plus written per second per rank, GB/s.
     pub copy_gbps: f64,
+    /// GELU elements (one exponential each) per second per rank, billions.
+    pub exp_gops: f64,
     /// All-reduce bus bandwidth per rank, GB/s, and the latency of one ring step, µs (0 for a
     /// single rank).
     pub comm_gbps: f64,
     pub comm_latency_us: f64,
 }
 
-/// The sizes measured: the smallest dimensions of the layers the cost model times.
-pub const GEMM_SIZES: [usize; 5] = [64, 128, 256, 512, 1024];
+/// The sizes measured: the smallest dimensions of the layers the cost model times (16 and 32
+/// are the head dimensions of small models' attention products).
+pub const GEMM_SIZES: [usize; 7] = [16, 32, 64, 128, 256, 512, 1024];
 
 /// Runs `setup(rank)` on `ranks` threads, then, all together after a barrier, `work` on what
 /// each set up: the seconds from the first start to the last finish (the wall time of the ranks
@@ -155,6 +161,20 @@ pub fn measure(ranks: usize, threads_per_rank: usize) -> Measured {
         &|(src, dst)| dst.copy_from_slice(src),
     );
     let copy_gbps = 8.0 * len as f64 / t / 1e9;
+    // 16 Ki elements in and out (128 KiB): cache-resident, as a small layer's activations are.
+    let (n, reps) = (1 << 14, 1000);
+    let t = best(
+        3,
+        ranks,
+        threads,
+        &|_| (vec![0.5f32; n], vec![0.0f32; n]),
+        &|(x, y)| {
+            for _ in 0..reps {
+                crate::cpu::gelu_forward(y, x);
+            }
+        },
+    );
+    let exp_gops = (n * reps) as f64 / t / 1e9;
     let (comm_gbps, comm_latency_us) = if ranks > 1 {
         let n = ranks as f64;
         let small = all_reduce_seconds(ranks, threads, 8, 200);
@@ -172,6 +192,7 @@ pub fn measure(ranks: usize, threads_per_rank: usize) -> Measured {
         threads_per_rank: threads,
         gemm,
         copy_gbps,
+        exp_gops,
         comm_gbps,
         comm_latency_us,
     }
@@ -196,16 +217,21 @@ pub fn memory_gib_per_rank(ranks: usize, fallback: f64) -> f64 {
 
 /// `cluster` with the measured figures: the best GEMM rate as the peak and each size's share of
 /// it as the `matmul_efficiency` curve; half the copy rate as the memory bandwidth (the cost
-/// model counts 16-bit elements, the CPU backend moves f32); the all-reduce's bus bandwidth and
-/// ring-step latency as both links (one host); `memory_gib` per device. Efficiencies are 1: the
+/// model counts 16-bit elements, the CPU backend moves f32); the GELU rate as the device's
+/// `transcendental_gops`; the all-reduce's bus bandwidth and
+/// ring-step latency as both links (one host); `memory_gib` per device; the host's `cores` as the
+/// cores the ranks share (the cost model lets one rank's work fill another's waits where the
+/// ranks outnumber them). Efficiencies are 1: the
 /// rates are what was reached.
-pub fn calibrated(cluster: &Cluster, m: &Measured, memory_gib: f64) -> Cluster {
+pub fn calibrated(cluster: &Cluster, m: &Measured, memory_gib: f64, cores: usize) -> Cluster {
     let mut c = cluster.clone();
     let peak = m.gemm.iter().map(|g| g.1).fold(0.0, f64::max);
     c.name = format!("{}-calibrated", cluster.name);
     c.device.memory_gib = memory_gib;
     c.device.peak_tflops = peak / 1000.0;
     c.device.memory_bandwidth_gbps = m.copy_gbps / 2.0;
+    c.device.transcendental_gops = Some(m.exp_gops);
+    c.device.shared_cores = Some(cores.max(1) as u64);
     if m.ranks > 1 {
         for link in [&mut c.intra_node, &mut c.inter_node] {
             link.bandwidth_gbps = m.comm_gbps;
@@ -240,6 +266,7 @@ mod tests {
                 assert!(g.is_finite() && g > 0.0, "{n}: {g}");
             }
             assert!(m.copy_gbps.is_finite() && m.copy_gbps > 0.0);
+            assert!(m.exp_gops.is_finite() && m.exp_gops > 0.0);
             if ranks > 1 {
                 assert!(m.comm_gbps > 0.0 && m.comm_latency_us > 0.0, "{m:?}");
             }

@@ -62,6 +62,10 @@ pub fn run(args: CalibrateArgs) -> anyhow::Result<ExitCode> {
         "memory copy".into(),
         format!("{:.2} GB/s", m.copy_gbps),
     ]);
+    t.add_row(vec![
+        "GELU (one exp per element)".into(),
+        format!("{:.3} G elements/s", m.exp_gops),
+    ]);
     if ranks > 1 {
         t.add_row(vec![
             "all-reduce bus bandwidth".into(),
@@ -75,7 +79,7 @@ pub fn run(args: CalibrateArgs) -> anyhow::Result<ExitCode> {
     eprintln!("{t}");
     // Each virtual device's memory cap: this host's available memory shared by the ranks.
     let memory_gib = memory_gib_per_rank(ranks, cluster.device.memory_gib);
-    let text = spec_text(&calibrated(&cluster, &m, memory_gib), &m, cores);
+    let text = spec_text(&calibrated(&cluster, &m, memory_gib, cores), &m, cores);
     match &args.output {
         Some(path) => {
             write_output(path, text.as_bytes())?;
@@ -110,8 +114,13 @@ fn spec_text(c: &tessera_planner::Cluster, m: &Measured, cores: usize) -> String
     let d = &c.device;
     let _ = writeln!(
         s,
-        "[device]\nname = \"{}\"\nkind = \"cpu\"\nmemory_gib = {}               # this host's available memory over the ranks\npeak_tflops = {:.6}          # the best f32 GEMM rate per rank\nmemory_bandwidth_gbps = {:.3}  # half the measured copy rate: the cost model counts 16-bit elements, the CPU moves f32\n",
-        d.name, d.memory_gib, d.peak_tflops, d.memory_bandwidth_gbps
+        "[device]\nname = \"{}\"\nkind = \"cpu\"\nmemory_gib = {}               # this host's available memory over the ranks\npeak_tflops = {:.6}          # the best f32 GEMM rate per rank\nmemory_bandwidth_gbps = {:.3}  # half the measured copy rate: the cost model counts 16-bit elements, the CPU moves f32\ntranscendental_gops = {:.4}   # GELU elements per second per rank, billions: the exp-bound kernels' rate\nshared_cores = {}              # this host's cores, which the ranks' threads share\n",
+        d.name,
+        d.memory_gib,
+        d.peak_tflops,
+        d.memory_bandwidth_gbps,
+        d.transcendental_gops.unwrap_or(m.exp_gops),
+        d.shared_cores.unwrap_or(cores as u64)
     );
     for (t, l) in [("intra_node", &c.intra_node), ("inter_node", &c.inter_node)] {
         let _ = writeln!(

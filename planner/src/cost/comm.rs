@@ -249,6 +249,8 @@ mod tests {
                 memory_bandwidth_gbps: 1000.0,
                 sms: 0,
                 kernel_launch_us: 0.0,
+                transcendental_gops: None,
+                shared_cores: None,
             },
             intra_node: Link {
                 bandwidth_gbps: 300.0,

@@ -22,7 +22,7 @@ use serde::{Deserialize, Serialize};
 use crate::layout::{Layout, Recompute};
 use crate::model::{AttentionImpl, Model};
 use crate::precision::{Policy, StateClass};
-use crate::spec::Cluster;
+use crate::spec::{Cluster, DeviceKind};
 use comm::Links;
 use ops::Device;
 use pipeline::{ChunkTime, Parts, Pipeline, Simulated};
@@ -241,6 +241,11 @@ pub struct Evaluation {
     recompute_reason: String,
     update_bytes: f64,
     layout: Layout,
+    /// Ranks per core where a node's ranks time-share fewer cores (the CPU backend's threads);
+    /// 1 otherwise. Such a host keeps its cores busy through one rank's bubble with another
+    /// rank's work, so its step is the longer of the ranks' mean busy time and the makespan at a
+    /// whole core per rank ([`Evaluation::predict`]).
+    core_sharing: f64,
 }
 
 /// Costs `layout` with `split` (layers per virtual stage) up to the simulation.
@@ -370,6 +375,11 @@ pub fn evaluate(
     let updated: Vec<f64> = params.iter().map(|p| p / per_rank).collect();
     let optimizer: Vec<f64> = updated.iter().map(|p| dev.memory(p * update)).collect();
     let tokens_per_step = model.training.global_batch as f64 * model.training.seq_len as f64;
+    let ranks_per_node = cluster.gpus_per_node.min(cluster.devices) as f64;
+    let core_sharing = match cluster.device.shared_cores {
+        Some(c) if cluster.device.kind == DeviceKind::Cpu => (ranks_per_node / c as f64).max(1.0),
+        _ => 1.0,
+    };
     let mut e = Evaluation {
         lower_bound: 0.0,
         sync,
@@ -386,8 +396,11 @@ pub fn evaluate(
         update_bytes: update,
         layout: *layout,
         pipeline,
+        core_sharing,
     };
-    e.lower_bound = e.pipeline.lower_bound() + e.tail().0;
+    let tail = e.tail().0;
+    let makespan = e.pipeline.lower_bound();
+    e.lower_bound = e.shared_step(makespan, &e.pipeline.busy(), tail);
     e
 }
 
@@ -467,6 +480,18 @@ impl Evaluation {
         best
     }
 
+    /// The step from a makespan, the stages' busy times and the tail: `makespan + tail`, or on
+    /// a host whose ranks share cores, the longer of the stages' mean busy time (the cores never
+    /// idle while a rank has work) and the makespan with every rank on a whole core, plus the
+    /// tail. Monotone in `makespan`, so a lower bound of it gives a lower bound of the step.
+    fn shared_step(&self, makespan: f64, busy: &[f64], tail: f64) -> f64 {
+        if self.core_sharing <= 1.0 {
+            return makespan + tail;
+        }
+        let mean = busy.iter().sum::<f64>() / busy.len().max(1) as f64;
+        mean.max(makespan / self.core_sharing) + tail
+    }
+
     /// The prediction, given the simulation of [`Evaluation::pipeline`].
     pub fn predict(&self, sim: &Simulated) -> Prediction {
         let p = &self.pipeline;
@@ -475,32 +500,53 @@ impl Evaluation {
             .max_by(|&x, &y| sim.busy[x].total_cmp(&sim.busy[y]).then(y.cmp(&x)))
             .unwrap_or(0);
         let m = p.microbatches as f64;
-        let sum = (0..p.virtual_stages)
-            .map(|c| {
-                let ch = &p.chunks[c * p.pp + b];
-                ch.fwd.add(&ch.bwd)
-            })
-            .fold(Parts::default(), |acc, x| acc.add(&x))
-            .scale(m);
+        let stage_parts = |s: usize| {
+            (0..p.virtual_stages)
+                .map(|c| {
+                    let ch = &p.chunks[c * p.pp + s];
+                    ch.fwd.add(&ch.bwd)
+                })
+                .fold(Parts::default(), |acc, x| acc.add(&x))
+                .scale(m)
+        };
         let (tail, dp_tail) = self.tail();
-        let bubble = (sim.makespan - sim.busy[b]).max(0.0);
-        let step = sim.makespan + tail;
+        let step = self.shared_step(sim.makespan, &sim.busy, tail);
+        let shared = self.core_sharing > 1.0;
+        // Where ranks share cores, the terms are the mean stage's (the host's cores do every
+        // stage's work); the bubble is what the critical path adds to it.
+        let (sum, bubble) = if shared {
+            let mean = (0..p.pp)
+                .map(stage_parts)
+                .fold(Parts::default(), |acc, x| acc.add(&x))
+                .scale(1.0 / p.pp as f64);
+            let busy = sim.busy.iter().sum::<f64>() / p.pp as f64;
+            (mean, (step - tail - busy).max(0.0))
+        } else {
+            (stage_parts(b), (sim.makespan - sim.busy[b]).max(0.0))
+        };
         let kind = l.schedule.name();
         let mut terms = vec![
             (
                 "compute",
                 sum.compute,
-                format!(
-                    "matmuls, attention and element-wise ops (a roofline per op) of stage {b}'s {} layers{} for {} micro-batches",
-                    self.layers[b],
-                    match (b == 0, b + 1 == p.pp) {
-                        (true, true) => " with the embedding and the head",
-                        (true, false) => " with the embedding",
-                        (false, true) => " with the head and loss",
-                        _ => "",
-                    },
-                    p.microbatches
-                ),
+                if shared {
+                    format!(
+                        "matmuls, attention and element-wise ops (a roofline per op), the mean of the {} stages' for {} micro-batches: {:.0} ranks per core share this host, so its cores do every stage's work",
+                        p.pp, p.microbatches, self.core_sharing
+                    )
+                } else {
+                    format!(
+                        "matmuls, attention and element-wise ops (a roofline per op) of stage {b}'s {} layers{} for {} micro-batches",
+                        self.layers[b],
+                        match (b == 0, b + 1 == p.pp) {
+                            (true, true) => " with the embedding and the head",
+                            (true, false) => " with the embedding",
+                            (false, true) => " with the head and loss",
+                            _ => "",
+                        },
+                        p.microbatches
+                    )
+                },
             ),
             (
                 "recompute",
@@ -511,7 +557,9 @@ impl Evaluation {
             (
                 "pipeline_bubble",
                 bubble,
-                if p.pp == 1 {
+                if shared {
+                    "with ranks sharing cores, another rank's work fills a stage's waits: what remains is the critical path at a whole core per rank beyond the mean stage's busy time".to_string()
+                } else if p.pp == 1 {
                     "no pipeline".to_string()
                 } else {
                     format!(

@@ -29,6 +29,9 @@ pub struct Device<'a> {
     pub gemm: Option<Gemm>,
     /// Seconds per kernel launch, charged to every kernel when `gemm` is in use.
     pub launch: f64,
+    /// Element-wise evaluations with one exponential per second (`transcendental_gops`), where
+    /// they bound those kernels (the CPU backend); `None` on GPUs.
+    pub exp_rate: Option<f64>,
 }
 
 impl<'a> Device<'a> {
@@ -52,6 +55,7 @@ impl<'a> Device<'a> {
             cal,
             launch: if gemm.is_some() { launch } else { 0.0 },
             gemm,
+            exp_rate: cluster.device.transcendental_gops.map(|g| g * 1e9),
         }
     }
 
@@ -63,6 +67,14 @@ impl<'a> Device<'a> {
     /// Seconds to move `bytes` through memory.
     pub fn memory(&self, bytes: f64) -> f64 {
         bytes / (self.bandwidth * self.cal.memory_efficiency)
+    }
+
+    /// Seconds of an element-wise kernel that moves `bytes` and evaluates one exponential for
+    /// each of `exps` elements: the longer of the two (the exponentials count only where the
+    /// device has a `transcendental_gops`).
+    pub fn elementwise(&self, bytes: f64, exps: f64) -> f64 {
+        let exp = self.exp_rate.map_or(0.0, |r| exps / r);
+        self.memory(bytes).max(exp)
     }
 
     /// Seconds for `batch` multiplies of an (m × k) by a (k × n) 16-bit matrix.
@@ -182,7 +194,9 @@ pub fn layer(model: &Model, dev: &Device, tp: u64, sp: bool, b: u64) -> LayerCom
             }
             // Kernels: softmax (and dropout) each way.
             let k = if dropout { 2.0 } else { 1.0 };
-            let f = scores + pv + dev.memory(ew_f) + dev.launches(k);
+            // The softmax evaluates one exponential per score; its backward uses the stored
+            // probabilities.
+            let f = scores + pv + dev.elementwise(ew_f, elems) + dev.launches(k);
             add((f, scores_b + pv_b + dev.memory(ew_b) + dev.launches(k)));
             f
         }
@@ -212,8 +226,11 @@ pub fn layer(model: &Model, dev: &Device, tp: u64, sp: bool, b: u64) -> LayerCom
         Activation::Gelu => (4.0, 6.0),
         Activation::Swiglu => (6.0, 10.0),
     };
-    ew_f += x.t * x.f * act_f;
-    ew_b += x.t * x.f * act_b;
+    // GeLU's tanh and SiLU's sigmoid: one exponential per element each way.
+    let act = (
+        dev.elementwise(x.t * x.f * act_f, x.t * x.f),
+        dev.elementwise(x.t * x.f * act_b, x.t * x.f),
+    );
     if a.position == Position::Rope {
         ew_f += x.t * (x.q + x.kv) * 4.0;
         ew_b += x.t * (x.q + x.kv) * 4.0;
@@ -225,8 +242,11 @@ pub fn layer(model: &Model, dev: &Device, tp: u64, sp: bool, b: u64) -> LayerCom
     } else {
         0.0
     };
-    let elementwise_fwd = dev.memory(ew_f) + dev.launches(5.0 + rope);
-    add((elementwise_fwd, dev.memory(ew_b) + dev.launches(7.0 + rope)));
+    let elementwise_fwd = dev.memory(ew_f) + act.0 + dev.launches(5.0 + rope);
+    add((
+        elementwise_fwd,
+        dev.memory(ew_b) + act.1 + dev.launches(7.0 + rope),
+    ));
     LayerCompute {
         fwd,
         bwd,
@@ -280,8 +300,9 @@ pub fn head(
     // Kernels besides the GEMMs: the norm, and the loss (one fused, else about three each way).
     let k = if fused_loss { 1.0 } else { 3.0 };
     (
-        norm_f + lf + dev.memory(x.t * v * ce_f) + dev.launches(1.0 + k),
-        norm_b + lb + dev.memory(x.t * v * ce_b) + dev.launches(2.0 + k),
+        // One exponential per logit each way (the backward recomputes the probabilities).
+        norm_f + lf + dev.elementwise(x.t * v * ce_f, x.t * v) + dev.launches(1.0 + k),
+        norm_b + lb + dev.elementwise(x.t * v * ce_b, x.t * v) + dev.launches(2.0 + k),
     )
 }
 
@@ -331,6 +352,7 @@ mod tests {
             cal,
             gemm: None,
             launch: 0.0,
+            exp_rate: None,
         }
     }
 
@@ -429,6 +451,32 @@ mod tests {
         m.training.flash_kernel = crate::model::FlashKernel::Fa1;
         let fa1 = layer(&m, &dev, 1, false, 2).attention_core_fwd;
         assert!((fa1 / fa2 - 2.35).abs() < 1e-9, "{}", fa1 / fa2);
+    }
+
+    #[test]
+    fn cost_exp_bound_kernels_take_the_longer_of_bytes_and_exponentials() {
+        // 1 TB/s and 10^9 exponentials per second: 1 MB of bytes takes 1 µs, 10^4 elements
+        // with one exponential each take 10 µs.
+        let c = cal(1.0);
+        let mut dev = curve_device(f64::INFINITY, 1e12, &c);
+        assert_eq!(dev.elementwise(1e6, 1e4), 1e-6);
+        dev.exp_rate = Some(1e9);
+        assert!((dev.elementwise(1e6, 1e4) - 1e-5).abs() < 1e-18);
+        assert!((dev.elementwise(1e8, 1e4) - 1e-4).abs() < 1e-18);
+        // In a layer (GPT: GeLU MLP, eager softmax, no dropout, infinite peak): the forward's
+        // exponential-bound part is the GeLU over t·f = 1024·4096 elements and the softmax
+        // over b·heads·s² = 2·16·512² scores; the backward's only the GeLU's.
+        let m = gpt(1024, 16, 512, 1000);
+        let slow = Device {
+            bandwidth: f64::INFINITY,
+            exp_rate: Some(1e9),
+            ..dev
+        };
+        let l = layer(&m, &slow, 1, false, 2);
+        let gelu = 1024.0 * 4096.0 / 1e9;
+        let softmax = 2.0 * 16.0 * 512.0 * 512.0 / 1e9;
+        assert!((l.fwd - gelu - softmax).abs() < 1e-12, "{}", l.fwd);
+        assert!((l.bwd - gelu).abs() < 1e-12, "{}", l.bwd);
     }
 
     #[test]

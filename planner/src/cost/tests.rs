@@ -148,3 +148,43 @@ fn cost_zero3_gathers_show_only_when_compute_cannot_hide_them() {
     let compute = t.layer.fwd.compute + t.layer.fwd.tp;
     assert!((t.layer.fwd.zero3 - (gather - compute)).abs() <= 1e-9 * gather);
 }
+
+/// Ranks sharing cores (the CPU backend's threads): the step is the stages' mean busy time
+/// plus the tail, or the makespan at a whole core per rank where that is longer; the terms
+/// still add up to it. Without `shared_cores` (or with a core per rank) nothing changes.
+#[test]
+fn cost_ranks_sharing_cores_fill_each_others_bubbles() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../specs");
+    let m =
+        specs::load_model(&root.join("models/tiny.toml"), TrainingOverrides::default()).unwrap();
+    let mut c = specs::load_cluster(
+        &root.join("clusters/cpu-8.toml"),
+        ClusterOverrides::default(),
+    )
+    .unwrap();
+    let mut l = layout(2, 2, 2, 1, ScheduleKind::OneFOneB, 1);
+    l.recompute = Recompute::None;
+    let (e, own) = predict(&m, &c, &l, Options::default());
+    let sim = pipeline::Simulator::new().run(&e.pipeline);
+    let (tail, _) = e.tail();
+    assert!((own.step_time_s - (sim.makespan + tail)).abs() < 1e-15);
+    // 8 ranks on 2 cores: 4 ranks per core.
+    c.device.shared_cores = Some(2);
+    let (e2, shared) = predict(&m, &c, &l, Options::default());
+    let mean = (sim.busy[0] + sim.busy[1]) / 2.0;
+    let want = mean.max(sim.makespan / 4.0) + tail;
+    assert!(
+        (shared.step_time_s - want).abs() < 1e-15,
+        "{} vs {want}",
+        shared.step_time_s
+    );
+    assert!(shared.step_time_s < own.step_time_s);
+    let sum: f64 = shared.breakdown.iter().map(|t| t.seconds).sum();
+    assert!((sum - shared.step_time_s).abs() <= 1e-9 * shared.step_time_s);
+    assert!(shared.breakdown.iter().all(|t| t.seconds >= 0.0));
+    assert!(e2.lower_bound <= shared.step_time_s * (1.0 + 1e-12));
+    // 8 cores for 8 ranks: every rank has its own.
+    c.device.shared_cores = Some(8);
+    let (_, whole) = predict(&m, &c, &l, Options::default());
+    assert_eq!(whole.step_time_s, own.step_time_s);
+}

@@ -164,6 +164,9 @@ impl Cluster {
         positive("device.peak_tflops", d.peak_tflops)?;
         positive("device.memory_bandwidth_gbps", d.memory_bandwidth_gbps)?;
         non_negative("device.kernel_launch_us", d.kernel_launch_us)?;
+        if let Some(g) = d.transcendental_gops {
+            positive("device.transcendental_gops", g)?;
+        }
         if d.kernel_launch_us > 1e6 || d.sms > 1 << 20 {
             return Err(Problem::new(
                 if d.sms > 1 << 20 {

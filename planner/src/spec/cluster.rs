@@ -38,6 +38,18 @@ pub struct Device {
     /// Microseconds each kernel launch adds. Absent: 0.
     #[serde(default)]
     pub kernel_launch_us: f64,
+    /// Billions of element-wise evaluations per second of a kernel with one exponential per
+    /// element (GELU, SiLU, softmax, the loss). Where given, those kernels take the longer of
+    /// their bytes and their exponentials: the CPU backend's are bound by `expf`
+    /// (`tessera calibrate` measures it). Absent (GPUs, whose special-function units keep these
+    /// kernels memory-bound): bytes only.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub transcendental_gops: Option<f64>,
+    /// CPU backend: the cores a node's ranks (threads) share. Fewer than the node's ranks: they
+    /// time-share them, and the cost model's rates are what each rank reaches while all run
+    /// (`tessera calibrate` measures them so). Absent: every device is its own.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shared_cores: Option<u64>,
 }
 
 /// A link class: GB/s per device in one direction, and latency.
@@ -188,6 +200,8 @@ struct RawDevice {
     memory_bandwidth_gbps: Field<Num>,
     sms: Field<i64>,
     kernel_launch_us: Field<Num>,
+    transcendental_gops: Field<Num>,
+    shared_cores: Field<i64>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -232,6 +246,8 @@ pub const CLUSTER_KEYS: &[&str] = &[
     "memory_bandwidth_gbps",
     "sms",
     "kernel_launch_us",
+    "transcendental_gops",
+    "shared_cores",
     "bandwidth_gbps",
     "latency_us",
     "context_gib",
@@ -296,6 +312,12 @@ pub fn parse_cluster_toml(src: &Source, over: ClusterOverrides) -> Result<Cluste
         kernel_launch_us: f
             .opt_nonneg_num("device", "kernel_launch_us", &d.kernel_launch_us)?
             .unwrap_or(0.0),
+        transcendental_gops: f.opt_pos_num(
+            "device",
+            "transcendental_gops",
+            &d.transcendental_gops,
+        )?,
+        shared_cores: f.opt_pos_int("device", "shared_cores", &d.shared_cores)?,
     };
     let link = |t: &str, l: Option<RawLink>| -> Result<Link, Diagnostic> {
         let l = l.ok_or_else(|| table(t))?;

@@ -126,8 +126,28 @@ impl<'a> Fields<'a> {
         field: &str,
         v: &Field<Num>,
     ) -> Result<Option<f64>, Diagnostic> {
+        self.opt_num(table, field, v, true)
+    }
+
+    /// An optional positive number.
+    pub fn opt_pos_num(
+        &self,
+        table: &str,
+        field: &str,
+        v: &Field<Num>,
+    ) -> Result<Option<f64>, Diagnostic> {
+        self.opt_num(table, field, v, false)
+    }
+
+    fn opt_num(
+        &self,
+        table: &str,
+        field: &str,
+        v: &Field<Num>,
+        zero_ok: bool,
+    ) -> Result<Option<f64>, Diagnostic> {
         v.as_ref()
-            .map(|s| self.check_pos_num(table, field, s, true))
+            .map(|s| self.check_pos_num(table, field, s, zero_ok))
             .transpose()
     }
 
