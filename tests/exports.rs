@@ -124,6 +124,37 @@ fn deepspeed_export_is_json_with_the_plan_batch() {
     // 1536 sequences over DP 16 with micro-batch 1: 96 micro-batches per step.
     assert_eq!(v["gradient_accumulation_steps"], 96);
     assert_eq!(v["zero_optimization"]["stage"], 1);
+    // The flags the config cannot hold, recompute included (Megatron-DeepSpeed turns it on).
+    let r = run(&["export", &s(&p), "--to", "deepspeed"]);
+    assert!(
+        r.stderr.contains("--tensor-model-parallel-size 8 --pipeline-model-parallel-size 8 --sequence-parallel --checkpoint-activations --deepspeed-activation-checkpointing"),
+        "{}",
+        r.stderr
+    );
+    // The plan's hybrid sharding (HSDP) is not DeepSpeed's hpZ.
+    let hsdp = plan(
+        &dir,
+        "hsdp.json",
+        &[
+            LLAMA,
+            H100,
+            "--nodes",
+            "2",
+            "--dp",
+            "16",
+            "--tp",
+            "1",
+            "--pp",
+            "1",
+            "--zero",
+            "3",
+            "--hybrid-shard",
+            "--micro-batch",
+            "1",
+        ],
+    );
+    let r = run(&["export", &s(&hsdp), "--to", "deepspeed"]);
+    refused(&r, &["hybrid sharding", "hpZ", "fix:"]);
 }
 
 /// Runs `program args…` with `input` on stdin; `None` when the program is not installed.
@@ -202,16 +233,47 @@ fn recompute_policies_export_as_the_engines_name_them() {
         text.contains("mode = \"selective\"\nselective_ac_option = \"4\""),
         "{text}"
     );
+    // Megatron-LM recomputes the same number of layers in every stage: the planner's split of
+    // 17 and 15 layers (the embedding and the head weigh on the end stages) cannot say
+    // "every 4th layer" that way, one stage of 32 layers can (8 of them).
     let every1 = with(
         "every1.json",
         "1",
         &["--recompute", "full", "--recompute-every", "4"],
     );
-    let text = export(&every1, "megatron");
+    let r = run(&["export", &s(&every1), "--to", "megatron"]);
+    refused(&r, &["every 4th layer", "[17, 15]", "fix:"]);
+    let one_stage = plan(
+        &dir,
+        "every-pp1.json",
+        &[
+            LLAMA,
+            H100,
+            "--nodes",
+            "1",
+            "--tp",
+            "2",
+            "--pp",
+            "1",
+            "--dp",
+            "4",
+            "--sp",
+            "--micro-batch",
+            "1",
+            "--zero",
+            "1",
+            "--recompute",
+            "full",
+            "--recompute-every",
+            "4",
+        ],
+    );
+    let text = export(&one_stage, "megatron");
     assert!(
         text.contains("--recompute-granularity full")
             && text.contains("--recompute-method block")
-            && text.contains("--recompute-num-layers 4"),
+            && text.contains("--recompute-num-layers 8")
+            && text.contains("CUDA_DEVICE_MAX_CONNECTIONS=1 torchrun"),
         "{text}"
     );
     let r = run(&["export", &s(&every1), "--to", "deepspeed"]);

@@ -191,23 +191,30 @@ fn megatron(plan: &Plan) -> Result<String, ExportError> {
         Recompute::Selective => args.push("--recompute-granularity selective".into()),
         Recompute::Full if p.recompute_every > 1 => {
             // Megatron's block method recomputes the first K layers of each stage (of each
-            // model chunk when interleaved): K = the chunk's layers / N keeps the plan's share.
-            let per = a.layers / (p.pp * p.virtual_stages);
-            if !per.is_multiple_of(p.recompute_every)
-                || !a.layers.is_multiple_of(p.pp * p.virtual_stages)
+            // model chunk when interleaved), the same K in all: K = a chunk's layers / N keeps
+            // the plan's share only if every chunk has N·K layers (an uneven split does not).
+            let chunks: Vec<u64> = if p.virtual_stages > 1 {
+                plan.stages
+                    .iter()
+                    .flat_map(|s| s.chunks.iter().map(|c| c.layers[1] - c.layers[0]))
+                    .collect()
+            } else {
+                stage_layers(plan)
+            };
+            let n = p.recompute_every;
+            if chunks
+                .iter()
+                .any(|c| !c.is_multiple_of(n) || *c != chunks[0])
             {
                 return Err(refuse(
                     t,
-                    format!("full recompute of every {}th layer with {} layers per model chunk (Megatron-LM's block method recomputes the same number of layers in every chunk)", p.recompute_every, per),
-                    "re-plan with --recompute-every dividing the layers per chunk",
+                    format!("full recompute of every {n}th layer with model chunks of {chunks:?} layers (Megatron-LM's block method recomputes the same number of layers in every chunk)"),
+                    "re-plan with --recompute-every dividing the layers of every chunk, on an even split",
                 ));
             }
             args.push("--recompute-granularity full".into());
             args.push("--recompute-method block".into());
-            args.push(format!(
-                "--recompute-num-layers {}",
-                per / p.recompute_every
-            ));
+            args.push(format!("--recompute-num-layers {}", chunks[0] / n));
         }
         Recompute::Full => {
             args.push("--recompute-granularity full".into());
@@ -222,7 +229,7 @@ fn megatron(plan: &Plan) -> Result<String, ExportError> {
     let c = &plan.job.cluster;
     let mut out = format!(
         "# Megatron-LM pretrain_gpt.py arguments for {} on {} × {} (dp {} × tp {} × pp {}), written by tessera export.\n\
-         # Launch on {} nodes × {} GPUs, e.g.: torchrun --nnodes {} --nproc-per-node {} pretrain_gpt.py \"${{MEGATRON_ARGS[@]}}\" <data and tokenizer arguments>\n\
+         # Launch on {} nodes × {} GPUs, e.g.: {}torchrun --nnodes {} --nproc-per-node {} pretrain_gpt.py \"${{MEGATRON_ARGS[@]}}\" <data and tokenizer arguments>\n\
          MEGATRON_ARGS=(\n",
         plan.job.model.name,
         p.world,
@@ -232,6 +239,13 @@ fn megatron(plan: &Plan) -> Result<String, ExportError> {
         p.pp,
         c.nodes,
         c.gpus_per_node.min(c.devices),
+        // Megatron-LM's validate_args asserts it with TP > 1 (its TP communication overlap
+        // relies on one hardware queue).
+        if p.tp > 1 {
+            "CUDA_DEVICE_MAX_CONNECTIONS=1 "
+        } else {
+            ""
+        },
         c.nodes,
         c.gpus_per_node.min(c.devices)
     );
@@ -268,17 +282,15 @@ fn deepspeed(plan: &Plan) -> Result<String, ExportError> {
         "zero_optimization": { "stage": p.zero_stage },
         "bf16": { "enabled": true },
     });
-    if p.hybrid_shard && p.zero_stage < 3 {
+    if p.hybrid_shard {
+        // ZeRO++'s hierarchical partitioning (hpZ) is not this: it keeps the states sharded
+        // over every DP rank and adds a per-node copy of the parameters; DeepSpeed 0.19 no
+        // longer takes MiCS's `mics_shard_size`.
         return Err(refuse(
             t,
-            format!("hybrid sharding at ZeRO-{} (DeepSpeed's hierarchical partitioning, ZeRO++ hpZ, is for ZeRO-3)", p.zero_stage),
-            "re-plan with --no-hybrid-shard, or with --zero 3",
+            "hybrid sharding (the plan shards inside a node and replicates across nodes; DeepSpeed's ZeRO++ hpZ shards the states over all DP ranks and adds a per-node copy of the parameters)",
+            "re-plan with --no-hybrid-shard, or export to torchtitan",
         ));
-    }
-    if p.hybrid_shard {
-        // ZeRO++ hierarchical partitioning: shard within a node, replicate across nodes.
-        config["zero_optimization"]["zero_hpz_partition_size"] =
-            plan.job.cluster.gpus_per_node.into();
     }
     if p.recompute == Recompute::Full {
         config["activation_checkpointing"] = serde_json::json!({
@@ -290,19 +302,24 @@ fn deepspeed(plan: &Plan) -> Result<String, ExportError> {
     Ok(serde_json::to_string_pretty(&config).expect("a JSON value serialises") + "\n")
 }
 
-/// The Megatron-DeepSpeed flags a DeepSpeed config cannot hold.
+/// The Megatron-DeepSpeed flags a DeepSpeed config cannot hold. The config's
+/// `activation_checkpointing` section only configures DeepSpeed's checkpointing; Megatron-DeepSpeed
+/// recomputes every layer with `--checkpoint-activations` and hands it to DeepSpeed with
+/// `--deepspeed-activation-checkpointing` (megatron/model/transformer.py, `_checkpointed_forward`,
+/// at f4157bea).
 pub fn deepspeed_flags(plan: &Plan) -> String {
     let p = &plan.parallel;
-    format!(
-        "--tensor-model-parallel-size {} --pipeline-model-parallel-size {}{}",
-        p.tp,
-        p.pp,
-        if p.sequence_parallel {
-            " --sequence-parallel"
-        } else {
-            ""
-        }
-    )
+    let mut flags = format!(
+        "--tensor-model-parallel-size {} --pipeline-model-parallel-size {}",
+        p.tp, p.pp
+    );
+    if p.sequence_parallel {
+        flags += " --sequence-parallel";
+    }
+    if p.recompute == Recompute::Full {
+        flags += " --checkpoint-activations --deepspeed-activation-checkpointing";
+    }
+    flags
 }
 
 /// A torchtitan job config (TOML).
