@@ -38,6 +38,9 @@ LLAMA=(specs/models/llama3-8b.toml specs/clusters/dgx-h100-80g.toml)
 plan gpt3 specs/models/gpt3-175b.toml specs/clusters/dgx-a100-80g.toml --nodes 128 --tp 8 --pp 8 \
   --dp 16 --micro-batch 1 --recompute full --zero 1 --sp --schedule interleaved --virtual-stages 2 \
   --no-hybrid-shard
+# The same on the 1F1B schedule, for DeepSpeed (its pipeline engine has no interleaving).
+plan gpt3-1f1b specs/models/gpt3-175b.toml specs/clusters/dgx-a100-80g.toml --nodes 128 --tp 8 \
+  --pp 8 --dp 16 --micro-batch 1 --recompute full --zero 1 --sp --schedule 1f1b --no-hybrid-shard
 
 case "$1" in
 kubernetes)
@@ -60,7 +63,12 @@ deepspeed)
   : "${TESSERA_TORCH_PYTHON:?set it to a Python with torch and deepspeed}"
   # Llama-3 8B on two DGX H100, DP 16 with ZeRO-3 (hybrid sharding is refused: not hpZ).
   plan llama-zero3 "${LLAMA[@]}" --nodes 2 --dp 16 --tp 1 --pp 1 --zero 3 --no-hybrid-shard --micro-batch 1
-  for name in gpt3 llama-zero3; do
+  # The interleaved plan is refused (exit 2).
+  if "$TESSERA" export "$TMP/gpt3.json" --to deepspeed > /dev/null 2>&1; then
+    echo "the interleaved plan was exported to deepspeed" >&2
+    exit 1
+  fi
+  for name in gpt3-1f1b llama-zero3; do
     export_to "$name" deepspeed
     PATH="$(dirname "$TESSERA_TORCH_PYTHON"):$PATH" \
       "$TESSERA_TORCH_PYTHON" scripts/check_exports_deepspeed.py "$TMP/$name.deepspeed" "$TMP/$name.json"
@@ -81,6 +89,30 @@ megatron)
     PYTHONPATH="$MEGATRON_LM" "$TESSERA_TORCH_PYTHON" -W ignore \
       scripts/check_exports_megatron.py "$TMP/$name.json" "${args[@]}"
   done
+  ;;
+megatron-deepspeed)
+  : "${TESSERA_TORCH_PYTHON:?set it to a Python with torch, deepspeed, transformers and six}"
+  : "${MEGATRON_DEEPSPEED:?set it to a Megatron-DeepSpeed tree}"
+  # GPT-3 on 1F1B: the flags the DeepSpeed export prints on stderr, the model-shape and batch flags of the
+  # Megatron export of the same plan that Megatron-DeepSpeed also has, and the config.
+  "$TESSERA" export "$TMP/gpt3-1f1b.json" --to deepspeed -o "$TMP/gpt3-1f1b.deepspeed" > /dev/null 2> "$TMP/gpt3-1f1b.stderr"
+  read -ra flags < <(sed -n 's/^Megatron-DeepSpeed flags the config cannot hold: //p' "$TMP/gpt3-1f1b.stderr")
+  [ ${#flags[@]} -gt 0 ] || { cat "$TMP/gpt3-1f1b.stderr" >&2; exit 1; }
+  export_to gpt3-1f1b megatron
+  mapfile -d '' margs < <(bash -c 'source "$1"; printf "%s\0" "${MEGATRON_ARGS[@]}"' _ "$TMP/gpt3-1f1b.megatron")
+  shape=()
+  for ((i = 0; i < ${#margs[@]}; i++)); do
+    case "${margs[i]}" in
+    --num-layers | --hidden-size | --num-attention-heads | --ffn-hidden-size | --seq-length | \
+      --max-position-embeddings | --attention-dropout | --hidden-dropout | \
+      --make-vocab-size-divisible-by | --micro-batch-size | --global-batch-size)
+      shape+=("${margs[i]}" "${margs[i + 1]}") ;;
+    --bf16) shape+=(--bf16) ;;
+    esac
+  done
+  PYTHONPATH="$MEGATRON_DEEPSPEED" "$TESSERA_TORCH_PYTHON" -W ignore \
+    scripts/check_exports_megatron_deepspeed.py "$TMP/gpt3-1f1b.json" "$TMP/gpt3-1f1b.deepspeed" \
+    "${flags[@]}" "${shape[@]}" --deepspeed --deepspeed_config "$TMP/gpt3-1f1b.deepspeed"
   ;;
 torchtitan)
   : "${TESSERA_TORCH_PYTHON:?set it to a Python with torch and torchtitan 0.2.x}"

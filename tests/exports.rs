@@ -29,6 +29,17 @@ fn megatron_layout(dir: &Scratch) -> PathBuf {
     plan(dir, "gpt3.json", &args)
 }
 
+/// [`megatron_layout`] on the 1F1B schedule (no virtual stages): DeepSpeed's pipeline engine
+/// runs only its own 1F1B-style schedule.
+fn deepspeed_layout(dir: &Scratch) -> PathBuf {
+    let mut args: Vec<&str> = GPT3_MEGATRON_LAYOUT.to_vec();
+    let at = args.iter().position(|a| *a == "--schedule").unwrap();
+    args.drain(at..at + 4);
+    assert!(!args.contains(&"--virtual-stages"), "{args:?}");
+    args.extend(["--schedule", "1f1b", "--no-hybrid-shard"]);
+    plan(dir, "gpt3-1f1b.json", &args)
+}
+
 /// Llama-3 8B on one DGX H100: DP 2 × TP 2 with SP × PP 2 (1F1B), micro-batch 1.
 const LLAMA_2X2X2: [&str; 15] = [
     LLAMA,
@@ -72,7 +83,10 @@ fn megatron_layout_exports() {
     let dir = Scratch::new();
     let p = megatron_layout(&dir);
     insta::assert_snapshot!("gpt3_megatron", export(&p, "megatron"));
-    insta::assert_snapshot!("gpt3_deepspeed", export(&p, "deepspeed"));
+    insta::assert_snapshot!(
+        "gpt3_deepspeed",
+        export(&deepspeed_layout(&dir), "deepspeed")
+    );
     insta::assert_snapshot!("gpt3_sbatch", export(&p, "sbatch"));
     insta::assert_snapshot!("gpt3_kubernetes", export(&p, "kubernetes"));
 }
@@ -101,6 +115,7 @@ fn what_a_target_cannot_express_is_refused_without_a_file() {
         (&fsdp, "megatron", "ZeRO-3"),
         (&fsdp, "deepspeed", "ZeRO-3 with pipeline parallelism"),
         (&megatron, "torchtitan", "ZeRO-1"),
+        (&megatron, "deepspeed", "interleaved schedule"),
     ] {
         let out = dir.path(&format!("{to}.out"));
         let before = Inputs::of(&[plan]);
@@ -117,7 +132,7 @@ fn what_a_target_cannot_express_is_refused_without_a_file() {
 #[test]
 fn deepspeed_export_is_json_with_the_plan_batch() {
     let dir = Scratch::new();
-    let p = megatron_layout(&dir);
+    let p = deepspeed_layout(&dir);
     let v: serde_json::Value = serde_json::from_str(&export(&p, "deepspeed")).unwrap();
     assert_eq!(v["train_batch_size"], 1536);
     assert_eq!(v["train_micro_batch_size_per_gpu"], 1);
@@ -127,7 +142,7 @@ fn deepspeed_export_is_json_with_the_plan_batch() {
     // The flags the config cannot hold, recompute included (Megatron-DeepSpeed turns it on).
     let r = run(&["export", &s(&p), "--to", "deepspeed"]);
     assert!(
-        r.stderr.contains("--tensor-model-parallel-size 8 --pipeline-model-parallel-size 8 --sequence-parallel --checkpoint-activations --deepspeed-activation-checkpointing"),
+        r.stderr.contains("--tensor-model-parallel-size 8 --pipeline-model-parallel-size 8 --zero-stage 1 --sequence-parallel --checkpoint-activations --deepspeed-activation-checkpointing"),
         "{}",
         r.stderr
     );

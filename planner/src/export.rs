@@ -268,6 +268,13 @@ fn deepspeed(plan: &Plan) -> Result<String, ExportError> {
             "re-plan with --recompute full or none",
         ));
     }
+    if p.pp > 1 && p.schedule != ScheduleKind::OneFOneB {
+        return Err(refuse(
+            t,
+            format!("the {} schedule (DeepSpeed's pipeline engine runs its own 1F1B-style schedule, without virtual stages)", p.schedule.name()),
+            "re-plan with --schedule 1f1b, or export to megatron",
+        ));
+    }
     if p.zero_stage >= 2 && p.pp > 1 {
         return Err(refuse(
             t,
@@ -309,9 +316,10 @@ fn deepspeed(plan: &Plan) -> Result<String, ExportError> {
 /// at f4157bea).
 pub fn deepspeed_flags(plan: &Plan) -> String {
     let p = &plan.parallel;
+    // Megatron-DeepSpeed keeps its own `--zero-stage` (default 1) beside the config's.
     let mut flags = format!(
-        "--tensor-model-parallel-size {} --pipeline-model-parallel-size {}",
-        p.tp, p.pp
+        "--tensor-model-parallel-size {} --pipeline-model-parallel-size {} --zero-stage {}",
+        p.tp, p.pp, p.zero_stage
     );
     if p.sequence_parallel {
         flags += " --sequence-parallel";
