@@ -14,6 +14,8 @@ import json
 import os
 import sys
 
+from check_exports_argparse import refuses_misspelt
+
 plan = json.load(open(sys.argv[1]))
 ours = sys.argv[2:]
 p = plan["parallel"]
@@ -83,12 +85,5 @@ print(f"  TransformerConfig: {cfg.num_layers} layers, recompute {cfg.recompute_g
       f" {cfg.recompute_method} {cfg.recompute_num_layers}")
 
 # The check can fail: a misspelt flag is refused.
-sys.argv = ["pretrain_gpt.py", *ours, "--sequence-paralel"]
-try:
-    with contextlib.redirect_stderr(io.StringIO()) as err:  # argparse's usage, 1,000 lines
-        ma.parse_args(ignore_unknown_args=False)
-except SystemExit as e:
-    print(f"  refused (exit {e.code}): {err.getvalue().splitlines()[-1]}")
-else:
-    sys.exit("parse_args accepted --sequence-paralel")
+refuses_misspelt(ma.parse_args, ours)
 print(f"ok: Megatron-LM accepts the MEGATRON_ARGS for {plan['job']['model']['name']}")

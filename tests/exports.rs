@@ -29,14 +29,28 @@ fn megatron_layout(dir: &Scratch) -> PathBuf {
     plan(dir, "gpt3.json", &args)
 }
 
+/// `args` with `flag`'s value set to `value`, or with the flag and its value removed (`None`).
+fn repin<'a>(args: &[&'a str], flag: &str, value: Option<&'a str>) -> Vec<&'a str> {
+    let at = args
+        .iter()
+        .position(|a| *a == flag)
+        .unwrap_or_else(|| panic!("no {flag}"));
+    let mut out = args.to_vec();
+    match value {
+        Some(v) => out[at + 1] = v,
+        None => {
+            out.drain(at..at + 2);
+        }
+    }
+    out
+}
+
 /// [`megatron_layout`] on the 1F1B schedule (no virtual stages): DeepSpeed's pipeline engine
 /// runs only its own 1F1B-style schedule.
 fn deepspeed_layout(dir: &Scratch) -> PathBuf {
-    let mut args: Vec<&str> = GPT3_MEGATRON_LAYOUT.to_vec();
-    let at = args.iter().position(|a| *a == "--schedule").unwrap();
-    args.drain(at..at + 4);
-    assert!(!args.contains(&"--virtual-stages"), "{args:?}");
-    args.extend(["--schedule", "1f1b", "--no-hybrid-shard"]);
+    let mut args = repin(GPT3_MEGATRON_LAYOUT, "--schedule", Some("1f1b"));
+    args = repin(&args, "--virtual-stages", None);
+    args.push("--no-hybrid-shard");
     plan(dir, "gpt3-1f1b.json", &args)
 }
 
@@ -258,31 +272,17 @@ fn recompute_policies_export_as_the_engines_name_them() {
     );
     let r = run(&["export", &s(&every1), "--to", "megatron"]);
     refused(&r, &["every 4th layer", "[17, 15]", "fix:"]);
-    let one_stage = plan(
-        &dir,
-        "every-pp1.json",
-        &[
-            LLAMA,
-            H100,
-            "--nodes",
-            "1",
-            "--tp",
-            "2",
-            "--pp",
-            "1",
-            "--dp",
-            "4",
-            "--sp",
-            "--micro-batch",
-            "1",
-            "--zero",
-            "1",
-            "--recompute",
-            "full",
-            "--recompute-every",
-            "4",
-        ],
-    );
+    let mut one_stage = repin(&LLAMA_2X2X2, "--pp", Some("1"));
+    one_stage = repin(&one_stage, "--dp", Some("4"));
+    one_stage.extend([
+        "--zero",
+        "1",
+        "--recompute",
+        "full",
+        "--recompute-every",
+        "4",
+    ]);
+    let one_stage = plan(&dir, "every-pp1.json", &one_stage);
     let text = export(&one_stage, "megatron");
     assert!(
         text.contains("--recompute-granularity full")

@@ -193,14 +193,11 @@ fn megatron(plan: &Plan) -> Result<String, ExportError> {
             // Megatron's block method recomputes the first K layers of each stage (of each
             // model chunk when interleaved), the same K in all: K = a chunk's layers / N keeps
             // the plan's share only if every chunk has N·K layers (an uneven split does not).
-            let chunks: Vec<u64> = if p.virtual_stages > 1 {
-                plan.stages
-                    .iter()
-                    .flat_map(|s| s.chunks.iter().map(|c| c.layers[1] - c.layers[0]))
-                    .collect()
-            } else {
-                stage_layers(plan)
-            };
+            let chunks: Vec<u64> = plan
+                .stages
+                .iter()
+                .flat_map(|s| s.chunks.iter().map(|c| c.layers[1] - c.layers[0]))
+                .collect();
             let n = p.recompute_every;
             if chunks
                 .iter()

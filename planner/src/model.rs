@@ -48,8 +48,8 @@ pub enum AttentionImpl {
 
 /// Which flash-attention kernel runs, when `attention` is flash. The kernels do the same
 /// arithmetic and keep the same tensors; they differ in speed, which the cost model takes as
-/// the FlashAttention-2 paper measured it (Dao 2023, §4.1: FlashAttention-2 is 1.7–3.0×
-/// faster than FlashAttention and 1.3–2.5× faster than FlashAttention in Triton).
+/// the FlashAttention-2 paper measured it on the A100: fa1 2.35× and triton 1.83× the time of
+/// FlashAttention-2 (`FlashKernel::slowdown`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum FlashKernel {
@@ -65,25 +65,18 @@ pub enum FlashKernel {
 }
 
 impl FlashKernel {
-    /// How many times longer this kernel takes than FlashAttention-2 for the same work: the
-    /// midpoint of the range the FlashAttention-2 paper measured on the A100 (Dao 2023, §4.1,
-    /// Figs. 4–6, forward, backward and both, sequence 512 to 16k, head dimension 64 and 128,
-    /// with and without the causal mask).
+    /// How many times longer this kernel takes than FlashAttention-2 for the same work, as the
+    /// FlashAttention-2 paper measured it on the A100 (Dao 2023, §4.1, Figs. 4–6: sequence 512
+    /// to 16k, head dimension 64 and 128, with and without the causal mask).
     pub fn slowdown(self) -> f64 {
         match self {
             FlashKernel::Fa2 => 1.0,
-            // "1.7-3.0× faster than FlashAttention"
+            // "1.7-3.0× faster than FlashAttention": the range's midpoint.
             FlashKernel::Fa1 => (1.7 + 3.0) / 2.0,
-            // "1.3-2.5× faster than FlashAttention in Triton"
+            // "around 1.3-1.5× faster than FlashAttention in Triton in the forward pass and
+            // around 2× faster in the backward pass": 1.4 and 2, weighted by the forward's and
+            // backward's FLOPs (1 : 2.5).
             FlashKernel::Triton => 1.0 / 3.5 * 1.4 + 2.5 / 3.5 * 2.0,
-        }
-    }
-
-    pub fn name(self) -> &'static str {
-        match self {
-            FlashKernel::Fa2 => "fa2",
-            FlashKernel::Fa1 => "fa1",
-            FlashKernel::Triton => "triton",
         }
     }
 }

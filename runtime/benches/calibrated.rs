@@ -10,7 +10,7 @@ use tessera_planner::layout::{Layout, Recompute};
 use tessera_planner::plan::{Plan, SearchSummary};
 use tessera_planner::schedule::ScheduleKind;
 use tessera_planner::spec::{self, ClusterOverrides, TrainingOverrides};
-use tessera_runtime::calibrate::{calibrated, measure, memory_gib_per_rank};
+use tessera_runtime::calibrate::{calibrated, measure, memory_gib_per_rank, threads_per_rank};
 use tessera_runtime::data::Tokens;
 use tessera_runtime::exec::{train, TrainOptions};
 
@@ -26,7 +26,6 @@ struct Job {
 fn main() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
     let data = Tokens::load(&root.join("examples/data/parallelism.txt")).expect("data loads");
-    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     let jobs = [
         Job {
             name: "README tiny job",
@@ -81,10 +80,10 @@ fn main() {
             },
         )
         .expect("preset loads");
-        let threads = (cores / ranks).max(1);
+        let threads = threads_per_rank(ranks);
         let m = measure(ranks, threads);
         let memory = memory_gib_per_rank(ranks, nominal.device.memory_gib);
-        let cluster = calibrated(&nominal, &m, memory, cores);
+        let cluster = calibrated(&nominal, &m, memory);
         let plan = Plan::new(&model, &cluster, l, SearchSummary::pinned());
         let opts = TrainOptions {
             steps: job.steps,

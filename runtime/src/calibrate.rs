@@ -27,6 +27,8 @@ use crate::comm::{Comm, LocalComm};
 pub struct Measured {
     pub ranks: usize,
     pub threads_per_rank: usize,
+    /// The host's cores, which the ranks share.
+    pub cores: usize,
     /// `(n, GFLOP/s per rank)` of an n×n×n f32 product.
     pub gemm: Vec<(usize, f64)>,
     /// Bytes read plus written per second per rank, GB/s.
@@ -118,6 +120,17 @@ fn all_reduce_seconds(ranks: usize, threads: usize, bytes: usize, reps: usize) -
     t / reps as f64
 }
 
+/// This host's cores (1 where the count cannot be read).
+pub fn host_cores() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get())
+}
+
+/// Each of `ranks` ranks' share of the cores, at least one thread: how `tessera run` and
+/// `tessera calibrate` give threads to ranks.
+pub fn threads_per_rank(ranks: usize) -> usize {
+    (host_cores() / ranks.max(1)).max(1)
+}
+
 /// Measures this host for `ranks` ranks of `threads_per_rank` threads each.
 pub fn measure(ranks: usize, threads_per_rank: usize) -> Measured {
     let ranks = ranks.max(1);
@@ -190,6 +203,7 @@ pub fn measure(ranks: usize, threads_per_rank: usize) -> Measured {
     Measured {
         ranks,
         threads_per_rank: threads,
+        cores: host_cores(),
         gemm,
         copy_gbps,
         exp_gops,
@@ -219,11 +233,11 @@ pub fn memory_gib_per_rank(ranks: usize, fallback: f64) -> f64 {
 /// it as the `matmul_efficiency` curve; half the copy rate as the memory bandwidth (the cost
 /// model counts 16-bit elements, the CPU backend moves f32); the GELU rate as the device's
 /// `transcendental_gops`; the all-reduce's bus bandwidth and
-/// ring-step latency as both links (one host); `memory_gib` per device; the host's `cores` as the
+/// ring-step latency as both links (one host); `memory_gib` per device; the host's cores as the
 /// cores the ranks share (the cost model lets one rank's work fill another's waits where the
 /// ranks outnumber them). Efficiencies are 1: the
 /// rates are what was reached.
-pub fn calibrated(cluster: &Cluster, m: &Measured, memory_gib: f64, cores: usize) -> Cluster {
+pub fn calibrated(cluster: &Cluster, m: &Measured, memory_gib: f64) -> Cluster {
     let mut c = cluster.clone();
     let peak = m.gemm.iter().map(|g| g.1).fold(0.0, f64::max);
     c.name = format!("{}-calibrated", cluster.name);
@@ -231,7 +245,7 @@ pub fn calibrated(cluster: &Cluster, m: &Measured, memory_gib: f64, cores: usize
     c.device.peak_tflops = peak / 1000.0;
     c.device.memory_bandwidth_gbps = m.copy_gbps / 2.0;
     c.device.transcendental_gops = Some(m.exp_gops);
-    c.device.shared_cores = Some(cores.max(1) as u64);
+    c.device.shared_cores = Some(m.cores.max(1) as u64);
     if m.ranks > 1 {
         for link in [&mut c.intra_node, &mut c.inter_node] {
             link.bandwidth_gbps = m.comm_gbps;

@@ -14,7 +14,9 @@ use std::process::ExitCode;
 use anyhow::bail;
 use clap::Args;
 use tessera_planner::spec::{load_cluster, ClusterOverrides, DeviceKind};
-use tessera_runtime::calibrate::{calibrated, measure, memory_gib_per_rank, Measured};
+use tessera_runtime::calibrate::{
+    calibrated, host_cores, measure, memory_gib_per_rank, threads_per_rank, Measured,
+};
 
 use crate::files::{check_outputs, named, write_output};
 use crate::output::table;
@@ -47,9 +49,11 @@ pub fn run(args: CalibrateArgs) -> anyhow::Result<ExitCode> {
         );
     }
     let ranks = args.ranks.unwrap_or(cluster.devices) as usize;
-    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let threads = (cores / ranks).max(1);
-    eprintln!("measuring {ranks} rank(s) at once, {threads} thread(s) each, on {cores} core(s)…");
+    let threads = threads_per_rank(ranks);
+    eprintln!(
+        "measuring {ranks} rank(s) at once, {threads} thread(s) each, on {} core(s)…",
+        host_cores()
+    );
     let m = measure(ranks, threads);
     let mut t = table(&["what", "per rank"], &[1]);
     for (n, g) in &m.gemm {
@@ -79,7 +83,7 @@ pub fn run(args: CalibrateArgs) -> anyhow::Result<ExitCode> {
     eprintln!("{t}");
     // Each virtual device's memory cap: this host's available memory shared by the ranks.
     let memory_gib = memory_gib_per_rank(ranks, cluster.device.memory_gib);
-    let text = spec_text(&calibrated(&cluster, &m, memory_gib, cores), &m, cores);
+    let text = spec_text(&calibrated(&cluster, &m, memory_gib), &m);
     match &args.output {
         Some(path) => {
             write_output(path, text.as_bytes())?;
@@ -91,7 +95,7 @@ pub fn run(args: CalibrateArgs) -> anyhow::Result<ExitCode> {
 }
 
 /// The calibrated cluster as a spec file, with where each figure comes from.
-fn spec_text(c: &tessera_planner::Cluster, m: &Measured, cores: usize) -> String {
+fn spec_text(c: &tessera_planner::Cluster, m: &Measured) -> String {
     let k = &c.calibration;
     let curve: Vec<String> = k
         .matmul_efficiency
@@ -101,9 +105,9 @@ fn spec_text(c: &tessera_planner::Cluster, m: &Measured, cores: usize) -> String
     let mut s = String::new();
     let _ = writeln!(
         s,
-        "# {} by `tessera calibrate` on this host ({cores} cores): {} ranks measured at once, {} thread(s) each.\n\
+        "# {} by `tessera calibrate` on this host ({} cores): {} ranks measured at once, {} thread(s) each.\n\
          # Every rate is what one rank reached while the others ran too (runtime/src/calibrate.rs).",
-        c.name, m.ranks, m.threads_per_rank
+        c.name, m.cores, m.ranks, m.threads_per_rank
     );
     let _ = writeln!(s, "name = \"{}\"", c.name);
     let _ = writeln!(
@@ -119,8 +123,8 @@ fn spec_text(c: &tessera_planner::Cluster, m: &Measured, cores: usize) -> String
         d.memory_gib,
         d.peak_tflops,
         d.memory_bandwidth_gbps,
-        d.transcendental_gops.unwrap_or(m.exp_gops),
-        d.shared_cores.unwrap_or(cores as u64)
+        m.exp_gops,
+        m.cores
     );
     for (t, l) in [("intra_node", &c.intra_node), ("inter_node", &c.inter_node)] {
         let _ = writeln!(

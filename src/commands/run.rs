@@ -343,8 +343,9 @@ fn train_here(args: &RunArgs, plan: &Plan, gpus: Option<usize>) -> anyhow::Resul
         max_lr: args.lr,
         min_lr: args.lr / 10.0,
         trace: args.trace.is_some(),
-        threads_per_rank: std::thread::available_parallelism()
-            .map_or(1, |n| (n.get() / plan.parallel.world as usize).max(1)),
+        threads_per_rank: tessera_runtime::calibrate::threads_per_rank(
+            plan.parallel.world as usize,
+        ),
         stop: Some(stop.clone()),
         ..TrainOptions::default()
     };

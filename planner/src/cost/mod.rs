@@ -238,7 +238,7 @@ pub struct Evaluation {
     layers: Vec<u64>,
     dp_reason: String,
     tp_reason: String,
-    recompute_reason: String,
+    attention: AttentionImpl,
     update_bytes: f64,
     layout: Layout,
     /// Ranks per core where a node's ranks time-share fewer cores (the CPU backend's threads);
@@ -392,16 +392,23 @@ pub fn evaluate(
         layers,
         dp_reason: dp_reason(layout, links),
         tp_reason: tp_reason(layout, links, sp),
-        recompute_reason: recompute_reason(layout, model.training.attention),
+        attention: model.training.attention,
         update_bytes: update,
         layout: *layout,
         pipeline,
         core_sharing,
     };
-    let tail = e.tail().0;
-    let makespan = e.pipeline.lower_bound();
-    e.lower_bound = e.shared_step(makespan, &e.pipeline.busy(), tail);
+    let mean_busy = if e.core_sharing > 1.0 {
+        mean(&e.pipeline.busy())
+    } else {
+        0.0
+    };
+    e.lower_bound = e.shared_step(e.pipeline.lower_bound(), mean_busy, e.tail().0);
     e
+}
+
+fn mean(x: &[f64]) -> f64 {
+    x.iter().sum::<f64>() / x.len().max(1) as f64
 }
 
 fn link_words(l: &comm::GroupLink) -> String {
@@ -480,16 +487,15 @@ impl Evaluation {
         best
     }
 
-    /// The step from a makespan, the stages' busy times and the tail: `makespan + tail`, or on
-    /// a host whose ranks share cores, the longer of the stages' mean busy time (the cores never
-    /// idle while a rank has work) and the makespan with every rank on a whole core, plus the
-    /// tail. Monotone in `makespan`, so a lower bound of it gives a lower bound of the step.
-    fn shared_step(&self, makespan: f64, busy: &[f64], tail: f64) -> f64 {
+    /// The step from a makespan, the stages' mean busy time and the tail: `makespan + tail`, or
+    /// on a host whose ranks share cores, the longer of the mean busy time (the cores never idle
+    /// while a rank has work) and the makespan with every rank on a whole core, plus the tail.
+    /// Monotone in `makespan`, so a lower bound of it gives a lower bound of the step.
+    fn shared_step(&self, makespan: f64, mean_busy: f64, tail: f64) -> f64 {
         if self.core_sharing <= 1.0 {
             return makespan + tail;
         }
-        let mean = busy.iter().sum::<f64>() / busy.len().max(1) as f64;
-        mean.max(makespan / self.core_sharing) + tail
+        mean_busy.max(makespan / self.core_sharing) + tail
     }
 
     /// The prediction, given the simulation of [`Evaluation::pipeline`].
@@ -510,7 +516,8 @@ impl Evaluation {
                 .scale(m)
         };
         let (tail, dp_tail) = self.tail();
-        let step = self.shared_step(sim.makespan, &sim.busy, tail);
+        let mean_busy = mean(&sim.busy);
+        let step = self.shared_step(sim.makespan, mean_busy, tail);
         let shared = self.core_sharing > 1.0;
         // Where ranks share cores, the terms are the mean stage's (the host's cores do every
         // stage's work); the bubble is what the critical path adds to it.
@@ -519,8 +526,7 @@ impl Evaluation {
                 .map(stage_parts)
                 .fold(Parts::default(), |acc, x| acc.add(&x))
                 .scale(1.0 / p.pp as f64);
-            let busy = sim.busy.iter().sum::<f64>() / p.pp as f64;
-            (mean, (step - tail - busy).max(0.0))
+            (mean, (step - tail - mean_busy).max(0.0))
         } else {
             (stage_parts(b), (sim.makespan - sim.busy[b]).max(0.0))
         };
@@ -551,7 +557,7 @@ impl Evaluation {
             (
                 "recompute",
                 sum.recompute,
-                self.recompute_reason.clone(),
+                recompute_reason(l, self.attention),
             ),
             ("tp_comm", sum.tp, self.tp_reason.clone()),
             (

@@ -161,18 +161,19 @@ pub fn layer(model: &Model, dev: &Device, tp: u64, sp: bool, b: u64) -> LayerCom
     };
     // Linear layers (column-parallel in, row-parallel out).
     let mlp_in = match a.activation {
-        Activation::Gelu => 1,
-        Activation::Swiglu => 2,
+        Activation::Gelu => 1.0,
+        Activation::Swiglu => 2.0,
     };
-    let mut linears = vec![
-        dev.linear(x.t, x.h, x.q + 2.0 * x.kv),
-        dev.linear(x.t, x.q, x.h),
+    // (forward, backward) of each linear layer, and how many of it a layer has.
+    let linears = [
+        (dev.linear(x.t, x.h, x.q + 2.0 * x.kv), 1.0),
+        (dev.linear(x.t, x.q, x.h), 1.0),
+        (dev.linear(x.t, x.h, x.f), mlp_in),
+        (dev.linear(x.t, x.f, x.h), 1.0),
     ];
-    linears.extend((0..mlp_in).map(|_| dev.linear(x.t, x.h, x.f)));
-    linears.push(dev.linear(x.t, x.f, x.h));
-    let linear_fwd: f64 = linears.iter().map(|l| l.0).sum();
-    for l in linears {
-        add(l);
+    let linear_fwd: f64 = linears.iter().map(|((f, _), n)| f * n).sum();
+    for ((f, b), n) in linears {
+        add((f * n, b * n));
     }
     // Attention core.
     let core = match model.training.attention {

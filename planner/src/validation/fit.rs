@@ -119,7 +119,8 @@ fn with_coords(cal: &Calibration, v: &[f64]) -> Calibration {
 /// stops when s is below 1.001 (a change of 0.1%).
 pub fn fit(runs: &[Run], start: &Calibration) -> Fitted {
     let mut x = coords(start);
-    let mut best = objective(&errors(runs, start));
+    let mut errs = errors(runs, start);
+    let mut best = objective(&errs);
     let legacy = start.gemm_efficiency.is_none();
     let curve = x.len() - 1;
     let mut s: f64 = 1.25;
@@ -132,9 +133,10 @@ pub fn fit(runs: &[Run], start: &Calibration) -> Fitted {
                 if y[i] == x[i] || (legacy && y[..curve].windows(2).any(|w| w[1] < w[0])) {
                     continue;
                 }
-                let o = objective(&errors(runs, &with_coords(start, &y)));
+                let e = errors(runs, &with_coords(start, &y));
+                let o = objective(&e);
                 if o < best {
-                    (best, x, improved) = (o, y, true);
+                    (best, x, errs, improved) = (o, y, e, true);
                     break;
                 }
             }
@@ -143,10 +145,9 @@ pub fn fit(runs: &[Run], start: &Calibration) -> Fitted {
             s = s.sqrt();
         }
     }
-    let cal = with_coords(start, &x);
-    let (median, worst) = summary(&errors(runs, &cal));
+    let (median, worst) = summary(&errs);
     Fitted {
-        calibration: cal,
+        calibration: with_coords(start, &x),
         median,
         worst,
     }

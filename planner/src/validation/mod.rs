@@ -78,7 +78,7 @@ impl Family {
         match self {
             Family::Megatron | Family::Korthikanti => "GPT as Megatron-LM builds it: GeLU MLP, LayerNorm, learned positions, tied embeddings, biases, dropout 0.1, a materialised softmax (no flash attention in 2021–22), fp32 main gradients (the `megatron` policy), no ZeRO; the DP all-reduce follows the backward (Korthikanti et al. §6.3: \"the gradient all-reduce was not overlapped\")",
             Family::LlmC => "GPT-2 as llm.c trains it: GeLU, LayerNorm, learned positions, tied embeddings, biases, no dropout, cuDNN flash attention, a fused classifier (`fused_classifier`: loss and its gradient in one pass over the logits), bf16 weights and gradients with fp32 master and Adam (`mixed16`), ZeRO-1 as stated; DP sync overlapped with the backward",
-            Family::Mpt => "MPT as llm-foundry trains it: GeLU, LayerNorm, learned positions (the source's NumParams grows with the sequence length), tied embeddings, no biases, no dropout, FlashAttention's Triton kernel (the benchmark sweep's `--attn_impl` default `triton`, flash-attn 1.0.3 pinned; FlashAttention-2 is 1.3–2.5× faster, Dao 2023 §4.1), bf16 with fp32 master and Adam (`mixed16`), FSDP FULL_SHARD = ZeRO-3 with prefetch",
+            Family::Mpt => "MPT as llm-foundry trains it: GeLU, LayerNorm, learned positions (the source's NumParams grows with the sequence length), tied embeddings, no biases, no dropout, FlashAttention's Triton kernel (the benchmark sweep's `--attn_impl` default `triton`, flash-attn 1.0.3 pinned; 1.83× FlashAttention-2's time: Dao 2023 §4.1 measures it 1.3–1.5× slower in the forward, 2× in the backward), bf16 with fp32 master and Adam (`mixed16`), FSDP FULL_SHARD = ZeRO-3 with prefetch",
         }
     }
 
@@ -459,6 +459,14 @@ impl Validation {
     }
 }
 
+impl Run {
+    /// Whether the source publishes (or derives) its step time or tokens/s: such a run is
+    /// scored and fitted.
+    pub fn has_time(&self) -> bool {
+        self.measured_step_s.is_some() || self.measured_tokens_per_s_per_gpu.is_some()
+    }
+}
+
 /// The runs with a published (or derived) step time or tokens/s: the ones scored and fitted.
 pub fn scored_runs(
     runs_toml: &str,
@@ -466,10 +474,7 @@ pub fn scored_runs(
     h100: &Cluster,
 ) -> Result<Vec<Run>, ValidationError> {
     let (runs, _) = load(runs_toml, a100, h100)?;
-    Ok(runs
-        .into_iter()
-        .filter(|r| r.measured_step_s.is_some() || r.measured_tokens_per_s_per_gpu.is_some())
-        .collect())
+    Ok(runs.into_iter().filter(Run::has_time).collect())
 }
 
 /// Loads and replays every run.
@@ -478,12 +483,16 @@ pub fn run_all(
     a100: &Cluster,
     h100: &Cluster,
 ) -> Result<Validation, ValidationError> {
-    let (runs, mut skipped) = load(runs_toml, a100, h100)?;
+    let (runs, skipped) = load(runs_toml, a100, h100)?;
+    Ok(replay_all(&runs, skipped))
+}
+
+/// Replays `runs`; the ones that cannot be replayed join `skipped`.
+fn replay_all(runs: &[Run], mut skipped: Vec<Skipped>) -> Validation {
     let (mut scored, mut unscored) = (Vec::new(), Vec::new());
-    for run in &runs {
-        let has_time = run.measured_step_s.is_some() || run.measured_tokens_per_s_per_gpu.is_some();
+    for run in runs {
         match replay(run) {
-            Ok(row) if has_time => scored.push(row),
+            Ok(row) if run.has_time() => scored.push(row),
             Ok(row) => unscored.push(row),
             Err(reason) => skipped.push(Skipped {
                 id: run.id.clone(),
@@ -491,12 +500,12 @@ pub fn run_all(
             }),
         }
     }
-    Ok(Validation {
+    Validation {
         scored,
         unscored,
         skipped,
         loso: Vec::new(),
-    })
+    }
 }
 
 /// How docs/validation.md is regenerated.
@@ -508,8 +517,9 @@ pub fn document(
     a100: &Cluster,
     h100: &Cluster,
 ) -> Result<(Validation, String), ValidationError> {
-    let mut v = run_all(runs_toml, a100, h100)?;
-    let scored = scored_runs(runs_toml, a100, h100)?;
+    let (runs, skipped) = load(runs_toml, a100, h100)?;
+    let mut v = replay_all(&runs, skipped);
+    let scored: Vec<Run> = runs.into_iter().filter(Run::has_time).collect();
     v.loso = fit::leave_one_source_out(&scored, &fit::kernel_start(&a100.calibration));
     let layer = layer::layer_benchmark(runs_toml, a100, h100);
     let md = report::markdown(&v, &layer, &[a100, h100], COMMAND);

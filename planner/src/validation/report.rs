@@ -4,7 +4,7 @@
 use std::fmt::Write;
 
 use super::layer::LayerRow;
-use super::{median_abs, Family, Row, Validation};
+use super::{fit, median_abs, Family, Row, Validation};
 use crate::spec::Cluster;
 
 /// The targets of issue 3, also asserted by tests/validation.rs.
@@ -107,10 +107,13 @@ pub fn markdown(v: &Validation, layer: &[LayerRow], presets: &[&Cluster], comman
         out,
         "The score that matters is on runs the constants were not fitted to. For each source, \
          the A100 preset's fitted constants (`gemm_efficiency`, `memory_efficiency`) are fitted \
-         again on every other source, from what isolated kernels reach (cuBLAS 0.869, a STREAM \
-         triad 0.863; never from the preset, which has seen every source) to convergence, by the \
-         pattern search of `validate-planner --fit`, and the held-out source's A100 runs are scored with them. Everything else in the \
-         presets is a mechanism or a cited hardware figure.\n"
+         again on every other source, from what isolated kernels reach (cuBLAS {}, a STREAM \
+         triad {}; never from the preset, which has seen every source) to convergence, by the \
+         pattern search of `validate-planner --fit`, and the held-out source's A100 runs are \
+         scored with them. Everything else in the presets is a mechanism or a cited hardware \
+         figure.\n",
+        fit::KERNEL_START[0],
+        fit::KERNEL_START[1]
     );
     if let Some((median, (id, worst))) = v.loso_summary() {
         let met = |ok: bool| if ok { "met" } else { "**not met**" };
