@@ -251,13 +251,28 @@ fn recompute_policies_export_as_the_engines_name_them() {
     let op1 = with("op1.json", "1", &["--recompute", "selective"]);
     let r = run(&["export", &s(&op1), "--to", "megatron"]);
     refused(&r, &["per-op checkpointing", "fix:"]);
-    // Llama-3 8B: 32 layers, 16 per stage; every 4th layer is 4 of each stage's 16.
+    // Llama-3 8B split 17 + 15: torchtitan counts each rank's layers from 1, so on the second
+    // stage it would recompute layers 20, 24, 28 where the plan recomputes 19, 23, 27, 31.
     let every = with(
         "every.json",
         "3",
         &["--recompute", "full", "--recompute-every", "4"],
     );
-    let text = export(&every, "torchtitan");
+    let r = run(&["export", &s(&every), "--to", "torchtitan"]);
+    refused(&r, &["every 4th layer", "[3, 7, 11, 15, 20, 24, 28]", "fix:"]);
+    // On one stage its count is the plan's.
+    let mut one_stage3 = repin(&LLAMA_2X2X2, "--pp", Some("1"));
+    one_stage3 = repin(&one_stage3, "--dp", Some("4"));
+    one_stage3.extend([
+        "--zero",
+        "3",
+        "--recompute",
+        "full",
+        "--recompute-every",
+        "4",
+    ]);
+    let one_stage3 = plan(&dir, "every-pp1-z3.json", &one_stage3);
+    let text = export(&one_stage3, "torchtitan");
     assert!(
         text.contains("mode = \"selective\"\nselective_ac_option = \"4\""),
         "{text}"

@@ -1,12 +1,13 @@
 //! `tessera export plan.json --to megatron|deepspeed|torchtitan|sbatch|kubernetes [-o FILE]`:
 //! the plan in the language of the engine or scheduler that will run it (docs/exports.md). A
-//! plan the target cannot express exactly is refused with exit 2; no file is written.
+//! plan the target cannot express exactly is refused with exit 2; no file is written. A plan
+//! marked infeasible is refused unless `--force`.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Args, ValueEnum};
-use tessera_planner::export::{deepspeed_flags, export, Target};
+use tessera_planner::export::{deepspeed_flags, export_with, Target};
 use tessera_planner::plan::Plan;
 
 use crate::files::{check_outputs, named, write_output};
@@ -35,6 +36,9 @@ pub struct ExportArgs {
     /// Write here instead of stdout.
     #[arg(short, long)]
     output: Option<PathBuf>,
+    /// Export a plan marked `"feasible": false` (written by `tessera plan --force`) too.
+    #[arg(long)]
+    force: bool,
 }
 
 pub fn run(args: ExportArgs) -> anyhow::Result<ExitCode> {
@@ -53,7 +57,7 @@ pub fn run(args: ExportArgs) -> anyhow::Result<ExitCode> {
         To::Kubernetes => Target::Kubernetes,
     };
     let text =
-        export(&plan, target).map_err(|e| anyhow::anyhow!("{}: {e}", args.plan.display()))?;
+        export_with(&plan, target, args.force).map_err(|e| anyhow::anyhow!("{}: {e}", args.plan.display()))?;
     match &args.output {
         Some(path) => {
             write_output(path, text.as_bytes())?;

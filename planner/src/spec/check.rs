@@ -116,12 +116,41 @@ fn fraction(field: &str, v: f64) -> Result<(), Problem> {
     Ok(())
 }
 
+/// The characters a name may hold: it becomes a job name, a file name and a comment in every
+/// export, so no character of a shell, YAML or TOML is allowed (the exports quote anyway).
+pub const NAME_CHARS: &str = "letters, digits, spaces and . _ + - ( )";
+
+/// The longest name.
+pub const NAME_MAX: usize = 128;
+
 fn name(field: &str, v: &str) -> Result<(), Problem> {
     if v.trim().is_empty() {
         return Err(Problem::new(
             field,
             "must not be empty",
             format!("set `{field}` to a name"),
+        ));
+    }
+    let allowed = |c: char| c.is_ascii_alphanumeric() || " ._+-()".contains(c);
+    if let Some(bad) = v.chars().find(|&c| !allowed(c)) {
+        return Err(Problem::new(
+            field,
+            format!(
+                "{:?} holds {:?}, which a name may not: names become job names and comments in exported scripts",
+                v, bad
+            ),
+            format!("use only {NAME_CHARS} in `{field}`"),
+        ));
+    }
+    if v.len() > NAME_MAX || v.trim() != v {
+        return Err(Problem::new(
+            field,
+            format!(
+                "{:?} is {} characters long or starts or ends with a space",
+                v,
+                v.len()
+            ),
+            format!("use at most {NAME_MAX} characters in `{field}`, with no leading or trailing space"),
         ));
     }
     Ok(())
@@ -131,6 +160,7 @@ impl Cluster {
     /// Checks every field of a resolved cluster.
     pub fn check(&self) -> Result<(), Problem> {
         name("name", &self.name)?;
+        name("device.name", &self.device.name)?;
         count("nodes", self.nodes)?;
         count("gpus_per_node", self.gpus_per_node)?;
         count("devices", self.devices)?;

@@ -217,6 +217,14 @@ pub fn parse_hf_config(src: &Source, over: TrainingOverrides) -> Result<Model, D
         if p.field == "architecture.max_positions" {
             Diagnostic::new(&src.path, "n_positions", p.problem, p.fix)
                 .at(src.json_key("n_positions"))
+        } else if p.field == "name" {
+            // The name is `_name_or_path`'s last component, else the config's directory.
+            let fix = format!(
+                "set \"_name_or_path\" to a name of {}",
+                super::check::NAME_CHARS
+            );
+            Diagnostic::new(&src.path, "_name_or_path", p.problem, fix)
+                .at(src.json_key("_name_or_path"))
         } else {
             p.in_json(src, "")
         }

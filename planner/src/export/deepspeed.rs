@@ -1,0 +1,90 @@
+//! A DeepSpeed config (JSON, through serde_json). Megatron-DeepSpeed takes the TP and PP
+//! degrees as its own flags, which a JSON config cannot carry: [`deepspeed_flags`] prints them.
+
+use super::{refuse, stage_layers, ExportError, Target};
+use crate::layout::Recompute;
+use crate::plan::Plan;
+use crate::schedule::ScheduleKind;
+
+pub(super) fn deepspeed(plan: &Plan) -> Result<String, ExportError> {
+    let t = Target::DeepSpeed;
+    let p = &plan.parallel;
+    if p.recompute == Recompute::Selective || p.recompute_every > 1 {
+        return Err(refuse(
+            t,
+            "selective recompute, or full recompute of only some layers (DeepSpeed's activation checkpointing is of every layer: full)",
+            "re-plan with --recompute full or none",
+        ));
+    }
+    if p.pp > 1 && p.schedule != ScheduleKind::OneFOneB {
+        return Err(refuse(
+            t,
+            format!("the {} schedule (DeepSpeed's pipeline engine runs its own 1F1B-style schedule, without virtual stages)", p.schedule.name()),
+            "re-plan with --schedule 1f1b, or export to megatron",
+        ));
+    }
+    if p.zero_stage >= 2 && p.pp > 1 {
+        return Err(refuse(
+            t,
+            format!("ZeRO-{} with pipeline parallelism (DeepSpeed's pipeline engine supports ZeRO stages 0 and 1)", p.zero_stage),
+            "re-plan with --zero 1, or with --pp 1",
+        ));
+    }
+    let per = stage_layers(plan);
+    if p.pp > 1 && per.iter().any(|&l| l != per[0]) {
+        // Megatron-DeepSpeed builds its PipelineModule with partition_method
+        // "type:transformer", which balances the transformer layers over the stages itself:
+        // equal stages, whatever the plan's split.
+        return Err(refuse(
+            t,
+            format!("the uneven stage split {per:?} (DeepSpeed's pipeline engine, as Megatron-DeepSpeed builds it, balances the transformer layers over the stages: equal stages)"),
+            "re-plan with a --pp that divides the layers, or export to megatron or torchtitan",
+        ));
+    }
+    if p.hybrid_shard {
+        // ZeRO++'s hierarchical partitioning (hpZ) is not this: it keeps the states sharded
+        // over every DP rank and adds a per-node copy of the parameters; DeepSpeed 0.19 no
+        // longer takes MiCS's `mics_shard_size`.
+        return Err(refuse(
+            t,
+            "hybrid sharding (the plan shards inside a node and replicates across nodes; DeepSpeed's ZeRO++ hpZ shards the states over all DP ranks and adds a per-node copy of the parameters)",
+            "re-plan with --no-hybrid-shard, or export to torchtitan",
+        ));
+    }
+    let mut config = serde_json::json!({
+        "train_batch_size": plan.job.model.training.global_batch,
+        "train_micro_batch_size_per_gpu": p.micro_batch,
+        "gradient_accumulation_steps": p.microbatches,
+        "zero_optimization": { "stage": p.zero_stage },
+        "bf16": { "enabled": true },
+    });
+    if p.recompute == Recompute::Full {
+        config["activation_checkpointing"] = serde_json::json!({
+            "partition_activations": false,
+            "contiguous_memory_optimization": false,
+            "cpu_checkpointing": false,
+        });
+    }
+    Ok(serde_json::to_string_pretty(&config).expect("a JSON value serialises") + "\n")
+}
+
+/// The Megatron-DeepSpeed flags a DeepSpeed config cannot hold. The config's
+/// `activation_checkpointing` section only configures DeepSpeed's checkpointing; Megatron-DeepSpeed
+/// recomputes every layer with `--checkpoint-activations` and hands it to DeepSpeed with
+/// `--deepspeed-activation-checkpointing` (megatron/model/transformer.py, `_checkpointed_forward`,
+/// at f4157bea).
+pub fn deepspeed_flags(plan: &Plan) -> String {
+    let p = &plan.parallel;
+    // Megatron-DeepSpeed keeps its own `--zero-stage` (default 1) beside the config's.
+    let mut flags = format!(
+        "--tensor-model-parallel-size {} --pipeline-model-parallel-size {} --zero-stage {}",
+        p.tp, p.pp, p.zero_stage
+    );
+    if p.sequence_parallel {
+        flags += " --sequence-parallel";
+    }
+    if p.recompute == Recompute::Full {
+        flags += " --checkpoint-activations --deepspeed-activation-checkpointing";
+    }
+    flags
+}

@@ -1,0 +1,223 @@
+//! Megatron-LM `pretrain_gpt.py` arguments: a bash array, one argument line per flag, every
+//! word quoted by `shlex`.
+
+use super::{chunk_layers, comment_text, refuse, stage_layers, ExportError, Launch, Target};
+use crate::layout::Recompute;
+use crate::model::{Activation, AttentionImpl, Norm, Position};
+use crate::plan::Plan;
+use crate::schedule::ScheduleKind;
+
+/// One argument line: a flag and its value, if any.
+fn arg(flag: &str, value: impl ToString) -> Vec<String> {
+    vec![flag.to_string(), value.to_string()]
+}
+
+fn flag(flag: &str) -> Vec<String> {
+    vec![flag.to_string()]
+}
+
+/// Megatron-LM's `--pipeline-model-parallel-layout`: every virtual stage in pipeline order
+/// (virtual stage v·PP + p is model chunk v of stage p, as the plan numbers them), separated by
+/// `|`; `E` the embedding, `t` a decoder layer, `L` the output layer and loss
+/// (megatron/core/transformer/pipeline_parallel_layer_layout.py).
+fn layout_string(plan: &Plan) -> String {
+    super::chunks_in_order(plan)
+        .iter()
+        .map(|c| {
+            let mut s = String::new();
+            if c.embedding {
+                s.push('E');
+            }
+            s.push_str(&"t".repeat((c.layers[1] - c.layers[0]) as usize));
+            if c.head {
+                s.push('L');
+            }
+            s
+        })
+        .collect::<Vec<_>>()
+        .join("|")
+}
+
+pub(super) fn megatron(plan: &Plan, launch: &Launch) -> Result<String, ExportError> {
+    let t = Target::Megatron;
+    let (a, tr, p) = (
+        &plan.job.model.architecture,
+        &plan.job.model.training,
+        &plan.parallel,
+    );
+    if p.schedule == ScheduleKind::Gpipe && p.pp > 1 {
+        return Err(refuse(
+            t,
+            "the GPipe schedule (Megatron-LM runs 1F1B, or interleaved 1F1B)",
+            "re-plan with --schedule 1f1b or --schedule interleaved",
+        ));
+    }
+    if p.zero_stage == 3 || p.hybrid_shard {
+        return Err(refuse(
+            t,
+            format!(
+                "ZeRO-{}{} (Megatron-LM's distributed optimizer shards the optimizer state and gradients over the whole DP group: ZeRO-1/2)",
+                p.zero_stage,
+                if p.hybrid_shard { " with hybrid sharding" } else { "" }
+            ),
+            "re-plan with --zero 1 (or 2) --no-hybrid-shard, or export to deepspeed",
+        ));
+    }
+    let mut args: Vec<Vec<String>> = vec![
+        arg("--num-layers", a.layers),
+        arg("--hidden-size", a.hidden),
+        arg("--num-attention-heads", a.heads),
+        arg("--ffn-hidden-size", a.ffn_hidden),
+        arg("--seq-length", tr.seq_len),
+        arg(
+            "--max-position-embeddings",
+            if a.position == Position::Learned {
+                a.max_positions
+            } else {
+                tr.seq_len
+            },
+        ),
+    ];
+    if a.head_dim * a.heads != a.hidden {
+        args.push(arg("--kv-channels", a.head_dim));
+    }
+    if a.kv_heads != a.heads {
+        args.push(flag("--group-query-attention"));
+        args.push(arg("--num-query-groups", a.kv_heads));
+    }
+    if a.activation == Activation::Swiglu {
+        args.push(flag("--swiglu"));
+    }
+    args.push(arg(
+        "--normalization",
+        match a.norm {
+            Norm::Rmsnorm => "RMSNorm",
+            Norm::Layernorm => "LayerNorm",
+        },
+    ));
+    args.push(arg(
+        "--position-embedding-type",
+        match a.position {
+            Position::Rope => "rope",
+            Position::Learned => "learned_absolute",
+        },
+    ));
+    if !a.tied_embeddings {
+        args.push(flag("--untie-embeddings-and-output-weights"));
+    }
+    if !a.bias {
+        args.push(flag("--disable-bias-linear"));
+        if a.qkv_bias {
+            args.push(flag("--add-qkv-bias"));
+        }
+    }
+    args.push(arg("--attention-dropout", tr.dropout));
+    args.push(arg("--hidden-dropout", tr.dropout));
+    // Megatron pads the tokenizer's vocabulary itself; the same divisor gives the plan's rows.
+    args.push(arg("--make-vocab-size-divisible-by", a.vocab_divisible_by));
+    args.push(arg("--tensor-model-parallel-size", p.tp));
+    args.push(arg("--pipeline-model-parallel-size", p.pp));
+    let chunks = chunk_layers(plan);
+    if p.virtual_stages > 1 {
+        if chunks.iter().all(|&c| c == chunks[0]) {
+            args.push(arg("--num-layers-per-virtual-pipeline-stage", chunks[0]));
+        } else {
+            // Unequal model chunks (e.g. Llama 3's first and last stages a layer short): the
+            // layout flag states every virtual stage's layers; `--num-layers-per-virtual-
+            // pipeline-stage` would build a different number of virtual stages.
+            args.push(arg("--pipeline-model-parallel-layout", layout_string(plan)));
+        }
+    } else if p.pp > 1 {
+        let per = stage_layers(plan);
+        let middle = &per[1..per.len() - 1];
+        let even = |v: &[u64]| v.windows(2).all(|w| w[0] == w[1]);
+        if !even(&per) {
+            if even(middle) {
+                args.push(arg("--decoder-first-pipeline-num-layers", per[0]));
+                args.push(arg("--decoder-last-pipeline-num-layers", per[per.len() - 1]));
+            } else {
+                args.push(arg("--pipeline-model-parallel-layout", layout_string(plan)));
+            }
+        }
+    }
+    if p.sequence_parallel {
+        args.push(flag("--sequence-parallel"));
+    }
+    args.push(arg("--micro-batch-size", p.micro_batch));
+    args.push(arg("--global-batch-size", tr.global_batch));
+    match p.recompute {
+        Recompute::None => {}
+        Recompute::Selective if tr.attention == AttentionImpl::Flash => {
+            return Err(refuse(
+                t,
+                "selective recompute under flash attention, which the plan costs as torchtitan's per-op checkpointing (Megatron-LM's selective recompute is of the attention core, which flash attention never stores)",
+                "re-plan with --recompute none or full, or export to torchtitan",
+            ));
+        }
+        Recompute::Selective => args.push(arg("--recompute-granularity", "selective")),
+        Recompute::Full if p.recompute_every > 1 => {
+            // Megatron's block method recomputes the first K layers of each stage (of each
+            // model chunk when interleaved), the same K in all: K = a chunk's layers / N keeps
+            // the plan's count per chunk only if every chunk has N·K layers.
+            let n = p.recompute_every;
+            if chunks
+                .iter()
+                .any(|c| !c.is_multiple_of(n) || *c != chunks[0])
+            {
+                return Err(refuse(
+                    t,
+                    format!("full recompute of every {n}th layer with model chunks of {chunks:?} layers (Megatron-LM's block method recomputes the same number of layers in every chunk)"),
+                    "re-plan with --recompute-every dividing the layers of every chunk, on an even split",
+                ));
+            }
+            args.push(arg("--recompute-granularity", "full"));
+            args.push(arg("--recompute-method", "block"));
+            args.push(arg("--recompute-num-layers", chunks[0] / n));
+        }
+        Recompute::Full => {
+            args.push(arg("--recompute-granularity", "full"));
+            args.push(arg("--recompute-method", "uniform"));
+            args.push(arg("--recompute-num-layers", 1));
+        }
+    }
+    if p.zero_stage >= 1 {
+        args.push(flag("--use-distributed-optimizer"));
+    }
+    args.push(flag("--bf16"));
+    // Megatron-LM's validate_args asserts CUDA_DEVICE_MAX_CONNECTIONS=1 with TP > 1 (its TP
+    // communication overlap relies on one hardware queue).
+    let env = if p.tp > 1 {
+        "CUDA_DEVICE_MAX_CONNECTIONS=1 "
+    } else {
+        ""
+    };
+    let nproc = match launch.uniform() {
+        Some(n) => n.to_string(),
+        None => format!(
+            "{} (on the last node: {})",
+            launch.per_node[0],
+            launch.per_node[launch.per_node.len() - 1]
+        ),
+    };
+    let mut out = format!(
+        "# Megatron-LM pretrain_gpt.py arguments for {} on {} × {} (dp {} × tp {} × pp {}), written by tessera export.\n\
+         # Launch {} ranks on {}: on each node, {env}torchrun --nnodes {} --nproc-per-node {nproc} pretrain_gpt.py \"${{MEGATRON_ARGS[@]}}\" <data and tokenizer arguments>\n\
+         MEGATRON_ARGS=(\n",
+        comment_text(&plan.job.model.name),
+        p.world,
+        comment_text(&plan.job.cluster.device.name),
+        p.dp,
+        p.tp,
+        p.pp,
+        launch.world,
+        launch.describe(),
+        launch.nodes,
+    );
+    for words in args {
+        let line = shlex::try_join(words.iter().map(String::as_str))
+            .expect("arguments hold no NUL byte");
+        out += &format!("  {line}\n");
+    }
+    out += ")\n";
+    Ok(out)
+}

@@ -1,0 +1,194 @@
+//! A plan in the languages of the engines and schedulers users run: Megatron-LM's
+//! `pretrain_gpt.py` arguments, a DeepSpeed config, a torchtitan job config, a Slurm batch
+//! script and a Kubernetes indexed Job. Each writer states the plan exactly or refuses: a plan
+//! feature the target lacks is an [`ExportError`] naming it, never a file that silently means
+//! something else. Pure: text in, text out.
+//!
+//! Two rules keep an export from launching anything but the plan:
+//! - **No language is built by concatenation.** Shell words are quoted by `shlex`, YAML and
+//!   TOML are written by serde serializers, JSON by serde_json; a string from a spec that
+//!   appears in a comment is written as one line of printable ASCII ([`comment_text`]). The
+//!   specs' names are also restricted at load (`spec::check`), but the writers do not rely on
+//!   it: tests/export_injection.rs feeds hostile strings straight into every writer.
+//! - **Every launch number comes from the plan** ([`launch::Launch`]): the world size, the
+//!   nodes and ranks per node, GPUs or none, the batch per forward and micro-batches per step,
+//!   the layers of every (virtual) stage and the recomputed layers of every chunk. A plan
+//!   marked infeasible is refused unless forced.
+
+mod deepspeed;
+mod launch;
+mod megatron;
+mod scheduler;
+mod torchtitan;
+
+pub use deepspeed::deepspeed_flags;
+pub use launch::Launch;
+
+use crate::plan::Plan;
+use crate::spec::DeviceKind;
+
+/// The targets `tessera export --to` knows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Target {
+    Megatron,
+    DeepSpeed,
+    Torchtitan,
+    Sbatch,
+    Kubernetes,
+}
+
+impl Target {
+    pub fn name(self) -> &'static str {
+        match self {
+            Target::Megatron => "megatron",
+            Target::DeepSpeed => "deepspeed",
+            Target::Torchtitan => "torchtitan",
+            Target::Sbatch => "sbatch",
+            Target::Kubernetes => "kubernetes",
+        }
+    }
+
+    pub const ALL: [Target; 5] = [
+        Target::Megatron,
+        Target::DeepSpeed,
+        Target::Torchtitan,
+        Target::Sbatch,
+        Target::Kubernetes,
+    ];
+}
+
+/// The plan asks for something the target cannot express.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{target} cannot express this plan: {what}\n  fix: {fix}")]
+pub struct ExportError {
+    pub target: &'static str,
+    pub what: String,
+    pub fix: String,
+}
+
+fn refuse(target: Target, what: impl Into<String>, fix: impl Into<String>) -> ExportError {
+    ExportError {
+        target: target.name(),
+        what: what.into(),
+        fix: fix.into(),
+    }
+}
+
+/// The plan in `target`'s language; a plan marked infeasible is refused.
+pub fn export(plan: &Plan, target: Target) -> Result<String, ExportError> {
+    export_with(plan, target, false)
+}
+
+/// [`export`]; with `force`, a plan marked infeasible (written by `tessera plan --force`) is
+/// exported too.
+pub fn export_with(plan: &Plan, target: Target, force: bool) -> Result<String, ExportError> {
+    if !plan.feasible && !force {
+        return Err(refuse(
+            target,
+            "the plan is marked \"feasible\": false (its layout does not fit in device memory; it was written with `tessera plan --force`)",
+            "re-plan without --force, or export it anyway with `tessera export --force`",
+        ));
+    }
+    let gpu_engine = matches!(
+        target,
+        Target::Megatron | Target::DeepSpeed | Target::Torchtitan
+    );
+    if gpu_engine && plan.job.cluster.device.kind == DeviceKind::Cpu {
+        return Err(refuse(
+            target,
+            format!(
+                "a plan for the CPU cluster {} ({} trains on GPUs)",
+                comment_text(&plan.job.cluster.name),
+                target.name()
+            ),
+            "run it with `tessera run plan.json`, or export it to sbatch or kubernetes",
+        ));
+    }
+    let launch = Launch::of(plan);
+    match target {
+        Target::Megatron => megatron::megatron(plan, &launch),
+        Target::DeepSpeed => deepspeed::deepspeed(plan),
+        Target::Torchtitan => torchtitan::torchtitan(plan),
+        Target::Sbatch => scheduler::sbatch(plan, &launch),
+        Target::Kubernetes => scheduler::kubernetes(plan, &launch),
+    }
+}
+
+/// Layers of every model chunk, in pipeline (virtual-stage) order.
+fn chunk_layers(plan: &Plan) -> Vec<u64> {
+    chunks_in_order(plan)
+        .iter()
+        .map(|c| c.layers[1] - c.layers[0])
+        .collect()
+}
+
+/// The model chunks in pipeline (virtual-stage) order.
+fn chunks_in_order(plan: &Plan) -> Vec<&crate::plan::Chunk> {
+    let mut chunks: Vec<_> = plan.stages.iter().flat_map(|s| &s.chunks).collect();
+    chunks.sort_by_key(|c| c.virtual_stage);
+    chunks
+}
+
+/// Layers per pipeline stage (all chunks of a stage).
+fn stage_layers(plan: &Plan) -> Vec<u64> {
+    plan.stages
+        .iter()
+        .map(|s| s.chunks.iter().map(|c| c.layers[1] - c.layers[0]).sum())
+        .collect()
+}
+
+/// The layers (0-based) the plan recomputes: with full recompute of every N-th layer, layers
+/// N, 2N, … counting from 1 (the runtime's rule, `exec::rank`); all layers with full recompute.
+fn recomputed_layers(plan: &Plan) -> Vec<u64> {
+    let every = plan.parallel.recompute_every.max(1);
+    (0..plan.job.model.architecture.layers)
+        .filter(|l| (l + 1).is_multiple_of(every))
+        .collect()
+}
+
+/// `s` as one line of printable ASCII, safe inside a comment of any of the targets' languages:
+/// newlines, control and non-ASCII characters, quotes and backslashes are escaped (Rust's
+/// `escape_default`), so a comment can never end early.
+pub fn comment_text(s: &str) -> String {
+    s.escape_default().to_string()
+}
+
+/// A name usable in Kubernetes and Slurm: lowercase letters, digits and dashes, starting with a
+/// letter or digit, at most 40 characters.
+fn dns_name(name: &str) -> String {
+    let s: String = name
+        .to_lowercase()
+        .chars()
+        .map(|c| if c.is_ascii_alphanumeric() { c } else { '-' })
+        .collect();
+    let s: String = s.trim_matches('-').chars().take(40).collect();
+    let s = s.trim_end_matches('-');
+    if s.is_empty() {
+        "job".into()
+    } else {
+        s.to_string()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn comment_text_is_one_printable_line() {
+        let hostile = "x\nrm -rf ~\r\u{2028}\u{0}'\"\\`$(id)";
+        let t = comment_text(hostile);
+        assert!(t.chars().all(|c| (' '..='~').contains(&c)), "{t}");
+        assert!(!t.contains('\n'));
+    }
+
+    #[test]
+    fn dns_names_are_labels() {
+        assert_eq!(dns_name("Llama3.1-405B"), "llama3-1-405b");
+        assert_eq!(dns_name("\n;rm -rf /"), "rm--rf");
+        assert_eq!(dns_name("!!!"), "job");
+        // Truncation never leaves a trailing dash.
+        let n = dns_name(&format!("{}-{}", "a".repeat(39), "b".repeat(10)));
+        assert!(!n.ends_with('-') && n.len() <= 40, "{n}");
+    }
+}

@@ -1,0 +1,171 @@
+//! A torchtitan job config (TOML, through the `toml` serializer), for torchtitan 0.2.x.
+
+use toml::{Table, Value};
+
+use super::{comment_text, recomputed_layers, refuse, ExportError, Target};
+use crate::layout::Recompute;
+use crate::model::AttentionImpl;
+use crate::plan::Plan;
+use crate::schedule::ScheduleKind;
+
+fn int(v: u64) -> Value {
+    Value::Integer(i64::try_from(v).unwrap_or(i64::MAX))
+}
+
+/// The layers torchtitan 0.2's layer-wise selective checkpointing (`selective_ac_option = "N"`)
+/// recomputes: `_apply_layer_sac` counts the transformer blocks it wraps with one counter per
+/// process, across the model parts that rank builds (its chunks, in order), and checkpoints a
+/// block when the count is a multiple of N.
+fn torchtitan_layer_sac(plan: &Plan, every: u64) -> Vec<u64> {
+    let mut out = Vec::new();
+    for stage in &plan.stages {
+        let mut chunks: Vec<_> = stage.chunks.iter().collect();
+        chunks.sort_by_key(|c| c.virtual_stage);
+        let mut count = 0u64;
+        for c in chunks {
+            for l in c.layers[0]..c.layers[1] {
+                count += 1;
+                if count.is_multiple_of(every) {
+                    out.push(l);
+                }
+            }
+        }
+    }
+    out.sort_unstable();
+    out
+}
+
+pub(super) fn torchtitan(plan: &Plan) -> Result<String, ExportError> {
+    let t = Target::Torchtitan;
+    let p = &plan.parallel;
+    let (shard, replicate) = match (p.zero_stage, p.hybrid_shard) {
+        (0, _) => (1, p.dp),
+        (3, false) => (p.dp, 1),
+        (3, true) => {
+            // Shard over the DP ranks inside a node (mesh order tp-dp-pp), replicate across.
+            let gpn = plan.job.cluster.gpus_per_node;
+            let shard = (gpn / p.tp).clamp(1, p.dp);
+            if !p.dp.is_multiple_of(shard) {
+                return Err(refuse(
+                    t,
+                    format!("hybrid sharding over {shard} ranks per node, which does not divide DP {}", p.dp),
+                    "re-plan with --no-hybrid-shard",
+                ));
+            }
+            (shard, p.dp / shard)
+        }
+        (z, _) => {
+            return Err(refuse(
+                t,
+                format!("ZeRO-{z} (torchtitan shards everything with FSDP2, which is ZeRO-3, or replicates with DDP)"),
+                "re-plan with --zero 3 or --zero 0",
+            ))
+        }
+    };
+    if p.tp > 1 && !p.sequence_parallel {
+        return Err(refuse(
+            t,
+            "tensor parallelism without sequence parallelism (torchtitan's TP always shards the norms and dropouts by sequence)",
+            "re-plan with --sp",
+        ));
+    }
+    let schedule = match (p.pp, p.schedule) {
+        (1, _) => "1F1B",
+        (_, ScheduleKind::Gpipe) => "GPipe",
+        (_, ScheduleKind::OneFOneB) => "1F1B",
+        (_, ScheduleKind::Interleaved) => "Interleaved1F1B",
+    };
+    // Under flash attention the plan's selective recompute is torchtitan's per-op checkpointing
+    // (`selective_ac_option = "op"`), and full recompute of every N-th layer its layer option.
+    // Under eager attention, selective recompute is of the attention scores (Megatron's), which
+    // torchtitan's SDPA kernels never store: mode "none" does that there.
+    let flash = plan.job.model.training.attention == AttentionImpl::Flash;
+    let mut note = "";
+    let (mode, option) = match p.recompute {
+        Recompute::None => ("none", None),
+        Recompute::Selective if flash => ("selective", Some("op".to_string())),
+        Recompute::Selective => {
+            note = "# The plan recomputes the attention scores (Megatron's selective recompute); torchtitan's\n# SDPA never stores them, so no checkpointing mode is needed for that.\n";
+            ("none", None)
+        }
+        Recompute::Full if p.recompute_every > 1 => {
+            let n = p.recompute_every;
+            let theirs = torchtitan_layer_sac(plan, n);
+            if theirs != recomputed_layers(plan) {
+                return Err(refuse(
+                    t,
+                    format!("full recompute of every {n}th layer on this split: torchtitan counts the layers of each rank's model parts from 1, so it would recompute layers {theirs:?} where the plan recomputes {:?} (0-based)", recomputed_layers(plan)),
+                    "re-plan with a --recompute-every that divides the layers of every pipeline stage, or with --recompute full",
+                ));
+            }
+            ("selective", Some(n.to_string()))
+        }
+        Recompute::Full => ("full", None),
+    };
+    let tr = &plan.job.model.training;
+    // torchtitan 0.2 (train.py): gradient accumulation steps = global_batch_size /
+    // (local_batch_size × DP degree); with PP, each local batch is split into
+    // local_batch_size / pipeline_parallel_microbatch_size micro-batches. So the plan's
+    // micro-batches are accumulation steps without PP, and the pipeline's with it.
+    let local = if p.pp > 1 {
+        p.micro_batch * p.microbatches
+    } else {
+        p.micro_batch
+    };
+    let mut training = Table::new();
+    training.insert("local_batch_size".into(), int(local));
+    training.insert("global_batch_size".into(), int(tr.global_batch));
+    training.insert("seq_len".into(), int(tr.seq_len));
+    let mut par = Table::new();
+    par.insert("data_parallel_replicate_degree".into(), int(replicate));
+    par.insert("data_parallel_shard_degree".into(), int(shard));
+    par.insert("tensor_parallel_degree".into(), int(p.tp));
+    par.insert("pipeline_parallel_degree".into(), int(p.pp));
+    par.insert(
+        "pipeline_parallel_schedule".into(),
+        Value::String(schedule.into()),
+    );
+    par.insert("pipeline_parallel_microbatch_size".into(), int(p.micro_batch));
+    par.insert("context_parallel_degree".into(), int(1));
+    if p.pp > 1 {
+        // The plan's exact split, as the modules of each model part in pipeline order (the
+        // names of torchtitan's Llama-family models): torchtitan's own split would differ.
+        let parts = super::chunks_in_order(plan)
+            .iter()
+            .map(|c| {
+                let mut names: Vec<Value> = Vec::new();
+                if c.embedding {
+                    names.push(Value::String("tok_embeddings".into()));
+                }
+                names.extend(
+                    (c.layers[0]..c.layers[1]).map(|l| Value::String(format!("layers.{l}"))),
+                );
+                if c.head {
+                    names.push(Value::String("norm".into()));
+                    names.push(Value::String("output".into()));
+                }
+                Value::Array(names)
+            })
+            .collect();
+        par.insert("module_fqns_per_model_part".into(), Value::Array(parts));
+    }
+    let mut ac = Table::new();
+    ac.insert("mode".into(), Value::String(mode.into()));
+    if let Some(option) = option {
+        ac.insert("selective_ac_option".into(), Value::String(option));
+    }
+    let mut doc = Table::new();
+    doc.insert("training".into(), Value::Table(training));
+    doc.insert("parallelism".into(), Value::Table(par));
+    doc.insert("activation_checkpoint".into(), Value::Table(ac));
+    let body = toml::to_string(&doc).expect("a TOML table serialises");
+    Ok(format!(
+        "# torchtitan job config for {} on {} devices (dp {} × tp {} × pp {}), written by tessera export.\n\
+         # Model and data sections are the user's: this file sets the layout.\n{note}\n{body}",
+        comment_text(&plan.job.model.name),
+        p.world,
+        p.dp,
+        p.tp,
+        p.pp
+    ))
+}
