@@ -37,7 +37,7 @@ pub(super) fn deepspeed(plan: &Plan) -> Result<String, ExportError> {
         // equal stages, whatever the plan's split.
         return Err(refuse(
             t,
-            format!("the uneven stage split {per:?} (DeepSpeed's pipeline engine, as Megatron-DeepSpeed builds it, balances the transformer layers over the stages: equal stages)"),
+            format!("the uneven stage split {per:?} (Megatron-DeepSpeed's PipelineModule, partition_method \"type:transformer\", balances the transformer layers over the stages itself: equal stages)"),
             "re-plan with a --pp that divides the layers, or export to megatron or torchtitan",
         ));
     }

@@ -134,7 +134,10 @@ pub(super) fn megatron(plan: &Plan, launch: &Launch) -> Result<String, ExportErr
         if !even(&per) {
             if even(middle) {
                 args.push(arg("--decoder-first-pipeline-num-layers", per[0]));
-                args.push(arg("--decoder-last-pipeline-num-layers", per[per.len() - 1]));
+                args.push(arg(
+                    "--decoder-last-pipeline-num-layers",
+                    per[per.len() - 1],
+                ));
             } else {
                 args.push(arg("--pipeline-model-parallel-layout", layout_string(plan)));
             }
@@ -214,8 +217,8 @@ pub(super) fn megatron(plan: &Plan, launch: &Launch) -> Result<String, ExportErr
         launch.nodes,
     );
     for words in args {
-        let line = shlex::try_join(words.iter().map(String::as_str))
-            .expect("arguments hold no NUL byte");
+        let line =
+            shlex::try_join(words.iter().map(String::as_str)).expect("arguments hold no NUL byte");
         out += &format!("  {line}\n");
     }
     out += ")\n";

@@ -125,7 +125,10 @@ pub(super) fn torchtitan(plan: &Plan) -> Result<String, ExportError> {
         "pipeline_parallel_schedule".into(),
         Value::String(schedule.into()),
     );
-    par.insert("pipeline_parallel_microbatch_size".into(), int(p.micro_batch));
+    par.insert(
+        "pipeline_parallel_microbatch_size".into(),
+        int(p.micro_batch),
+    );
     par.insert("context_parallel_degree".into(), int(1));
     if p.pp > 1 {
         // The plan's exact split, as the modules of each model part in pipeline order (the

@@ -118,7 +118,7 @@ fn fraction(field: &str, v: f64) -> Result<(), Problem> {
 
 /// The characters a name may hold: it becomes a job name, a file name and a comment in every
 /// export, so no character of a shell, YAML or TOML is allowed (the exports quote anyway).
-pub const NAME_CHARS: &str = "letters, digits, spaces and . _ + - ( )";
+pub const NAME_CHARS: &str = "letters, digits, spaces and . , _ + - ( )";
 
 /// The longest name.
 pub const NAME_MAX: usize = 128;
@@ -131,7 +131,7 @@ fn name(field: &str, v: &str) -> Result<(), Problem> {
             format!("set `{field}` to a name"),
         ));
     }
-    let allowed = |c: char| c.is_ascii_alphanumeric() || " ._+-()".contains(c);
+    let allowed = |c: char| c.is_ascii_alphanumeric() || " .,_+-()".contains(c);
     if let Some(bad) = v.chars().find(|&c| !allowed(c)) {
         return Err(Problem::new(
             field,
