@@ -83,7 +83,11 @@ fn run_stubbed(dir: &Path, script: &Path) -> std::process::Output {
     std::fs::create_dir_all(&bin).unwrap();
     for stub in ["srun", "scontrol", "tessera", "torchrun"] {
         let p = bin.join(stub);
-        std::fs::write(&p, format!("#!/bin/sh\necho {stub} \"$@\" >> \"$STUB_LOG\"\n")).unwrap();
+        std::fs::write(
+            &p,
+            format!("#!/bin/sh\necho {stub} \"$@\" >> \"$STUB_LOG\"\n"),
+        )
+        .unwrap();
         use std::os::unix::fs::PermissionsExt;
         std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755)).unwrap();
     }
@@ -133,10 +137,8 @@ fn check_export(dir: &Path, plan: &Plan, target: Target, marker: &Path) {
             // directive must come before it, and be one the writer emits.
             let lines: Vec<&str> = text.lines().collect();
             let first_command = lines.iter().position(|l| !l.starts_with('#')).unwrap();
-            let directives: Vec<&&str> = lines
-                .iter()
-                .filter(|l| l.starts_with("#SBATCH"))
-                .collect();
+            let directives: Vec<&&str> =
+                lines.iter().filter(|l| l.starts_with("#SBATCH")).collect();
             assert!(directives.len() >= 3, "{text}");
             assert!(
                 lines[first_command..]
@@ -144,7 +146,12 @@ fn check_export(dir: &Path, plan: &Plan, target: Target, marker: &Path) {
                     .all(|l| !l.starts_with("#SBATCH")),
                 "{text}"
             );
-            assert!(directives.iter().all(|d| !d.starts_with("#SBATCH --nodes=999")), "{text}");
+            assert!(
+                directives
+                    .iter()
+                    .all(|d| !d.starts_with("#SBATCH --nodes=999")),
+                "{text}"
+            );
             let out = run_stubbed(dir, &file);
             assert!(out.status.success(), "{text}\n{out:?}");
             let log = std::fs::read_to_string(dir.join("stub.log")).unwrap_or_default();
