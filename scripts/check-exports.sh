@@ -1,142 +1,251 @@
 #!/usr/bin/env bash
 # `tessera export`'s texts read by the targets' own code (docs/exports.md, "How the exports are
-# checked"). One target a run; each also feeds in a broken variant that must be refused.
-#   kubernetes  kubernetes-validate --strict, offline (installed into .tools/ if missing); CI runs it
-#   deepspeed   DeepSpeed's DeepSpeedConfig      } by hand, with TESSERA_TORCH_PYTHON: a Python that
-#   megatron    Megatron-LM's parse_args,        } has torch and deepspeed; megatron also needs
-#               validate_args, TransformerConfig } MEGATRON_LM: a Megatron-LM tree
+# checked"). Every check also feeds in a broken variant that must be refused.
+#
+#   matrix      every plan of the matrix below × every target: the export either succeeds and
+#               the target's own code accepts it and reads the plan's values (derived from
+#               plan.json), or `tessera export` refuses it (exit 2) naming the feature, as the
+#               table says. CI runs this (.ci/run). The engines come from
+#               TESSERA_TORCH_PYTHON, else from scripts/check-exports-env.sh (a venv cached
+#               outside the clone: torch, DeepSpeed, torchtitan, megatron-core, PyPI only).
+#   megatron | deepspeed | torchtitan | kubernetes
+#               the matrix's column of that target alone
+#     megatron    Megatron-LM's parse_args, validate_args, TransformerConfig (megatron-core's
+#                 wheel, or the Megatron-LM tree MEGATRON_LM); skipped, with the reason, where
+#                 neither is there (megatron-core needs Python >= 3.12)
+#     deepspeed   DeepSpeed's DeepSpeedConfig
+#     torchtitan  torchtitan 0.2's ConfigManager, ParallelDims' mesh, apply_ac (0.3 reads no TOML)
+#     kubernetes  kubernetes-validate --strict, offline, and the pods, ranks, GPUs and token
+#     (sbatch)    in the matrix: bash -n and the #SBATCH lines against the plan
+#   sbatch      the matrix's sbatch column, then every script it exports through `sbatch
+#               --test-only` against a slurmctld of its own on loopback (by hand, as root, with
+#               Debian's slurmctld, slurm-client and munge)
 #   megatron-deepspeed  Megatron-DeepSpeed's parse_args on the flags the deepspeed export prints,
-#               by hand, with TESSERA_TORCH_PYTHON and MEGATRON_DEEPSPEED: a Megatron-DeepSpeed tree
-#   torchtitan  torchtitan's ConfigManager (--job.config_file), by hand, with TESSERA_TORCH_PYTHON:
-#               a Python with torch and torchtitan 0.2.x (0.3 reads no TOML job config)
-#   sbatch      sbatch --test-only against a slurmctld of its own on loopback (by hand, as root,
-#               with Debian's slurmctld, slurm-client and munge)
+#               by hand, with TESSERA_TORCH_PYTHON (+ transformers, six) and MEGATRON_DEEPSPEED: a
+#               Megatron-DeepSpeed tree (not on PyPI)
 # The binary is target/release/tessera, or $TESSERA.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 TESSERA=${TESSERA:-$PWD/target/release/tessera}
+export PYTHONDONTWRITEBYTECODE=1 # no __pycache__ in scripts/
 TMP=$(mktemp -d)
 trap 'rm -rf "$TMP"' EXIT
-case "${1:-}" in
-kubernetes | deepspeed | megatron | megatron-deepspeed | torchtitan | sbatch) ;;
+TARGETS=(megatron deepspeed torchtitan sbatch kubernetes)
+MODE=${1:-}
+case "$MODE" in
+matrix) COLUMNS_=("${TARGETS[@]}") ;;
+kubernetes | deepspeed | megatron | torchtitan | sbatch) COLUMNS_=("$MODE") ;;
+megatron-deepspeed) COLUMNS_=() ;;
 *)
-  echo "usage: $0 kubernetes|deepspeed|megatron|megatron-deepspeed|torchtitan|sbatch" >&2
+  echo "usage: $0 matrix|megatron|deepspeed|torchtitan|kubernetes|sbatch|megatron-deepspeed" >&2
   exit 2
   ;;
 esac
 
-plan() { # NAME PLAN-ARGS...: $TMP/NAME.json
-  local name=$1
-  shift
-  "$TESSERA" plan "$@" -o "$TMP/$name.json" > /dev/null
-}
-export_to() { # NAME TARGET: $TMP/NAME.TARGET
-  "$TESSERA" export "$TMP/$1.json" --to "$2" -o "$TMP/$1.$2" > /dev/null
-}
+# ---------------------------------------------------------------------------------------------
+# The matrix. Each plan is pinned completely (tessera plan evaluates that one layout); the table
+# says, for each target, `ok` (exported, and the target's code accepts it and reads the plan's
+# values) or `refuse:WORD` (`tessera export` exits 2, writes no file, and its message names WORD,
+# case and all; `_` is a space).
+# A plan name ending in +force is the plan before it exported with `tessera export --force`.
 LLAMA=(specs/models/llama3-8b.toml specs/clusters/dgx-h100-80g.toml)
-# GPT-3 175B in Megatron-LM's SC'21 layout (tests/common GPT3_MEGATRON_LAYOUT, no hybrid sharding).
-plan gpt3 specs/models/gpt3-175b.toml specs/clusters/dgx-a100-80g.toml --nodes 128 --tp 8 --pp 8 \
-  --dp 16 --micro-batch 1 --recompute full --zero 1 --sp --schedule interleaved --virtual-stages 2 \
-  --no-hybrid-shard
-# The same on the 1F1B schedule, for DeepSpeed (its pipeline engine has no interleaving).
-plan gpt3-1f1b specs/models/gpt3-175b.toml specs/clusters/dgx-a100-80g.toml --nodes 128 --tp 8 \
-  --pp 8 --dp 16 --micro-batch 1 --recompute full --zero 1 --sp --schedule 1f1b --no-hybrid-shard
+GPT3=(specs/models/gpt3-175b.toml specs/clusters/dgx-a100-80g.toml)
+# Two DGX H100 nodes, for --devices 12 (the preset has one node; --nodes and --devices exclude
+# each other).
+sed 's/^nodes = 1$/nodes = 2/' specs/clusters/dgx-h100-80g.toml > "$TMP/dgx-h100-80g-2-nodes.toml"
+declare -A PLAN
+# (a) GPT-3 175B in Megatron-LM's SC'21 layout: TP 8, PP 8 interleaved ×2, SP, full recompute,
+# distributed optimizer (tests/common GPT3_MEGATRON_LAYOUT), on 128 DGX A100; (b) the same on 1F1B.
+PLAN[gpt3-interleaved]="${GPT3[*]} --nodes 128 --tp 8 --pp 8 --dp 16 --micro-batch 1 --recompute full --zero 1 --sp --schedule interleaved --virtual-stages 2 --no-hybrid-shard"
+PLAN[gpt3-1f1b]="${GPT3[*]} --nodes 128 --tp 8 --pp 8 --dp 16 --micro-batch 1 --recompute full --zero 1 --sp --schedule 1f1b --no-hybrid-shard"
+# (c) PP = 1 with 256 micro-batches per step: DP 2 × TP 4 + SP, micro-batch 1, global batch 512,
+# ZeRO-0 (so that all three engines can take it: ZeRO-0 is DDP for torchtitan).
+PLAN[llama-pp1]="${LLAMA[*]} --nodes 1 --dp 2 --tp 4 --pp 1 --micro-batch 1 --sp --zero 0 --recompute full"
+# Llama-3 8B as tests/exports.rs plans it: DP 2 × TP 2 + SP × PP 2, stages of 17 and 15 layers
+# (Megatron's first/last-stage flags), ZeRO-1; with FSDP (torchtitan), and with selective
+# recompute under flash attention (torchtitan's per-op mode).
+PLAN[llama-pp2]="${LLAMA[*]} --nodes 1 --tp 2 --pp 2 --dp 2 --micro-batch 1 --sp --schedule 1f1b --zero 1 --recompute full"
+PLAN[llama-pp2-fsdp]="${LLAMA[*]} --nodes 1 --tp 2 --pp 2 --dp 2 --micro-batch 1 --sp --schedule 1f1b --zero 3 --no-hybrid-shard --recompute full"
+PLAN[llama-pp2-fsdp-selective]="${LLAMA[*]} --nodes 1 --tp 2 --pp 2 --dp 2 --micro-batch 1 --sp --schedule 1f1b --zero 3 --no-hybrid-shard --recompute selective"
+# (d) Interleaved with uneven chunks: 32 layers as PP 2 × 3 chunks of 5, 5, 5, 5, 6, 6; ZeRO-1
+# (Megatron: --pipeline-model-parallel-layout) and ZeRO-3 (torchtitan: 6 model parts).
+PLAN[llama-interleaved-uneven]="${LLAMA[*]} --nodes 1 --tp 2 --pp 2 --dp 2 --micro-batch 1 --sp --zero 1 --recompute full --schedule interleaved --virtual-stages 3"
+PLAN[llama-interleaved-uneven-fsdp]="${LLAMA[*]} --nodes 1 --tp 2 --pp 2 --dp 2 --micro-batch 1 --sp --zero 3 --no-hybrid-shard --recompute full --schedule interleaved --virtual-stages 3"
+# ZeRO-3 over 2 nodes (DP 16), and (e) HSDP: the same sharded within each node, replicated across.
+PLAN[llama-zero3-2-nodes]="${LLAMA[*]} --nodes 2 --dp 16 --tp 1 --pp 1 --zero 3 --no-hybrid-shard --micro-batch 1 --recompute full"
+PLAN[llama-hsdp]="${LLAMA[*]} --nodes 2 --dp 16 --tp 1 --pp 1 --zero 3 --hybrid-shard --micro-batch 1 --recompute full"
+# (f) Full recompute of every 4th layer: on one stage (Megatron's block method), on an even
+# split of 16 + 16 (torchtitan's layer mode), and on GPT-3 13B's uneven split of 8, 12, 12, 8
+# layers (every chunk a multiple of 4; Megatron's one K cannot state 2, 3, 3, 2).
+PLAN[llama-every4]="${LLAMA[*]} --nodes 1 --tp 2 --pp 1 --dp 4 --micro-batch 1 --sp --zero 1 --recompute full --recompute-every 4"
+PLAN[llama-every4-pp2-fsdp]="${LLAMA[*]} --nodes 1 --tp 2 --pp 2 --dp 2 --micro-batch 1 --sp --zero 3 --no-hybrid-shard --recompute full --recompute-every 4 --schedule 1f1b"
+PLAN[gpt3-13b-every4-uneven]="specs/models/gpt3-13b.toml specs/clusters/dgx-a100-80g.toml --nodes 1 --tp 2 --pp 4 --dp 1 --micro-batch 1 --sp --zero 1 --recompute full --recompute-every 4 --schedule 1f1b"
+PLAN[gpt3-13b-every4-uneven-fsdp]="specs/models/gpt3-13b.toml specs/clusters/dgx-a100-80g.toml --nodes 1 --tp 2 --pp 4 --dp 1 --micro-batch 1 --sp --zero 3 --no-hybrid-shard --recompute full --recompute-every 4 --schedule 1f1b"
+# (g) 12 GPUs on 8-GPU nodes: the last node holds 4 ranks. DP 3 × TP 4 + SP, global batch 768.
+PLAN[llama-12-gpus]="specs/models/llama3-8b.toml $TMP/dgx-h100-80g-2-nodes.toml --devices 12 --global-batch 768 --tp 4 --pp 1 --dp 3 --micro-batch 1 --sp --zero 0 --recompute full"
+# (h) The README's CPU plan: the tiny model on the 8-device CPU cluster, DP 2 × PP 2 × TP 2.
+PLAN[tiny-cpu]="specs/models/tiny.toml specs/clusters/cpu-8.toml --dp 2 --pp 2 --tp 2 --no-sp --micro-batch 2 --schedule 1f1b --zero 1"
+# A layout that does not fit, written with --force ("feasible": false): refused by every target;
+# exported with `tessera export --force` it is an ordinary DDP plan every target takes.
+PLAN[llama-infeasible]="${LLAMA[*]} --nodes 1 --dp 8 --tp 1 --pp 1 --micro-batch 4 --zero 0 --recompute none --force"
 
-case "$1" in
-kubernetes)
-  KV=.tools/kubernetes-validate-1.37.0
-  if [ ! -d "$KV/kubernetes_validate" ]; then
-    python3 -m pip install --quiet --disable-pip-version-check --target "$KV" kubernetes-validate==1.37.0
-  fi
-  export_to gpt3 kubernetes
-  validate() { PYTHONPATH="$KV" python3 -m kubernetes_validate --strict -k 1.37.0 "$@"; }
-  validate "$TMP/gpt3.kubernetes"
-  # The check can fail: a misspelt field is refused.
-  sed 's/completionMode:/completionMod:/' "$TMP/gpt3.kubernetes" > "$TMP/misspelt.yaml"
-  if validate --quiet "$TMP/misspelt.yaml" > /dev/null; then
-    echo "kubernetes-validate accepted a misspelt field" >&2
-    exit 1
-  fi
-  echo "ok: kubernetes-validate refuses the manifest with completionMode misspelt"
-  ;;
-deepspeed)
-  : "${TESSERA_TORCH_PYTHON:?set it to a Python with torch and deepspeed}"
-  # Llama-3 8B on two DGX H100, DP 16 with ZeRO-3 (hybrid sharding is refused: not hpZ).
-  plan llama-zero3 "${LLAMA[@]}" --nodes 2 --dp 16 --tp 1 --pp 1 --zero 3 --no-hybrid-shard --micro-batch 1
-  # The interleaved plan is refused (exit 2).
-  if "$TESSERA" export "$TMP/gpt3.json" --to deepspeed > /dev/null 2>&1; then
-    echo "the interleaved plan was exported to deepspeed" >&2
-    exit 1
-  fi
-  for name in gpt3-1f1b llama-zero3; do
-    export_to "$name" deepspeed
-    PATH="$(dirname "$TESSERA_TORCH_PYTHON"):$PATH" \
-      "$TESSERA_TORCH_PYTHON" scripts/check_exports_deepspeed.py "$TMP/$name.deepspeed" "$TMP/$name.json"
+EXPECTED=$(
+  cat << 'TABLE'
+# plan                         megatron            deepspeed           torchtitan          sbatch            kubernetes
+gpt3-interleaved               ok                  refuse:interleaved  refuse:ZeRO-1       ok                ok
+gpt3-1f1b                      ok                  ok                  refuse:ZeRO-1       ok                ok
+llama-pp1                      ok                  ok                  ok                  ok                ok
+llama-pp2                      ok                  refuse:uneven       refuse:ZeRO-1       ok                ok
+llama-pp2-fsdp                 refuse:ZeRO-3       refuse:ZeRO-3       ok                  ok                ok
+llama-pp2-fsdp-selective       refuse:ZeRO-3       refuse:selective    ok                  ok                ok
+llama-interleaved-uneven       ok                  refuse:interleaved  refuse:ZeRO-1       ok                ok
+llama-interleaved-uneven-fsdp  refuse:ZeRO-3       refuse:interleaved  ok                  ok                ok
+llama-zero3-2-nodes            refuse:ZeRO-3       ok                  ok                  ok                ok
+llama-hsdp                     refuse:ZeRO-3       refuse:hybrid       ok                  ok                ok
+llama-every4                   ok                  refuse:some_layers  refuse:ZeRO-1       ok                ok
+llama-every4-pp2-fsdp          refuse:ZeRO-3       refuse:some_layers  ok                  ok                ok
+gpt3-13b-every4-uneven         refuse:every_4th    refuse:some_layers  refuse:ZeRO-1       ok                ok
+gpt3-13b-every4-uneven-fsdp    refuse:ZeRO-3       refuse:some_layers  ok                  ok                ok
+llama-12-gpus                  ok                  ok                  ok                  refuse:12_ranks   refuse:12_ranks
+tiny-cpu                       refuse:CPU          refuse:CPU          refuse:CPU          ok                ok
+llama-infeasible               refuse:feasible     refuse:feasible     refuse:feasible     refuse:feasible   refuse:feasible
+llama-infeasible+force         ok                  ok                  ok                  ok                ok
+TABLE
+)
+column_of() { # TARGET: its column in the table (plan is 1)
+  local i
+  for i in "${!TARGETS[@]}"; do
+    if [ "${TARGETS[i]}" = "$1" ]; then echo $((i + 2)); fi
   done
-  ;;
-megatron)
-  : "${TESSERA_TORCH_PYTHON:?set it to a Python with torch and deepspeed}"
-  : "${MEGATRON_LM:?set it to a Megatron-LM tree}"
-  # Llama-3 8B as tests/exports.rs plans it: DP 2 × TP 2 + SP × PP 2 (stages of 17 and 15
-  # layers), ZeRO-1, full recompute; and on one stage (DP 4 × TP 2 + SP) with every 4th layer.
-  plan llama-uneven "${LLAMA[@]}" --nodes 1 --tp 2 --pp 2 --dp 2 --micro-batch 1 --sp --schedule 1f1b \
-    --zero 1 --recompute full
-  plan llama-every "${LLAMA[@]}" --nodes 1 --tp 2 --pp 1 --dp 4 --micro-batch 1 --sp \
-    --zero 1 --recompute full --recompute-every 4
-  for name in gpt3 llama-uneven llama-every; do
-    export_to "$name" megatron
-    mapfile -d '' args < <(bash -c 'source "$1"; printf "%s\0" "${MEGATRON_ARGS[@]}"' _ "$TMP/$name.megatron")
-    PYTHONPATH="$MEGATRON_LM" "$TESSERA_TORCH_PYTHON" -W ignore \
-      scripts/check_exports_megatron.py "$TMP/$name.json" "${args[@]}"
-  done
-  ;;
-megatron-deepspeed)
-  : "${TESSERA_TORCH_PYTHON:?set it to a Python with torch, deepspeed, transformers and six}"
-  : "${MEGATRON_DEEPSPEED:?set it to a Megatron-DeepSpeed tree}"
-  # GPT-3 on 1F1B: the flags the DeepSpeed export prints on stderr, the model-shape and batch flags of the
-  # Megatron export of the same plan that Megatron-DeepSpeed also has, and the config.
-  "$TESSERA" export "$TMP/gpt3-1f1b.json" --to deepspeed -o "$TMP/gpt3-1f1b.deepspeed" > /dev/null 2> "$TMP/gpt3-1f1b.stderr"
-  read -ra flags < <(sed -n 's/^Megatron-DeepSpeed flags the config cannot hold: //p' "$TMP/gpt3-1f1b.stderr")
-  [ ${#flags[@]} -gt 0 ] || { cat "$TMP/gpt3-1f1b.stderr" >&2; exit 1; }
-  export_to gpt3-1f1b megatron
-  mapfile -d '' margs < <(bash -c 'source "$1"; printf "%s\0" "${MEGATRON_ARGS[@]}"' _ "$TMP/gpt3-1f1b.megatron")
-  shape=()
-  for ((i = 0; i < ${#margs[@]}; i++)); do
-    case "${margs[i]}" in
-    --num-layers | --hidden-size | --num-attention-heads | --ffn-hidden-size | --seq-length | \
-      --max-position-embeddings | --attention-dropout | --hidden-dropout | \
-      --make-vocab-size-divisible-by | --micro-batch-size | --global-batch-size)
-      shape+=("${margs[i]}" "${margs[i + 1]}") ;;
-    --bf16) shape+=(--bf16) ;;
+}
+
+RESULTS=$TMP/results.tsv
+: > "$RESULTS"
+result() { printf '%s\t%s\t%s\t%s\n' "$1" "$2" "$3" "$4" >> "$RESULTS"; }
+
+# Plans.
+mapfile -t NAMES < <(grep -v '^#' <<< "$EXPECTED" | awk 'NF { print $1 }')
+for name in "${NAMES[@]}"; do
+  base=${name%+force}
+  [ -n "${PLAN[$base]:-}" ] || { echo "no plan for $name in the table" >&2; exit 1; }
+  [ "$base" != "$name" ] && continue
+  # shellcheck disable=SC2086 # the arguments hold no spaces
+  "$TESSERA" plan ${PLAN[$name]} -o "$TMP/$name.json" > "$TMP/$name.plan.log" 2>&1 ||
+    { cat "$TMP/$name.plan.log" >&2; echo "tessera plan failed for $name" >&2; exit 1; }
+done
+
+# Exports: each against the table. What is exported goes to the target's check below.
+declare -A CHECK # target -> "NAME PLAN EXPORT ..." for the check scripts
+for target in "${COLUMNS_[@]}"; do
+  col=$(column_of "$target")
+  for name in "${NAMES[@]}"; do
+    base=${name%+force}
+    force=()
+    [ "$base" != "$name" ] && force=(--force)
+    want=$(grep -v '^#' <<< "$EXPECTED" | awk -v n="$name" -v c="$col" '$1 == n { print $c }')
+    out=$TMP/$name.$target
+    set +e
+    "$TESSERA" export "$TMP/$base.json" --to "$target" "${force[@]}" -o "$out" > /dev/null 2> "$out.stderr"
+    rc=$?
+    set -e
+    # The message without the plan's path (whose name could hold the word looked for).
+    text=$(grep -v '^wrote ' "$out.stderr" | sed "s|$TMP/$base.json|PLAN|g" || true)
+    msg=$(head -n 1 <<< "$text")
+    case "$want:$rc" in
+    ok:0) CHECK[$target]+=" $name $TMP/$base.json $out" ;;
+    ok:*) result "$name" "$target" FAIL "expected an export, refused (exit $rc): $msg" ;;
+    refuse:*:2)
+      word=${want#refuse:}
+      word=${word//_/ }
+      if grep -qF -- "$word" <<< "$text" && [ ! -e "$out" ]; then
+        result "$name" "$target" refused "$msg"
+      else
+        result "$name" "$target" FAIL "refused, but the message does not name '$word' (or a file was written): $msg"
+      fi
+      ;;
+    refuse:*:0) result "$name" "$target" FAIL "expected a refusal (${want#refuse:}), exported" ;;
+    *) result "$name" "$target" FAIL "tessera export exited $rc: $msg" ;;
     esac
   done
-  PYTHONPATH="$MEGATRON_DEEPSPEED" "$TESSERA_TORCH_PYTHON" -W ignore \
-    scripts/check_exports_megatron_deepspeed.py "$TMP/gpt3-1f1b.json" "$TMP/gpt3-1f1b.deepspeed" \
-    "${flags[@]}" "${shape[@]}" --deepspeed --deepspeed_config "$TMP/gpt3-1f1b.deepspeed"
-  ;;
-torchtitan)
-  : "${TESSERA_TORCH_PYTHON:?set it to a Python with torch and torchtitan 0.2.x}"
-  # Llama-3 8B as tests/exports.rs plans it (fsdp_layout): DP 2 × TP 2 + SP × PP 2 (stages of 17
-  # and 15 layers), ZeRO-3 (FSDP), full recompute; and with selective recompute (flash
-  # attention: torchtitan's per-op mode).
-  for recompute in full selective; do
-    plan "llama-$recompute" "${LLAMA[@]}" --nodes 1 --tp 2 --pp 2 --dp 2 --micro-batch 1 --sp \
-      --schedule 1f1b --zero 3 --recompute "$recompute"
-    export_to "llama-$recompute" torchtitan
-    "$TESSERA_TORCH_PYTHON" -W ignore scripts/check_exports_torchtitan.py \
-      "$TMP/llama-$recompute.torchtitan" "$TMP/llama-$recompute.json"
+done
+
+# The targets' own code.
+run_check() { # TARGET PYTHON-COMMAND...: the target's check script on its exports
+  local target=$1
+  shift
+  [ -n "${CHECK[$target]:-}" ] || return 0
+  echo
+  echo "=== $target"
+  local rc=0
+  # shellcheck disable=SC2086 # the names and paths hold no spaces
+  "$@" "scripts/check_exports_$target.py" --results "$RESULTS" ${CHECK[$target]} || rc=$?
+  # An export the check did not report on (it died before, e.g. on an import) is a failure.
+  # shellcheck disable=SC2086
+  set -- ${CHECK[$target]}
+  while [ $# -gt 0 ]; do
+    if ! awk -F '\t' -v n="$1" -v t="$target" '$1 == n && $2 == t { found = 1 } END { exit !found }' "$RESULTS"; then
+      result "$1" "$target" FAIL "the check exited $rc without a result for it"
+    fi
+    shift 3
   done
-  ;;
-sbatch)
+}
+skip() { # TARGET REASON: every export of the target is recorded as skipped
+  # shellcheck disable=SC2086
+  set -- "$1" "$2" ${CHECK[$1]:-}
+  local target=$1 reason=$2
+  shift 2
+  while [ $# -gt 0 ]; do
+    result "$1" "$target" skipped "$reason"
+    shift 3
+  done
+  echo "=== $target: skipped: $reason"
+}
+PY=${TESSERA_TORCH_PYTHON:-}
+for target in "${COLUMNS_[@]}"; do
+  case $target in megatron | deepspeed | torchtitan)
+    [ -n "${CHECK[$target]:-}" ] && [ -z "$PY" ] && PY=$(bash scripts/check-exports-env.sh engines) ;;
+  esac
+done
+for target in "${COLUMNS_[@]}"; do
+  case $target in
+  sbatch) run_check sbatch python3 ;;
+  kubernetes)
+    KV=$(bash scripts/check-exports-env.sh kubernetes)
+    run_check kubernetes env PYTHONPATH="$KV" python3
+    ;;
+  deepspeed)
+    # DeepSpeed's CPU accelerator compiles its shared-memory op at the first init (ninja from
+    # the venv, the system's C++ compiler); the result is kept beside the venv.
+    run_check deepspeed env PATH="$(dirname "$PY"):$PATH" \
+      TORCH_EXTENSIONS_DIR="${TORCH_EXTENSIONS_DIR:-$(dirname "$(dirname "$PY")")/torch_extensions}" \
+      "$PY" -W ignore
+    ;;
+  torchtitan)
+    run_check torchtitan "$PY" -W ignore
+    ;;
+  megatron)
+    # Megatron-LM's code: a tree (MEGATRON_LM) ahead of megatron-core's wheel. Skipped, with the
+    # reason, only where there is neither (megatron-core needs Python >= 3.12); where there is
+    # one, a failure to import it fails its exports.
+    if [ -n "${MEGATRON_LM:-}" ] || "$PY" -c 'import importlib.metadata as m; m.version("megatron-core")' 2> /dev/null; then
+      run_check megatron env PYTHONPATH="${MEGATRON_LM:-}" "$PY" -W ignore
+    else
+      skip megatron "$PY has no megatron-core (0.19.0 needs Python >= 3.12: TESSERA_CHECK_PYTHON) and MEGATRON_LM is not set"
+    fi
+    ;;
+  esac
+done
+
+# sbatch, by hand: every exported script through a real controller.
+if [ "$MODE" = sbatch ] && [ -n "${CHECK[sbatch]:-}" ]; then
   # Our own Slurm controller on loopback (Debian's slurmctld, slurm-client and munge; as root),
-  # with the plan's nodes as powered-down cloud nodes, so that no slurmd is needed: sbatch
-  # --test-only parses the script's #SBATCH lines and asks it where the job would start.
-  export_to gpt3 sbatch
+  # with nodes as powered-down cloud nodes, so that no slurmd is needed: sbatch --test-only
+  # parses each script's #SBATCH lines and asks it where the job would start. The cluster is the
+  # largest the matrix's plans use (128 nodes of 8 GPUs); the plan has no CPU count, so 128 CPUs
+  # a node is this script's choice.
   S=$TMP/slurm
   mkdir -p "$S/state"
-  read -r nodes gpus < <(python3 -c 'import json, sys; c = json.load(open(sys.argv[1]))["job"]["cluster"]
-print(c["nodes"], c["gpus_per_node"])' "$TMP/gpt3.json")
-  cat > "$S/slurm.conf" <<CONF
+  cat > "$S/slurm.conf" << CONF
 ClusterName=tessera-check
 SlurmctldHost=localhost
 SlurmctldPort=16817
@@ -152,7 +261,7 @@ SelectType=select/cons_tres
 GresTypes=gpu
 SuspendProgram=/bin/true
 ResumeProgram=/bin/true
-NodeName=node[1-$nodes] NodeAddr=127.0.0.1 CPUs=128 RealMemory=1000000 Gres=gpu:$gpus State=CLOUD
+NodeName=node[1-128] NodeAddr=127.0.0.1 CPUs=128 RealMemory=1000000 Gres=gpu:8 State=CLOUD
 PartitionName=batch Nodes=ALL Default=YES MaxTime=INFINITE State=UP
 CONF
   stop() { # the two daemons this run started, then the temp dir
@@ -170,13 +279,81 @@ CONF
   export SLURM_CONF=$S/slurm.conf
   slurmctld -c -i
   for _ in $(seq 30); do scontrol ping > /dev/null 2>&1 && break; sleep 1; done
-  sbatch --test-only "$TMP/gpt3.sbatch"
+  echo
+  echo "=== sbatch --test-only"
+  # shellcheck disable=SC2086
+  set -- ${CHECK[sbatch]}
+  while [ $# -gt 0 ]; do
+    if out=$(sbatch --test-only "$3" 2>&1); then
+      echo "  $1: $out"
+    else
+      echo "  $1: $out"
+      result "$1" "sbatch --test-only" FAIL "$out"
+    fi
+    shift 3
+  done
   # The check can fail: one GPU a node more than the nodes have is refused.
-  sed "s/gpus-per-node=$gpus/gpus-per-node=$((gpus + 1))/" "$TMP/gpt3.sbatch" > "$S/more.sbatch"
+  sed 's/gpus-per-node=8/gpus-per-node=9/' "$TMP/gpt3-interleaved.sbatch" > "$S/more.sbatch"
   if sbatch --test-only "$S/more.sbatch" 2> /dev/null; then
-    echo "sbatch --test-only accepted $((gpus + 1)) GPUs a node" >&2
-    exit 1
+    result gpt3-interleaved "sbatch --test-only" FAIL "accepted 9 GPUs a node"
+  else
+    echo "  ok: sbatch --test-only refuses the script with --gpus-per-node=9"
   fi
-  echo "ok: sbatch --test-only refuses the script with --gpus-per-node=$((gpus + 1))"
-  ;;
-esac
+fi
+
+# Megatron-DeepSpeed, by hand.
+if [ "$MODE" = megatron-deepspeed ]; then
+  : "${TESSERA_TORCH_PYTHON:?set it to a Python with torch, deepspeed, transformers and six}"
+  : "${MEGATRON_DEEPSPEED:?set it to a Megatron-DeepSpeed tree}"
+  # GPT-3 on 1F1B (planned above): the flags the DeepSpeed export prints on stderr, the
+  # model-shape and batch flags of the Megatron export of the same plan that Megatron-DeepSpeed
+  # also has, and the config.
+  "$TESSERA" export "$TMP/gpt3-1f1b.json" --to deepspeed -o "$TMP/gpt3-1f1b.deepspeed" > /dev/null 2> "$TMP/gpt3-1f1b.stderr"
+  read -ra flags < <(sed -n 's/^Megatron-DeepSpeed flags the config cannot hold: //p' "$TMP/gpt3-1f1b.stderr")
+  [ ${#flags[@]} -gt 0 ] || { cat "$TMP/gpt3-1f1b.stderr" >&2; exit 1; }
+  "$TESSERA" export "$TMP/gpt3-1f1b.json" --to megatron -o "$TMP/gpt3-1f1b.megatron" > /dev/null
+  mapfile -d '' margs < <(bash -c 'source "$1"; printf "%s\0" "${MEGATRON_ARGS[@]}"' _ "$TMP/gpt3-1f1b.megatron")
+  shape=()
+  for ((i = 0; i < ${#margs[@]}; i++)); do
+    case "${margs[i]}" in
+    --num-layers | --hidden-size | --num-attention-heads | --ffn-hidden-size | --seq-length | \
+      --max-position-embeddings | --attention-dropout | --hidden-dropout | \
+      --make-vocab-size-divisible-by | --micro-batch-size | --global-batch-size)
+      shape+=("${margs[i]}" "${margs[i + 1]}") ;;
+    --bf16) shape+=(--bf16) ;;
+    esac
+  done
+  PYTHONPATH="$MEGATRON_DEEPSPEED" "$TESSERA_TORCH_PYTHON" -W ignore \
+    scripts/check_exports_megatron_deepspeed.py "$TMP/gpt3-1f1b.json" "$TMP/gpt3-1f1b.deepspeed" \
+    "${flags[@]}" "${shape[@]}" --deepspeed --deepspeed_config "$TMP/gpt3-1f1b.deepspeed"
+  exit 0
+fi
+
+# The outcome of every pair: a table, then each failure.
+echo
+echo "=== plan × target (ok: exported, and the target's code reads the plan; refused: exit 2 as expected)"
+python3 - "$RESULTS" "${COLUMNS_[*]}" "${NAMES[*]}" << 'PY'
+import sys
+path, cols, names = sys.argv[1], sys.argv[2].split(), sys.argv[3].split()
+cell, fails, refusals = {}, [], []
+for line in open(path):
+    name, target, status, detail = line.rstrip("\n").split("\t", 3)
+    if status == "FAIL":
+        fails.append(f"{name} -> {target}: {detail}")
+    elif status != "ok":
+        refusals.append(f"{status} {name} -> {target}: {detail.removeprefix('error: PLAN: ')}")
+    if target in cols and cell.get((name, target)) != "FAIL":
+        cell[(name, target)] = status
+    if target == "sbatch --test-only" and status == "FAIL":
+        cell[(name, "sbatch")] = "FAIL"
+w = max(map(len, names))
+print(f"{'':{w}}  " + "".join(f"{c:<12}" for c in cols))
+for n in names:
+    print(f"{n:{w}}  " + "".join(f"{cell.get((n, c), '-'):<12}" for c in cols))
+print()
+for r in refusals:
+    print(r)
+for f in fails:
+    print("FAIL " + f)
+sys.exit(1 if fails else 0)
+PY

@@ -1,14 +1,17 @@
-"""A `tessera export --to deepspeed` config read by DeepSpeed's own DeepSpeedConfig.
+"""`tessera export --to deepspeed` configs read by DeepSpeed's own DeepSpeedConfig.
 
-Usage: python check_exports_deepspeed.py CONFIG.json PLAN.json (scripts/check-exports.sh
-deepspeed runs it with a Python that has torch and deepspeed). Fails (exit 1) unless DeepSpeed
-accepts the config, reads back the plan's batch, ZeRO stage and precision, and rejects the
-same config with train_batch_size off by one.
+Usage: python check_exports_deepspeed.py [--results FILE] NAME PLAN.json CONFIG.json [...] with a
+Python that has torch and deepspeed (scripts/check-exports.sh runs it). For each config: every
+key must be one DeepSpeed reads, DeepSpeedConfig must accept it for the plan's DP degree, and its
+reading must be the plan's (batch, micro-batch, accumulation steps, ZeRO stage and hpZ, bf16,
+activation checkpointing), derived from plan.json; the same config with train_batch_size + 1 must
+be refused. Where the export's stderr was saved beside the config (CONFIG.stderr), the
+Megatron-DeepSpeed flags printed there must be the plan's degrees, ZeRO stage, SP and recompute.
 """
 
 import copy
-import json
-import sys
+import os
+import re
 import tempfile
 
 import deepspeed
@@ -17,77 +20,105 @@ from deepspeed.runtime.activation_checkpointing.config import ACT_CHKPT, ACT_CHK
 from deepspeed.runtime.config import DeepSpeedConfig
 from deepspeed.runtime.zero.config import ZERO_OPTIMIZATION
 
-config_path, plan_path = sys.argv[1:3]
-config = json.load(open(config_path))
-plan = json.load(open(plan_path))
-p = plan["parallel"]
+from check_exports_common import compare, load, run
 
 # DeepSpeedConfig first asks deepspeed.comm for the rank; with no backend it silently takes
-# world size 1 and never asks the mpu. So: a real one-process gloo group, and the plan's DP
+# world size 1 and never asks the mpu. So: a real one-process gloo group, and each plan's DP
 # from an mpu, as Megatron-DeepSpeed passes its own.
-store = tempfile.mkdtemp()
-deepspeed.init_distributed("gloo", auto_mpi_discovery=False, init_method=f"file://{store}/store",
-                           rank=0, world_size=1)
+deepspeed.init_distributed("gloo", auto_mpi_discovery=False,
+                           init_method=f"file://{tempfile.mkdtemp()}/store", rank=0, world_size=1)
+print(f"DeepSpeed {deepspeed.__version__}")
 
 
 class Mpu:
     """What DeepSpeed asks a model-parallel unit, answered with the plan's degrees."""
 
+    def __init__(self, p):
+        self.p = p
+
     def get_data_parallel_world_size(self):
-        return p["dp"]
+        return self.p["dp"]
 
     def get_data_parallel_rank(self):
         return 0
 
     def get_model_parallel_world_size(self):
-        return p["tp"] * p["pp"]
+        return self.p["tp"] * self.p["pp"]
 
     def get_model_parallel_rank(self):
         return 0
 
 
-# DeepSpeed ignores top-level and activation-checkpointing keys it does not know (its
-# zero_optimization and bf16 sections are pydantic models that reject them): ours must be
-# names DeepSpeed reads.
-known = {v for v in vars(constants).values() if isinstance(v, str)} | {ZERO_OPTIMIZATION, ACT_CHKPT}
-unknown = [k for k in config if k not in known]
-unknown += [f"{ACT_CHKPT}.{k}" for k in config.get(ACT_CHKPT, {}) if k not in ACT_CHKPT_DEFAULT]
-assert not unknown, f"keys DeepSpeed does not read: {unknown}"
+def check(name, plan, plan_path, config_path):
+    p = plan["parallel"]
+    config = load(config_path)
+    # DeepSpeed ignores top-level and activation-checkpointing keys it does not know (its
+    # zero_optimization and bf16 sections are pydantic models that reject them): ours must be
+    # names DeepSpeed reads.
+    known = {v for v in vars(constants).values() if isinstance(v, str)} | {ZERO_OPTIMIZATION, ACT_CHKPT}
+    unknown = [k for k in config if k not in known]
+    unknown += [f"{ACT_CHKPT}.{k}" for k in config.get(ACT_CHKPT, {}) if k not in ACT_CHKPT_DEFAULT]
+    assert not unknown, f"keys DeepSpeed does not read: {unknown}"
 
-c = DeepSpeedConfig(config_path, mpu=Mpu())
-got = {
-    "data-parallel world size": c.world_size,
-    "train_batch_size": c.train_batch_size,
-    "train_micro_batch_size_per_gpu": c.train_micro_batch_size_per_gpu,
-    "gradient_accumulation_steps": c.gradient_accumulation_steps,
-    "zero stage": int(c.zero_optimization_stage),
-    "zero_hpz_partition_size": c.zero_config.zero_hpz_partition_size,
-    "bf16": c.bfloat16_config.enabled,
-    "fp16": c.float16_config.enabled,
-}
-want = {
-    "data-parallel world size": p["dp"],
-    "train_batch_size": plan["job"]["model"]["training"]["global_batch"],
-    "train_micro_batch_size_per_gpu": p["micro_batch"],
-    "gradient_accumulation_steps": p["microbatches"],
-    "zero stage": p["zero_stage"],
-    "zero_hpz_partition_size": plan["job"]["cluster"]["gpus_per_node"] if p["hybrid_shard"] else 1,
-    "bf16": True,
-    "fp16": False,
-}
-for key in want:
-    print(f"  {key}: DeepSpeed read {got[key]}, plan {want[key]}")
-assert got == want, "DeepSpeed's reading differs from the plan"
-if p["recompute"] == "full":
-    print(f"  activation_checkpointing: {vars(c.activation_checkpointing_config)}")
+    c = DeepSpeedConfig(config_path, mpu=Mpu(p))
+    got = {
+        "data-parallel world size": c.world_size,
+        "train_batch_size": c.train_batch_size,
+        "train_micro_batch_size_per_gpu": c.train_micro_batch_size_per_gpu,
+        "gradient_accumulation_steps": c.gradient_accumulation_steps,
+        "zero stage": int(c.zero_optimization_stage),
+        "zero_hpz_partition_size": c.zero_config.zero_hpz_partition_size,
+        "bf16": c.bfloat16_config.enabled,
+        "fp16": c.float16_config.enabled,
+        # The config's section configures DeepSpeed's checkpointing; Megatron-DeepSpeed turns
+        # it on with --checkpoint-activations (below): present exactly with full recompute.
+        "activation_checkpointing section": ACT_CHKPT in config,
+    }
+    want = {
+        "data-parallel world size": p["dp"],
+        "train_batch_size": plan["job"]["model"]["training"]["global_batch"],
+        "train_micro_batch_size_per_gpu": p["micro_batch"],
+        "gradient_accumulation_steps": p["microbatches"],
+        "zero stage": p["zero_stage"],
+        "zero_hpz_partition_size": 1,  # hpZ is not the plan's hybrid sharding
+        "bf16": True,
+        "fp16": False,
+        "activation_checkpointing section": p["recompute"] == "full",
+    }
+    stderr = config_path + ".stderr"
+    if os.path.exists(stderr):
+        m = re.search(r"^Megatron-DeepSpeed flags the config cannot hold: (.*)$", open(stderr).read(), re.M)
+        assert m, f"no Megatron-DeepSpeed flags in {stderr}"
+        words = m.group(1).split()
+        value = lambda flag: int(words[words.index(flag) + 1]) if flag in words else None  # noqa: E731
+        got.update({
+            "--tensor-model-parallel-size": value("--tensor-model-parallel-size"),
+            "--pipeline-model-parallel-size": value("--pipeline-model-parallel-size"),
+            "--zero-stage": value("--zero-stage"),
+            "--sequence-parallel": "--sequence-parallel" in words,
+            "--checkpoint-activations": "--checkpoint-activations" in words,
+            "--deepspeed-activation-checkpointing": "--deepspeed-activation-checkpointing" in words,
+        })
+        want.update({
+            "--tensor-model-parallel-size": p["tp"],
+            "--pipeline-model-parallel-size": p["pp"],
+            "--zero-stage": p["zero_stage"],
+            "--sequence-parallel": p["sequence_parallel"],
+            "--checkpoint-activations": p["recompute"] == "full",
+            "--deepspeed-activation-checkpointing": p["recompute"] == "full",
+        })
+    compare("DeepSpeed", got, want)
 
-# The check can fail: the same config with the batch off by one is refused.
-broken = copy.deepcopy(config)
-broken["train_batch_size"] += 1
-try:
-    DeepSpeedConfig(broken, mpu=Mpu())
-except AssertionError as e:
-    print(f"  train_batch_size + 1 refused: {e}")
-else:
-    sys.exit("DeepSpeedConfig accepted train_batch_size + 1")
-print(f"ok: DeepSpeed {deepspeed.__version__} accepts {config_path}")
+    # The check can fail: the same config with the batch off by one is refused.
+    broken = copy.deepcopy(config)
+    broken["train_batch_size"] += 1
+    try:
+        DeepSpeedConfig(broken, mpu=Mpu(p))
+    except AssertionError as e:
+        print(f"  train_batch_size + 1 refused: {e}")
+    else:
+        raise AssertionError("DeepSpeedConfig accepted train_batch_size + 1")
+    print(f"ok: DeepSpeed {deepspeed.__version__} accepts the config of {name}")
+
+
+run("deepspeed", check)

@@ -53,8 +53,7 @@ fn header(kind: &str, plan: &Plan, launch: &Launch) -> String {
 pub(super) fn sbatch(plan: &Plan, launch: &Launch) -> Result<String, ExportError> {
     let job = format!("tessera-{}", dns_name(&plan.job.model.name));
     let mut directives: Vec<String> = vec![format!("--job-name={job}")];
-    let body;
-    if launch.gpus {
+    let body = if launch.gpus {
         let per = uniform(Target::Sbatch, launch)?;
         directives.extend([
             format!("--nodes={}", launch.nodes),
@@ -63,22 +62,22 @@ pub(super) fn sbatch(plan: &Plan, launch: &Launch) -> Result<String, ExportError
             format!("--gpus-per-node={per}"),
             "--exclusive".into(),
         ]);
-        body = format!(
+        format!(
             "export MASTER_ADDR=$(scontrol show hostnames \"$SLURM_JOB_NODELIST\" | head -n 1)\n\
              export MASTER_PORT=${{MASTER_PORT:-{MASTER_PORT}}}\n\
              # One task per rank; each reads SLURM_PROCID / SLURM_NTASKS (docs/cuda.md, \"Launching\").\n"
-        );
+        )
     } else {
         directives.extend([
             "--nodes=1".to_string(),
             "--ntasks=1".into(),
             "--exclusive".into(),
         ]);
-        body = format!(
+        format!(
             "# One task: the CPU backend trains the plan's {} ranks as threads of one process.\n",
             launch.world
-        );
-    }
+        )
+    };
     let mut out = String::from("#!/bin/bash\n");
     out += &header("Slurm batch script", plan, launch);
     for d in directives {

@@ -1,0 +1,108 @@
+#!/usr/bin/env bash
+# The engines' own code for scripts/check-exports.sh, from PyPI only, at pinned versions, in a
+# cache outside the clone that later runs on the same machine reuse (docs/exports.md, "How the
+# exports are checked"):
+#   bash scripts/check-exports-env.sh engines      a venv with torch, DeepSpeed, torchtitan,
+#                                                  megatron-core (Megatron-LM's megatron/training;
+#                                                  Python >= 3.12 only) and kubernetes-validate;
+#                                                  prints its python
+#   bash scripts/check-exports-env.sh kubernetes   kubernetes-validate alone (pip --target); prints
+#                                                  the directory to put on PYTHONPATH
+# The cache is $TESSERA_CHECK_CACHE, else ${XDG_CACHE_HOME:-$HOME/.cache}/tessera-ci; each install
+# lives in a directory named by its pins and is used only once complete (a marker file written
+# last), so an interrupted install is redone. The Python is $TESSERA_CHECK_PYTHON, else the first
+# python3.12 or python3.13 found (PATH, then pyenv's versions), else python3 (then without
+# megatron-core, which needs 3.12). Progress goes to stderr; stdout is the one path.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+TORCH=2.15.0
+DEEPSPEED=0.19.8
+TORCHTITAN=0.2.2
+MEGATRON_CORE=0.19.0
+KUBERNETES_VALIDATE=1.37.0
+CONSTRAINTS=$PWD/scripts/check-exports-constraints.txt
+CACHE=${TESSERA_CHECK_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/tessera-ci}
+PIP=(-m pip install --no-cache-dir --disable-pip-version-check --progress-bar off --quiet)
+log() { echo "check-exports-env: $*" >&2; }
+
+find_python() {
+  if [ -n "${TESSERA_CHECK_PYTHON:-}" ]; then
+    echo "$TESSERA_CHECK_PYTHON"
+    return
+  fi
+  local v p
+  for v in 3.12 3.13; do
+    if p=$(command -v "python$v" 2> /dev/null) && "$p" -c '' 2> /dev/null; then
+      echo "$p"
+      return
+    fi
+    for p in "${PYENV_ROOT:-$HOME/.pyenv}"/versions/"$v".*/bin/python"$v"; do
+      if [ -x "$p" ]; then
+        echo "$p"
+        return
+      fi
+    done
+  done
+  command -v python3
+}
+
+mkdir -p "$CACHE"
+exec 9> "$CACHE/.lock"
+flock 9 # one install at a time; a second run waits, then finds it done
+
+case "${1:-}" in
+kubernetes)
+  dir=$CACHE/kubernetes-validate-$KUBERNETES_VALIDATE
+  if [ ! -f "$dir/.complete" ]; then
+    log "installing kubernetes-validate $KUBERNETES_VALIDATE into $dir"
+    rm -rf "$dir"
+    python3 "${PIP[@]}" --target "$dir" "kubernetes-validate==$KUBERNETES_VALIDATE"
+    touch "$dir/.complete"
+  fi
+  echo "$dir"
+  ;;
+engines)
+  py=$(find_python)
+  pyv=$("$py" -c 'import sys; print("%d.%d" % sys.version_info[:2])')
+  lock=$(sha256sum "$CONSTRAINTS" | cut -c1-12)
+  key=engines-py$pyv-torch$TORCH-deepspeed$DEEPSPEED-torchtitan$TORCHTITAN-megatron$MEGATRON_CORE-kv$KUBERNETES_VALIDATE-$lock
+  dir=$CACHE/$key
+  if [ ! -f "$dir/.complete" ]; then
+    start=$SECONDS
+    # One engines venv at a time (about 6 GB): older ones, of other pins, go.
+    for old in "$CACHE"/engines-*; do
+      [ "$old" = "$dir" ] || [ ! -d "$old" ] || { log "removing $old"; rm -rf "$old"; }
+    done
+    rm -rf "$dir"
+    log "creating $dir with $py (Python $pyv)"
+    "$py" -m venv "$dir"
+    vpy=$dir/bin/python
+    # The exact versions of every dependency where the lock was made (Python 3.12); on another
+    # Python some pins may have no wheel, so only the engines are pinned there.
+    c=()
+    case $pyv in 3.12 | 3.13) c=(-c "$CONSTRAINTS") ;; esac
+    # torch from PyPI is a CUDA build (+cu132) with NVIDIA's libraries as wheels (libtorch_cuda
+    # needs them to load, even without a GPU: `--no-deps` does not import); it computes on the
+    # CPU. DeepSpeed is an sdist: built against that torch, without its ops (DS_BUILD_OPS=0).
+    log "torch $TORCH"
+    "$vpy" "${PIP[@]}" "${c[@]}" "torch==$TORCH"
+    log "deepspeed $DEEPSPEED"
+    DS_BUILD_OPS=0 "$vpy" "${PIP[@]}" "${c[@]}" --no-build-isolation "deepspeed==$DEEPSPEED"
+    rest=("torchtitan==$TORCHTITAN" "kubernetes-validate==$KUBERNETES_VALIDATE")
+    if "$vpy" -c 'import sys; sys.exit(sys.version_info < (3, 12))'; then
+      rest+=("megatron-core==$MEGATRON_CORE")
+    else
+      log "Python $pyv: no megatron-core $MEGATRON_CORE (it needs Python >= 3.12); the Megatron checks will be skipped"
+    fi
+    log "${rest[*]}"
+    "$vpy" "${PIP[@]}" "${c[@]}" "${rest[@]}"
+    touch "$dir/.complete"
+    log "done in $((SECONDS - start)) s, $(du -sh "$dir" | cut -f1)"
+  fi
+  echo "$dir/bin/python"
+  ;;
+*)
+  echo "usage: $0 engines|kubernetes" >&2
+  exit 2
+  ;;
+esac
