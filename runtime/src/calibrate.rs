@@ -45,6 +45,120 @@ pub struct Measured {
 /// are the head dimensions of small models' attention products).
 pub const GEMM_SIZES: [usize; 7] = [16, 32, 64, 128, 256, 512, 1024];
 
+/// Elements of each of the memory copy's two buffers per rank: 64 MiB of f32, beyond the
+/// caches.
+const COPY_ELEMENTS: usize = 16 << 20;
+
+/// Bytes of the large all-reduce per rank (its bus bandwidth).
+const ALL_REDUCE_BYTES: usize = 16 << 20;
+
+/// The most ranks measured per core. Every phase runs all ranks at once, so its time grows with
+/// the ranks per core (on the 2-core development machine, busy with builds, 2026-11-25: 8 ranks
+/// took 9 to 12 s, 16 took 22 to 24 s); 8 per core keeps a calibration under half a minute and
+/// allows the README's job (8 ranks on a 2-core machine).
+pub const RANKS_PER_CORE: u64 = 8;
+
+/// The most ranks measured on any host: the all-reduce sends a message between every pair of
+/// ranks, so its time and channels grow as the square of the ranks.
+pub const MAX_RANKS: u64 = 1024;
+
+/// The most memory one rank holds at once: the memory copy's two buffers (the largest phase),
+/// plus its thread's stack, the GEMM's packing buffers and the allocator's slack (16 MiB; the
+/// process's peak was 137 MiB a rank with 8 and 16 ranks).
+pub const BYTES_PER_RANK: u64 = 2 * COPY_ELEMENTS as u64 * 4 + (16 << 20);
+
+/// Bytes per ordered pair of ranks: the all-reduce's channel between them
+/// ([`LocalComm::group`] makes one per pair) and its first block of messages.
+pub const BYTES_PER_RANK_PAIR: u64 = 2 << 10;
+
+/// The share of the host's available memory the measurement may take; the rest stays with the
+/// system and the other processes.
+pub const MEMORY_SHARE: f64 = 0.75;
+
+/// Bytes the measurement holds at its peak with `ranks` ranks.
+pub fn bytes_needed(ranks: u64) -> f64 {
+    let n = ranks as f64;
+    n * BYTES_PER_RANK as f64 + n * n * BYTES_PER_RANK_PAIR as f64
+}
+
+/// How many ranks this host can measure at once, and why: the smallest of
+/// [`RANKS_PER_CORE`] × its cores, the ranks whose [`bytes_needed`] fit in [`MEMORY_SHARE`] of
+/// its available memory, and [`MAX_RANKS`].
+#[derive(Debug, Clone, PartialEq)]
+pub struct RankLimit {
+    /// The most ranks allowed (0: not even one rank's buffers fit).
+    pub max: u64,
+    pub cores: usize,
+    /// [`RANKS_PER_CORE`] × `cores`.
+    pub by_cores: u64,
+    /// Available memory, bytes, where it can be read.
+    pub available_bytes: Option<f64>,
+    /// The most ranks whose buffers fit in the memory share, where it can be read.
+    pub by_memory: Option<u64>,
+}
+
+impl RankLimit {
+    /// This host's limit (nothing is allocated to find it).
+    pub fn of_host() -> RankLimit {
+        RankLimit::new(host_cores(), available_memory_bytes())
+    }
+
+    pub fn new(cores: usize, available_bytes: Option<f64>) -> RankLimit {
+        let by_cores = RANKS_PER_CORE.saturating_mul(cores.max(1) as u64);
+        let available_bytes = available_bytes.filter(|a| a.is_finite() && *a >= 0.0);
+        let by_memory = available_bytes.map(|avail| {
+            let budget = avail * MEMORY_SHARE;
+            // n·B + n²·P ≤ budget, solved for n and then corrected for rounding (n stays far
+            // below 2^53, where the correction is exact: 10^15 pairs are 2 EiB).
+            let (b, p) = (BYTES_PER_RANK as f64, BYTES_PER_RANK_PAIR as f64);
+            let root = (-b + (b * b + 4.0 * p * budget).sqrt()) / (2.0 * p);
+            let mut n = root.floor().min(1e15) as u64;
+            while n > 0 && bytes_needed(n) > budget {
+                n -= 1;
+            }
+            while n < 1_000_000_000_000_000 && bytes_needed(n + 1) <= budget {
+                n += 1;
+            }
+            n
+        });
+        let max = by_cores.min(by_memory.unwrap_or(u64::MAX)).min(MAX_RANKS);
+        RankLimit {
+            max,
+            cores,
+            by_cores,
+            available_bytes,
+            by_memory,
+        }
+    }
+
+    /// Whether `ranks` ranks can be measured.
+    pub fn allows(&self, ranks: u64) -> bool {
+        (1..=self.max).contains(&ranks)
+    }
+
+    /// How the limit was derived, in words.
+    pub fn derivation(&self) -> String {
+        let mib = |b: u64| b >> 20;
+        let memory = match (self.available_bytes, self.by_memory) {
+            (Some(avail), Some(n)) => format!(
+                "{n} ranks fit in {:.0}% of this host's {:.1} GiB of available memory at {} MiB a rank (two {} MiB copy buffers, stack and GEMM scratch) and {} KiB a pair of ranks (the all-reduce's channels)",
+                MEMORY_SHARE * 100.0,
+                avail / GIB,
+                mib(BYTES_PER_RANK),
+                mib(COPY_ELEMENTS as u64 * 4),
+                BYTES_PER_RANK_PAIR >> 10
+            ),
+            _ => "this host's available memory cannot be read (no /proc/meminfo), so it sets no bound".into(),
+        };
+        format!(
+            "the smallest of {RANKS_PER_CORE} ranks per core × {} core{} = {} (every phase runs all ranks at once, so its time grows with the ranks per core); {memory}; and {MAX_RANKS} on any host (the all-reduce's messages grow as the square of the ranks)",
+            self.cores,
+            if self.cores == 1 { "" } else { "s" },
+            self.by_cores
+        )
+    }
+}
+
 /// Runs `setup(rank)` on `ranks` threads, then, all together after a barrier, `work` on what
 /// each set up: the seconds from the first start to the last finish (the wall time of the ranks
 /// sharing the cores, as in training).
@@ -131,12 +245,29 @@ pub fn threads_per_rank(ranks: usize) -> usize {
     (host_cores() / ranks.max(1)).max(1)
 }
 
-/// Measures this host for `ranks` ranks of `threads_per_rank` threads each.
+/// Measures this host for `ranks` ranks of `threads_per_rank` threads each. The caller checks
+/// `ranks` against [`RankLimit`] first: every rank holds up to [`BYTES_PER_RANK`].
 pub fn measure(ranks: usize, threads_per_rank: usize) -> Measured {
+    measure_with(ranks, threads_per_rank, &mut |_| {})
+}
+
+/// The phases [`measure_with`] reports for `ranks` ranks: a GEMM size each, the copy, the
+/// exponentials, and with 2+ ranks the all-reduce's latency and bandwidth.
+pub fn phases(ranks: usize) -> usize {
+    GEMM_SIZES.len() + 2 + if ranks > 1 { 2 } else { 0 }
+}
+
+/// [`measure`], calling `on_phase` with each phase's name as it starts ([`phases`] of them).
+pub fn measure_with(
+    ranks: usize,
+    threads_per_rank: usize,
+    on_phase: &mut dyn FnMut(&str),
+) -> Measured {
     let ranks = ranks.max(1);
     let threads = threads_per_rank.max(1);
     let mut gemm = Vec::new();
     for n in GEMM_SIZES {
+        on_phase(&format!("f32 GEMM {n}×{n}×{n}"));
         let a = vec![0.5f32; n * n];
         let b = vec![0.25f32; n * n];
         // About 10^9 FLOPs per rank, at least one product.
@@ -164,7 +295,8 @@ pub fn measure(ranks: usize, threads_per_rank: usize) -> Measured {
         gemm.push((n, 2.0 * (n * n * n * products) as f64 / t / 1e9));
     }
     // 64 MiB per rank, beyond the caches: read 4 B and write 4 B per element.
-    let len = 16 << 20;
+    on_phase("memory copy");
+    let len = COPY_ELEMENTS;
     let t = best(
         3,
         ranks,
@@ -175,6 +307,7 @@ pub fn measure(ranks: usize, threads_per_rank: usize) -> Measured {
     );
     let copy_gbps = 8.0 * len as f64 / t / 1e9;
     // 16 Ki elements in and out (128 KiB): cache-resident, as a small layer's activations are.
+    on_phase("GELU (one exp per element)");
     let (n, reps) = (1 << 14, 1000);
     let t = best(
         3,
@@ -190,8 +323,10 @@ pub fn measure(ranks: usize, threads_per_rank: usize) -> Measured {
     let exp_gops = (n * reps) as f64 / t / 1e9;
     let (comm_gbps, comm_latency_us) = if ranks > 1 {
         let n = ranks as f64;
+        on_phase("all-reduce latency (8 B)");
         let small = all_reduce_seconds(ranks, threads, 8, 200);
-        let big_bytes = 16 << 20;
+        on_phase("all-reduce bandwidth (16 MiB)");
+        let big_bytes = ALL_REDUCE_BYTES;
         let big = all_reduce_seconds(ranks, threads, big_bytes, 3);
         (
             2.0 * (n - 1.0) / n * big_bytes as f64 / big / 1e9,
@@ -220,28 +355,55 @@ pub fn available_memory_bytes() -> Option<f64> {
     Some(kb * 1024.0)
 }
 
-/// Each of `ranks` virtual devices' share of the host's available memory, GiB (rounded down
-/// to 0.1), or `fallback` where it cannot be read.
-pub fn memory_gib_per_rank(ranks: usize, fallback: f64) -> f64 {
-    available_memory_bytes()
-        .map(|b| ((b / ranks.max(1) as f64 / GIB) * 10.0).floor() / 10.0)
-        .filter(|g| *g > 0.0)
+/// Each of `devices` virtual devices' share of `available` bytes, GiB, rounded down to three
+/// significant digits (never to 0), or `fallback` where the memory cannot be read: the devices
+/// of one host's cluster spec share its memory, however many ranks measured it.
+pub fn memory_gib_per_device(available: Option<f64>, devices: u64, fallback: f64) -> f64 {
+    available
+        .map(|b| floor_3_digits(b / devices.max(1) as f64 / GIB))
+        .filter(|g| g.is_finite() && *g > 0.0)
         .unwrap_or(fallback)
+}
+
+/// Each of `ranks` virtual devices' share of the host's available memory, GiB
+/// ([`memory_gib_per_device`] of what this host has now).
+pub fn memory_gib_per_rank(ranks: usize, fallback: f64) -> f64 {
+    memory_gib_per_device(available_memory_bytes(), ranks as u64, fallback)
+}
+
+/// `x` > 0 rounded down to three significant digits (2.9687 → 2.96, 0.00024138 → 0.000241).
+fn floor_3_digits(x: f64) -> f64 {
+    if !(x.is_finite() && x > 0.0) {
+        return x;
+    }
+    let scale = 10f64.powi(2 - x.log10().floor() as i32);
+    // The nudge keeps a last-bit error of the scaling from taking an exact value a step down.
+    let y = (x * scale * (1.0 + 1e-12)).floor() / scale;
+    if y > 0.0 {
+        y
+    } else {
+        x
+    }
 }
 
 /// `cluster` with the measured figures: the best GEMM rate as the peak and each size's share of
 /// it as the `matmul_efficiency` curve; half the copy rate as the memory bandwidth (the cost
 /// model counts 16-bit elements, the CPU backend moves f32); the GELU rate as the device's
 /// `transcendental_gops`; the all-reduce's bus bandwidth and
-/// ring-step latency as both links (one host); `memory_gib` per device; the host's cores as the
-/// cores the ranks share (the cost model lets one rank's work fill another's waits where the
-/// ranks outnumber them). Efficiencies are 1: the
-/// rates are what was reached.
+/// ring-step latency as both links (one host; with one rank they stay the input's, as nothing
+/// measured them); `memory_gib` per device; the host's cores as the cores the ranks share (the
+/// cost model lets one rank's work fill another's waits where the ranks outnumber them).
+/// Efficiencies are 1: the rates are what was reached. The measured curve replaces the GEMM
+/// tile-and-wave model (`gemm_efficiency`), the only reader of `sms` and `kernel_launch_us`,
+/// so those are cleared. Kept from `cluster`: nodes, GPUs per node, the device's name and kind,
+/// the overheads and `flash_attention_efficiency`; the name gets `-calibrated` appended.
 pub fn calibrated(cluster: &Cluster, m: &Measured, memory_gib: f64) -> Cluster {
     let mut c = cluster.clone();
     let peak = m.gemm.iter().map(|g| g.1).fold(0.0, f64::max);
     c.name = format!("{}-calibrated", cluster.name);
     c.device.memory_gib = memory_gib;
+    c.device.sms = 0;
+    c.device.kernel_launch_us = 0.0;
     c.device.peak_tflops = peak / 1000.0;
     c.device.memory_bandwidth_gbps = m.copy_gbps / 2.0;
     c.device.transcendental_gops = Some(m.exp_gops);
@@ -270,11 +432,14 @@ pub fn calibrated(cluster: &Cluster, m: &Measured, memory_gib: f64) -> Cluster {
 mod tests {
     use super::*;
 
-    /// Every figure is a positive, finite rate, on one rank and on two at once.
+    /// Every figure is a positive, finite rate, on one rank and on two at once, and every
+    /// phase was reported.
     #[test]
     fn measurements_are_positive_rates() {
         for ranks in [1, 2] {
-            let m = measure(ranks, 1);
+            let mut seen = Vec::new();
+            let m = measure_with(ranks, 1, &mut |p| seen.push(p.to_string()));
+            assert_eq!(seen.len(), phases(ranks), "{seen:?}");
             assert_eq!(m.gemm.len(), GEMM_SIZES.len());
             for &(n, g) in &m.gemm {
                 assert!(g.is_finite() && g > 0.0, "{n}: {g}");
@@ -285,5 +450,43 @@ mod tests {
                 assert!(m.comm_gbps > 0.0 && m.comm_latency_us > 0.0, "{m:?}");
             }
         }
+    }
+
+    /// The README's job (8 ranks on 2 cores) is allowed; the cores, the memory and the
+    /// absolute cap each bound the ranks; a host without room for one rank allows none.
+    #[test]
+    fn rank_limits() {
+        let gib = |g: f64| Some(g * GIB);
+        let l = RankLimit::new(2, gib(24.0));
+        assert_eq!(l.max, 16, "{l:?}");
+        assert!(l.allows(8) && l.allows(16) && !l.allows(17) && !l.allows(0));
+        assert!(l.by_memory.unwrap() > 100);
+        // 0.75 GiB at 144 MiB a rank: 5 ranks.
+        let l = RankLimit::new(2, gib(1.0));
+        assert_eq!((l.max, l.by_memory), (5, Some(5)), "{l:?}");
+        assert!(bytes_needed(5) <= GIB * MEMORY_SHARE && bytes_needed(6) > GIB * MEMORY_SHARE);
+        assert_eq!(RankLimit::new(1024, gib(4096.0)).max, MAX_RANKS);
+        assert_eq!(RankLimit::new(2, None).max, 16);
+        let l = RankLimit::new(2, Some(100.0 * (1 << 20) as f64));
+        assert_eq!(l.max, 0);
+        assert!(!l.allows(1));
+        assert!(RankLimit::new(usize::MAX, gib(1e12)).max == MAX_RANKS);
+        for odd in [f64::INFINITY, f64::NAN, -1.0, 1e300] {
+            let l = RankLimit::new(2, Some(odd));
+            assert!(l.max <= 16, "{odd}: {l:?}");
+        }
+        assert!(!l.derivation().is_empty());
+    }
+
+    /// A host's memory over a spec's devices, to three significant digits, never 0.
+    #[test]
+    fn memory_per_device() {
+        let g = |x: f64| Some(x * GIB);
+        assert_eq!(memory_gib_per_device(g(23.75), 8, 2.0), 2.96);
+        assert_eq!(memory_gib_per_device(g(24.0), 1, 2.0), 24.0);
+        assert_eq!(memory_gib_per_device(g(24.0), 100_000, 2.0), 0.00024);
+        assert_eq!(memory_gib_per_device(None, 8, 2.0), 2.0);
+        assert!(memory_gib_per_device(g(24.0), u64::MAX, 2.0) > 0.0);
+        assert_eq!(memory_gib_per_device(g(24.0), 0, 2.0), 24.0);
     }
 }

@@ -5,17 +5,23 @@
 //! The measurements are `tessera_runtime::calibrate`'s: each rank's GEMM rate at the sizes the
 //! cost model uses, memory bandwidth and the local all-reduce, with every rank running at once
 //! on its share of the cores, as `tessera run` runs them. GPU clusters are refused: measuring
-//! GPUs needs a GPU (and is not built yet).
+//! GPUs needs a GPU (and is not built yet). Rank counts this host cannot measure (too many per
+//! core, or more buffers than its memory holds: `RankLimit`) are refused before anything is
+//! allocated, naming the flag or the spec's fields, the limit and how it was derived.
 
 use std::fmt::Write as _;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use anyhow::bail;
 use clap::Args;
-use tessera_planner::spec::{load_cluster, ClusterOverrides, DeviceKind};
+use indicatif::{ProgressBar, ProgressStyle};
+use tessera_planner::source::Source;
+use tessera_planner::spec::{parse_cluster_toml, ClusterOverrides, DeviceKind};
+use tessera_planner::Diagnostic;
 use tessera_runtime::calibrate::{
-    calibrated, host_cores, measure, memory_gib_per_rank, threads_per_rank, Measured,
+    calibrated, measure_with, memory_gib_per_device, phases, threads_per_rank, Measured, RankLimit,
+    BYTES_PER_RANK,
 };
 
 use crate::files::{check_outputs, named, write_output};
@@ -23,14 +29,69 @@ use crate::output::table;
 
 #[derive(Args)]
 pub struct CalibrateArgs {
-    /// The CPU cluster spec to calibrate (its name, nodes and memory caps are kept).
+    /// The CPU cluster spec to calibrate. Kept from it: `nodes`, `gpus_per_node`,
+    /// `device.name`, `device.kind`, `[overhead]` and `calibration.flash_attention_efficiency`;
+    /// with one rank also `[intra_node]` and `[inter_node]`, which take two ranks to measure;
+    /// its `name` gets `-calibrated` appended. Everything else is this host's: the measured
+    /// rates (`peak_tflops`, `memory_bandwidth_gbps`, `transcendental_gops`, the links,
+    /// `matmul_efficiency`), its cores (`shared_cores`), its available memory over the spec's
+    /// devices (`memory_gib`; the spec's own where it cannot be read), and efficiencies of 1
+    /// (`memory_efficiency`, `intra_node_efficiency`, `inter_node_efficiency`: the rates are
+    /// what was reached). Dropped: `sms`, `kernel_launch_us` and `gemm_efficiency` (the
+    /// measured GEMM curve replaces the model that reads them).
     cluster: PathBuf,
     /// Where to write the calibrated spec (default: standard output).
     #[arg(short, long)]
     output: Option<PathBuf>,
-    /// Ranks to measure at once (default: the spec's devices).
-    #[arg(long, value_parser = clap::value_parser!(u64).range(1..=1024))]
+    /// Ranks to measure at once (default: the spec's devices). At most what this host can
+    /// measure: 8 per core, as many as fit in three quarters of its available memory (144 MiB
+    /// each), and 1024.
+    #[arg(long, value_parser = parse_ranks, allow_negative_numbers = true)]
     ranks: Option<u64>,
+}
+
+/// `--ranks`: a whole number, at least 1 (whether this host can measure it is checked before
+/// measuring, with the reason).
+fn parse_ranks(s: &str) -> Result<u64, String> {
+    match s.trim().parse::<u64>() {
+        Ok(0) => Err("must be at least 1, found 0\n  fix: pass --ranks 1 or more".into()),
+        Ok(n) => Ok(n),
+        Err(e) => Err(format!(
+            "expected a whole number of ranks ({e})\n  fix: pass --ranks between 1 and {}, what this host can measure",
+            RankLimit::of_host().max.max(1)
+        )),
+    }
+}
+
+/// The refusal of a rank count this host cannot measure; `what` says where the count comes
+/// from.
+fn too_many(limit: &RankLimit, file: &Path, field: &str, what: String) -> Diagnostic {
+    let fix = if limit.max == 0 {
+        format!(
+            "free memory: one rank takes {} MiB, and this host cannot spare it",
+            BYTES_PER_RANK >> 20
+        )
+    } else {
+        format!(
+            "pass --ranks {} or fewer (the written spec keeps the spec's devices, whatever the ranks measured){}",
+            limit.max,
+            if field == "--ranks" {
+                ""
+            } else {
+                ", or calibrate a spec with fewer devices"
+            }
+        )
+    };
+    Diagnostic::new(
+        file,
+        field,
+        format!(
+            "{what} cannot be measured at once on this host: it measures at most {} ranks, {}",
+            limit.max,
+            limit.derivation()
+        ),
+        fix,
+    )
 }
 
 pub fn run(args: CalibrateArgs) -> anyhow::Result<ExitCode> {
@@ -40,7 +101,8 @@ pub fn run(args: CalibrateArgs) -> anyhow::Result<ExitCode> {
         .map(|p| named("-o/--output", p))
         .collect();
     check_outputs(&[named("CLUSTER", &args.cluster)], &outputs)?;
-    let cluster = load_cluster(&args.cluster, ClusterOverrides::default())?;
+    let src = Source::read(&args.cluster)?;
+    let cluster = parse_cluster_toml(&src, ClusterOverrides::default())?;
     if cluster.device.kind != DeviceKind::Cpu {
         bail!(
             "{}: `{}` is a GPU cluster; tessera calibrate measures the CPU backend's ranks on this host, and measuring GPUs is not built yet\n  fix: calibrate a CPU cluster (specs/clusters/cpu-8.toml), or keep the GPU preset's cited constants",
@@ -48,13 +110,44 @@ pub fn run(args: CalibrateArgs) -> anyhow::Result<ExitCode> {
             cluster.name
         );
     }
-    let ranks = args.ranks.unwrap_or(cluster.devices) as usize;
+    // Checked before anything is allocated: every rank holds up to BYTES_PER_RANK.
+    let limit = RankLimit::of_host();
+    let ranks = match args.ranks {
+        Some(n) => {
+            if !limit.allows(n) {
+                return Err(too_many(
+                    &limit,
+                    Path::new("<command line>"),
+                    "--ranks",
+                    format!("{n} ranks"),
+                )
+                .into());
+            }
+            n
+        }
+        None => {
+            let n = cluster.devices;
+            if !limit.allows(n) {
+                let d = too_many(
+                    &limit,
+                    &args.cluster,
+                    "nodes × gpus_per_node",
+                    format!(
+                        "{} nodes × {} gpus_per_node = {n} devices, the ranks measured unless --ranks says otherwise,",
+                        cluster.nodes, cluster.gpus_per_node
+                    ),
+                );
+                return Err(d.at(src.toml_key("nodes")).into());
+            }
+            n
+        }
+    } as usize;
     let threads = threads_per_rank(ranks);
     eprintln!(
         "measuring {ranks} rank(s) at once, {threads} thread(s) each, on {} core(s)…",
-        host_cores()
+        limit.cores
     );
-    let m = measure(ranks, threads);
+    let m = measure_with_progress(ranks, threads);
     let mut t = table(&["what", "per rank"], &[1]);
     for (n, g) in &m.gemm {
         t.add_row(vec![
@@ -81,8 +174,13 @@ pub fn run(args: CalibrateArgs) -> anyhow::Result<ExitCode> {
         ]);
     }
     eprintln!("{t}");
-    // Each virtual device's memory cap: this host's available memory shared by the ranks.
-    let memory_gib = memory_gib_per_rank(ranks, cluster.device.memory_gib);
+    // Each virtual device's memory cap: this host's available memory (read before measuring)
+    // shared by the devices of the written spec, however many ranks were measured.
+    let memory_gib = memory_gib_per_device(
+        limit.available_bytes,
+        cluster.devices,
+        cluster.device.memory_gib,
+    );
     let text = spec_text(&calibrated(&cluster, &m, memory_gib), &m);
     match &args.output {
         Some(path) => {
@@ -92,6 +190,28 @@ pub fn run(args: CalibrateArgs) -> anyhow::Result<ExitCode> {
         None => print!("{text}"),
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// [`measure_with`] with its phases shown on standard error: a bar on a terminal, a line each
+/// otherwise (logs, pipes).
+fn measure_with_progress(ranks: usize, threads: usize) -> Measured {
+    let total = phases(ranks);
+    let bar = ProgressBar::new(total as u64);
+    bar.set_style(
+        ProgressStyle::with_template("{bar:30} {pos}/{len} phases  {elapsed}  {msg}")
+            .expect("a valid template"),
+    );
+    let mut done = 0;
+    let m = measure_with(ranks, threads, &mut |phase| {
+        if bar.is_hidden() {
+            eprintln!("[{}/{total}] {phase}…", done + 1);
+        }
+        bar.set_position(done);
+        bar.set_message(phase.to_string());
+        done += 1;
+    });
+    bar.finish_and_clear();
+    m
 }
 
 /// The calibrated cluster as a spec file, with where each figure comes from.
@@ -118,7 +238,7 @@ fn spec_text(c: &tessera_planner::Cluster, m: &Measured) -> String {
     let d = &c.device;
     let _ = writeln!(
         s,
-        "[device]\nname = \"{}\"\nkind = \"cpu\"\nmemory_gib = {}               # this host's available memory over the ranks\npeak_tflops = {:.6}          # the best f32 GEMM rate per rank\nmemory_bandwidth_gbps = {:.3}  # half the measured copy rate: the cost model counts 16-bit elements, the CPU moves f32\ntranscendental_gops = {:.4}   # GELU elements per second per rank, billions: the exp-bound kernels' rate\nshared_cores = {}              # this host's cores, which the ranks' threads share\n",
+        "[device]\nname = \"{}\"\nkind = \"cpu\"\nmemory_gib = {}               # this host's available memory over the spec's devices\npeak_tflops = {:.6}          # the best f32 GEMM rate per rank\nmemory_bandwidth_gbps = {:.3}  # half the measured copy rate: the cost model counts 16-bit elements, the CPU moves f32\ntranscendental_gops = {:.4}   # GELU elements per second per rank, billions: the exp-bound kernels' rate\nshared_cores = {}              # this host's cores, which the ranks' threads share\n",
         d.name,
         d.memory_gib,
         d.peak_tflops,
@@ -127,20 +247,33 @@ fn spec_text(c: &tessera_planner::Cluster, m: &Measured) -> String {
         m.cores
     );
     for (t, l) in [("intra_node", &c.intra_node), ("inter_node", &c.inter_node)] {
-        let _ = writeln!(
-            s,
-            "[{t}]\nbandwidth_gbps = {:.3}  # the all-reduce's bus bandwidth between the ranks' threads (measured with 2+ ranks)\nlatency_us = {:.2}\n",
-            l.bandwidth_gbps, l.latency_us
-        );
+        if m.ranks > 1 {
+            let _ = writeln!(
+                s,
+                "[{t}]\nbandwidth_gbps = {:.3}  # the all-reduce's bus bandwidth between the ranks' threads\nlatency_us = {:.2}\n",
+                l.bandwidth_gbps, l.latency_us
+            );
+        } else {
+            let _ = writeln!(
+                s,
+                "[{t}]  # the input spec's: one rank measures no all-reduce\nbandwidth_gbps = {}\nlatency_us = {}\n",
+                l.bandwidth_gbps, l.latency_us
+            );
+        }
     }
+    let o = &c.overhead;
     let _ = writeln!(
         s,
-        "[overhead]\ncontext_gib = {}\nfragmentation = {}\n",
-        c.overhead.context_gib, c.overhead.fragmentation
+        "[overhead]  # the input spec's\ncontext_gib = {}\nfragmentation = {}\ncuda_context_mib = {}\ncublas_workspace_mib = {}\nnccl_mib_per_communicator = {}\n",
+        o.context_gib,
+        o.fragmentation,
+        o.cuda_context_mib,
+        o.cublas_workspace_mib,
+        o.nccl_mib_per_communicator
     );
     let _ = writeln!(
         s,
-        "[calibration]\n# Measured: each size's GEMM rate over the best one.\nmatmul_efficiency = [{}]\nmemory_efficiency = {}\nflash_attention_efficiency = {}\nintra_node_efficiency = {}\ninter_node_efficiency = {}",
+        "[calibration]\n# Measured: each size's GEMM rate over the best one.\nmatmul_efficiency = [{}]\nmemory_efficiency = {}\nflash_attention_efficiency = {}  # the input spec's\nintra_node_efficiency = {}\ninter_node_efficiency = {}",
         curve.join(", "),
         k.memory_efficiency,
         k.flash_attention_efficiency,

@@ -1,6 +1,8 @@
-//! `tessera diff plan-a.json plan-b.json`: what changed between two plans (job, layout, stage
-//! splits, memory per term, predicted time per term). Exit 0 when they are the same, 1 when
-//! they differ, 2 when a plan cannot be read: the convention of diff(1), so CI can gate on it.
+//! `tessera diff plan-a.json plan-b.json`: what changed between two plans (every key of the job
+//! and the layout, stage splits, memory per term, predicted time per term;
+//! `tessera_planner::plan::diff` says what is left out and why). Exit 0 when they are the same,
+//! 1 when they differ, 2 when a plan cannot be read: the convention of diff(1), so CI can gate
+//! on it. A key absent from one plan (an older plan's) shows as `-`.
 
 use std::path::PathBuf;
 use std::process::ExitCode;

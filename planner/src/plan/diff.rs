@@ -1,15 +1,30 @@
-//! What changed between two plans: the job, the layout, the stage splits, the memory of every
-//! stage term by term, and the predicted step time term by term. `tessera diff` prints it; it
-//! is the review tool for plan snapshots. Pure: no printing.
+//! What changed between two plans: every key of the job (the model and cluster specs as
+//! resolved) and of the layout, the stage splits, the memory of every stage term by term, and
+//! the predicted step time term by term. `tessera diff` prints it; it is the review tool for
+//! plan snapshots. Pure: no printing.
+//!
+//! The job and the layout are compared key by key over their plan.json form, so a key added to
+//! either is shown without a change here (tests/diff_keys.rs checks every key of plan.json).
+//! Not shown: `format` and `generator`, `parallel.vocab.reason` (prose made of the numbers beside
+//! it), the stage and chunk numbers and flags (checked on load to be the layout's), the parts of
+//! `predicted` that follow from the job, layout and stages, and `search` (how the layout was
+//! chosen; nothing that runs or exports a plan reads it).
 
 use std::collections::BTreeSet;
+
+use serde_json::Value;
 
 use super::{Plan, Stage};
 
 /// A value that differs, shown as text.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Change {
+    /// The row's name: the key below its section (`dp`, `model.architecture.hidden`,
+    /// `stage 1`).
     pub what: String,
+    /// The plan.json key that differs (`parallel.dp`, `stages[1].chunks[0].layers`).
+    pub key: String,
+    /// The values, `-` where the key is absent.
     pub a: String,
     pub b: String,
 }
@@ -18,6 +33,8 @@ pub struct Change {
 #[derive(Debug, Clone, PartialEq)]
 pub struct NumChange {
     pub what: String,
+    /// The plan.json key that differs (`predicted.step_time_s`).
+    pub key: String,
     pub a: f64,
     pub b: f64,
 }
@@ -32,7 +49,9 @@ impl NumChange {
 /// Everything that differs between plan a and plan b.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct PlanDiff {
+    /// `feasible`, `job.parameters` and every key of `job.model` and `job.cluster`.
     pub job: Vec<Change>,
+    /// Every key of `parallel` (but the vocabulary's prose reason).
     pub layout: Vec<Change>,
     /// Layer ranges of each (stage, chunk).
     pub stages: Vec<Change>,
@@ -52,34 +71,146 @@ impl PlanDiff {
     }
 }
 
-fn text(out: &mut Vec<Change>, what: &str, a: impl ToString, b: impl ToString) {
+/// Keys of `parallel` not compared: `vocab.reason` is prose made of `vocab.model`,
+/// `vocab.padded`, `vocab.multiple` and `tp`, which are.
+const PARALLEL_SKIPPED: &[&str] = &["vocab.reason"];
+
+/// The order of the layout's rows (a key not listed comes last, alphabetically).
+const PARALLEL_ORDER: &[&str] = &[
+    "world",
+    "dp",
+    "tp",
+    "pp",
+    "mesh_order",
+    "micro_batch",
+    "microbatches",
+    "zero_stage",
+    "hybrid_shard",
+    "recompute",
+    "recompute_every",
+    "sequence_parallel",
+    "schedule",
+    "virtual_stages",
+    "vocab",
+];
+
+fn text(out: &mut Vec<Change>, what: &str, key: &str, a: impl ToString, b: impl ToString) {
     let (a, b) = (a.to_string(), b.to_string());
     if a != b {
         out.push(Change {
             what: what.into(),
+            key: key.into(),
             a,
             b,
         });
     }
 }
 
-fn num(out: &mut Vec<NumChange>, what: String, a: f64, b: f64) {
+fn num(out: &mut Vec<NumChange>, what: String, key: String, a: f64, b: f64) {
     if a != b {
-        out.push(NumChange { what, a, b });
+        out.push(NumChange { what, key, a, b });
     }
 }
 
-fn ranges(stages: &[Stage]) -> Vec<(String, String)> {
+/// A leaf as a table shows it: strings bare, the rest as JSON, `-` when absent.
+fn shown(v: Option<&Value>) -> String {
+    match v {
+        None | Some(Value::Null) => "-".into(),
+        Some(Value::String(s)) => s.clone(),
+        Some(v) => v.to_string(),
+    }
+}
+
+/// `prefix.k`, or `k` at the top.
+fn join(prefix: &str, k: &str) -> String {
+    if prefix.is_empty() {
+        k.to_string()
+    } else {
+        format!("{prefix}.{k}")
+    }
+}
+
+fn object(v: Option<&Value>) -> Option<&serde_json::Map<String, Value>> {
+    v.and_then(Value::as_object)
+}
+
+/// A list of records (objects), compared entry by entry.
+fn records(v: Option<&Value>) -> Option<&[Value]> {
+    v.and_then(Value::as_array)
+        .filter(|l| l.iter().any(Value::is_object))
+        .map(Vec::as_slice)
+}
+
+/// Every leaf that differs between `a` and `b` (either may be absent), named `what` below its
+/// section and `key` in plan.json. Objects are compared key by key, lists of objects entry by
+/// entry; a list of numbers (a curve, a range) is one value.
+fn leaves(
+    out: &mut Vec<Change>,
+    what: &str,
+    key: &str,
+    a: Option<&Value>,
+    b: Option<&Value>,
+    skip: &[&str],
+) {
+    if skip.contains(&what) {
+        return;
+    }
+    let present = |v: Option<&Value>| v.is_some_and(|v| !v.is_null());
+    if (object(a).is_some() || !present(a))
+        && (object(b).is_some() || !present(b))
+        && (object(a).is_some() || object(b).is_some())
+    {
+        let keys: BTreeSet<&String> = object(a)
+            .into_iter()
+            .chain(object(b))
+            .flat_map(|m| m.keys())
+            .collect();
+        for k in keys {
+            let (x, y) = (a.and_then(|v| v.get(k)), b.and_then(|v| v.get(k)));
+            leaves(out, &join(what, k), &join(key, k), x, y, skip);
+        }
+    } else if (records(a).is_some() || !present(a))
+        && (records(b).is_some() || !present(b))
+        && (records(a).is_some() || records(b).is_some())
+    {
+        let (la, lb) = (records(a).unwrap_or(&[]), records(b).unwrap_or(&[]));
+        for i in 0..la.len().max(lb.len()) {
+            leaves(
+                out,
+                &format!("{what}[{i}]"),
+                &format!("{key}[{i}]"),
+                la.get(i),
+                lb.get(i),
+                skip,
+            );
+        }
+    } else {
+        text(out, what, key, shown(a), shown(b));
+    }
+}
+
+/// `value` of a plan section, as plan.json has it.
+fn json(value: &impl serde::Serialize) -> Value {
+    serde_json::to_value(value).expect("a plan always serialises")
+}
+
+/// Each (stage, chunk)'s row name, plan.json key and layer range.
+fn ranges(stages: &[Stage]) -> Vec<(String, String, String)> {
     stages
         .iter()
-        .flat_map(|s| {
-            s.chunks.iter().map(move |c| {
+        .enumerate()
+        .flat_map(|(i, s)| {
+            s.chunks.iter().enumerate().map(move |(j, c)| {
                 let name = if s.chunks.len() > 1 {
                     format!("stage {} chunk {}", s.stage, c.chunk)
                 } else {
                     format!("stage {}", s.stage)
                 };
-                (name, format!("layers {}..{}", c.layers[0], c.layers[1]))
+                (
+                    name,
+                    format!("stages[{i}].chunks[{j}].layers"),
+                    format!("layers {}..{}", c.layers[0], c.layers[1]),
+                )
             })
         })
         .collect()
@@ -88,64 +219,56 @@ fn ranges(stages: &[Stage]) -> Vec<(String, String)> {
 /// Compares plan `a` with plan `b`.
 pub fn diff(a: &Plan, b: &Plan) -> PlanDiff {
     let mut d = PlanDiff::default();
-    let (ja, jb) = (&a.job, &b.job);
-    text(&mut d.job, "model", &ja.model.name, &jb.model.name);
-    text(&mut d.job, "parameters", ja.parameters, jb.parameters);
+    text(&mut d.job, "feasible", "feasible", a.feasible, b.feasible);
+    let (ja, jb) = (json(&a.job), json(&b.job));
+    for part in ["model", "cluster"] {
+        let key = format!("job.{part}");
+        leaves(&mut d.job, part, &key, ja.get(part), jb.get(part), &[]);
+    }
     text(
         &mut d.job,
-        "seq_len",
-        ja.model.training.seq_len,
-        jb.model.training.seq_len,
+        "parameters",
+        "job.parameters",
+        a.job.parameters,
+        b.job.parameters,
     );
-    text(
-        &mut d.job,
-        "global_batch",
-        ja.model.training.global_batch,
-        jb.model.training.global_batch,
-    );
-    text(&mut d.job, "cluster", &ja.cluster.name, &jb.cluster.name);
-    text(
-        &mut d.job,
-        "devices",
-        ja.cluster.devices,
-        jb.cluster.devices,
-    );
-    text(
-        &mut d.job,
-        "device",
-        &ja.cluster.device.name,
-        &jb.cluster.device.name,
-    );
-    text(&mut d.job, "feasible", a.feasible, b.feasible);
 
-    let (pa, pb) = (&a.parallel, &b.parallel);
-    let l = &mut d.layout;
-    text(l, "dp", pa.dp, pb.dp);
-    text(l, "tp", pa.tp, pb.tp);
-    text(l, "pp", pa.pp, pb.pp);
-    text(l, "micro_batch", pa.micro_batch, pb.micro_batch);
-    text(l, "microbatches", pa.microbatches, pb.microbatches);
-    text(l, "zero_stage", pa.zero_stage, pb.zero_stage);
-    text(l, "hybrid_shard", pa.hybrid_shard, pb.hybrid_shard);
-    text(l, "recompute", pa.recompute.name(), pb.recompute.name());
-    text(
-        l,
-        "sequence_parallel",
-        pa.sequence_parallel,
-        pb.sequence_parallel,
+    // plan.json leaves `recompute_every` out when it is 1; its rows show the value, not "-".
+    let layout = |p: &super::Parallel| {
+        let mut v = json(p);
+        v["recompute_every"] = p.recompute_every.into();
+        v
+    };
+    let (pa, pb) = (layout(&a.parallel), layout(&b.parallel));
+    leaves(
+        &mut d.layout,
+        "",
+        "parallel",
+        Some(&pa),
+        Some(&pb),
+        PARALLEL_SKIPPED,
     );
-    text(l, "schedule", pa.schedule.name(), pb.schedule.name());
-    text(l, "virtual_stages", pa.virtual_stages, pb.virtual_stages);
+    let rank = |c: &Change| {
+        let top = c.what.split(['.', '[']).next().unwrap_or_default();
+        PARALLEL_ORDER
+            .iter()
+            .position(|k| *k == top)
+            .unwrap_or(PARALLEL_ORDER.len())
+    };
+    d.layout.sort_by_key(|c| rank(c));
 
     let (ra, rb) = (ranges(&a.stages), ranges(&b.stages));
-    let names: BTreeSet<&String> = ra.iter().chain(&rb).map(|(n, _)| n).collect();
+    let names: BTreeSet<&String> = ra.iter().chain(&rb).map(|(n, _, _)| n).collect();
     for n in names {
-        let find = |r: &[(String, String)]| {
-            r.iter()
-                .find(|(m, _)| m == n)
-                .map_or("-".to_string(), |(_, v)| v.clone())
-        };
-        text(&mut d.stages, n, find(&ra), find(&rb));
+        let find = |r: &[(String, String, String)]| r.iter().find(|(m, _, _)| m == n).cloned();
+        let (x, y) = (find(&ra), find(&rb));
+        let key = x
+            .as_ref()
+            .or(y.as_ref())
+            .map(|r| r.1.clone())
+            .unwrap_or_default();
+        let range = |r: Option<(String, String, String)>| r.map_or("-".to_string(), |r| r.2);
+        text(&mut d.stages, n, &key, range(x), range(y));
     }
 
     let (ma, mb) = (&a.predicted.memory, &b.predicted.memory);
@@ -157,16 +280,23 @@ pub fn diff(a: &Plan, b: &Plan) -> PlanDiff {
             .chain(sb.iter())
             .flat_map(|st| st.terms.iter().map(|t| t.name.as_str()))
             .collect();
-        let bytes = |st: Option<&crate::memory::StageMemory>, name: &str| {
-            st.and_then(|st| st.terms.iter().find(|t| t.name == name))
-                .map_or(0.0, |t| t.bytes as f64)
+        let find = |st: Option<&crate::memory::StageMemory>, name: &str| {
+            st.and_then(|st| {
+                st.terms
+                    .iter()
+                    .position(|t| t.name == name)
+                    .map(|i| (i, st.terms[i].bytes))
+            })
         };
         for t in terms {
+            let (x, y) = (find(sa, t), find(sb, t));
+            let i = x.or(y).map_or(0, |(i, _)| i);
             num(
                 &mut d.memory,
                 format!("stage {s} {t}"),
-                bytes(sa, t),
-                bytes(sb, t),
+                format!("predicted.memory.per_stage[{s}].terms[{i}].bytes"),
+                x.map_or(0.0, |(_, b)| b as f64),
+                y.map_or(0.0, |(_, b)| b as f64),
             );
         }
         let total =
@@ -174,6 +304,7 @@ pub fn diff(a: &Plan, b: &Plan) -> PlanDiff {
         num(
             &mut d.memory,
             format!("stage {s} total"),
+            format!("predicted.memory.per_stage[{s}].total_bytes"),
             total(sa),
             total(sb),
         );
@@ -181,6 +312,7 @@ pub fn diff(a: &Plan, b: &Plan) -> PlanDiff {
     num(
         &mut d.memory,
         "peak".into(),
+        "predicted.memory.peak_bytes".into(),
         ma.peak_bytes as f64,
         mb.peak_bytes as f64,
     );
@@ -195,27 +327,63 @@ pub fn diff(a: &Plan, b: &Plan) -> PlanDiff {
         }
         seen
     };
-    let secs = |p: &super::Predicted, name: &str| {
+    let find = |p: &super::Predicted, name: &str| {
         p.breakdown
             .iter()
-            .find(|t| t.name == name)
-            .map_or(0.0, |t| t.seconds)
+            .position(|t| t.name == name)
+            .map(|i| (i, p.breakdown[i].seconds))
     };
     for t in terms {
-        num(&mut d.time, t.to_string(), secs(qa, t), secs(qb, t));
+        let (x, y) = (find(qa, t), find(qb, t));
+        let i = x.or(y).map_or(0, |(i, _)| i);
+        num(
+            &mut d.time,
+            t.to_string(),
+            format!("predicted.breakdown[{i}].seconds"),
+            x.map_or(0.0, |(_, s)| s),
+            y.map_or(0.0, |(_, s)| s),
+        );
     }
-    num(
-        &mut d.time,
-        "step_time_s".into(),
-        qa.step_time_s,
-        qb.step_time_s,
-    );
-    num(
-        &mut d.time,
-        "tokens_per_s".into(),
-        qa.tokens_per_s,
-        qb.tokens_per_s,
-    );
-    num(&mut d.time, "mfu".into(), qa.mfu, qb.mfu);
+    for (what, x, y) in [
+        ("step_time_s", qa.step_time_s, qb.step_time_s),
+        ("tokens_per_s", qa.tokens_per_s, qb.tokens_per_s),
+        ("mfu", qa.mfu, qb.mfu),
+    ] {
+        num(&mut d.time, what.into(), format!("predicted.{what}"), x, y);
+    }
     d
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rows(a: Value, b: Value) -> Vec<(String, String, String, String)> {
+        let mut out = Vec::new();
+        leaves(&mut out, "", "p", Some(&a), Some(&b), &["x.skipped"]);
+        out.into_iter().map(|c| (c.what, c.key, c.a, c.b)).collect()
+    }
+
+    /// Objects key by key (absent on one side: `-`), lists of numbers as one value, lists of
+    /// records entry by entry, skipped keys never.
+    #[test]
+    fn leaves_compare_key_by_key() {
+        let a = serde_json::json!({"n": 1, "s": "x", "x": {"k": 1, "skipped": "a"}, "curve": [[1, 2]], "l": [{"v": 1}]});
+        let b = serde_json::json!({"n": 1, "s": "y", "x": {"skipped": "b"}, "curve": [[1, 3]], "l": [{"v": 1}, {"v": 2}], "new": {"q": true}, "r": [{"w": 3}]});
+        let got = rows(a, b);
+        let want = [
+            ("curve", "p.curve", "[[1,2]]", "[[1,3]]"),
+            ("l[1].v", "p.l[1].v", "-", "2"),
+            ("new.q", "p.new.q", "-", "true"),
+            ("r[0].w", "p.r[0].w", "-", "3"),
+            ("s", "p.s", "x", "y"),
+            ("x.k", "p.x.k", "1", "-"),
+        ];
+        let want: Vec<_> = want
+            .iter()
+            .map(|(w, k, a, b)| (w.to_string(), k.to_string(), a.to_string(), b.to_string()))
+            .collect();
+        assert_eq!(got, want);
+        assert!(rows(serde_json::json!({"a": [1]}), serde_json::json!({"a": [1]})).is_empty());
+    }
 }
