@@ -55,3 +55,82 @@ fn gpt2_vocabulary_plans_with_tp_2_4_8_16() {
         );
     }
 }
+
+/// A tiny plan (TP 2) written to `dir`, as JSON.
+fn tiny_plan(dir: &Path) -> (std::path::PathBuf, serde_json::Value) {
+    let out = dir.join("plan.json");
+    let o = Command::new(env!("CARGO_BIN_EXE_tessera"))
+        .current_dir(Path::new(env!("CARGO_MANIFEST_DIR")))
+        .args([
+            "plan",
+            "specs/models/tiny.toml",
+            "specs/clusters/cpu-8.toml",
+        ])
+        .args([
+            "--tp",
+            "2",
+            "--pp",
+            "1",
+            "--dp",
+            "4",
+            "-o",
+            out.to_str().unwrap(),
+        ])
+        .output()
+        .expect("the tessera binary runs");
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let v = serde_json::from_str(&std::fs::read_to_string(&out).unwrap()).unwrap();
+    (out, v)
+}
+
+/// `tessera validate` refuses the plan; its stderr.
+fn validate_refuses(plan: &Path) -> String {
+    let o = Command::new(env!("CARGO_BIN_EXE_tessera"))
+        .current_dir(Path::new(env!("CARGO_MANIFEST_DIR")))
+        .args(["validate", plan.to_str().unwrap()])
+        .output()
+        .expect("the tessera binary runs");
+    let err = String::from_utf8_lossy(&o.stderr).into_owned();
+    assert_eq!(o.status.code(), Some(2), "{err}");
+    assert!(!err.contains("panicked"), "{err}");
+    err
+}
+
+#[test]
+fn a_refused_vocabulary_section_names_the_field_and_both_values() {
+    let dir = tempfile::tempdir().unwrap();
+    let (plan, v) = tiny_plan(dir.path());
+    assert_eq!(v["parallel"]["vocab"]["padded"], 256);
+    assert_eq!(v["parallel"]["vocab"]["multiple"], 2);
+    // The padded size edited: the plan says 512, the model and TP 2 give 256.
+    let mut edited = v.clone();
+    edited["parallel"]["vocab"]["padded"] = 512.into();
+    std::fs::write(&plan, serde_json::to_string_pretty(&edited).unwrap()).unwrap();
+    let err = validate_refuses(&plan);
+    for want in [
+        "`parallel.vocab.padded`",
+        "512",
+        "256",
+        "make_vocab_size_divisible_by 1",
+        "TP 2",
+        "fix:",
+    ] {
+        assert!(err.contains(want), "no {want} in:\n{err}");
+    }
+    // The model's make_vocab_size_divisible_by edited to 128: the padded size is still 256
+    // (256 is a multiple of 128 × 2), the multiple is not: the message must not read "256
+    // padded to 256" on both sides.
+    let mut edited = v.clone();
+    edited["job"]["model"]["architecture"]["vocab_divisible_by"] = 128.into();
+    std::fs::write(&plan, serde_json::to_string_pretty(&edited).unwrap()).unwrap();
+    let err = validate_refuses(&plan);
+    for want in [
+        "`parallel.vocab.multiple`",
+        "says 2",
+        "256",
+        "make_vocab_size_divisible_by 128",
+        "fix:",
+    ] {
+        assert!(err.contains(want), "no {want} in:\n{err}");
+    }
+}

@@ -1,7 +1,8 @@
 //! `tessera doctor`: is this machine ready for the CUDA backend? The driver and its CUDA
 //! version, cuBLAS, cuBLASLt, NVRTC and NCCL (found, or the exact fix), the devices and their
 //! memory, and whether the kernels compile for them. Without a GPU it says so and exits 0; with
-//! one, it exits 1 if anything the backend needs is missing.
+//! one, it exits 1 if anything the backend needs is missing. A driver library that loads but
+//! lacks an entry point (a stand-in libcuda.so) is named with its file and symbol, and exits 1.
 
 use std::process::ExitCode;
 
@@ -24,6 +25,17 @@ pub fn run(_args: DoctorArgs) -> anyhow::Result<ExitCode> {
         ]);
     }
     println!("{t}");
+    let failed = |what: &str| {
+        report
+            .checks
+            .iter()
+            .any(|c| c.what == what && c.status == Status::Failed)
+    };
+    if !report.gpu_present && failed("driver (libcuda)") {
+        // A driver library is there but cannot be used: whether a GPU is, nobody can say.
+        eprintln!("\nnot ready: driver (libcuda) (the detail column says how to fix it)");
+        return Ok(ExitCode::from(1));
+    }
     if !report.gpu_present {
         println!("\nno GPU on this machine: the CPU backend (`tessera run --backend cpu`) works here; the checks above say what a GPU run would need");
         return Ok(ExitCode::SUCCESS);

@@ -10,10 +10,13 @@ use tessera_planner::precision::Policy;
 use tessera_planner::schedule::ScheduleKind;
 use tessera_planner::search::{self, Pins, SearchOptions, ORDERING};
 use tessera_planner::spec::{self, ClusterOverrides, TrainingOverrides};
-use tessera_planner::{memory, units, Diagnostic, Layout, Recompute};
+use tessera_planner::{Diagnostic, Layout, Recompute};
 
 use crate::files::{check_outputs, named, write_output};
 use crate::output::{gib, memory_tables, table};
+
+mod no_fit;
+mod pins;
 
 #[derive(Clone, Copy, ValueEnum, PartialEq)]
 pub enum Format {
@@ -205,6 +208,7 @@ pub fn run(args: PlanArgs) -> anyhow::Result<ExitCode> {
             ));
         }
     }
+    pins::check(&args, &model, &cluster)?;
     let options = SearchOptions {
         top: args.top.max(1),
         ..SearchOptions::default()
@@ -216,9 +220,25 @@ pub fn run(args: PlanArgs) -> anyhow::Result<ExitCode> {
             args.cluster.display()
         )
     })?;
+    if args.force && result.evaluated > 1 {
+        return Err(cli_error(
+            "--force",
+            format!(
+                "--force writes one pinned layout that does not fit, and the pins leave {} layouts to search",
+                result.evaluated
+            ),
+            format!(
+                "pin every knob (--tp --pp --dp --micro-batch --zero --recompute --sp|--no-sp --schedule, and --hybrid-shard|--no-hybrid-shard on several nodes; pinned now: {}), or drop --force",
+                match pins::pinned_flags(&args).join(" ") {
+                    p if p.is_empty() => "none".to_string(),
+                    p => p,
+                }
+            ),
+        ));
+    }
     let params = model.architecture.param_count();
     let Some(best) = result.fits.first() else {
-        return no_fit(&args, &model, &cluster, &result, &pins);
+        return no_fit::no_fit(&args, &model, &cluster, &result, &pins);
     };
     let fastest = result
         .fits
@@ -487,120 +507,4 @@ fn print_rejections(result: &search::SearchResult) {
         t.add_row(vec![g.count.to_string(), reason.clone(), g.example.clone()]);
     }
     println!("{t}");
-}
-
-/// Nothing fits: explain the closest layout, or why the pins allow none.
-fn no_fit(
-    args: &PlanArgs,
-    model: &tessera_planner::Model,
-    cluster: &tessera_planner::Cluster,
-    result: &search::SearchResult,
-    pins: &Pins,
-) -> anyhow::Result<ExitCode> {
-    let Some(miss) = &result.closest_miss else {
-        // No layout could even be built: the pins (or the cluster size) rule everything out.
-        let reasons: Vec<String> = result
-            .rejected
-            .values()
-            .map(|g| g.example.clone())
-            .take(3)
-            .collect();
-        let pinned = *pins != Pins::default();
-        let problem = format!(
-            "no layout of {} devices can be built: {}",
-            cluster.devices,
-            reasons.join("; ")
-        );
-        if pinned {
-            return Err(cli_error(
-                "pins",
-                problem,
-                "change or drop the pinned values so that DP × PP × TP equals the device count and each degree divides what it splits (heads, layers, batch)".into(),
-            ));
-        }
-        if args.nodes.is_some() || args.devices.is_some() {
-            return Err(cli_error(
-                if args.nodes.is_some() { "--nodes" } else { "--devices" },
-                problem,
-                format!(
-                    "pass a device count that the model's global batch ({}) and heads ({}) can be split over",
-                    model.training.global_batch, model.architecture.heads
-                ),
-            ));
-        }
-        // The device count comes from the cluster file.
-        let at = cluster_key(args, "nodes");
-        return Err(anyhow::anyhow!(Diagnostic::new(
-            &args.cluster,
-            "nodes",
-            problem,
-            format!(
-                "change `nodes` or `gpus_per_node` so that the model's global batch ({}) and heads ({}) can be split over the devices, or use fewer with --devices N",
-                model.training.global_batch, model.architecture.heads
-            ),
-        )
-        .at(at)));
-    };
-    let memory = memory::estimate(model, cluster, &miss.layout);
-    let over = miss.peak_bytes as f64 - cluster.memory_bytes();
-    let fully_pinned = result.evaluated == 1;
-    if fully_pinned {
-        if args.force {
-            let plan = Plan::new(
-                model,
-                cluster,
-                &miss.layout,
-                SearchSummary {
-                    ordering: ORDERING.into(),
-                    evaluated: result.evaluated,
-                    fitting: 0,
-                    alternatives: vec![],
-                },
-            );
-            check_written(&plan, args)?;
-            emit(args, &plan)?;
-        }
-        let text = format!(
-            "{} does not fit: stage {} needs {} per device, {} over the {} of a {}\n\n{}",
-            miss.layout.label(),
-            memory.peak_stage,
-            units::bytes(miss.peak_bytes as f64),
-            units::bytes(over),
-            units::bytes(cluster.memory_bytes()),
-            cluster.device.name,
-            memory_tables(&memory, false)
-        );
-        if args.force {
-            if args.format == Format::Table {
-                println!("{text}\nwritten anyway (--force), marked infeasible");
-            } else {
-                eprintln!("{text}\nwritten anyway (--force), marked infeasible");
-            }
-            return Ok(ExitCode::SUCCESS);
-        }
-        eprintln!("{text}");
-        bail!(Diagnostic::new(
-            "<command line>",
-            "pins",
-            format!("the pinned layout is {} over device memory", units::bytes(over)),
-            "unpin a knob (more recompute, a higher ZeRO stage, more TP or PP, a smaller micro-batch), or pass --force to write the plan marked infeasible"
-        ));
-    }
-    bail!(
-        "{} on {}: {}",
-        args.model.display(),
-        args.cluster.display(),
-        tessera_planner::PlanError::NothingFits {
-        model: model.name.clone(),
-        devices: cluster.devices,
-        layout: miss.layout.label(),
-        need_bytes: miss.peak_bytes,
-        have_bytes: cluster.memory_bytes() as u64,
-        fix: format!(
-            "use more devices (--nodes), devices with at least {} of memory, or a smaller global batch; of {} layouts evaluated none fits",
-            units::bytes(miss.peak_bytes as f64),
-            result.evaluated
-        ),
-    }
-    )
 }

@@ -6,7 +6,7 @@ use serde_json::Value;
 
 use super::{stages_for_split, Plan, Predicted, Stage};
 use crate::error::Diagnostic;
-use crate::layout::Layout;
+use crate::layout::{Layout, Rejection};
 use crate::mesh::MESH_ORDER;
 use crate::source::Source;
 
@@ -48,8 +48,12 @@ impl Plan {
             }
         }
         let layout = p.layout();
-        if let Err(why) = layout.check(&self.job.model, &self.job.cluster) {
-            return Err(bad("parallel", why.to_string()));
+        let (model, cluster) = (&self.job.model, &self.job.cluster);
+        if let Err(why) = layout
+            .check(model, cluster)
+            .and_then(|()| crate::search::pins::effective(&layout, model, cluster))
+        {
+            return Err(contradiction(src, field_of(&why, &layout), why.to_string()));
         }
         let world = p.dp.checked_mul(p.tp).and_then(|x| x.checked_mul(p.pp));
         if world != Some(p.world) {
@@ -87,17 +91,14 @@ impl Plan {
                     .into(),
             ));
         }
+        if let Some(why) = split
+            .as_ref()
+            .and_then(|sp| crate::search::pins::split_recomputes_as_charged(&layout, sp).err())
+        {
+            return Err(contradiction(src, "parallel.recompute_every", why));
+        }
         if let Some(v) = &p.vocab {
-            let want = super::VocabPadding::of(&self.job.model, p.tp);
-            if *v != want {
-                return Err(bad(
-                    "parallel.vocab",
-                    format!(
-                        "says the vocabulary is {} padded to {}, but the model and TP {} give {} padded to {}",
-                        v.model, v.padded, p.tp, want.model, want.padded
-                    ),
-                ));
-            }
+            check_vocab(v, &self.job.model, p.tp, src)?;
         }
         if self.job.parameters != self.job.model.architecture.param_count() {
             return Err(bad(
@@ -139,6 +140,90 @@ impl Plan {
 
 const REPLAN: &str =
     "the plan was edited or damaged; fix the value, or re-create the plan with `tessera plan … -o plan.json`";
+
+/// A `parallel` field that contradicts the job or another field, named.
+fn contradiction(src: &Source, field: &str, problem: String) -> Diagnostic {
+    let fix = format!(
+        "the plan was edited or damaged; re-create it with `tessera plan … -o plan.json`, or set `{field}` to agree with the rest of the plan"
+    );
+    Diagnostic::new(&src.path, field, problem, fix).at(src.json_key(field))
+}
+
+/// The `parallel` field a broken layout rule is about. A product of the degrees that is not
+/// the device count involves them all: `parallel`.
+fn field_of(why: &Rejection, l: &Layout) -> &'static str {
+    use crate::search::pins;
+    match why.rule {
+        "TP does not divide the heads" | "TP does not divide the FFN width" => "parallel.tp",
+        "sequence parallelism needs TP > 1 dividing seq_len" => "parallel.sequence_parallel",
+        "more pipeline chunks than layers" if l.virtual_stages > 1 => "parallel.virtual_stages",
+        "more pipeline chunks than layers" => "parallel.pp",
+        "DP does not divide the global batch" => "parallel.dp",
+        "micro-batch does not divide the per-replica batch"
+        | "interleaving needs micro-batches divisible by PP"
+        | "the step has no micro-batch"
+        | crate::layout::TOO_MANY_MICROBATCHES => "parallel.micro_batch",
+        "recompute every N-th layer needs full recompute"
+        | "recompute every N-th layer needs N ≥ 1"
+        | pins::RECOMPUTE_EVERY_SPLIT => "parallel.recompute_every",
+        "no such ZeRO stage" => "parallel.zero_stage",
+        "interleaving needs PP ≥ 2 and v ≥ 2" if l.pp < 2 => "parallel.pp",
+        "interleaving needs PP ≥ 2 and v ≥ 2" | "virtual stages need the interleaved schedule" => {
+            "parallel.virtual_stages"
+        }
+        pins::HYBRID_WITHOUT_ZERO | pins::HYBRID_IN_ONE_NODE => "parallel.hybrid_shard",
+        _ => "parallel",
+    }
+}
+
+/// The stored vocabulary padding against the model's and TP's: the first field that differs,
+/// with both values.
+fn check_vocab(
+    v: &super::VocabPadding,
+    model: &crate::model::Model,
+    tp: u64,
+    src: &Source,
+) -> Result<(), Diagnostic> {
+    let want = super::VocabPadding::of(model, tp);
+    let a = &model.architecture;
+    let rule = format!(
+        "job.model.architecture.vocab {} rounded up to a multiple of make_vocab_size_divisible_by {} × TP {tp} = {}",
+        a.vocab,
+        a.vocab_divisible_by,
+        want.multiple
+    );
+    let differs = [
+        ("model", v.model.to_string(), want.model.to_string()),
+        (
+            "multiple",
+            v.multiple.to_string(),
+            want.multiple.to_string(),
+        ),
+        ("padded", v.padded.to_string(), want.padded.to_string()),
+        (
+            "reason",
+            format!("{:?}", v.reason),
+            format!("{:?}", want.reason),
+        ),
+    ]
+    .into_iter()
+    .find(|(_, got, want)| got != want);
+    let Some((key, got, expected)) = differs else {
+        return Ok(());
+    };
+    let field = format!("parallel.vocab.{key}");
+    Err(Diagnostic::new(
+        &src.path,
+        &field,
+        format!(
+            "says {got}, but the model and TP {tp} give {expected}: the vocabulary is padded as {rule}"
+        ),
+        format!(
+            "set `{field}` to {expected} (or restore job.model.architecture.vocab_divisible_by), or re-create the plan with `tessera plan … -o plan.json`"
+        ),
+    )
+    .at(src.json_key(&field)))
+}
 
 /// The first path where two JSON values differ (numbers within [`TOLERANCE`]), with both values.
 fn first_difference(path: &str, got: &Value, want: &Value) -> Option<(String, String, String)> {

@@ -11,6 +11,7 @@
 //! output beyond those reasons.
 
 pub mod divisors;
+pub mod pins;
 mod space;
 #[cfg(test)]
 mod tests;
@@ -167,7 +168,14 @@ pub fn assess(
     let capacity = cluster.memory_bytes();
     let mem = StageBytes::new(model, cluster, layout);
     let times = cost::layer_times(model, cluster, layout, links, options);
-    let even = layout.split_layers(layers);
+    // Under full recompute of every N-th layer, chunks hold whole groups of N layers, so that
+    // each recomputes what the plan charges (`pins::unit`; 1 otherwise).
+    let unit = pins::unit(model, layout).unwrap_or(1);
+    let even: Vec<u64> = layout
+        .split_layers(layers / unit)
+        .into_iter()
+        .map(|n| n * unit)
+        .collect();
     let per_stage = |split: &[u64]| -> Vec<u64> {
         (0..pp)
             .map(|s| {
@@ -182,11 +190,14 @@ pub fn assess(
         extra[0] += times.embedding.fwd.total() + times.embedding.bwd.total();
         extra[pp - 1] += times.head.fwd.total() + times.head.bwd.total();
         partition::balance(&partition::Problem {
-            layers,
-            layer_time: vec![times.per_layer(); pp],
+            layers: layers / unit,
+            layer_time: vec![times.per_layer() * unit as f64; pp],
             extra_time: extra,
-            max_layers: (0..pp).map(|s| mem.max_layers(s, capacity)).collect(),
+            max_layers: (0..pp)
+                .map(|s| mem.max_layers(s, capacity) / unit)
+                .collect(),
         })
+        .map(|split| split.into_iter().map(|n| n * unit).collect())
     } else {
         let peak = mem.peak(&per_stage(&even));
         (peak <= capacity && (0..pp).all(|s| per_stage(&even)[s] <= mem.max_layers(s, capacity)))
@@ -334,7 +345,10 @@ pub fn search_checked(
         g.count += 1;
     };
     space::for_each_layout(model, cluster, pins, &mut |layout| {
-        if let Err(why) = layout.check(model, cluster) {
+        if let Err(why) = layout
+            .check(model, cluster)
+            .and_then(|()| pins::effective(&layout, model, cluster))
+        {
             reject(why.rule, &|| format!("{}: {why}", layout.label()));
             return;
         }

@@ -7,8 +7,12 @@ use serde_json::Value;
 
 use super::model::TrainingOverrides;
 use crate::error::Diagnostic;
-use crate::model::{Activation, Architecture, AttentionImpl, Model, Norm, Position, Training};
+use crate::model::{AttentionImpl, Model, Training};
 use crate::source::Source;
+
+mod keys;
+
+use keys::{Family, Keys};
 
 /// Parses a Hugging Face config into a resolved model.
 pub fn parse_hf_config(src: &Source, over: TrainingOverrides) -> Result<Model, Diagnostic> {
@@ -41,39 +45,10 @@ pub fn parse_hf_config(src: &Source, over: TrainingOverrides) -> Result<Model, D
             ))
         }
     };
-    let get = |keys: &[&str]| -> Option<(String, &Value)> {
-        keys.iter().find_map(|k| {
-            v.get(*k)
-                .filter(|x| !x.is_null())
-                .map(|x| (k.to_string(), x))
-        })
-    };
-    let int = |keys: &[&str], required: bool| -> Result<Option<u64>, Diagnostic> {
-        match get(keys) {
-            None if required => Err(err(
-                keys[0],
-                format!(
-                    "required key `{}` is missing (model_type \"{model_type}\")",
-                    keys[0]
-                ),
-                format!(
-                    "add \"{}\" to the config; supported families: llama, mistral, qwen2, gpt2",
-                    keys[0]
-                ),
-            )),
-            None => Ok(None),
-            Some((k, x)) => match x.as_u64().filter(|n| *n > 0) {
-                Some(n) => Ok(Some(n)),
-                None => Err(err(
-                    &k,
-                    format!("must be a positive integer, found {x}"),
-                    format!("set \"{k}\" to a positive integer"),
-                )),
-            },
-        }
-    };
     let family = match model_type.as_str() {
-        "llama" | "mistral" | "qwen2" => Family::Llama,
+        "llama" => Family::Llama,
+        "mistral" => Family::Mistral,
+        "qwen2" => Family::Qwen2,
         "gpt2" => Family::Gpt2,
         "mixtral" | "qwen2_moe" | "deepseek_v2" | "deepseek_v3" => {
             return Err(err(
@@ -88,96 +63,17 @@ pub fn parse_hf_config(src: &Source, over: TrainingOverrides) -> Result<Model, D
                 "model_type",
                 format!("unsupported model_type \"{other}\""),
                 "use a llama, mistral, qwen2 or gpt2 config, or write a TOML model spec (specs/README.md)".into(),
-            ))
+            )
+            .at(src.json_key("model_type")))
         }
     };
-    let arch = match family {
-        Family::Llama => {
-            let hidden = int(&["hidden_size"], true)?.unwrap_or(0);
-            let heads = int(&["num_attention_heads"], true)?.unwrap_or(0);
-            let kv_heads = int(&["num_key_value_heads"], false)?.unwrap_or(heads);
-            let head_dim = match int(&["head_dim"], false)? {
-                Some(d) => d,
-                None if hidden.is_multiple_of(heads) => hidden / heads,
-                None => {
-                    return Err(err(
-                        "num_attention_heads",
-                        format!(
-                        "hidden_size ({hidden}) is not divisible by num_attention_heads ({heads})"
-                    ),
-                        "give \"head_dim\" explicitly, or fix the head count".into(),
-                    ))
-                }
-            };
-            let act = v
-                .get("hidden_act")
-                .and_then(Value::as_str)
-                .unwrap_or("silu");
-            if act != "silu" && act != "swish" {
-                return Err(err(
-                    "hidden_act",
-                    format!("unsupported hidden_act \"{act}\" for a gated MLP"),
-                    "use \"silu\" (SwiGLU)".into(),
-                ));
-            }
-            Architecture {
-                layers: int(&["num_hidden_layers"], true)?.unwrap_or(0),
-                hidden,
-                heads,
-                kv_heads,
-                head_dim,
-                ffn_hidden: int(&["intermediate_size"], true)?.unwrap_or(0),
-                vocab: int(&["vocab_size"], true)?.unwrap_or(0),
-                activation: Activation::Swiglu,
-                norm: Norm::Rmsnorm,
-                position: Position::Rope,
-                tied_embeddings: v
-                    .get("tie_word_embeddings")
-                    .and_then(Value::as_bool)
-                    .unwrap_or(false),
-                bias: v.get("mlp_bias").and_then(Value::as_bool).unwrap_or(false),
-                qkv_bias: model_type == "qwen2"
-                    || v.get("attention_bias")
-                        .and_then(Value::as_bool)
-                        .unwrap_or(false),
-                max_positions: 0,
-                vocab_divisible_by: crate::spec::DEFAULT_VOCAB_DIVISIBLE_BY,
-            }
-        }
-        Family::Gpt2 => {
-            let hidden = int(&["n_embd", "hidden_size"], true)?.unwrap_or(0);
-            Architecture {
-                layers: int(&["n_layer", "num_hidden_layers"], true)?.unwrap_or(0),
-                hidden,
-                heads: int(&["n_head", "num_attention_heads"], true)?.unwrap_or(0),
-                kv_heads: int(&["n_head", "num_attention_heads"], true)?.unwrap_or(0),
-                head_dim: hidden / int(&["n_head", "num_attention_heads"], true)?.unwrap_or(1),
-                ffn_hidden: int(&["n_inner"], false)?.unwrap_or(4 * hidden),
-                vocab: int(&["vocab_size"], true)?.unwrap_or(0),
-                activation: Activation::Gelu,
-                norm: Norm::Layernorm,
-                position: Position::Learned,
-                tied_embeddings: v
-                    .get("tie_word_embeddings")
-                    .and_then(Value::as_bool)
-                    .unwrap_or(true),
-                bias: true,
-                qkv_bias: true,
-                max_positions: int(&["n_positions", "max_position_embeddings"], true)?.unwrap_or(0),
-                vocab_divisible_by: crate::spec::DEFAULT_VOCAB_DIVISIBLE_BY,
-            }
-        }
+    // Every key read is typed and shaped as transformers' own classes read it (keys.rs).
+    let keys = Keys {
+        src,
+        v: &v,
+        model_type: &model_type,
     };
-    if arch.heads % arch.kv_heads != 0 {
-        return Err(err(
-            "num_key_value_heads",
-            format!(
-                "num_attention_heads ({}) is not divisible by num_key_value_heads ({})",
-                arch.heads, arch.kv_heads
-            ),
-            "set num_key_value_heads to a divisor of num_attention_heads".into(),
-        ));
-    }
+    let arch = keys.architecture(family)?;
     over.check()?;
     let cli = std::path::Path::new("<command line>");
     let need = |flag: &str| {
@@ -225,14 +121,14 @@ pub fn parse_hf_config(src: &Source, over: TrainingOverrides) -> Result<Model, D
             );
             Diagnostic::new(&src.path, "_name_or_path", p.problem, fix)
                 .at(src.json_key("_name_or_path"))
+        } else if let Some(flag) = keys::flag_of(&p.field) {
+            Diagnostic::new("<command line>", flag, p.problem, p.fix)
+        } else if let Some(key) = keys.key_of(&p.field, family) {
+            let fix = format!("{} (in the config: \"{key}\")", p.fix);
+            Diagnostic::new(&src.path, key, p.problem, fix).at(src.json_key(key))
         } else {
             p.in_json(src, "")
         }
     })?;
     Ok(model)
-}
-
-enum Family {
-    Llama,
-    Gpt2,
 }

@@ -35,6 +35,8 @@ fn kernels_for(arch: &str) -> Result<String, GpuError> {
 pub fn doctor() -> Report {
     let driver_found = probe::probe_driver();
     let have_driver = driver_found.is_ok();
+    // A driver library that loads but lacks entry points: no GPU can be reached through it.
+    let driver_unusable = matches!(driver_found, Err(GpuError::SymbolMissing { .. }));
     let mut checks = vec![from(
         "driver (libcuda)",
         driver_found.map(|()| "found".into()),
@@ -88,6 +90,8 @@ pub fn doctor() -> Report {
         Ok(_) => {
             let why = if have_driver {
                 "the driver lists none"
+            } else if driver_unusable {
+                "the driver library is not usable (see driver (libcuda)), so no GPU can be used"
             } else {
                 "no NVIDIA driver on this machine, so no GPU can be used"
             };

@@ -13,6 +13,8 @@ use cudarc::driver::CudaContext;
 
 use crate::gpu::{DeviceInfo, GpuError};
 
+mod symbols;
+
 /// The CUDA version this build's cudarc bindings target (feature `cuda-13000`).
 pub const TARGET_CUDA: i32 = 13000;
 
@@ -38,7 +40,8 @@ fn missing(library: &'static str, what: &'static str, stem: &str, fix: &str) -> 
 pub fn probe_driver() -> Result<(), GpuError> {
     // SAFETY: only tries to dlopen the candidate names; runs no library code.
     if unsafe { cudarc::driver::sys::is_culib_present() } {
-        return Ok(());
+        // A file that loads but lacks an entry point would panic inside cudarc at its call.
+        return symbols::check(&symbols::DRIVER);
     }
     Err(missing(
         "libcuda",
@@ -55,6 +58,7 @@ pub fn probe_math() -> Result<(), GpuError> {
     if !unsafe { cudarc::cublas::sys::is_culib_present() } {
         return Err(missing("libcublas", "cuBLAS (matmuls)", "cublas", toolkit));
     }
+    symbols::check(&symbols::CUBLAS)?;
     if !unsafe { cudarc::cublaslt::sys::is_culib_present() } {
         return Err(missing(
             "libcublasLt",
@@ -63,6 +67,7 @@ pub fn probe_math() -> Result<(), GpuError> {
             toolkit,
         ));
     }
+    symbols::check(&symbols::CUBLASLT)?;
     probe_nvrtc()
 }
 
@@ -77,7 +82,7 @@ pub fn probe_nvrtc() -> Result<(), GpuError> {
             "install the CUDA 13 toolkit or `pip install nvidia-cuda-nvrtc==13.0.88`, and put its lib folder (nvidia/cu13/lib) on LD_LIBRARY_PATH",
         ));
     }
-    Ok(())
+    symbols::check(&symbols::NVRTC)
 }
 
 /// Each library by itself, for `tessera doctor`: (name, found or the error with its fix).
@@ -90,7 +95,7 @@ pub fn libraries() -> Vec<(&'static str, Result<(), GpuError>)> {
         (
             "cuBLAS",
             if cublas {
-                Ok(())
+                symbols::check(&symbols::CUBLAS)
             } else {
                 Err(missing("libcublas", "cuBLAS (matmuls)", "cublas", toolkit))
             },
@@ -98,7 +103,7 @@ pub fn libraries() -> Vec<(&'static str, Result<(), GpuError>)> {
         (
             "cuBLASLt",
             if cublas_lt {
-                Ok(())
+                symbols::check(&symbols::CUBLASLT)
             } else {
                 Err(missing(
                     "libcublasLt",
@@ -117,7 +122,7 @@ pub fn libraries() -> Vec<(&'static str, Result<(), GpuError>)> {
 pub fn probe_nccl() -> Result<(), GpuError> {
     // SAFETY: as in probe_driver.
     if unsafe { cudarc::nccl::sys::is_culib_present() } {
-        return Ok(());
+        return symbols::check(&symbols::NCCL);
     }
     Err(missing(
         "libnccl",
@@ -133,14 +138,19 @@ pub fn probe() -> Result<(), GpuError> {
     probe_math()
 }
 
-/// Runs `f`, turning a panic inside cudarc into an error.
+/// Runs `f`, turning a panic inside cudarc into an error: a missing symbol into the error
+/// that names the library file, anything else into a driver error. The panic hook stays
+/// silent meanwhile (no cudarc message, no backtrace: the error says it all).
 pub fn guard<T>(op: &str, f: impl FnOnce() -> Result<T, GpuError>) -> Result<T, GpuError> {
-    catch_unwind(AssertUnwindSafe(f)).unwrap_or_else(|e| {
+    symbols::quietly(|| catch_unwind(AssertUnwindSafe(f))).unwrap_or_else(|e| {
         let msg = e
             .downcast_ref::<String>()
             .cloned()
             .or_else(|| e.downcast_ref::<&str>().map(|s| s.to_string()))
             .unwrap_or_else(|| "a panic without a message".into());
+        if let Some(missing) = symbols::from_panic(&msg) {
+            return Err(missing);
+        }
         Err(GpuError::Driver {
             op: op.into(),
             message: format!(
@@ -293,5 +303,88 @@ mod tests {
                 "{text}"
             );
         }
+    }
+
+    /// The stand-in libcuda.so of [`a_driver_without_cu_init_is_an_error_naming_the_file`].
+    const STUB: &str = "TESSERA_TEST_STUB_LIBCUDA";
+
+    /// Run in a child process whose loader path leads to a libcuda.so without `cuInit`.
+    #[test]
+    #[ignore = "run in a child process by a_driver_without_cu_init_is_an_error_naming_the_file"]
+    fn child_probes_a_driver_without_cu_init() {
+        let Ok(file) = std::env::var(STUB) else {
+            return;
+        };
+        let e = probe_driver().expect_err("a libcuda.so without cuInit is not a driver");
+        let text = e.to_string();
+        assert!(matches!(e, GpuError::SymbolMissing { .. }), "{text}");
+        assert!(
+            text.contains(&file) && text.contains("`cuInit`") && text.contains("fix:"),
+            "{text}"
+        );
+        assert!(!text.contains('\n'), "one line: {text}");
+        // A call that skips the probe: cudarc panics, the guard answers the same, quietly.
+        let e = guard("cuInit", || {
+            // SAFETY: a driver entry point without pointers; cudarc panics looking it up.
+            unsafe { cudarc::driver::sys::cuInit(0) };
+            Ok(())
+        })
+        .expect_err("cuInit is missing");
+        let text = e.to_string();
+        assert!(text.contains(&file) && text.contains("`cuInit`"), "{text}");
+        assert!(driver_cuda_version().is_err());
+        println!("child: ok");
+    }
+
+    /// A library that loads but lacks a symbol cudarc calls (it panics at the call): the
+    /// probe names the file and the symbol, and no panic message is printed. Builds the
+    /// stand-in with `cc`, and skips with the reason where there is none.
+    #[test]
+    fn a_driver_without_cu_init_is_an_error_naming_the_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let src = dir.path().join("stub.c");
+        std::fs::write(
+            &src,
+            "int cuDriverGetVersion(int *v) { *v = 13000; return 0; }\n",
+        )
+        .unwrap();
+        let lib = dir.path().join("libcuda.so");
+        match std::process::Command::new("cc")
+            .args(["-shared", "-fPIC", "-o"])
+            .args([&lib, &src])
+            .output()
+        {
+            Ok(o) if o.status.success() => {}
+            Ok(o) => {
+                eprintln!("skipped: cc failed: {}", String::from_utf8_lossy(&o.stderr));
+                return;
+            }
+            Err(e) => {
+                eprintln!("skipped: no C compiler (cc) to build a stand-in libcuda.so: {e}");
+                return;
+            }
+        }
+        let o = std::process::Command::new(std::env::current_exe().unwrap())
+            .args([
+                "--exact",
+                "cuda::probe::tests::child_probes_a_driver_without_cu_init",
+            ])
+            .args(["--ignored", "--nocapture", "--test-threads", "1"])
+            .env("LD_LIBRARY_PATH", dir.path())
+            .env(STUB, &lib)
+            .output()
+            .unwrap();
+        let (out, err) = (
+            String::from_utf8_lossy(&o.stdout),
+            String::from_utf8_lossy(&o.stderr),
+        );
+        assert!(
+            o.status.success() && out.contains("child: ok"),
+            "{out}\n{err}"
+        );
+        assert!(
+            !err.contains("Missing symbol"),
+            "cudarc's panic was printed:\n{err}"
+        );
     }
 }

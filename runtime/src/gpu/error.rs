@@ -20,6 +20,15 @@ pub enum GpuError {
         searched: String,
         fix: String,
     },
+    /// A library loaded but lacks an entry point this build calls (a stand-in, or a version
+    /// older than the one targeted): one line, the file, the symbol and the fix.
+    #[error("{path} ({library}) has no symbol `{symbol}`, which this build calls: it is not a usable CUDA 13 library; fix: {fix}")]
+    SymbolMissing {
+        library: &'static str,
+        path: String,
+        symbol: String,
+        fix: &'static str,
+    },
     /// The driver loaded but reported no usable device.
     #[error("no CUDA device: {reason}\n  fix: {fix}")]
     NoDevice { reason: String, fix: String },

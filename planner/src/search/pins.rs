@@ -1,0 +1,121 @@
+//! Knobs that must take effect: a layout whose value of a knob would run exactly as another
+//! value does (hybrid sharding without ZeRO, or of a DP group inside one node), or whose
+//! charged recompute differs from what the runtime recomputes, is refused here, so that a pin
+//! is either what the plan runs or an error, never accepted and ignored. [`Layout::check`]
+//! says whether a layout can be built at all; this says whether each of its knobs means what
+//! it says. The search applies it to every layout (the unpinned space never breaks it), and
+//! `Plan::load` to a plan's `parallel` section.
+
+use crate::layout::{Layout, Recompute, Rejection};
+use crate::model::Model;
+use crate::spec::Cluster;
+
+/// Rule names (the search groups rejections by them).
+pub const HYBRID_WITHOUT_ZERO: &str = "hybrid sharding needs ZeRO stage 1, 2 or 3";
+pub const HYBRID_IN_ONE_NODE: &str = "hybrid sharding needs a DP group that spans nodes";
+pub const RECOMPUTE_EVERY_SPLIT: &str =
+    "recompute of every N-th layer needs every model chunk to hold a multiple of N layers";
+
+/// Every rule of [`effective`].
+pub const RULES: [&str; 3] = [
+    HYBRID_WITHOUT_ZERO,
+    HYBRID_IN_ONE_NODE,
+    RECOMPUTE_EVERY_SPLIT,
+];
+
+/// Whether every knob of `layout` takes effect (see the module documentation); the broken
+/// rule otherwise. `layout` is assumed to pass [`Layout::check`].
+pub fn effective(layout: &Layout, model: &Model, cluster: &Cluster) -> Result<(), Rejection> {
+    let l = layout;
+    if l.sharding.hybrid {
+        if l.sharding.zero_stage == 0 {
+            return Err(Rejection::new(
+                HYBRID_WITHOUT_ZERO,
+                "hybrid sharding shards the ZeRO states inside a node and replicates them across nodes, and ZeRO stage 0 shards nothing: it would run exactly as without it".into(),
+            ));
+        }
+        let shard = l.shard_degree(cluster);
+        if shard >= l.dp {
+            return Err(Rejection::new(
+                HYBRID_IN_ONE_NODE,
+                format!(
+                    "hybrid sharding shards inside a node and replicates across nodes, and with DP {} at TP {} the whole DP group fits in one node of {} devices ({} DP ranks to a node): it would shard exactly as without it",
+                    l.dp,
+                    l.tp,
+                    cluster.gpus_per_node,
+                    cluster.gpus_per_node.max(1).div_ceil(l.tp.max(1))
+                ),
+            ));
+        }
+    }
+    if l.recompute == Recompute::Full && l.recompute_every > 1 {
+        let n = l.recompute_every;
+        let layers = model.architecture.layers;
+        let chunks = l.chunks().unwrap_or(u64::MAX);
+        if unit(model, l).is_none() {
+            let why = if n > layers {
+                format!(
+                    "{n} is more than the model's {layers} layers: no layer would be recomputed"
+                )
+            } else if !layers.is_multiple_of(n) {
+                format!(
+                    "the model's {layers} layers are not a multiple of {n}: the runtime would recompute {} layers where the plan charges {layers}/{n}",
+                    layers / n
+                )
+            } else {
+                format!(
+                    "the {layers} layers make at most {} chunks of a multiple of {n} layers, fewer than the {chunks} model chunks (PP {} × virtual stages {})",
+                    layers / n,
+                    l.pp,
+                    l.virtual_stages
+                )
+            };
+            return Err(Rejection::new(
+                RECOMPUTE_EVERY_SPLIT,
+                format!(
+                    "full recompute of every {n}th layer recomputes layers {n}, {}, … of the whole model, and the plan charges 1/{n} of every layer: the two agree only when every model chunk holds a multiple of {n} layers, and {why}",
+                    n.saturating_mul(2)
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// The layers a split moves in whole groups of: N under full recompute of every N-th layer
+/// where the layers split into whole groups of N, at least one per model chunk (each chunk
+/// then recomputes exactly 1/N of its layers, as charged); `None` where they cannot, 1
+/// otherwise.
+pub fn unit(model: &Model, layout: &Layout) -> Option<u64> {
+    let n = layout.recompute_every;
+    if layout.recompute != Recompute::Full || n <= 1 {
+        return Some(1);
+    }
+    let layers = model.architecture.layers;
+    let chunks = layout.chunks()?;
+    (layers.is_multiple_of(n) && layers / n >= chunks).then_some(n)
+}
+
+/// Why a split (layers per virtual stage, pipeline order) recomputes other layers than the
+/// plan charges: the first chunk whose layer count is not a multiple of N, under full
+/// recompute of every N-th layer.
+pub fn split_recomputes_as_charged(layout: &Layout, split: &[u64]) -> Result<(), String> {
+    let n = layout.recompute_every;
+    if layout.recompute != Recompute::Full || n <= 1 {
+        return Ok(());
+    }
+    match split.iter().position(|c| !c.is_multiple_of(n)) {
+        None => Ok(()),
+        Some(i) => {
+            let first: u64 = split[..i].iter().sum();
+            let recomputed = (first + split[i]) / n - first / n;
+            Err(format!(
+                "full recompute of every {n}th layer with model chunks of {split:?} layers: chunk {i} (layers {}..{}) holds {} layers, of which the runtime recomputes {recomputed} (layers N, 2N, … of the whole model) where the plan charges {}/{n}; every chunk must hold a multiple of {n} layers",
+                first,
+                first + split[i],
+                split[i],
+                split[i]
+            ))
+        }
+    }
+}
