@@ -264,6 +264,16 @@ impl LineStream {
         })
     }
 
+    /// A stream on a file the caller opened (a FIFO opened without blocking); `path` is named
+    /// in errors.
+    pub fn from_file(path: &Path, file: File) -> LineStream {
+        LineStream {
+            path: path.to_path_buf(),
+            out: Box::new(file),
+            line: Vec::new(),
+        }
+    }
+
     /// Writes one line (a newline is added) in one call and flushes it.
     pub fn line(&mut self, text: &str) -> anyhow::Result<()> {
         self.line.clear();

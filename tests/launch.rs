@@ -134,6 +134,10 @@ fn a_rank_that_dies_before_the_rendezvous_stops_the_others() {
 fn rank_0_failing_after_the_rendezvous_is_the_reported_cause() {
     let dir = temp_dir("root");
     let plan = plan(&dir, 2, 1);
+    // A token file cut mid-token: the launcher only checks that it exists, rank 0 reads it
+    // after the rendezvous.
+    let data = dir.join("cut.bin");
+    std::fs::write(&data, b"abc").unwrap();
     let o = tessera(&[
         "launch",
         &plan,
@@ -141,7 +145,7 @@ fn rank_0_failing_after_the_rendezvous_is_the_reported_cause() {
         "--steps",
         "1",
         "--data",
-        "/nonexistent/data.txt",
+        data.to_str().unwrap(),
     ]);
     let (out, err) = text(&o);
     assert_eq!(o.status.code(), Some(1), "{out}\n{err}");
@@ -212,5 +216,186 @@ fn a_rank_process_checks_its_launch_environment() {
     let (_, err) = text(&o);
     assert_eq!(o.status.code(), Some(2), "{err}");
     assert!(err.contains("TESSERA_JOB_TOKEN is not set"), "{err}");
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+/// `tessera launch ARGS` with `env` set, under a deadline: (exit code, stdout, stderr).
+fn launch_within(args: &[&str], env: &[(&str, &str)]) -> (Option<i32>, String, String) {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_tessera"));
+    c.current_dir(env!("CARGO_MANIFEST_DIR"))
+        .env_remove("TESSERA_JOB_TOKEN")
+        .env_remove("TESSERA_RENDEZVOUS_TIMEOUT")
+        .env_remove("TESSERA_RENDEZVOUS_BIND")
+        .arg("launch")
+        .args(args)
+        .envs(env.iter().copied())
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped());
+    let mut child = c.spawn().expect("tessera runs");
+    let start = Instant::now();
+    loop {
+        if child.try_wait().unwrap().is_some() {
+            break;
+        }
+        if start.elapsed() > Duration::from_secs(60) {
+            child.kill().ok();
+            child.wait().ok();
+            panic!("tessera launch {args:?} did not answer within 60 s");
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let o = child.wait_with_output().unwrap();
+    let (out, err) = text(&o);
+    (o.status.code(), out, err)
+}
+
+/// Launch arguments, the environment, and what the refusal must name.
+type Case<'a> = (Vec<&'a str>, Vec<(&'a str, &'a str)>, Vec<&'a str>);
+
+#[test]
+fn every_launch_argument_is_checked_before_any_rank_starts() {
+    let dir = temp_dir("args");
+    let plan = plan(&dir, 2, 1);
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = taken.local_addr().unwrap().port().to_string();
+    let stale = dir.join("stale-rdzv");
+    std::fs::write(&stale, "an earlier run's").unwrap();
+    let stale = format!("file:{}", stale.display());
+    let no_folder = format!("file:{}", dir.join("no-such-folder").join("rdzv").display());
+    let file = format!("file:{}", dir.join("rdzv").display());
+    // (arguments, environment, what the message must name)
+    let cases: Vec<Case> = vec![
+        (
+            vec!["--rendezvous", "bogus"],
+            vec![],
+            vec!["--rendezvous", "bogus", "tcp", "file:"],
+        ),
+        (
+            vec!["--rendezvous", "file:"],
+            vec![],
+            vec!["--rendezvous", "file:"],
+        ),
+        (
+            vec!["--rendezvous", "TCP "],
+            vec![],
+            vec!["--rendezvous", "TCP"],
+        ),
+        (
+            vec!["--rendezvous", &no_folder],
+            vec![],
+            vec!["--rendezvous", "no-such-folder"],
+        ),
+        (
+            vec!["--rendezvous", &stale],
+            vec![],
+            vec!["--rendezvous", "stale-rdzv", "exists"],
+        ),
+        (
+            vec!["--rendezvous", &file, "--master-port", "29500"],
+            vec![],
+            vec!["--master-port", "--rendezvous"],
+        ),
+        (
+            vec!["--rendezvous", &file, "--master-addr", "127.0.0.1"],
+            vec![],
+            vec!["--master-addr", "--rendezvous"],
+        ),
+        (vec!["--master-addr", ""], vec![], vec!["--master-addr"]),
+        (
+            vec!["--master-addr", "192.0.2.1"],
+            vec![],
+            vec!["--master-addr", "192.0.2.1"],
+        ),
+        (
+            vec!["--master-addr", "no-such-host.invalid"],
+            vec![],
+            vec!["--master-addr", "no-such-host.invalid"],
+        ),
+        (
+            vec!["--master-addr", "127.0.0.1:29500"],
+            vec![],
+            vec!["--master-addr", "--master-port"],
+        ),
+        (
+            vec!["--master-port", &port],
+            vec![],
+            vec!["--master-port", &port, "in use"],
+        ),
+        (
+            vec![
+                "--nnodes",
+                "2",
+                "--node-rank",
+                "2",
+                "--master-addr",
+                "127.0.0.1",
+                "--master-port",
+                "29500",
+            ],
+            vec![],
+            vec!["--node-rank", "2"],
+        ),
+        (vec!["--nproc", "3"], vec![], vec!["--nproc", "3"]),
+        (
+            vec![],
+            vec![("TESSERA_RENDEZVOUS_TIMEOUT", "soon")],
+            vec!["TESSERA_RENDEZVOUS_TIMEOUT", "soon"],
+        ),
+        (
+            vec![],
+            vec![("TESSERA_RENDEZVOUS_BIND", "192.0.2.1")],
+            vec!["TESSERA_RENDEZVOUS_BIND", "192.0.2.1"],
+        ),
+        // What follows `--` is checked as `tessera run` would check it.
+        (vec!["--", "--steps", "0"], vec![], vec!["--steps"]),
+        (vec!["--", "--no-such-flag"], vec![], vec!["--no-such-flag"]),
+        (
+            vec!["--", "--collectives", "nccl"],
+            vec![],
+            vec!["--collectives", "CPU"],
+        ),
+        (
+            vec!["--", "--backend", "cuda"],
+            vec![],
+            vec!["--backend cuda"],
+        ),
+        (
+            vec!["--", "--data", "/nonexistent/data.txt"],
+            vec![],
+            vec!["--data", "/nonexistent/data.txt"],
+        ),
+        (
+            vec!["--", "--fail-rank", "7"],
+            vec![],
+            vec!["--fail-rank", "7"],
+        ),
+    ];
+    for (args, env, parts) in cases {
+        let mut all = vec![plan.as_str()];
+        all.extend(&args);
+        let start = Instant::now();
+        let (code, out, err) = launch_within(&all, &env);
+        assert_eq!(code, Some(2), "{args:?} {env:?}:\n{out}\n{err}");
+        assert!(
+            !out.contains("launching") && !out.contains("[rank"),
+            "{args:?}: a rank started:\n{out}"
+        );
+        assert!(!err.contains("[rank"), "{args:?}: a rank started:\n{err}");
+        assert!(!err.contains("panicked"), "{err}");
+        assert!(
+            err.contains("fix:") || err.contains("Usage:"),
+            "{args:?}: no fix:\n{err}"
+        );
+        for p in parts {
+            assert!(
+                err.contains(p),
+                "{args:?} {env:?}: the message lacks `{p}`:\n{err}"
+            );
+        }
+        assert!(start.elapsed() < Duration::from_secs(20), "{args:?}: slow");
+    }
+    assert!(!dir.join("rdzv").exists());
+    drop(taken);
     std::fs::remove_dir_all(&dir).ok();
 }

@@ -595,3 +595,385 @@ fn an_endless_input_is_refused_at_a_bound() {
     let r = run_within(&["validate", "/dev/zero"], Duration::from_secs(30));
     refused(&r, &["/dev/zero"]);
 }
+
+// ---- signals through a launcher, second signals, FIFOs that nobody reads ----
+
+/// A child that is killed if the test gives up on it (a hang must fail the test, not hang it).
+struct Bounded(Option<std::process::Child>);
+
+impl Bounded {
+    /// Starts `tessera ARGS` in a process group of its own, as a shell starts a foreground job:
+    /// the test then plays the terminal, signalling the whole group.
+    fn group(args: &[String]) -> Bounded {
+        use std::os::unix::process::CommandExt;
+        let child = bin()
+            .args(args)
+            .env_remove("TESSERA_JOB_TOKEN")
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .process_group(0)
+            .spawn()
+            .unwrap();
+        Bounded(Some(child))
+    }
+
+    fn pid(&self) -> i32 {
+        self.0.as_ref().unwrap().id() as i32
+    }
+
+    /// Sends `sig` to the child's whole process group (what Ctrl-C does).
+    fn signal_group(&self, sig: i32) {
+        // SAFETY: signalling the process group our own child leads.
+        unsafe {
+            libc::kill(-self.pid(), sig);
+        }
+    }
+
+    fn signal(&self, pid: i32, sig: i32) {
+        assert!(pid > 0);
+        // SAFETY: signalling a process this test started (or its child).
+        unsafe {
+            libc::kill(pid, sig);
+        }
+    }
+
+    /// Waits at most `deadline` for the exit; past it, kills the group and fails.
+    fn finish(mut self, deadline: Duration) -> (Option<i32>, String, String) {
+        let mut child = self.0.take().unwrap();
+        let drain = |r: Option<Box<dyn std::io::Read + Send>>| {
+            std::thread::spawn(move || {
+                let mut buf = Vec::new();
+                if let Some(mut r) = r {
+                    r.read_to_end(&mut buf).ok();
+                }
+                String::from_utf8_lossy(&buf).into_owned()
+            })
+        };
+        let out = drain(child.stdout.take().map(|r| Box::new(r) as _));
+        let err = drain(child.stderr.take().map(|r| Box::new(r) as _));
+        let start = std::time::Instant::now();
+        let status = loop {
+            if let Some(st) = child.try_wait().unwrap() {
+                break st;
+            }
+            if start.elapsed() > deadline {
+                // SAFETY: killing the group our own child leads.
+                unsafe {
+                    libc::kill(-(child.id() as i32), libc::SIGKILL);
+                }
+                child.wait().ok();
+                panic!("did not stop within {deadline:?} of the signal");
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        };
+        // The launcher's ranks hold the pipes too; they must have ended with it.
+        let (out, err) = (out.join().unwrap(), err.join().unwrap());
+        (status.code(), out, err)
+    }
+}
+
+impl Drop for Bounded {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.0.take() {
+            // SAFETY: killing the group our own child leads.
+            unsafe {
+                libc::kill(-(c.id() as i32), libc::SIGKILL);
+            }
+            c.wait().ok();
+        }
+    }
+}
+
+/// Waits until `path` has `lines` lines (at most 120 s).
+fn wait_for_lines(path: &Path, lines: usize) {
+    let start = std::time::Instant::now();
+    while std::fs::read_to_string(path)
+        .map(|t| t.lines().count())
+        .unwrap_or(0)
+        < lines
+    {
+        assert!(start.elapsed() < Duration::from_secs(120), "no steps ran");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// The metrics are whole lines, the trace is closed JSON, no temporary file is left; returns
+/// the trace.
+fn outputs_closed(dir: &Scratch, metrics: &Path, trace: &Path) -> serde_json::Value {
+    let text = std::fs::read_to_string(metrics).unwrap();
+    assert!(text.ends_with('\n'), "the last line is torn: {text:?}");
+    for line in text.lines() {
+        serde_json::from_str::<serde_json::Value>(line).expect("each line is whole JSON");
+    }
+    let trace = std::fs::read_to_string(trace).expect("the trace was written");
+    let trace: serde_json::Value = serde_json::from_str(&trace).expect("the trace is closed");
+    assert!(trace["traceEvents"].is_array(), "{trace}");
+    assert!(!dir.files().iter().any(|f| f.ends_with(".tmp")));
+    trace
+}
+
+fn op_events(trace: &serde_json::Value) -> usize {
+    trace["traceEvents"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["ph"] == "X")
+        .count()
+}
+
+/// `launch PLAN BETWEEN -- --steps 10^6 --metrics … --trace …` as strings.
+fn long_run(cmd: &str, plan: &Path, between: &[&str], metrics: &Path, trace: &Path) -> Vec<String> {
+    let mut args = vec![cmd.to_string(), s(plan)];
+    args.extend(between.iter().map(|a| a.to_string()));
+    if cmd == "launch" {
+        args.push("--".into());
+    }
+    for a in [
+        "--steps",
+        "1000000",
+        "--metrics",
+        &s(metrics),
+        "--trace",
+        &s(trace),
+    ] {
+        args.push(a.to_string());
+    }
+    args
+}
+
+/// The rank processes of a launcher: (pid, RANK) of its children, from /proc.
+fn ranks_of(launcher: i32) -> Vec<(i32, String)> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = e.file_name().to_string_lossy().parse::<i32>() else {
+            continue;
+        };
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+            continue;
+        };
+        // pid (comm) state ppid …: the comm may hold spaces, so split after its ')'.
+        let Some(rest) = stat.rsplit_once(')').map(|(_, r)| r) else {
+            continue;
+        };
+        let ppid: i32 = rest
+            .split_whitespace()
+            .nth(1)
+            .unwrap_or("0")
+            .parse()
+            .unwrap_or(0);
+        if ppid != launcher {
+            continue;
+        }
+        let env = std::fs::read(format!("/proc/{pid}/environ")).unwrap_or_default();
+        let rank = env
+            .split(|b| *b == 0)
+            .filter_map(|kv| kv.strip_prefix(b"RANK="))
+            .map(|v| String::from_utf8_lossy(v).into_owned())
+            .next()
+            .unwrap_or_default();
+        out.push((pid, rank));
+    }
+    out
+}
+
+/// Whether a process still runs (a zombie, waiting for a parent to reap it, does not).
+fn alive(pid: i32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|st| {
+        st.rsplit_once(')')
+            .and_then(|(_, r)| r.split_whitespace().next())
+            .is_some_and(|state| state != "Z" && state != "X")
+    })
+}
+
+#[test]
+fn ctrl_c_on_a_launch_stops_every_rank_once_and_closes_the_trace() {
+    // The terminal sends SIGINT to the whole foreground group; the launcher passes it on too.
+    // Rank 0 must take the two as one request: finish the step, write the whole trace, 130.
+    let dir = Scratch::new();
+    let plan = tiny_plan(&dir);
+    let (metrics, trace) = (dir.path("m.jsonl"), dir.path("trace.json"));
+    let args = long_run("launch", &plan, &["--nproc", "8"], &metrics, &trace);
+    let child = Bounded::group(&args);
+    wait_for_lines(&metrics, 3);
+    child.signal_group(libc::SIGINT);
+    let (code, out, err) = child.finish(Duration::from_secs(30));
+    assert_eq!(code, Some(130), "{out}\n{err}");
+    // Neither rank 0 nor the launcher took it for a second request.
+    assert!(
+        !err.contains("[rank 0] SIGINT: stopping now") && !err.contains("passing it on again"),
+        "one Ctrl-C escalated:\n{err}"
+    );
+    let trace = outputs_closed(&dir, &metrics, &trace);
+    assert!(op_events(&trace) > 0, "the whole trace: {trace}");
+}
+
+#[test]
+fn a_signal_sent_to_the_launcher_and_its_rank_alike_is_one_request() {
+    // A job controller (Slurm's scancel, a cgroup kill) signals every process of the job: the
+    // launcher's copy that reaches rank 0 a moment later is not a second request.
+    let dir = Scratch::new();
+    let plan = tiny_plan(&dir);
+    let (metrics, trace) = (dir.path("m.jsonl"), dir.path("trace.json"));
+    let args = long_run("launch", &plan, &["--nproc", "8"], &metrics, &trace);
+    let child = Bounded::group(&args);
+    wait_for_lines(&metrics, 3);
+    let ranks = ranks_of(child.pid());
+    assert_eq!(ranks.len(), 8, "{ranks:?}");
+    for (pid, _) in &ranks {
+        child.signal(*pid, libc::SIGTERM);
+    }
+    child.signal(child.pid(), libc::SIGTERM);
+    let (code, out, err) = child.finish(Duration::from_secs(30));
+    assert_eq!(code, Some(143), "{out}\n{err}");
+    assert!(
+        !err.contains("[rank 0] SIGTERM: stopping now") && !err.contains("passing it on again"),
+        "a copy escalated:\n{err}"
+    );
+    let trace = outputs_closed(&dir, &metrics, &trace);
+    assert!(op_events(&trace) > 0, "the whole trace: {trace}");
+}
+
+/// A model whose steps take about a second on a CPU, planned on one rank.
+fn slow_plan(dir: &Scratch) -> std::path::PathBuf {
+    let model = dir.copy_edit(
+        TINY,
+        &[
+            ("hidden = 64", "hidden = 512"),
+            ("ffn_hidden = 256", "ffn_hidden = 2048"),
+        ],
+    );
+    let out = dir.path("slow.json");
+    let r = run(&[
+        "plan",
+        &s(&model),
+        CPU8,
+        "--devices",
+        "1",
+        "--dp",
+        "1",
+        "--pp",
+        "1",
+        "--tp",
+        "1",
+        "--micro-batch",
+        "2",
+        "-o",
+        &s(&out),
+    ]);
+    assert_eq!(r.code, Some(0), "{}", r.stderr);
+    out
+}
+
+#[test]
+fn a_real_second_signal_exits_at_once_and_still_closes_the_trace() {
+    for (cmd, between, sig, code) in [
+        ("run", &[][..], libc::SIGTERM, 143),
+        ("launch", &["--nproc", "1"][..], libc::SIGINT, 130),
+    ] {
+        let dir = Scratch::new();
+        let plan = slow_plan(&dir);
+        let (metrics, trace) = (dir.path("m.jsonl"), dir.path("trace.json"));
+        let child = Bounded::group(&long_run(cmd, &plan, between, &metrics, &trace));
+        wait_for_lines(&metrics, 1);
+        child.signal_group(sig);
+        // A second request well inside the step (about a second on 2 cores).
+        std::thread::sleep(Duration::from_millis(50));
+        child.signal_group(sig);
+        // At once: well before the step in progress (about a second or more) could finish.
+        let (got, out, err) = child.finish(Duration::from_secs(20));
+        assert_eq!(got, Some(code), "{cmd}: {out}\n{err}");
+        assert!(err.contains("stopping now"), "{cmd}: {err}");
+        outputs_closed(&dir, &metrics, &trace);
+    }
+}
+
+#[test]
+fn a_killed_launcher_takes_its_ranks_with_it() {
+    let dir = Scratch::new();
+    let plan = tiny_plan(&dir);
+    let (metrics, trace) = (dir.path("m.jsonl"), dir.path("trace.json"));
+    let child = Bounded::group(&long_run(
+        "launch",
+        &plan,
+        &["--nproc", "8"],
+        &metrics,
+        &trace,
+    ));
+    wait_for_lines(&metrics, 3);
+    let ranks = ranks_of(child.pid());
+    assert_eq!(ranks.len(), 8, "{ranks:?}");
+    child.signal(child.pid(), libc::SIGKILL);
+    let start = std::time::Instant::now();
+    while ranks.iter().any(|(pid, _)| alive(*pid)) {
+        if start.elapsed() > Duration::from_secs(10) {
+            for (pid, _) in &ranks {
+                child.signal(*pid, libc::SIGKILL);
+            }
+            panic!("rank processes outlived their launcher: {ranks:?}");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let (code, _, _) = child.finish(Duration::from_secs(10));
+    assert_eq!(code, None, "killed");
+}
+
+fn mkfifo(path: &Path) -> bool {
+    std::process::Command::new("mkfifo")
+        .arg(path)
+        .status()
+        .is_ok_and(|s| s.success())
+}
+
+#[test]
+fn an_output_fifo_without_a_reader_does_not_block_a_stop() {
+    for flag in ["--metrics", "--trace"] {
+        for (sig, code) in [(libc::SIGTERM, 143), (libc::SIGINT, 130)] {
+            let dir = Scratch::new();
+            let plan = tiny_plan(&dir);
+            let fifo = dir.path("out.fifo");
+            if !mkfifo(&fifo) {
+                eprintln!("skipped: mkfifo is not available here");
+                return;
+            }
+            let args: Vec<String> = ["run", &s(&plan), "--steps", "2", flag, &s(&fifo)]
+                .iter()
+                .map(|a| a.to_string())
+                .collect();
+            let child = Bounded::group(&args);
+            // Long enough for a 2-step run to reach its outputs, and to be waiting there.
+            std::thread::sleep(Duration::from_millis(1500));
+            child.signal(child.pid(), sig);
+            let (got, out, err) = child.finish(Duration::from_secs(10));
+            assert_eq!(got, Some(code), "{flag}: {out}\n{err}");
+            assert!(
+                err.contains(flag) && err.contains("reader"),
+                "{flag}: {err}"
+            );
+            assert!(!err.contains("panicked"), "{err}");
+            assert_eq!(dir.files(), vec!["out.fifo", "plan.json"], "{flag}");
+        }
+    }
+}
+
+#[test]
+fn a_trace_fifo_with_a_reader_gets_the_whole_trace() {
+    let dir = Scratch::new();
+    let plan = tiny_plan(&dir);
+    let fifo = dir.path("trace.fifo");
+    if !mkfifo(&fifo) {
+        eprintln!("skipped: mkfifo is not available here");
+        return;
+    }
+    let reader = {
+        let fifo = fifo.clone();
+        std::thread::spawn(move || std::fs::read_to_string(fifo).unwrap())
+    };
+    let r = run_within(
+        &["run", &s(&plan), "--steps", "2", "--trace", &s(&fifo)],
+        Duration::from_secs(60),
+    );
+    assert_eq!(r.code, Some(0), "{}", r.stderr);
+    let trace: serde_json::Value = serde_json::from_str(&reader.join().unwrap()).unwrap();
+    assert!(op_events(&trace) > 0);
+}

@@ -185,3 +185,101 @@ fn sequence_parallel_plans_run_and_missing_data_is_refused() {
     assert!(err.contains("no/such/file.txt"), "{err}");
     std::fs::remove_dir_all(&dir).ok();
 }
+
+/// `tessera run ARGS` from the folder `cwd` (the binary's own path, not the repository).
+fn tessera_in(cwd: &Path, args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_tessera"))
+        .current_dir(cwd)
+        .args(args)
+        .output()
+        .expect("tessera runs")
+}
+
+#[test]
+fn the_default_data_does_not_depend_on_the_working_directory() {
+    let dir = temp_dir("default-data");
+    let plan = plan_tiny(&dir, &["--no-sp", "--micro-batch", "2"]);
+    let elsewhere = dir.join("elsewhere");
+    std::fs::create_dir_all(&elsewhere).unwrap();
+    let o = tessera_in(&elsewhere, &["run", plan.to_str().unwrap(), "--steps", "2"]);
+    let (out, err) = (
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr),
+    );
+    assert!(o.status.success(), "{out}\n{err}");
+    assert!(!err.contains("the path passed to --data"), "{err}");
+    assert!(
+        out.contains("examples/data/parallelism.txt") && out.contains("--data"),
+        "{out}"
+    );
+    assert!(out.contains("over 2 steps"), "{out}");
+    // The same losses as the file itself, named with --data.
+    let o2 = tessera(&[
+        "run",
+        plan.to_str().unwrap(),
+        "--steps",
+        "2",
+        "--data",
+        "examples/data/parallelism.txt",
+    ]);
+    let out2 = String::from_utf8_lossy(&o2.stdout);
+    let loss = |t: &str| {
+        t.lines()
+            .find(|l| l.starts_with("loss "))
+            .map(str::to_string)
+    };
+    assert_eq!(loss(&out), loss(&out2), "{out2}");
+    // A --data that does not exist still names the path it was given.
+    let o = tessera_in(
+        &elsewhere,
+        &["run", plan.to_str().unwrap(), "--data", "missing.txt"],
+    );
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("missing.txt") && err.contains("--data"),
+        "{err}"
+    );
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+#[test]
+fn flags_the_chosen_backend_would_ignore_are_refused() {
+    let dir = temp_dir("ignored-flags");
+    let plan = plan_tiny(&dir, &["--no-sp", "--micro-batch", "2"]);
+    let p = plan.to_str().unwrap();
+    for value in ["nccl", "staged", "auto"] {
+        let o = tessera(&["run", p, "--steps", "1", "--collectives", value]);
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(2), "--collectives {value}: {err}");
+        for part in ["--collectives", value, "CPU", "fix:"] {
+            assert!(
+                err.contains(part),
+                "--collectives {value}: lacks {part}: {err}"
+            );
+        }
+    }
+    // The CPU backend on a plan for GPUs: said, not silently swapped for CUDA.
+    let gpu = dir.join("gpu.json");
+    let o = tessera(&[
+        "plan",
+        "specs/models/gpt2-124m.toml",
+        "specs/clusters/dgx-a100-80g.toml",
+        "-o",
+        gpu.to_str().unwrap(),
+    ]);
+    assert!(o.status.success());
+    let o = tessera(&["run", gpu.to_str().unwrap(), "--backend", "cpu"]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("--backend cpu") && err.contains("fix:"),
+        "{err}"
+    );
+    // The launcher's test hook outside a launcher.
+    let o = tessera(&["run", p, "--steps", "1", "--fail-rank", "0"]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(2), "{err}");
+    assert!(err.contains("--fail-rank"), "{err}");
+    std::fs::remove_dir_all(&dir).ok();
+}

@@ -5,19 +5,38 @@
 //! all run the same plan. The CPU backend then trains every rank as a thread of rank 0's
 //! process, and the other processes wait for rank 0 and exit with its outcome (docs/cuda.md,
 //! "Launching").
+//!
+//! Signals and outputs (`crate::signals` has the rule): the handlers are installed first, before
+//! any output is opened. The outputs are opened just before the first step — a FIFO without a
+//! reader is waited for without blocking in open(2), and a signal during that wait (or anywhere
+//! before the first step) exits at once, 130 or 143, having written nothing. From the first
+//! step on, every way the run ends closes them: the metrics stream is flushed a line at a time,
+//! and the Chrome trace is written as closed JSON — whole at a step boundary, or, after a
+//! failure or a second signal, with what was collected and why it stopped under
+//! `otherData.stopped`.
+//!
+//! Flags are honoured or refused: `--collectives` only means something to the CUDA backend,
+//! `--backend cpu` cannot train a GPU cluster's plan, `--fail-rank` only acts under a launcher
+//! with several ranks; each is refused (exit 2) where it would be ignored. The default data is
+//! built into the binary, so it does not depend on the working directory.
 
-use std::path::PathBuf;
+use std::ffi::OsString;
+use std::fs::File;
+use std::io::Write;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
-use anyhow::{bail, Context};
-use clap::{Args, ValueEnum};
+use anyhow::{anyhow, bail, Context};
+use clap::{Args, Parser, ValueEnum};
 use indicatif::{ProgressBar, ProgressStyle};
 use tessera_planner::plan::Plan;
 use tessera_planner::spec::DeviceKind;
 use tessera_runtime::cuda::{device_collective, CudaLauncher};
 use tessera_runtime::data::Tokens;
-use tessera_runtime::exec::{self, chrome_trace, TrainOptions};
+use tessera_runtime::exec::trace::chrome_trace_stopped;
+use tessera_runtime::exec::{self, chrome_trace, TraceEvent, TrainOptions};
 use tessera_runtime::gpu::Device;
 use tessera_runtime::launch::env::LaunchEnv;
 use tessera_runtime::launch::rendezvous::{rendezvous, RendezvousError};
@@ -25,10 +44,14 @@ use tessera_runtime::launch::EXIT_PEER_FAILED;
 
 use crate::files::{check_outputs, named, write_output, LineStream};
 use crate::output::table;
-use crate::signals::Interrupts;
+use crate::signals::{lock_until, uninterrupted, Interrupts, EXIT_GRACE};
 
-/// The text the default run trains on (ships with the repository, so it works offline).
-const DEFAULT_DATA: &str = "examples/data/parallelism.txt";
+/// The text the default run trains on, by its name in the repository.
+const BUNDLED_DATA_NAME: &str = "examples/data/parallelism.txt";
+
+/// Its bytes, built into the binary: the default works offline, from any working directory and
+/// from an installed binary.
+const BUNDLED_DATA: &str = include_str!("../../examples/data/parallelism.txt");
 
 #[derive(Clone, Copy, ValueEnum, PartialEq, Debug)]
 enum Backend {
@@ -36,6 +59,15 @@ enum Backend {
     Cpu,
     /// NVIDIA GPUs (needs a build with `--features cuda`).
     Cuda,
+}
+
+impl Backend {
+    fn name(self) -> &'static str {
+        match self {
+            Backend::Cpu => "cpu",
+            Backend::Cuda => "cuda",
+        }
+    }
 }
 
 /// How a GPU run's ranks exchange data.
@@ -50,6 +82,16 @@ enum Collectives {
     Staged,
 }
 
+impl Collectives {
+    fn name(self) -> &'static str {
+        match self {
+            Collectives::Auto => "auto",
+            Collectives::Nccl => "nccl",
+            Collectives::Staged => "staged",
+        }
+    }
+}
+
 #[derive(Args)]
 pub struct RunArgs {
     /// A plan written by `tessera plan -o`.
@@ -57,9 +99,10 @@ pub struct RunArgs {
     /// Optimizer steps to run (at least 1).
     #[arg(long, default_value_t = 50, value_parser = clap::value_parser!(u64).range(1..=1_000_000_000))]
     steps: u64,
-    /// Training data: UTF-8 text (byte tokens) or a token file (.bin u16, .u32 u32, little-endian).
-    #[arg(long, default_value = DEFAULT_DATA)]
-    data: PathBuf,
+    /// Training data: UTF-8 text (byte tokens) or a token file (.bin u16, .u32 u32,
+    /// little-endian) [default: examples/data/parallelism.txt, built into tessera]
+    #[arg(long)]
+    data: Option<PathBuf>,
     /// Seed of the weights and of the data order.
     #[arg(long, default_value_t = 1234)]
     seed: u64,
@@ -72,15 +115,46 @@ pub struct RunArgs {
     /// Write a Chrome trace (Perfetto-readable) of the executed schedule, one track per rank.
     #[arg(long)]
     trace: Option<PathBuf>,
-    /// Where to run.
-    #[arg(long, value_enum, default_value_t = Backend::Cpu)]
-    backend: Backend,
-    /// GPU runs: how ranks exchange data.
-    #[arg(long, value_enum, default_value_t = Collectives::Auto)]
-    collectives: Collectives,
+    /// Where to run [default: cpu for a plan of a CPU cluster, cuda for a GPU cluster's]
+    #[arg(long, value_enum)]
+    backend: Option<Backend>,
+    /// GPU runs (the CUDA backend): how ranks exchange data [default: auto]
+    #[arg(long, value_enum)]
+    collectives: Option<Collectives>,
     /// Test hook: under a launcher, the process with this RANK fails before the rendezvous.
     #[arg(long, hide = true)]
     fail_rank: Option<usize>,
+}
+
+/// `tessera run`'s arguments on their own, to check what `tessera launch` passes on.
+#[derive(Parser)]
+#[command(name = "tessera run", bin_name = "tessera run")]
+struct RunCommand {
+    #[command(flatten)]
+    args: RunArgs,
+}
+
+/// The training data: a file named by `--data`, or the bundled text.
+#[derive(Clone, Copy)]
+enum DataSource<'a> {
+    File(&'a Path),
+    Bundled,
+}
+
+impl RunArgs {
+    fn data(&self) -> DataSource<'_> {
+        self.data
+            .as_deref()
+            .map_or(DataSource::Bundled, DataSource::File)
+    }
+
+    /// Whether the run goes to the CUDA backend: asked for, or a GPU cluster's plan.
+    fn on_cuda(&self, plan: &Plan) -> bool {
+        match self.backend {
+            Some(b) => b == Backend::Cuda,
+            None => plan.job.cluster.device.kind == DeviceKind::Gpu,
+        }
+    }
 }
 
 /// `--lr`: a finite number above zero (f32: at most about 3.4e38).
@@ -141,7 +215,7 @@ fn host_bytes_needed(plan: &Plan) -> f64 {
 /// Why a plan cannot run on the CUDA backend here, with the fix.
 fn cuda_refusal(args: &RunArgs, plan: &Plan, problem: &str) -> String {
     let cluster = &plan.job.cluster;
-    let why = if args.backend == Backend::Cuda {
+    let why = if args.backend == Some(Backend::Cuda) {
         "--backend cuda"
     } else {
         "a GPU cluster"
@@ -170,7 +244,69 @@ fn gpus_here(args: &RunArgs, plan: &Plan) -> anyhow::Result<usize> {
     bail!("{}", cuda_refusal(args, plan, &problem))
 }
 
-pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
+/// Flags that the chosen backend or this launch would ignore, and a `--data` file that is not
+/// there: refused before anything starts. `launched`: the world size under a launcher with
+/// several ranks; `reads_data`: this process (rank 0, or a process alone) will load the data.
+fn check_flags(
+    args: &RunArgs,
+    plan: &Plan,
+    launched: Option<usize>,
+    reads_data: bool,
+) -> anyhow::Result<()> {
+    let shown = args.plan.display();
+    let cluster = &plan.job.cluster;
+    let gpu_plan = cluster.device.kind == DeviceKind::Gpu;
+    if args.backend == Some(Backend::Cpu) && gpu_plan {
+        bail!(
+            "--backend cpu: {shown} is a plan for {} × {} (a GPU cluster), and the CPU backend trains plans for CPU clusters only\n  fix: drop --backend cpu to train it on the CUDA backend, or plan for a CPU cluster (specs/clusters/cpu-8.toml) to train it here",
+            cluster.devices,
+            cluster.device.name
+        );
+    }
+    let cuda = args.on_cuda(plan);
+    if let (Some(c), false) = (args.collectives, cuda) {
+        bail!(
+            "--collectives {}: this run is on the CPU backend ({shown} is a plan for a CPU cluster), whose ranks are threads that exchange data through host memory; --collectives picks how GPU ranks exchange data, so it would be ignored\n  fix: drop --collectives, or add --backend cuda to train on GPUs",
+            c.name()
+        );
+    }
+    if cuda && launched.is_some() {
+        bail!(
+            "{shown}: the CUDA backend trains every rank as a thread of one process, on the GPUs it sees; it does not run under a launcher yet{}\n  fix: run `tessera run {shown}` once, without `tessera launch` or torchrun",
+            match args.backend {
+                Some(b) => format!(" (--backend {})", b.name()),
+                None => " (a GPU cluster's plan)".into(),
+            }
+        );
+    }
+    if let Some(r) = args.fail_rank {
+        match launched {
+            None => bail!(
+                "--fail-rank {r} is a test hook of runs launched with several ranks (the process with RANK {r} fails before the rendezvous), and this run is not one: it would be ignored\n  fix: drop --fail-rank, or run under `tessera launch`"
+            ),
+            Some(world) if r >= world => bail!(
+                "--fail-rank {r}: this launch has ranks 0..{world}, so no process would fail\n  fix: pass a rank below {world}"
+            ),
+            Some(_) => {}
+        }
+    }
+    if let (DataSource::File(path), true) = (args.data(), reads_data) {
+        if let Err(e) = std::fs::metadata(path) {
+            let cwd = std::env::current_dir()
+                .map(|d| format!(" (relative paths start in {})", d.display()))
+                .unwrap_or_default();
+            bail!(
+                "--data {}: cannot read it: {e}{cwd}\n  fix: pass an existing file, or leave --data out to train on the bundled {BUNDLED_DATA_NAME}",
+                path.display()
+            );
+        }
+    }
+    Ok(())
+}
+
+/// Refuses outputs that are inputs or cannot be written; the probe files it makes are never
+/// left behind by a signal.
+fn check_run_outputs(args: &RunArgs) -> anyhow::Result<()> {
     let mut outputs = Vec::new();
     if let Some(p) = &args.metrics {
         outputs.push(named("--metrics", p));
@@ -178,36 +314,74 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     if let Some(p) = &args.trace {
         outputs.push(named("--trace", p));
     }
-    check_outputs(
-        &[named("PLAN", &args.plan), named("--data", &args.data)],
-        &outputs,
-    )?;
+    let mut inputs = vec![named("PLAN", &args.plan)];
+    if let DataSource::File(p) = args.data() {
+        inputs.push(named("--data", p));
+    }
+    uninterrupted(|| check_outputs(&inputs, &outputs))
+}
+
+/// Checks what follows `--` in `tessera launch PLAN -- ARGS` as each rank's
+/// `tessera run PLAN ARGS` would check it, launched with `world` ranks (`hosts_rank_0`: this
+/// node runs rank 0, which reads the data): nothing starts when a rank would refuse it.
+pub fn check_launched(
+    plan_path: &Path,
+    plan: &Plan,
+    args: &[OsString],
+    world: usize,
+    hosts_rank_0: bool,
+) -> anyhow::Result<()> {
+    let argv = [
+        OsString::from("tessera run"),
+        plan_path.as_os_str().to_owned(),
+    ]
+    .into_iter()
+    .chain(args.iter().cloned());
+    let parsed = RunCommand::try_parse_from(argv).map_err(|e| {
+        // clap's first paragraph is the error; its usage and tips follow.
+        let text = e.render().to_string();
+        let first = text.trim().split("\n\n").next().unwrap_or_default().to_string();
+        anyhow!(
+            "the arguments after `--` are passed to `tessera run`, which refuses them: {}\n  fix: pass only `tessera run` flags after `--` (`tessera run --help` lists them)",
+            first.trim_start_matches("error: ")
+        )
+    })?;
+    let args = parsed.args;
+    check_run_outputs(&args)?;
+    check_flags(&args, plan, (world > 1).then_some(world), hosts_rank_0)
+}
+
+pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
+    // First, before any output is opened: a signal from here until the first step exits at
+    // once, having written nothing.
+    let interrupts = Interrupts::for_run()?;
+    check_run_outputs(&args)?;
     let plan = Plan::load(&args.plan)?;
-    let cluster = &plan.job.cluster;
     let launch = LaunchEnv::from_env().context("reading the launch environment")?;
-    if args.backend == Backend::Cuda || cluster.device.kind == DeviceKind::Gpu {
+    let launched = launch.as_ref().map(|e| e.world_size).filter(|w| *w > 1);
+    let reads_data = launched.is_none() || launch.as_ref().is_some_and(|e| e.rank == 0);
+    check_flags(&args, &plan, launched, reads_data)?;
+    if args.on_cuda(&plan) {
         let gpus = gpus_here(&args, &plan)?;
         exec::check_supported(&plan)
             .map_err(|e| anyhow::anyhow!("{}: {e}", args.plan.display()))?;
-        if launch.as_ref().is_some_and(|env| env.world_size > 1) {
-            bail!(
-                "{}: the CUDA backend trains every rank as a thread of one process, on the GPUs it sees; it does not run under a launcher yet\n  fix: run `tessera run {}` once, without `tessera launch` or torchrun",
-                args.plan.display(),
-                args.plan.display()
-            );
-        }
-        return train_here(&args, &plan, Some(gpus));
+        return train_here(&args, &plan, Some(gpus), &interrupts);
     }
     check_runnable(&plan, &args.plan)?;
     match launch {
-        Some(env) if env.world_size > 1 => distributed(&args, &plan, &env),
-        _ => train_here(&args, &plan, None),
+        Some(env) if env.world_size > 1 => distributed(&args, &plan, &env, &interrupts),
+        _ => train_here(&args, &plan, None, &interrupts),
     }
 }
 
 /// One rank process of a launched CPU run: rendezvous, check the plan, then rank 0 trains and
 /// the others wait for its outcome.
-fn distributed(args: &RunArgs, plan: &Plan, env: &LaunchEnv) -> anyhow::Result<ExitCode> {
+fn distributed(
+    args: &RunArgs,
+    plan: &Plan,
+    env: &LaunchEnv,
+    interrupts: &Interrupts,
+) -> anyhow::Result<ExitCode> {
     let (rank, world) = (env.rank, env.world_size);
     if world as u64 != plan.parallel.world {
         bail!(
@@ -245,7 +419,7 @@ fn distributed(args: &RunArgs, plan: &Plan, env: &LaunchEnv) -> anyhow::Result<E
         println!(
             "rank 0 of {world}: all ranks joined and run the same plan; the CPU backend trains all {world} ranks as threads of this process"
         );
-        let result = train_here(args, plan, None);
+        let result = train_here(args, plan, None, interrupts);
         let outcome = match &result {
             Ok(code) if *code == ExitCode::SUCCESS => Ok(()),
             Ok(_) => Err("rank 0 exited with an error".to_string()),
@@ -259,6 +433,9 @@ fn distributed(args: &RunArgs, plan: &Plan, env: &LaunchEnv) -> anyhow::Result<E
     println!(
         "rank {rank} of {world}: joined rank 0 (same plan); the CPU backend trains every rank as a thread of rank 0's process: waiting for it"
     );
+    interrupts.waiting_for(Some(format!(
+        "rank {rank} was waiting for rank 0, which trains every rank"
+    )));
     match joined.session.wait() {
         Ok(()) => {
             println!("rank {rank}: rank 0 finished");
@@ -272,9 +449,211 @@ fn distributed(args: &RunArgs, plan: &Plan, env: &LaunchEnv) -> anyhow::Result<E
     }
 }
 
+/// Where the trace goes when the run ends.
+enum TraceSink {
+    /// A regular (or new) file, replaced atomically, or `-` (stdout): written at the end.
+    Replace(PathBuf),
+    /// A FIFO or a device, opened before the first step and written in place.
+    InPlace(PathBuf, File),
+}
+
+/// The run's outputs, open from just before the first step until the process ends. The lock
+/// is what an exit at once waits for (within [`EXIT_GRACE`]): a metrics line or the trace
+/// being written is finished first.
+struct Outputs {
+    open: Mutex<Open>,
+}
+
+struct Open {
+    metrics: Option<LineStream>,
+    trace: Option<TraceSink>,
+}
+
+fn cannot_write(path: &Path, e: impl std::fmt::Display) -> anyhow::Error {
+    anyhow!(
+        "{}: cannot write: {e}\n  fix: check that the folder exists, is writable and has free space",
+        path.display()
+    )
+}
+
+/// Whether `path` names a FIFO (after every link).
+fn is_fifo(path: &Path) -> bool {
+    use std::os::unix::fs::FileTypeExt;
+    std::fs::metadata(path).is_ok_and(|m| m.file_type().is_fifo())
+}
+
+/// Whether `path` names something that is written in place: a FIFO or a device.
+fn is_special(path: &Path) -> bool {
+    path.as_os_str() != "-" && std::fs::metadata(path).is_ok_and(|m| !m.is_file() && !m.is_dir())
+}
+
+/// Opens the FIFO `path` for writing. open(2) would block until a reader opens it, and a
+/// signal could not end that wait; so it opens without blocking, retrying every 50 ms while
+/// there is no reader (ENXIO), and says once what it waits for. A signal meanwhile exits at
+/// once (`crate::signals`: the run has not begun). Writes then block as on any file.
+fn open_fifo(flag: &str, path: &Path, interrupts: &Interrupts) -> anyhow::Result<File> {
+    use std::os::fd::AsRawFd;
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut said = false;
+    loop {
+        let opened = std::fs::OpenOptions::new()
+            .write(true)
+            .custom_flags(libc::O_NONBLOCK)
+            .open(path);
+        match opened {
+            Ok(f) => {
+                let fd = f.as_raw_fd();
+                // SAFETY: fcntl(2) on a descriptor this function owns.
+                let cleared = unsafe {
+                    let flags = libc::fcntl(fd, libc::F_GETFL);
+                    flags >= 0 && libc::fcntl(fd, libc::F_SETFL, flags & !libc::O_NONBLOCK) == 0
+                };
+                if !cleared {
+                    return Err(cannot_write(path, std::io::Error::last_os_error()));
+                }
+                if said {
+                    interrupts.waiting_for(None);
+                    eprintln!("{flag} {}: a reader opened it", path.display());
+                }
+                return Ok(f);
+            }
+            Err(e) if e.raw_os_error() == Some(libc::ENXIO) => {
+                if let Some(sig) = interrupts.received() {
+                    bail!(
+                        "{}: stopped while waiting for a reader of the FIFO {flag} {}",
+                        Interrupts::name(sig),
+                        path.display()
+                    );
+                }
+                if !said {
+                    said = true;
+                    interrupts.waiting_for(Some(format!(
+                        "before the first step, waiting for a reader of the FIFO {flag} {}; nothing was written",
+                        path.display()
+                    )));
+                    eprintln!(
+                        "{flag} {}: a FIFO with no reader yet; waiting for one to open it (Ctrl-C stops)",
+                        path.display()
+                    );
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            Err(e) => return Err(cannot_write(path, e)),
+        }
+    }
+}
+
+impl Outputs {
+    /// Opens `--metrics` and, when it is a FIFO or a device, `--trace` (a regular trace file is
+    /// replaced atomically at the end).
+    fn open(args: &RunArgs, interrupts: &Interrupts) -> anyhow::Result<Outputs> {
+        let metrics = match args.metrics.as_deref() {
+            None => None,
+            Some(p) if is_fifo(p) => Some(LineStream::from_file(
+                p,
+                open_fifo("--metrics", p, interrupts)?,
+            )),
+            Some(p) => Some(LineStream::open(p)?),
+        };
+        let trace = match args.trace.as_deref() {
+            None => None,
+            Some(p) if is_fifo(p) => Some(TraceSink::InPlace(
+                p.to_path_buf(),
+                open_fifo("--trace", p, interrupts)?,
+            )),
+            Some(p) if is_special(p) => Some(TraceSink::InPlace(
+                p.to_path_buf(),
+                std::fs::OpenOptions::new()
+                    .write(true)
+                    .open(p)
+                    .map_err(|e| cannot_write(p, e))?,
+            )),
+            Some(p) => Some(TraceSink::Replace(p.to_path_buf())),
+        };
+        Ok(Outputs {
+            open: Mutex::new(Open { metrics, trace }),
+        })
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Open> {
+        self.open.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Writes one metrics line, whole, if metrics are asked for.
+    fn line(&self, text: &str) -> anyhow::Result<()> {
+        match self.lock().metrics.as_mut() {
+            Some(m) => m.line(text),
+            None => Ok(()),
+        }
+    }
+
+    /// Writes and closes the trace, once: the whole document, or with `why` it stopped early.
+    /// Returns the path written, if a trace was asked for and not written yet.
+    fn close_trace(
+        &self,
+        events: &[TraceEvent],
+        why: Option<&str>,
+    ) -> anyhow::Result<Option<PathBuf>> {
+        let sink = self.lock().trace.take();
+        write_trace(sink, events, why)
+    }
+
+    /// An exit at once (a second signal): closes the trace without the ops of the steps in
+    /// progress, waiting for a line or trace being written, within [`EXIT_GRACE`].
+    fn close_at_once(&self, sig: i32) {
+        let Some(mut open) = lock_until(&self.open, Instant::now() + EXIT_GRACE) else {
+            return;
+        };
+        let sink = open.trace.take();
+        drop(open);
+        let why = format!(
+            "stopped at once by a second {}: the ops of the run were not collected",
+            Interrupts::name(sig)
+        );
+        match write_trace(sink, &[], Some(&why)) {
+            Ok(Some(path)) => {
+                eprintln!("wrote {} (closed, without the ops: {why})", path.display())
+            }
+            Ok(None) => {}
+            Err(e) => eprintln!("error: {e:#}"),
+        }
+    }
+}
+
+fn write_trace(
+    sink: Option<TraceSink>,
+    events: &[TraceEvent],
+    why: Option<&str>,
+) -> anyhow::Result<Option<PathBuf>> {
+    let Some(sink) = sink else {
+        return Ok(None);
+    };
+    let doc = match why {
+        None => chrome_trace(events),
+        Some(why) => chrome_trace_stopped(events, why),
+    };
+    match sink {
+        TraceSink::Replace(path) => {
+            write_output(&path, doc.as_bytes())?;
+            Ok(Some(path))
+        }
+        TraceSink::InPlace(path, mut f) => {
+            f.write_all(doc.as_bytes())
+                .and_then(|()| f.flush())
+                .map_err(|e| cannot_write(&path, e))?;
+            Ok(Some(path))
+        }
+    }
+}
+
 /// Trains in this process (every rank a thread): on the CPU, or with `gpus`, rank r on GPU
 /// r mod gpus (the device backend, collectives through host memory).
-fn train_here(args: &RunArgs, plan: &Plan, gpus: Option<usize>) -> anyhow::Result<ExitCode> {
+fn train_here(
+    args: &RunArgs,
+    plan: &Plan,
+    gpus: Option<usize>,
+    interrupts: &Interrupts,
+) -> anyhow::Result<ExitCode> {
     let cluster = &plan.job.cluster;
     let need = if gpus.is_some() {
         0.0
@@ -294,33 +673,42 @@ fn train_here(args: &RunArgs, plan: &Plan, gpus: Option<usize>) -> anyhow::Resul
             );
         }
     }
-    // Loading holds the file's bytes and the u32 tokens made of them: 5 bytes per byte of text,
-    // 3 per byte of a .bin (u16) file, 2 per byte of a .u32 file.
-    if let (Ok(m), Some(have)) = (
-        std::fs::metadata(&args.data),
-        tessera_runtime::calibrate::available_memory_bytes(),
-    ) {
-        let per_byte = match args.data.extension().and_then(|e| e.to_str()) {
-            Some("u32") => 2.0,
-            Some("bin") => 3.0,
-            _ => 5.0,
-        };
-        let need_data = m.len() as f64 * per_byte;
-        if m.is_file() && need + need_data > have {
-            bail!(
-                "{}: loading this data file of {} needs about {} of host memory besides the {} of the run, and {} is available\n  fix: train on a smaller file (or a slice of it)",
-                args.data.display(),
-                tessera_planner::units::bytes(m.len() as f64),
-                tessera_planner::units::bytes(need_data),
-                tessera_planner::units::bytes(need),
-                tessera_planner::units::bytes(have)
-            );
+    let data = match args.data() {
+        DataSource::File(path) => {
+            // Loading holds the file's bytes and the u32 tokens made of them: 5 bytes per byte
+            // of text, 3 per byte of a .bin (u16) file, 2 per byte of a .u32 file.
+            if let (Ok(m), Some(have)) = (
+                std::fs::metadata(path),
+                tessera_runtime::calibrate::available_memory_bytes(),
+            ) {
+                let per_byte = match path.extension().and_then(|e| e.to_str()) {
+                    Some("u32") => 2.0,
+                    Some("bin") => 3.0,
+                    _ => 5.0,
+                };
+                let need_data = m.len() as f64 * per_byte;
+                if m.is_file() && need + need_data > have {
+                    bail!(
+                        "{}: loading this data file of {} needs about {} of host memory besides the {} of the run, and {} is available\n  fix: train on a smaller file (or a slice of it)",
+                        path.display(),
+                        tessera_planner::units::bytes(m.len() as f64),
+                        tessera_planner::units::bytes(need_data),
+                        tessera_planner::units::bytes(need),
+                        tessera_planner::units::bytes(have)
+                    );
+                }
+            }
+            Tokens::load(path)
+                .with_context(|| format!("{}: cannot load the training data", path.display()))?
         }
-    }
-    let data = Tokens::load(&args.data)
-        .with_context(|| format!("{}: cannot load the training data", args.data.display()))?;
+        DataSource::Bundled => {
+            let mut t = Tokens::from_text(BUNDLED_DATA);
+            t.source = BUNDLED_DATA_NAME.into();
+            t
+        }
+    };
     let world = plan.parallel.world as usize;
-    let nccl = match (args.collectives, gpus) {
+    let nccl = match (args.collectives.unwrap_or(Collectives::Auto), gpus) {
         (Collectives::Staged, _) | (_, None) => false,
         (Collectives::Nccl, Some(n)) => {
             if world > n {
@@ -335,80 +723,33 @@ fn train_here(args: &RunArgs, plan: &Plan, gpus: Option<usize>) -> anyhow::Resul
         }
         (Collectives::Auto, Some(n)) => world <= n && tessera_runtime::cuda::probe_nccl().is_ok(),
     };
+    // The outputs open now, just before the first step; from here on every way out closes
+    // them, an exit at once included.
+    let outputs = Arc::new(Outputs::open(args, interrupts)?);
+    {
+        let outputs = outputs.clone();
+        interrupts.on_exit(move |sig| outputs.close_at_once(sig));
+    }
     let stop = Arc::new(exec::Stop::new());
-    let interrupts = Interrupts::for_run(stop.clone())?;
-    let opts = TrainOptions {
-        steps: args.steps as usize,
-        seed: args.seed,
-        max_lr: args.lr,
-        min_lr: args.lr / 10.0,
-        trace: args.trace.is_some(),
-        threads_per_rank: tessera_runtime::calibrate::threads_per_rank(
-            plan.parallel.world as usize,
-        ),
-        stop: Some(stop.clone()),
-        ..TrainOptions::default()
-    };
-    let p = &plan.parallel;
-    println!(
-        "{}: {} parameters, dp {} × tp {} × pp {} on {} {} ranks, micro-batch {} × {} micro-batches, ZeRO-{}, {} recompute, schedule {}",
-        plan.job.model.name,
-        plan.job.parameters,
-        p.dp,
-        p.tp,
-        p.pp,
-        p.world,
-        match gpus {
-            None => "CPU".to_string(),
-            Some(n) => format!(
-                "GPU (on {n} visible GPUs, collectives {})",
-                if nccl { "on NCCL" } else { "through host memory" }
-            ),
-        },
-        p.micro_batch,
-        p.microbatches,
-        p.zero_stage,
-        p.recompute.name(),
-        p.schedule.name()
-    );
-    let bar = ProgressBar::new(args.steps);
-    bar.set_style(
-        ProgressStyle::with_template("{bar:30} {pos}/{len} steps  {msg}")
-            .expect("a valid template"),
-    );
-    let mut metrics = args.metrics.as_deref().map(LineStream::open).transpose()?;
-    let mut write_error = None;
-    let mut on_step = |m: &exec::StepMetrics| {
-        bar.set_position(m.step as u64 + 1);
-        bar.set_message(format!(
-            "loss {:.4}  {:.0} tokens/s",
-            m.loss, m.tokens_per_s
-        ));
-        if let (Some(f), None) = (metrics.as_mut(), &write_error) {
-            let line = serde_json::json!({"step": m.step, "loss": m.loss, "step_time_s": m.step_time_s, "tokens_per_s": m.tokens_per_s});
-            if let Err(e) = f.line(&line.to_string()) {
-                // Stop at this step: the rest of the run could not be recorded.
-                stop.request();
-                write_error = Some(e.context(format!("step {}: the run stops here", m.step)));
+    interrupts.arm(stop.clone());
+    let result = train_with(args, plan, gpus, nccl, &data, &outputs, &stop);
+    let (report, write_error) = match result {
+        Ok(done) => done,
+        Err(e) => {
+            let why = format!("the run failed: {e:#}");
+            if let Err(t) = uninterrupted(|| outputs.close_trace(&[], Some(&why))) {
+                eprintln!("error: {t:#}");
             }
+            return Err(e);
         }
     };
-    let result = match gpus {
-        None => exec::train(plan, &data, &opts, &mut on_step),
-        Some(n) => exec::train_on(
-            plan,
-            &data,
-            &opts,
-            &mut on_step,
-            &|r| Ok(Device::new(CudaLauncher::open(r % n)?)),
-            &|dev: &Device<CudaLauncher>, comm| Ok(device_collective(dev, comm, nccl)?),
-        ),
-    };
-    bar.finish();
     if let Some(e) = write_error {
+        let why = format!("{e:#}");
+        if let Err(t) = uninterrupted(|| outputs.close_trace(&report.trace, Some(&why))) {
+            eprintln!("error: {t:#}");
+        }
         return Err(e);
     }
-    let report = result.map_err(|e| anyhow::anyhow!("{e}"))?;
     let signal = interrupts.received();
     let (first, last) = (report.steps.first(), report.steps.last());
     if let (Some(a), Some(b)) = (first, last) {
@@ -443,6 +784,7 @@ fn train_here(args: &RunArgs, plan: &Plan, gpus: Option<usize>) -> anyhow::Resul
             }
         );
     }
+    let p = &plan.parallel;
     let mib = |b: u64| format!("{:.1}", b as f64 / (1024.0 * 1024.0));
     let mut mem = table(
         &["rank", "stage", "measured MiB", "predicted MiB"],
@@ -471,8 +813,7 @@ fn train_here(args: &RunArgs, plan: &Plan, gpus: Option<usize>) -> anyhow::Resul
         },
         plan.job.model.training.precision
     );
-    if let Some(path) = &args.trace {
-        write_output(path, chrome_trace(&report.trace).as_bytes())?;
+    if let Some(path) = uninterrupted(|| outputs.close_trace(&report.trace, None))? {
         println!("wrote {} (open in https://ui.perfetto.dev)", path.display());
     }
     if let Some(sig) = signal {
@@ -485,4 +826,92 @@ fn train_here(args: &RunArgs, plan: &Plan, gpus: Option<usize>) -> anyhow::Resul
         return Ok(Interrupts::exit_code(sig));
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// The steps themselves: returns the report, and the metrics write that failed (the run stops
+/// at that step).
+fn train_with(
+    args: &RunArgs,
+    plan: &Plan,
+    gpus: Option<usize>,
+    nccl: bool,
+    data: &Tokens,
+    outputs: &Outputs,
+    stop: &Arc<exec::Stop>,
+) -> anyhow::Result<(exec::TrainReport, Option<anyhow::Error>)> {
+    let opts = TrainOptions {
+        steps: args.steps as usize,
+        seed: args.seed,
+        max_lr: args.lr,
+        min_lr: args.lr / 10.0,
+        trace: args.trace.is_some(),
+        threads_per_rank: tessera_runtime::calibrate::threads_per_rank(
+            plan.parallel.world as usize,
+        ),
+        stop: Some(stop.clone()),
+        ..TrainOptions::default()
+    };
+    let p = &plan.parallel;
+    println!(
+        "{}: {} parameters, dp {} × tp {} × pp {} on {} {} ranks, micro-batch {} × {} micro-batches, ZeRO-{}, {} recompute, schedule {}",
+        plan.job.model.name,
+        plan.job.parameters,
+        p.dp,
+        p.tp,
+        p.pp,
+        p.world,
+        match gpus {
+            None => "CPU".to_string(),
+            Some(n) => format!(
+                "GPU (on {n} visible GPUs, collectives {})",
+                if nccl { "on NCCL" } else { "through host memory" }
+            ),
+        },
+        p.micro_batch,
+        p.microbatches,
+        p.zero_stage,
+        p.recompute.name(),
+        p.schedule.name()
+    );
+    if let DataSource::Bundled = args.data() {
+        println!(
+            "data: the bundled {BUNDLED_DATA_NAME} ({} bytes, built into tessera); --data FILE trains on your own",
+            BUNDLED_DATA.len()
+        );
+    }
+    let bar = ProgressBar::new(args.steps);
+    bar.set_style(
+        ProgressStyle::with_template("{bar:30} {pos}/{len} steps  {msg}")
+            .expect("a valid template"),
+    );
+    let mut write_error = None;
+    let mut on_step = |m: &exec::StepMetrics| {
+        bar.set_position(m.step as u64 + 1);
+        bar.set_message(format!(
+            "loss {:.4}  {:.0} tokens/s",
+            m.loss, m.tokens_per_s
+        ));
+        if write_error.is_none() {
+            let line = serde_json::json!({"step": m.step, "loss": m.loss, "step_time_s": m.step_time_s, "tokens_per_s": m.tokens_per_s});
+            if let Err(e) = outputs.line(&line.to_string()) {
+                // Stop at this step: the rest of the run could not be recorded.
+                stop.request();
+                write_error = Some(e.context(format!("step {}: the run stops here", m.step)));
+            }
+        }
+    };
+    let result = match gpus {
+        None => exec::train(plan, data, &opts, &mut on_step),
+        Some(n) => exec::train_on(
+            plan,
+            data,
+            &opts,
+            &mut on_step,
+            &|r| Ok(Device::new(CudaLauncher::open(r % n)?)),
+            &|dev: &Device<CudaLauncher>, comm| Ok(device_collective(dev, comm, nccl)?),
+        ),
+    };
+    bar.finish();
+    let report = result.map_err(|e| anyhow::anyhow!("{e}"))?;
+    Ok((report, write_error))
 }

@@ -104,6 +104,48 @@ pub fn expand_tasks_per_node(text: &str) -> Option<Vec<usize>> {
     Some(out)
 }
 
+/// Which rendezvous: the value of `tessera launch --rendezvous` and of `TESSERA_RENDEZVOUS`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RendezvousKind {
+    /// `tcp`: rank 0 listens on `MASTER_ADDR:MASTER_PORT`.
+    Tcp,
+    /// `file:<path>`: a file on a filesystem every rank sees.
+    File(PathBuf),
+}
+
+impl RendezvousKind {
+    /// What a valid value looks like, for messages.
+    pub const EXPECTED: &'static str = "`tcp` or `file:<path on a shared filesystem>`";
+
+    /// `tcp` or `file:<path>` with a path (surrounding blanks ignored); `None` for anything else.
+    pub fn parse(text: &str) -> Option<RendezvousKind> {
+        match text.trim() {
+            "tcp" => Some(RendezvousKind::Tcp),
+            other => other
+                .strip_prefix("file:")
+                .filter(|p| !p.is_empty())
+                .map(|p| RendezvousKind::File(PathBuf::from(p))),
+        }
+    }
+}
+
+/// `TESSERA_RENDEZVOUS_TIMEOUT`: seconds, default 300.
+pub fn rendezvous_timeout(var: Var<'_>) -> Result<Duration, EnvError> {
+    match get(var, "TESSERA_RENDEZVOUS_TIMEOUT") {
+        None => Ok(Duration::from_secs(300)),
+        Some(v) => v
+            .parse::<f64>()
+            .ok()
+            .filter(|s| *s > 0.0 && s.is_finite() && *s < 1e9)
+            .map(Duration::from_secs_f64)
+            .ok_or(EnvError::Invalid {
+                var: "TESSERA_RENDEZVOUS_TIMEOUT",
+                value: v,
+                expected: "a positive number of seconds (below 10^9)",
+            }),
+    }
+}
+
 impl LaunchEnv {
     /// From the process environment; `None` when no launcher variable is set (one process).
     pub fn from_env() -> Result<Option<Self>, EnvError> {
@@ -222,18 +264,17 @@ impl LaunchEnv {
             why: "a multi-process run needs a job token to keep jobs from joining each other".into(),
             fix: "export TESSERA_JOB_TOKEN=<the same random string on every rank> (`tessera launch` sets it)".into(),
         })?;
-        let timeout = match get(var, "TESSERA_RENDEZVOUS_TIMEOUT") {
-            None => Duration::from_secs(300),
-            Some(v) => Duration::from_secs_f64(v.parse::<f64>().ok().filter(|s| *s > 0.0).ok_or(
-                EnvError::Invalid {
-                    var: "TESSERA_RENDEZVOUS_TIMEOUT",
-                    value: v.clone(),
-                    expected: "a positive number of seconds",
-                },
-            )?),
+        let timeout = rendezvous_timeout(var)?;
+        let kind = match get(var, "TESSERA_RENDEZVOUS") {
+            None => RendezvousKind::Tcp,
+            Some(v) => RendezvousKind::parse(&v).ok_or(EnvError::Invalid {
+                var: "TESSERA_RENDEZVOUS",
+                value: v.clone(),
+                expected: RendezvousKind::EXPECTED,
+            })?,
         };
-        let transport = match get(var, "TESSERA_RENDEZVOUS").as_deref() {
-            None | Some("tcp") => {
+        let transport = match kind {
+            RendezvousKind::Tcp => {
                 let fix = "export MASTER_ADDR=<rank 0's host> MASTER_PORT=<a free port> on every rank (under Slurm: MASTER_ADDR=$(scontrol show hostnames $SLURM_JOB_NODELIST | head -n1))";
                 let host = self.master_addr.clone().ok_or_else(|| EnvError::Missing {
                     var: "MASTER_ADDR",
@@ -258,18 +299,7 @@ impl LaunchEnv {
                     bind: get(var, "TESSERA_RENDEZVOUS_BIND"),
                 }
             }
-            Some(other) => match other.strip_prefix("file:") {
-                Some(path) if !path.is_empty() => Transport::File {
-                    path: PathBuf::from(path),
-                },
-                _ => {
-                    return Err(EnvError::Invalid {
-                        var: "TESSERA_RENDEZVOUS",
-                        value: other.into(),
-                        expected: "`tcp` or `file:<path on a shared filesystem>`",
-                    })
-                }
-            },
+            RendezvousKind::File(path) => Transport::File { path },
         };
         Ok(Config {
             token,

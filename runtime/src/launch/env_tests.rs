@@ -305,3 +305,43 @@ fn rendezvous_configuration_errors() {
     p.push(("TESSERA_RENDEZVOUS_TIMEOUT", "-1"));
     assert!(matches!(config(&p).unwrap_err(), EnvError::Invalid { .. }));
 }
+
+#[test]
+fn a_timeout_too_large_for_a_duration_is_refused_not_a_panic() {
+    for bad in ["inf", "NaN", "1e300", "0", "soon"] {
+        let mut p = TORCHRUN.to_vec();
+        p.push(("TESSERA_RENDEZVOUS_TIMEOUT", bad));
+        assert!(
+            matches!(
+                config(&p).unwrap_err(),
+                EnvError::Invalid {
+                    var: "TESSERA_RENDEZVOUS_TIMEOUT",
+                    ..
+                }
+            ),
+            "{bad}"
+        );
+    }
+}
+
+#[test]
+fn the_rendezvous_kind_is_tcp_or_a_file_with_a_path() {
+    use std::path::PathBuf;
+    assert_eq!(RendezvousKind::parse("tcp"), Some(RendezvousKind::Tcp));
+    assert_eq!(RendezvousKind::parse(" tcp\n"), Some(RendezvousKind::Tcp));
+    assert_eq!(
+        RendezvousKind::parse("file:/shared/rdzv"),
+        Some(RendezvousKind::File(PathBuf::from("/shared/rdzv")))
+    );
+    for bad in [
+        "",
+        "TCP",
+        "bogus",
+        "file:",
+        "file",
+        "etcd://host:2379",
+        "tcp:29500",
+    ] {
+        assert_eq!(RendezvousKind::parse(bad), None, "{bad:?}");
+    }
+}

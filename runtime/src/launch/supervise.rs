@@ -4,8 +4,20 @@
 //!
 //! Which rank's error explains the failure: the first one that exited on its own with a
 //! failure, preferring a real error over [`EXIT_PEER_FAILED`] (a rank that only stopped because
-//! rank 0 reported a failure); ranks this supervisor stopped never explain it. After a
-//! peer-failed exit the others get a short grace period to exit with the real cause.
+//! rank 0 reported a failure) and over a rank that was stopped by SIGINT or SIGTERM; ranks this
+//! supervisor stopped never explain it. After a peer-failed exit the others get a short grace
+//! period to exit with the real cause, and after a rank was stopped by SIGINT or SIGTERM (exit
+//! 130 or 143, or killed by it) they get the same grace: a job controller signals every process
+//! of a job at once, so the launcher's own copy is likely on its way, and then the others are
+//! left to stop as the signal asks rather than killed.
+//!
+//! Signals: on Linux every rank runs in a process group of its own, so a terminal's Ctrl-C (sent
+//! to the foreground group) reaches the launcher only, and the launcher passes each signal it
+//! got on exactly once ([`Spec::forward`]): one request arrives once, and a second Ctrl-C still
+//! reaches the ranks as a second request. Each rank is also tied to the launcher's life
+//! (`PR_SET_PDEATHSIG`: SIGKILL when the thread that started it ends, which [`run`] outlives
+//! only once every rank has ended), so no rank outlives a launcher that was killed. Elsewhere
+//! the ranks share the launcher's group and tell the copies apart by their sender.
 //!
 //! This module must not know what the children run.
 
@@ -14,7 +26,6 @@ use std::ffi::OsString;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::path::PathBuf;
 use std::process::{Child, Command, ExitStatus, Stdio};
-use std::sync::atomic::{AtomicI32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -39,13 +50,44 @@ pub struct Spec {
     pub tail_lines: usize,
     /// Forward children's output to this process's stdout / stderr.
     pub echo: bool,
-    /// After a peer-failed exit, how long the others may take to exit with the real cause.
+    /// After a peer-failed exit, how long the others may take to exit with the real cause; after
+    /// a rank was stopped by SIGINT or SIGTERM, how long the launcher may take to get the same
+    /// signal and pass it on.
     pub grace: Duration,
-    /// A signal number the launcher received (0 until then). Once it is set, the supervisor
-    /// sends that signal to every rank still running, once, and waits for them all to end as
-    /// they choose (`tessera run` finishes its step and exits 128 + the signal); no rank is
-    /// killed for having exited with an error after it.
-    pub forward: Option<Arc<AtomicI32>>,
+    /// The signals the launcher received. The supervisor sends each one, once, to every rank
+    /// still running, and waits for them all to end as they choose (`tessera run` finishes its
+    /// step and exits 128 + the signal, or stops at once on a second); no rank is killed for
+    /// having exited with an error after the first.
+    pub forward: Option<Arc<Forward>>,
+}
+
+/// The signals a launcher received, in order, for the supervisor to pass on.
+#[derive(Debug, Default)]
+pub struct Forward {
+    signals: Mutex<Vec<i32>>,
+}
+
+impl Forward {
+    pub fn new() -> Forward {
+        Forward::default()
+    }
+
+    /// Adds a signal to pass on (a signal handler's thread calls it).
+    pub fn push(&self, sig: i32) {
+        self.lock().push(sig);
+    }
+
+    /// The signals received after the first `done`.
+    pub fn since(&self, done: usize) -> Vec<i32> {
+        self.lock()
+            .get(done..)
+            .map(<[i32]>::to_vec)
+            .unwrap_or_default()
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<i32>> {
+        self.signals.lock().unwrap_or_else(|e| e.into_inner())
+    }
 }
 
 /// Sends `sig` to a child process.
@@ -60,6 +102,32 @@ fn signal_child(child: &Child, sig: i32) {
 /// Elsewhere the children see the console's interrupt themselves.
 #[cfg(not(unix))]
 fn signal_child(_child: &Child, _sig: i32) {}
+
+/// Puts the child in a process group of its own and has the kernel kill it when the calling
+/// thread ends (the module docs say why).
+#[cfg(target_os = "linux")]
+fn detach_from_terminal_but_not_from_us(cmd: &mut Command) {
+    use std::os::unix::process::CommandExt;
+    cmd.process_group(0);
+    let parent = std::process::id() as libc::pid_t;
+    // SAFETY: between fork and exec the closure makes only async-signal-safe calls (prctl,
+    // getppid) and allocates nothing.
+    unsafe {
+        cmd.pre_exec(move || {
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            // The launcher may have ended before the prctl: then nobody would send the signal.
+            if libc::getppid() != parent {
+                return Err(std::io::Error::from_raw_os_error(libc::ESRCH));
+            }
+            Ok(())
+        });
+    }
+}
+
+#[cfg(not(target_os = "linux"))]
+fn detach_from_terminal_but_not_from_us(_cmd: &mut Command) {}
 
 /// How one rank ended.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -143,6 +211,29 @@ fn failed(s: &ExitStatus) -> bool {
     !s.success()
 }
 
+/// Whether a rank ended because it was asked to stop: 128 + SIGINT or SIGTERM (a handler that
+/// stopped), or killed by one of them.
+fn stopped_by_request(s: &ExitStatus) -> bool {
+    #[cfg(unix)]
+    {
+        use std::os::unix::process::ExitStatusExt;
+        let asked = [libc::SIGINT, libc::SIGTERM];
+        s.code()
+            .is_some_and(|c| asked.iter().any(|sig| c == 128 + sig))
+            || s.signal().is_some_and(|sig| asked.contains(&sig))
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = s;
+        false
+    }
+}
+
+/// A failure that explains itself: not a peer-failed exit, nor a stop that was asked for.
+fn real_failure(s: &ExitStatus) -> bool {
+    s.code() != Some(i32::from(EXIT_PEER_FAILED)) && !stopped_by_request(s)
+}
+
 /// Starts every rank and waits for all of them. `Ok` with every rank's report when all exit 0.
 pub fn run(spec: &Spec) -> Result<Vec<RankReport>, LaunchError> {
     let mut running: Vec<Running> = Vec::new();
@@ -156,6 +247,7 @@ pub fn run(spec: &Spec) -> Result<Vec<RankReport>, LaunchError> {
         for (k, v) in &rp.env {
             cmd.env(k, v);
         }
+        detach_from_terminal_but_not_from_us(&mut cmd);
         let mut child = match cmd.spawn() {
             Ok(c) => c,
             Err(source) => {
@@ -201,16 +293,14 @@ pub fn run(spec: &Spec) -> Result<Vec<RankReport>, LaunchError> {
     }
     let mut first_failure: Option<(Instant, bool)> = None; // (when, a real error)
     let mut stopping = false;
-    let mut forwarded = false;
+    let mut forwarded = 0;
     loop {
-        let sig = spec
-            .forward
-            .as_ref()
-            .map_or(0, |f| f.load(Ordering::SeqCst));
-        if sig != 0 && !forwarded {
-            forwarded = true;
-            for r in running.iter_mut().filter(|r| r.exit.is_none()) {
-                signal_child(&r.child, sig);
+        if let Some(f) = &spec.forward {
+            for sig in f.since(forwarded) {
+                forwarded += 1;
+                for r in running.iter_mut().filter(|r| r.exit.is_none()) {
+                    signal_child(&r.child, sig);
+                }
             }
         }
         for r in running.iter_mut().filter(|r| r.exit.is_none()) {
@@ -218,7 +308,7 @@ pub fn run(spec: &Spec) -> Result<Vec<RankReport>, LaunchError> {
                 let now = Instant::now();
                 r.exit = Some((now, status));
                 if failed(&status) && !r.stopped {
-                    let real = status.code() != Some(i32::from(EXIT_PEER_FAILED));
+                    let real = real_failure(&status);
                     match first_failure {
                         None => first_failure = Some((now, real)),
                         Some((t, false)) if real => first_failure = Some((t, true)),
@@ -230,7 +320,7 @@ pub fn run(spec: &Spec) -> Result<Vec<RankReport>, LaunchError> {
         if running.iter().all(|r| r.exit.is_some()) {
             break;
         }
-        if let Some((when, real)) = first_failure.filter(|_| !forwarded) {
+        if let Some((when, real)) = first_failure.filter(|_| forwarded == 0) {
             if !stopping && (real || when.elapsed() >= spec.grace) {
                 stopping = true;
                 for r in running.iter_mut().filter(|r| r.exit.is_none()) {
@@ -265,7 +355,7 @@ pub fn run(spec: &Spec) -> Result<Vec<RankReport>, LaunchError> {
             }
         })
         .collect();
-    // The explanation: earliest own failure, real errors before peer-failed exits.
+    // The explanation: earliest own failure, real errors before peer-failed exits and stops.
     let mut own: Vec<(&Running, &RankReport)> = running
         .iter()
         .zip(&reports)
@@ -274,11 +364,9 @@ pub fn run(spec: &Spec) -> Result<Vec<RankReport>, LaunchError> {
     if own.is_empty() {
         return Ok(reports);
     }
-    own.sort_by_key(|(r, rep)| {
-        (
-            rep.code == Some(i32::from(EXIT_PEER_FAILED)),
-            r.exit.expect("exited").0,
-        )
+    own.sort_by_key(|(r, _)| {
+        let (when, status) = r.exit.expect("exited");
+        (!real_failure(&status), when)
     });
     let failed = Box::new(own[0].1.clone());
     let stopped = reports

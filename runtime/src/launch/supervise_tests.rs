@@ -49,9 +49,55 @@ fn child() {
             std::thread::sleep(Duration::from_secs(120));
             0
         }
+        "signals" => count_signals(),
+        // As `tessera run` ends after a SIGTERM it handled.
+        "stopped" => 143,
+        "briefly" => {
+            std::thread::sleep(Duration::from_secs(1));
+            0
+        }
         other => panic!("unknown mode {other}"),
     };
     std::process::exit(code);
+}
+
+/// A child that counts the SIGTERMs it gets: says its process group, writes the file named by
+/// `TESSERA_TEST_READY` once its handler is in place, prints `got N` at each one, and exits 0
+/// at the second (1 if they do not come within 60 s).
+#[cfg(unix)]
+fn count_signals() -> i32 {
+    use std::sync::atomic::AtomicUsize;
+    static GOT: AtomicUsize = AtomicUsize::new(0);
+    extern "C" fn on_term(_: libc::c_int) {
+        GOT.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    }
+    // SAFETY: the handler only increments an atomic; getpgid/getpid cannot fail here.
+    unsafe {
+        libc::signal(libc::SIGTERM, on_term as *const () as libc::sighandler_t);
+        println!("group {} pid {}", libc::getpgid(0), libc::getpid());
+    }
+    std::fs::write(std::env::var("TESSERA_TEST_READY").unwrap(), "").unwrap();
+    let (start, mut seen) = (Instant::now(), 0);
+    while start.elapsed() < Duration::from_secs(60) {
+        let got = GOT.load(std::sync::atomic::Ordering::SeqCst);
+        if got != seen {
+            seen = got;
+            println!("got {got}");
+        }
+        if got >= 2 {
+            // A third (a copy) would show up within this while.
+            std::thread::sleep(Duration::from_millis(300));
+            println!("got {}", GOT.load(std::sync::atomic::Ordering::SeqCst));
+            return 0;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    1
+}
+
+#[cfg(not(unix))]
+fn count_signals() -> i32 {
+    0
 }
 
 fn spec(modes: &[&str], port: u16) -> Spec {
@@ -177,4 +223,81 @@ fn a_program_that_cannot_start_is_an_error() {
     let mut s = spec(&["hang", "hang"], port());
     s.program = "/nonexistent/tessera".into();
     assert!(matches!(run(&s), Err(LaunchError::Spawn { rank: 0, .. })));
+}
+
+#[cfg(target_os = "linux")]
+#[test]
+fn each_signal_is_passed_on_once_to_ranks_in_groups_of_their_own() {
+    let dir = std::env::temp_dir().join(format!("tessera-supervise-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let mut s = spec(&["signals", "signals"], port());
+    let ready: Vec<std::path::PathBuf> = (0..2).map(|r| dir.join(format!("ready.{r}"))).collect();
+    for (r, p) in s.ranks.iter_mut().zip(&ready) {
+        r.env
+            .push(("TESSERA_TEST_READY".into(), p.display().to_string()));
+    }
+    let forward = Arc::new(Forward::new());
+    s.forward = Some(forward.clone());
+    let pusher = std::thread::spawn(move || {
+        let start = Instant::now();
+        while !ready.iter().all(|p| p.exists()) {
+            assert!(
+                start.elapsed() < Duration::from_secs(60),
+                "children not ready"
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        forward.push(libc::SIGTERM);
+        std::thread::sleep(Duration::from_millis(300));
+        forward.push(libc::SIGTERM);
+    });
+    let reports = run(&s).unwrap_or_else(|e| panic!("{e}"));
+    pusher.join().unwrap();
+    // SAFETY: getpgid(0) cannot fail.
+    let ours = unsafe { libc::getpgid(0) };
+    for r in reports {
+        let out = &r.stdout_tail;
+        assert!(
+            out.contains("got 2") && !out.contains("got 3"),
+            "rank {}: {out}",
+            r.rank
+        );
+        // libtest may print its "test … child ..." on the same line first.
+        let line = out
+            .lines()
+            .find_map(|l| l.split_once("group ").map(|(_, rest)| rest))
+            .unwrap_or_else(|| panic!("rank {}: {out}", r.rank));
+        let f: Vec<&str> = std::iter::once("group")
+            .chain(line.split_whitespace())
+            .collect();
+        assert_eq!(
+            f[1], f[3],
+            "rank {} leads a group of its own: {line}",
+            r.rank
+        );
+        assert_ne!(f[1], ours.to_string(), "not the supervisor's group");
+    }
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+#[test]
+fn a_rank_stopped_by_a_signal_does_not_get_the_others_killed_at_once() {
+    // A job controller signals every process: rank 0 is stopped (143) a moment before the
+    // launcher gets its own copy. Rank 1 is left to end as it chooses within the grace period.
+    let mut s = spec(&["stopped", "briefly"], port());
+    s.grace = Duration::from_secs(20);
+    let start = Instant::now();
+    let e = run(&s).unwrap_err();
+    let LaunchError::RankFailed {
+        failed,
+        stopped,
+        all,
+    } = &e
+    else {
+        panic!("{e}")
+    };
+    assert!(stopped.is_empty(), "{e}");
+    assert_eq!(failed.rank, 0);
+    assert_eq!(all[1].code, Some(0), "{e}");
+    assert!(start.elapsed() < Duration::from_secs(15));
 }
