@@ -157,6 +157,14 @@ pub fn check_supported(plan: &Plan) -> Result<(), RunError> {
             fix: "set a smaller make_vocab_size_divisible_by under [architecture] (1 pads only to a multiple of TP), or plan with a smaller TP".into(),
         });
     }
+    if p.hybrid_shard {
+        // The executor shards ZeRO state over the whole DP group; hybrid sharding (shard inside
+        // a node, replicate across) would be a plan it runs differently than written.
+        return Err(RunError::Unsupported {
+            what: "parallel.hybrid_shard: the runtime shards ZeRO state over the whole DP group, not inside a node with replicas across nodes".into(),
+            fix: "re-plan with --no-hybrid-shard".into(),
+        });
+    }
     if plan.job.model.training.dropout > 0.0 {
         return Err(RunError::Unsupported {
             what: format!(

@@ -1,0 +1,44 @@
+//! `tessera run` honours every field of the plan or refuses it before training: a plan whose
+//! layout the executor would run differently is exit 2, naming the field and the fix.
+
+mod common;
+
+use common::*;
+
+/// Hybrid sharding (ZeRO-3 inside a node, replicas across nodes) is planned, but the executor
+/// shards over the whole DP group: the run is refused instead of measured against the wrong
+/// prediction. For a CPU cluster `plan` already refuses it, as it refuses every plan the CPU
+/// runtime cannot run.
+#[test]
+fn a_hybrid_sharded_plan_is_refused_not_run_as_full_sharding() {
+    let dir = Scratch::new();
+    let two_nodes = dir.copy_edit(
+        "specs/clusters/cpu-8.toml",
+        &[
+            ("nodes = 1", "nodes = 2"),
+            ("gpus_per_node = 8", "gpus_per_node = 4"),
+        ],
+    );
+    let plan = dir.path("hsdp.json");
+    let r = run(&[
+        "plan",
+        "specs/models/tiny.toml",
+        &s(&two_nodes),
+        "--dp",
+        "8",
+        "--tp",
+        "1",
+        "--pp",
+        "1",
+        "--micro-batch",
+        "2",
+        "--zero",
+        "3",
+        "--hybrid-shard",
+        "-o",
+        &s(&plan),
+    ]);
+    // `plan` refuses, for a CPU cluster, what the CPU runtime cannot run as written.
+    refused(&r, &["parallel.hybrid_shard", "--no-hybrid-shard"]);
+    assert!(!plan.exists(), "a refused plan was written");
+}
