@@ -15,39 +15,58 @@ use proptest::prelude::*;
 use tessera_planner::export::{export, Target};
 use tessera_planner::plan::Plan;
 
-/// Plans tiny on cpu-8 (a CPU plan) and Llama-3 8B on two DGX H100 nodes (GPU, multi-node).
+/// Plans tiny on cpu-8 (a CPU plan), and Llama-3 8B on two DGX H100 nodes on one stage with
+/// ZeRO-1 (which Megatron-LM and DeepSpeed take) and on two stages with ZeRO-3 (which
+/// torchtitan takes), so that every writer's text is produced for some plan.
 fn base_plans(dir: &Scratch) -> Vec<Plan> {
-    let cpu = tiny_plan(dir);
-    let gpu = dir.path("gpu.json");
-    let r = run(&[
-        "plan",
-        "specs/models/llama3-8b.toml",
-        "specs/clusters/dgx-h100-80g.toml",
-        "--nodes",
-        "2",
-        "--tp",
-        "2",
-        "--pp",
-        "2",
-        "--dp",
-        "4",
-        "--micro-batch",
-        "1",
-        "--sp",
-        "--schedule",
-        "1f1b",
-        "--zero",
-        "1",
-        "--recompute",
-        "full",
-        "-o",
-        &s(&gpu),
-    ]);
-    assert_eq!(r.code, Some(0), "{}", r.stderr);
-    [cpu, gpu]
+    let mut paths = vec![tiny_plan(dir)];
+    for (zero, pp, dp) in [("1", "1", "8"), ("3", "2", "4")] {
+        let gpu = dir.path(&format!("gpu-zero{zero}.json"));
+        let r = run(&[
+            "plan",
+            "specs/models/llama3-8b.toml",
+            "specs/clusters/dgx-h100-80g.toml",
+            "--nodes",
+            "2",
+            "--tp",
+            "2",
+            "--pp",
+            pp,
+            "--dp",
+            dp,
+            "--micro-batch",
+            "1",
+            "--sp",
+            "--schedule",
+            "1f1b",
+            "--zero",
+            zero,
+            "--recompute",
+            "full",
+            "-o",
+            &s(&gpu),
+        ]);
+        assert_eq!(r.code, Some(0), "{}", r.stderr);
+        paths.push(gpu);
+    }
+    paths
         .iter()
         .map(|p| serde_json::from_str(&std::fs::read_to_string(p).unwrap()).unwrap())
         .collect()
+}
+
+/// Every target is written for at least one base plan (none is refused for all of them).
+#[test]
+fn every_writer_is_exercised() {
+    let dir = Scratch::new();
+    let plans = base_plans(&dir);
+    for target in Target::ALL {
+        assert!(
+            plans.iter().any(|p| export(p, target).is_ok()),
+            "{} refuses every base plan: the injection tests would not reach its writer",
+            target.name()
+        );
+    }
 }
 
 /// The payloads: each would create `marker` if any shell ran it.
