@@ -3,6 +3,7 @@
 pub mod alloc;
 pub mod backend;
 pub mod calibrate;
+pub mod checkpoint;
 pub mod comm;
 pub mod comm_parity;
 pub mod cpu;

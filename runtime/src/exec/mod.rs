@@ -19,6 +19,7 @@ use tessera_planner::plan::Plan;
 use tessera_planner::Mesh;
 
 use crate::backend::{Backend, Collective, Cpu};
+use crate::checkpoint::{Checkpoint, CheckpointError, SaveOptions, Saver};
 use crate::comm::{local_groups, CommError, LocalComm};
 use crate::data::{DataError, Tokens};
 use crate::layers::LayerError;
@@ -39,6 +40,8 @@ pub enum RunError {
     Data(#[from] DataError),
     #[error("{0}")]
     Backend(#[from] crate::backend::BackendError),
+    #[error("{0}")]
+    Checkpoint(#[from] CheckpointError),
     /// The plan asks for something this runtime does not do.
     #[error("{what}\n  fix: {fix}")]
     Unsupported { what: String, fix: String },
@@ -72,6 +75,12 @@ pub struct TrainOptions {
     pub threads_per_rank: usize,
     /// Asks the run to stop early, at the same step on every rank (a signal, a failed output).
     pub stop: Option<Arc<Stop>>,
+    /// Save checkpoints (`checkpoint/`): every `every` steps and after the last step run.
+    pub save: Option<SaveOptions>,
+    /// Continue from this checkpoint (opened with [`Checkpoint::open`]): its step, parameters,
+    /// Adam moments, data position and seeds; `steps` stays the run's total (the learning-rate
+    /// schedule's length), so the run goes from the checkpoint's step to `steps`.
+    pub resume: Option<Arc<Checkpoint>>,
 }
 
 impl Default for TrainOptions {
@@ -87,6 +96,8 @@ impl Default for TrainOptions {
             trace: false,
             threads_per_rank: 1,
             stop: None,
+            save: None,
+            resume: None,
         }
     }
 }
@@ -209,6 +220,15 @@ where
     let p = &plan.parallel;
     let mesh = Mesh::new(p.dp, p.pp, p.tp, plan.job.cluster.gpus_per_node);
     let world = mesh.world() as usize;
+    if let Some(ck) = &opts.resume {
+        ck.check_compatible(plan, data)?;
+    }
+    let saver = opts
+        .save
+        .as_ref()
+        .map(|s| saver(s, plan, data, opts))
+        .transpose()?;
+    let saver = saver.as_ref();
     let groups = local_groups(&mesh)?;
     let embedding_groups = tied_embedding_groups(plan, &mesh)?;
     let (tx, rx) = mpsc::channel::<StepMetrics>();
@@ -241,6 +261,7 @@ where
                             opts,
                             epoch,
                             metrics: &tx,
+                            saver,
                         };
                         rank::run(&ctx)
                     })();
@@ -306,6 +327,34 @@ where
         peak_bytes: (0..world).map(crate::alloc::peak_bytes).collect(),
         trace: outs.into_iter().flat_map(|o| o.trace).collect(),
     })
+}
+
+/// The saver of a run: its seeds are the checkpoint's when it resumes one.
+fn saver(
+    save: &SaveOptions,
+    plan: &Plan,
+    data: &Tokens,
+    opts: &TrainOptions,
+) -> Result<Saver, CheckpointError> {
+    let seeds = match &opts.resume {
+        Some(ck) => (ck.index().rng.init_seed, ck.sampler_seed()),
+        None => (opts.seed, opts.seed),
+    };
+    let adam = crate::optim::AdamWConfig {
+        weight_decay: opts.weight_decay,
+        ..crate::optim::AdamWConfig::default()
+    };
+    Saver::new(save, plan, data, seeds, lr_schedule(opts), adam, opts.clip)
+}
+
+/// The learning-rate schedule of a run: warm-up, then cosine decay over `opts.steps`.
+fn lr_schedule(opts: &TrainOptions) -> crate::optim::LrSchedule {
+    crate::optim::LrSchedule {
+        max_lr: opts.max_lr,
+        min_lr: opts.min_lr,
+        warmup_steps: opts.warmup_steps,
+        total_steps: opts.steps,
+    }
 }
 
 /// With tied embeddings split over PP, ranks of stage 0 and the last stage with the same

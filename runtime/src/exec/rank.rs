@@ -18,6 +18,7 @@ use super::model::{shard_of, StageModel};
 use super::trace::TraceEvent;
 use super::{RunError, StepMetrics, TrainOptions};
 use crate::backend::{Backend, Collective, Storage};
+use crate::checkpoint::Saver;
 use crate::data::{Sampler, Tokens};
 use crate::layers::tp::{gather_rows, scatter_rows};
 use crate::layers::{
@@ -42,6 +43,8 @@ pub struct RankCtx<'a, B: Backend, C: Collective<B>> {
     pub opts: &'a TrainOptions,
     pub epoch: Instant,
     pub metrics: &'a mpsc::Sender<StepMetrics>,
+    /// Where this run's checkpoints go, if it saves.
+    pub saver: Option<&'a Saver>,
 }
 
 /// What a rank hands back.
@@ -80,7 +83,10 @@ type Key = (usize, usize);
 pub fn run<B: Backend, C: Collective<B>>(ctx: &RankCtx<'_, B, C>) -> Result<RankResult, RunError> {
     let mut r = Rank::new(ctx)?;
     let mut steps = Vec::new();
-    for step in 0..ctx.opts.steps {
+    // Steps completed, and the last of them that a checkpoint holds.
+    let first = ctx.opts.resume.as_ref().map_or(0, |c| c.step());
+    let (mut done, mut saved) = (first, first);
+    for step in first..ctx.opts.steps {
         if ctx.opts.stop.as_ref().is_some_and(|s| !s.may_start(step)) {
             break;
         }
@@ -98,6 +104,14 @@ pub fn run<B: Backend, C: Collective<B>>(ctx: &RankCtx<'_, B, C>) -> Result<Rank
             ctx.metrics.send(m.clone()).ok();
             steps.push(m);
         }
+        done = step + 1;
+        if let Some(saver) = ctx.saver.filter(|s| s.due(done)) {
+            r.save(saver, done)?;
+            saved = done;
+        }
+    }
+    if let Some(saver) = ctx.saver.filter(|_| done != saved) {
+        r.save(saver, done)?;
     }
     if r.zero == 3 {
         for c in 0..r.model.chunks.len() {
@@ -196,18 +210,6 @@ impl<'a, B: Backend, C: Collective<B>> Rank<'a, B, C> {
         })?;
         let ops = schedule.stages[stage].clone();
         let (dp, dp_rank, zero) = (p.dp as usize, coord.dp as usize, p.zero_stage);
-        let init = model.layout.init(ctx.opts.seed);
-        let params = be.upload(Storage::Bf16, &init)?;
-        let master = match be.working_copy() {
-            true => Some(be.upload(Storage::F32, &init)?),
-            false => None,
-        };
-        drop(init);
-        let grads = be.alloc(Storage::F32, model.layout.len())?;
-        let cfg = AdamWConfig {
-            weight_decay: ctx.opts.weight_decay,
-            ..AdamWConfig::default()
-        };
         let ranges: Vec<Range<usize>> = if zero == 0 {
             std::iter::once(0..model.layout.len()).collect()
         } else {
@@ -217,14 +219,13 @@ impl<'a, B: Backend, C: Collective<B>> Rank<'a, B, C> {
                 .map(|c| shard_of(&c.region, dp, dp_rank))
                 .collect()
         };
-        let mut optimizers = Vec::with_capacity(ranges.len());
-        for r in ranges {
-            let (m, v) = (
-                be.alloc(Storage::F32, r.len())?,
-                be.alloc(Storage::F32, r.len())?,
-            );
-            optimizers.push(AdamW::with_state(cfg, &model.layout, r, m, v));
-        }
+        let grads = be.alloc(Storage::F32, model.layout.len())?;
+        let cfg = AdamWConfig {
+            weight_decay: ctx.opts.weight_decay,
+            ..AdamWConfig::default()
+        };
+        let (params, master, optimizers) =
+            ckpt::initial_state(be, ctx.opts, &model.layout, ranges, cfg)?;
         let first_block = model
             .chunks
             .iter()
@@ -265,7 +266,11 @@ impl<'a, B: Backend, C: Collective<B>> Rank<'a, B, C> {
                 total_steps: ctx.opts.steps,
             },
             sampler: Sampler {
-                seed: ctx.opts.seed,
+                seed: ctx
+                    .opts
+                    .resume
+                    .as_ref()
+                    .map_or(ctx.opts.seed, |c| c.sampler_seed()),
                 seq_len: t.seq_len as usize,
                 global_batch: t.global_batch as usize,
             },
@@ -632,3 +637,6 @@ fn schedule_bug(what: String) -> RunError {
 
 #[path = "sync.rs"]
 mod sync;
+
+#[path = "ckpt.rs"]
+mod ckpt;

@@ -1,0 +1,251 @@
+//! `index.json`: what a checkpoint holds and where (format `tessera.checkpoint/v1`).
+//!
+//! Keys are added to, never renamed or removed within `v1`; a reader refuses any other format.
+
+use std::path::Path;
+
+use serde::{Deserialize, Serialize};
+use tessera_planner::model::Architecture;
+use tessera_planner::plan::{Parallel, Plan, Stage};
+
+use super::{CheckpointError, Kind, SliceMeta};
+use crate::data::Tokens;
+
+/// The whole index.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Index {
+    /// Always [`FORMAT`].
+    pub format: String,
+    /// The tool and version that wrote it.
+    pub generator: String,
+    /// Optimizer steps completed: a resumed run starts at this (0-based) step.
+    pub step: usize,
+    /// The model: a load refuses a plan whose architecture differs.
+    pub model: Architecture,
+    pub training: TrainingShape,
+    /// The layout that wrote the checkpoint (world, dp, tp, pp, zero stage, virtual stages,
+    /// micro-batch, micro-batches, …) and its stages' chunks and layer ranges.
+    pub parallel: Parallel,
+    pub stages: Vec<Stage>,
+    pub data: DataPosition,
+    pub rng: RngState,
+    pub lr: LrPosition,
+    pub optimizer: OptimizerState,
+    /// Element type of every stored tensor (`F32`).
+    pub dtype: String,
+    /// One per rank of the writing plan, in rank order.
+    pub shards: Vec<ShardFile>,
+}
+
+/// The training settings the data order depends on.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TrainingShape {
+    pub seq_len: u64,
+    pub global_batch: u64,
+}
+
+/// Where the data sampler stands. The sampler is counter-based (`data::Sampler`): step `t`'s
+/// batch depends only on (seed, t, corpus), so the position is the next step and the corpus.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct DataPosition {
+    pub next_step: usize,
+    pub sampler_seed: u64,
+    /// The corpus: where it was read from, its token count and an FNV-1a fingerprint of its
+    /// tokens (hex), which a resumed run's corpus must match.
+    pub source: String,
+    pub tokens: u64,
+    pub fingerprint: String,
+}
+
+/// The random-number state: the runtime's generators are stateless hashes of (seed, stream,
+/// index) (`rng.rs`), so their whole state is their seed.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RngState {
+    pub generator: String,
+    /// Seed of the weights' initialisation (by global element index).
+    pub init_seed: u64,
+    /// Seed of the data sampler.
+    pub sampler_seed: u64,
+}
+
+/// The learning-rate schedule (`optim::LrSchedule`) and where it stands.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct LrPosition {
+    pub schedule: String,
+    pub max_lr: f32,
+    pub min_lr: f32,
+    pub warmup_steps: usize,
+    pub total_steps: usize,
+    pub next_step: usize,
+    /// The rate the next step uses under this schedule.
+    pub next_lr: f32,
+}
+
+/// The optimizer and its settings.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct OptimizerState {
+    pub kind: String,
+    pub beta1: f32,
+    pub beta2: f32,
+    pub eps: f32,
+    pub weight_decay: f32,
+    /// Global gradient-norm clip (0 for none).
+    pub clip: f64,
+    /// Updates done (Adam's bias-correction step `t`).
+    pub updates: u64,
+    /// What the `param` tensors are.
+    pub weights: String,
+}
+
+/// One rank's shard file.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ShardFile {
+    pub file: String,
+    pub rank: usize,
+    pub dp: u64,
+    pub tp: u64,
+    pub pp: u64,
+    /// The file's length in bytes (a shorter file is truncated).
+    pub bytes: u64,
+    /// The flat-buffer ranges `[start, end)` of the rank's optimizer state (its ZeRO shards,
+    /// or the whole buffer).
+    pub optimizer_ranges: Vec<[usize; 2]>,
+    pub tensors: Vec<TensorEntry>,
+}
+
+/// One tensor of a shard file: a slice of a global tensor.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TensorEntry {
+    /// The name in the shard file: `{kind}/{name}`.
+    pub key: String,
+    /// `param`, `exp_avg` or `exp_avg_sq`.
+    pub kind: String,
+    /// The global tensor's name (the same under every layout, e.g. `h.3.attn.wq`).
+    pub name: String,
+    pub global_shape: Vec<usize>,
+    /// The TP box this slice lies in: its first element's global coordinates, and its shape.
+    pub offsets: Vec<usize>,
+    pub shape: Vec<usize>,
+    /// The row-major element range `[start, end)` of the box that the slice holds.
+    pub elements: [usize; 2],
+    /// The shape stored in the file: the box's when the slice is the whole box, else flat.
+    pub stored_shape: Vec<usize>,
+}
+
+impl TensorEntry {
+    pub fn new(kind: Kind, m: &SliceMeta) -> TensorEntry {
+        TensorEntry {
+            key: format!("{}/{}", kind.as_str(), m.name),
+            kind: kind.as_str().into(),
+            name: m.name.clone(),
+            global_shape: m.global_shape.clone(),
+            offsets: m.offsets.clone(),
+            shape: m.shape.clone(),
+            elements: [m.elements.start, m.elements.end],
+            stored_shape: m.stored_shape(),
+        }
+    }
+
+    pub fn meta(&self) -> SliceMeta {
+        SliceMeta {
+            name: self.name.clone(),
+            global_shape: self.global_shape.clone(),
+            offsets: self.offsets.clone(),
+            shape: self.shape.clone(),
+            elements: self.elements[0]..self.elements[1],
+        }
+    }
+
+    pub fn kind(&self) -> Option<Kind> {
+        Kind::parse(&self.kind)
+    }
+}
+
+/// FNV-1a over a corpus's tokens (little-endian u32s), as 16 hex digits.
+pub fn fingerprint(data: &Tokens) -> String {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for t in &data.tokens {
+        for b in t.to_le_bytes() {
+            h = (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3);
+        }
+    }
+    format!("{h:016x}")
+}
+
+impl Index {
+    /// Checks that the index describes a model and data this run can continue: the same
+    /// architecture (the vocabulary's padding may differ), sequence length, global batch and
+    /// corpus. Errors name `path` (the index file) and the field.
+    pub fn check_compatible(
+        &self,
+        path: &Path,
+        plan: &Plan,
+        data: &Tokens,
+    ) -> Result<(), CheckpointError> {
+        let incompatible = |field: &str, ck: String, run: String, fix: &str| {
+            Err(CheckpointError::Incompatible {
+                path: path.display().to_string(),
+                field: field.into(),
+                checkpoint: ck,
+                run,
+                fix: fix.into(),
+            })
+        };
+        let model_fix = "resume with a plan of the same model (the parallel layout may differ)";
+        let (ck, run) = (
+            serde_json::to_value(&self.model),
+            serde_json::to_value(&plan.job.model.architecture),
+        );
+        if let (Ok(serde_json::Value::Object(ck)), Ok(serde_json::Value::Object(run))) = (ck, run) {
+            let keys: std::collections::BTreeSet<&String> = ck.keys().chain(run.keys()).collect();
+            for k in keys {
+                // Padding rows never reach the loss; a load re-pads (see `load.rs`).
+                if k == "vocab_divisible_by" {
+                    continue;
+                }
+                let show = |v: Option<&serde_json::Value>| {
+                    v.map_or("absent".to_string(), |v| v.to_string())
+                };
+                if ck.get(k) != run.get(k) {
+                    return incompatible(
+                        &format!("model.{k}"),
+                        show(ck.get(k)),
+                        show(run.get(k)),
+                        model_fix,
+                    );
+                }
+            }
+        }
+        let t = &plan.job.model.training;
+        let batch_fix = "resume with the seq_len and global_batch the checkpoint was trained with";
+        if self.training.seq_len != t.seq_len {
+            let (a, b) = (self.training.seq_len, t.seq_len);
+            return incompatible("training.seq_len", a.to_string(), b.to_string(), batch_fix);
+        }
+        if self.training.global_batch != t.global_batch {
+            let (a, b) = (self.training.global_batch, t.global_batch);
+            return incompatible(
+                "training.global_batch",
+                a.to_string(),
+                b.to_string(),
+                batch_fix,
+            );
+        }
+        let data_fix = "resume on the data the checkpoint was trained on (--data)";
+        let tokens = data.tokens.len() as u64;
+        if self.data.tokens != tokens {
+            let (a, b) = (self.data.tokens, tokens);
+            return incompatible("data.tokens", a.to_string(), b.to_string(), data_fix);
+        }
+        let fp = fingerprint(data);
+        if self.data.fingerprint != fp {
+            return incompatible(
+                "data.fingerprint",
+                self.data.fingerprint.clone(),
+                fp,
+                data_fix,
+            );
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,102 @@
+//! A rank's side of checkpoints (`crate::checkpoint`): the state it starts from (the
+//! checkpoint's on resume) and the shard it hands to a save. Split from `rank.rs`.
+
+use std::ops::Range;
+
+use super::{Optimizer, Rank, RunError, TrainOptions};
+use crate::backend::{Backend, Collective, Storage};
+use crate::checkpoint::{owned_pieces, Piece, RankShard, Saver};
+use crate::optim::{AdamW, AdamWConfig};
+use crate::params::ParamLayout;
+
+/// What a rank starts from: its weights (and f32 master copy where the backend keeps one) and
+/// one optimizer per flat range of `ranges`. Resuming, these come from the checkpoint (moments
+/// and update count included); otherwise the weights are initialised from the seed and the
+/// moments are zero.
+#[allow(clippy::type_complexity)]
+pub(super) fn initial_state<B: Backend>(
+    be: &B,
+    opts: &TrainOptions,
+    layout: &ParamLayout,
+    ranges: Vec<Range<usize>>,
+    cfg: AdamWConfig,
+) -> Result<(B::Buf, Option<B::Buf>, Vec<Optimizer<B>>), RunError> {
+    let mut resumed = match &opts.resume {
+        Some(ck) => Some(ck.restore(layout, &ranges)?),
+        None => None,
+    };
+    let init = match &mut resumed {
+        Some(s) => std::mem::take(&mut s.params),
+        None => layout.init(opts.seed),
+    };
+    let params = be.upload(Storage::Bf16, &init)?;
+    let master = match be.working_copy() {
+        true => Some(be.upload(Storage::F32, &init)?),
+        false => None,
+    };
+    drop(init);
+    let mut optimizers = Vec::with_capacity(ranges.len());
+    for (i, r) in ranges.into_iter().enumerate() {
+        let (m, v, t) = match &resumed {
+            Some(s) => (
+                be.upload(Storage::F32, &s.moments[i].0)?,
+                be.upload(Storage::F32, &s.moments[i].1)?,
+                s.updates,
+            ),
+            None => (
+                be.alloc(Storage::F32, r.len())?,
+                be.alloc(Storage::F32, r.len())?,
+                0,
+            ),
+        };
+        let mut opt = AdamW::with_state(cfg, layout, r, m, v);
+        opt.t = t;
+        optimizers.push(opt);
+    }
+    Ok((params, master, optimizers))
+}
+
+impl<B: Backend, C: Collective<B>> Rank<'_, B, C> {
+    /// Hands this rank's shard to `saver` after `done` completed steps: the tensors it owns
+    /// (its ZeRO shards, or under ZeRO-0 everything on DP rank 0 only; TP-replicated tensors
+    /// on TP rank 0 only; not the last stage's copy of a tied table), with their f32 master
+    /// weights and Adam moments.
+    pub(super) fn save(&self, saver: &Saver, done: usize) -> Result<(), RunError> {
+        let be = self.be;
+        let writes = self.zero > 0 || self.dp_rank == 0;
+        let weights = be.download(B::view(self.master.as_ref().unwrap_or(&self.params)))?;
+        let mut pieces = Vec::new();
+        for opt in self.optimizers.iter().filter(|_| writes) {
+            let (m, v) = (be.download(B::view(&opt.m))?, be.download(B::view(&opt.v))?);
+            let base = opt.range.start;
+            let skip = self.model.tied_copy.as_ref();
+            let owned = owned_pieces(
+                &self.model.layout,
+                std::slice::from_ref(&opt.range),
+                self.tp.rank,
+                skip,
+            );
+            for (sub, meta) in owned {
+                let rel = sub.start - base..sub.end - base;
+                pieces.push(Piece {
+                    meta,
+                    param: weights[sub].to_vec(),
+                    exp_avg: m[rel.clone()].to_vec(),
+                    exp_avg_sq: v[rel].to_vec(),
+                });
+            }
+        }
+        let coord = self.ctx.mesh.coord(self.ctx.rank as u64);
+        let shard = RankShard {
+            rank: self.ctx.rank,
+            dp: coord.dp,
+            tp: coord.tp,
+            pp: coord.pp,
+            optimizer_ranges: self.optimizers.iter().map(|o| o.range.clone()).collect(),
+            pieces,
+        };
+        let updates = self.optimizers.first().map_or(0, |o| o.t);
+        saver.submit(done, updates, shard)?;
+        Ok(())
+    }
+}

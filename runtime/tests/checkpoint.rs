@@ -1,0 +1,461 @@
+//! Keep what you train: N steps straight equal N/2 steps + save + resume + N/2 steps bit for
+//! bit on the CPU backend, under every kind of layout; a checkpoint resumes on another layout
+//! (within the parity tolerance of parity.rs); a damaged checkpoint is a clear error.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use tessera_planner::layout::{Layout, Recompute};
+use tessera_planner::plan::{Plan, SearchSummary};
+use tessera_planner::schedule::ScheduleKind;
+use tessera_planner::spec::{load_cluster, load_model, ClusterOverrides, TrainingOverrides};
+use tessera_runtime::checkpoint::{Checkpoint, SaveOptions};
+use tessera_runtime::data::Tokens;
+use tessera_runtime::exec::{train, Stop, TrainOptions, TrainReport};
+
+/// Steps of the whole run; the interrupted run stops (and saves) after `HALF`.
+const STEPS: usize = 6;
+const HALF: usize = 3;
+
+#[derive(Clone, Copy, Debug)]
+struct L {
+    dp: u64,
+    pp: u64,
+    tp: u64,
+    zero: u8,
+    schedule: ScheduleKind,
+    v: u64,
+    recompute: Recompute,
+    sp: bool,
+}
+
+const fn l(dp: u64, pp: u64, tp: u64, zero: u8) -> L {
+    L {
+        dp,
+        pp,
+        tp,
+        zero,
+        schedule: ScheduleKind::OneFOneB,
+        v: 1,
+        recompute: Recompute::None,
+        sp: false,
+    }
+}
+
+fn plan(l: L) -> Plan {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let model = load_model(
+        &root.join("specs/models/tiny.toml"),
+        TrainingOverrides::default(),
+    )
+    .unwrap();
+    let cluster = load_cluster(
+        &root.join("specs/clusters/cpu-8.toml"),
+        ClusterOverrides {
+            nodes: None,
+            devices: Some(l.dp * l.pp * l.tp),
+        },
+    )
+    .unwrap();
+    let layout = Layout {
+        pp: l.pp,
+        recompute: l.recompute,
+        schedule: l.schedule,
+        virtual_stages: l.v,
+        sequence_parallel: l.sp,
+        ..Layout::without_pipeline(l.dp, l.tp, l.zero, 2)
+    };
+    layout
+        .check(&model, &cluster)
+        .unwrap_or_else(|e| panic!("{}: {e}", layout.label()));
+    Plan::new(&model, &cluster, &layout, SearchSummary::pinned())
+}
+
+fn data() -> Tokens {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/data/parallelism.txt");
+    Tokens::load(&path).unwrap()
+}
+
+/// A fresh, empty directory for one test's checkpoints.
+fn scratch(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("tessera-ckpt-{}-{name}", std::process::id()));
+    std::fs::remove_dir_all(&dir).ok();
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+/// A stop that lets exactly `steps` steps run (what a signal after step `steps` does).
+fn stop_after(steps: usize) -> Arc<Stop> {
+    let stop = Stop::new();
+    for s in 0..steps {
+        assert!(stop.may_start(s));
+    }
+    stop.request();
+    Arc::new(stop)
+}
+
+fn opts() -> TrainOptions {
+    TrainOptions {
+        steps: STEPS,
+        ..TrainOptions::default()
+    }
+}
+
+fn run(plan: &Plan, opts: &TrainOptions) -> TrainReport {
+    train(plan, &data(), opts, &mut |_| {})
+        .unwrap_or_else(|e| panic!("{}: {e}", plan.parallel.layout().label()))
+}
+
+/// Trains `plan` for `HALF` of `STEPS` steps, saving into `dir` every 2 steps and at the stop.
+fn first_half(plan: &Plan, dir: &Path) -> TrainReport {
+    let o = TrainOptions {
+        stop: Some(stop_after(HALF)),
+        save: Some(SaveOptions {
+            dir: dir.to_path_buf(),
+            every: 2,
+            keep: Some(1),
+        }),
+        ..opts()
+    };
+    let r = run(plan, &o);
+    assert_eq!(r.steps.len(), HALF);
+    r
+}
+
+/// Resumes `plan` from the latest checkpoint in `dir` and trains to `STEPS`.
+fn second_half(plan: &Plan, dir: &Path) -> TrainReport {
+    let ck = Checkpoint::open(dir).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(ck.step(), HALF);
+    // The data order and seeds are the checkpoint's, whatever seed the resumed run is given.
+    let o = TrainOptions {
+        resume: Some(Arc::new(ck)),
+        seed: opts().seed + 1,
+        ..opts()
+    };
+    let r = run(plan, &o);
+    assert_eq!(
+        r.steps.iter().map(|s| s.step).collect::<Vec<_>>(),
+        (HALF..STEPS).collect::<Vec<_>>()
+    );
+    r
+}
+
+fn bits(params: &BTreeMap<String, Vec<f32>>) -> BTreeMap<&String, Vec<u32>> {
+    params
+        .iter()
+        .map(|(k, v)| (k, v.iter().map(|x| x.to_bits()).collect()))
+        .collect()
+}
+
+#[test]
+fn resume_is_bit_identical_under_every_kind_of_layout() {
+    let interleaved = L {
+        schedule: ScheduleKind::Interleaved,
+        v: 2,
+        ..l(1, 2, 1, 0)
+    };
+    let layouts = [
+        l(1, 1, 1, 0),
+        l(2, 1, 1, 0),
+        l(2, 1, 2, 3),
+        L {
+            zero: 1,
+            ..interleaved
+        },
+        L {
+            dp: 2,
+            tp: 2,
+            zero: 2,
+            ..interleaved
+        },
+        L {
+            sp: true,
+            recompute: Recompute::Selective,
+            ..l(1, 1, 2, 0)
+        },
+        L {
+            sp: true,
+            recompute: Recompute::Full,
+            ..l(2, 2, 2, 3)
+        },
+    ];
+    for (i, layout) in layouts.into_iter().enumerate() {
+        let what = format!("{layout:?}");
+        let p = plan(layout);
+        let straight = run(&p, &opts());
+        let dir = scratch(&format!("same-{i}"));
+        let a = first_half(&p, &dir);
+        // Saved at step 2, then at the stop (step 3); keep 1 pruned step 2.
+        let latest = std::fs::read_to_string(dir.join("latest")).unwrap();
+        assert_eq!(latest.trim(), "step-3", "{what}");
+        assert!(!dir.join("step-2").exists(), "{what}: keep 1 prunes step-2");
+        let b = second_half(&p, &dir);
+        let losses = |r: &TrainReport| r.steps.iter().map(|s| s.loss.to_bits()).collect::<Vec<_>>();
+        let mut resumed = losses(&a);
+        resumed.extend(losses(&b));
+        assert_eq!(resumed, losses(&straight), "{what}: losses differ");
+        assert!(
+            bits(&b.params) == bits(&straight.params),
+            "{what}: final parameters differ"
+        );
+        std::fs::remove_dir_all(&dir).ok();
+    }
+}
+
+/// Each tensor within `rtol` of the reference in relative L2 norm (as parity.rs).
+fn assert_params_close(
+    got: &BTreeMap<String, Vec<f32>>,
+    want: &BTreeMap<String, Vec<f32>>,
+    what: &str,
+) {
+    assert_eq!(
+        got.keys().collect::<Vec<_>>(),
+        want.keys().collect::<Vec<_>>()
+    );
+    for (name, w) in want {
+        let diff: f64 = got[name]
+            .iter()
+            .zip(w)
+            .map(|(a, b)| f64::from(a - b).powi(2))
+            .sum::<f64>()
+            .sqrt();
+        let norm: f64 = w.iter().map(|b| f64::from(*b).powi(2)).sum::<f64>().sqrt();
+        assert!(
+            diff <= 1e-5 * norm,
+            "{what}: {name} differs by {:e}",
+            diff / norm
+        );
+    }
+}
+
+#[test]
+fn a_checkpoint_resumes_on_another_layout() {
+    let straight = run(&plan(l(1, 1, 1, 0)), &opts());
+    let from = plan(l(2, 2, 2, 1));
+    let dir = scratch("reshard");
+    let a = first_half(&from, &dir);
+    for to in [
+        l(4, 1, 1, 0),
+        l(1, 1, 1, 0),
+        l(2, 1, 4, 3),
+        L {
+            schedule: ScheduleKind::Interleaved,
+            v: 2,
+            ..l(1, 2, 2, 2)
+        },
+    ] {
+        let what = format!("dp2 pp2 tp2 zero1 → {to:?}");
+        let b = second_half(&plan(to), &dir);
+        for (got, want) in a.steps.iter().chain(&b.steps).zip(&straight.steps) {
+            assert!(
+                (got.loss - want.loss).abs() <= 1e-5 * want.loss.abs(),
+                "{what}: step {} loss {} vs {}",
+                got.step,
+                got.loss,
+                want.loss
+            );
+        }
+        assert_params_close(&b.params, &straight.params, &what);
+    }
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+/// A two-rank checkpoint at step `HALF` in a fresh directory, and its step directory.
+fn saved(name: &str) -> (PathBuf, PathBuf) {
+    let dir = scratch(name);
+    first_half(&plan(l(2, 1, 1, 1)), &dir);
+    let step = dir.join("step-3");
+    assert!(step.join("index.json").is_file());
+    (dir, step)
+}
+
+fn open_err(path: &Path) -> String {
+    match Checkpoint::open(path) {
+        Ok(_) => panic!("{} opened", path.display()),
+        Err(e) => e.to_string(),
+    }
+}
+
+#[test]
+fn a_damaged_checkpoint_is_a_clear_error() {
+    let (dir, step) = saved("damaged");
+    let shard = step.join("rank-00001.safetensors");
+    let bytes = std::fs::read(&shard).unwrap();
+    let index = std::fs::read_to_string(step.join("index.json")).unwrap();
+
+    // Truncated shard.
+    std::fs::write(&shard, &bytes[..bytes.len() / 2]).unwrap();
+    let e = open_err(&dir);
+    assert!(
+        e.contains("rank-00001.safetensors") && e.contains("truncated"),
+        "{e}"
+    );
+    // The same length, but not a safetensors file.
+    std::fs::write(&shard, vec![0xffu8; bytes.len()]).unwrap();
+    let e = open_err(&dir);
+    assert!(
+        e.contains("rank-00001.safetensors") && e.contains("safetensors"),
+        "{e}"
+    );
+    // Another rank's tensors in its place.
+    let other = std::fs::read(step.join("rank-00000.safetensors")).unwrap();
+    std::fs::write(&shard, &other).unwrap();
+    let patched = index.replacen(
+        &format!("\"bytes\": {}", bytes.len()),
+        &format!("\"bytes\": {}", other.len()),
+        1,
+    );
+    std::fs::write(step.join("index.json"), &patched).unwrap();
+    let e = open_err(&dir);
+    assert!(
+        e.contains("rank-00001.safetensors") && e.contains("tensor"),
+        "{e}"
+    );
+    std::fs::write(step.join("index.json"), &index).unwrap();
+    // Missing shard.
+    std::fs::remove_file(&shard).unwrap();
+    let e = open_err(&dir);
+    assert!(
+        e.contains("rank-00001.safetensors") && e.contains("read"),
+        "{e}"
+    );
+    std::fs::write(&shard, &bytes).unwrap();
+    assert!(Checkpoint::open(&dir).is_ok(), "restored");
+
+    // Bad index JSON.
+    std::fs::write(step.join("index.json"), &index[..index.len() / 3]).unwrap();
+    let e = open_err(&dir);
+    assert!(e.contains("index.json") && e.contains("JSON"), "{e}");
+    std::fs::write(
+        step.join("index.json"),
+        index.replace("tessera.checkpoint/v1", "x/v9"),
+    )
+    .unwrap();
+    let e = open_err(&dir);
+    assert!(e.contains("index.json") && e.contains("x/v9"), "{e}");
+    std::fs::write(step.join("index.json"), &index).unwrap();
+
+    // Wrong architecture: a plan of another model is refused, naming the field.
+    let ck = Arc::new(Checkpoint::open(&dir).unwrap());
+    let mut other = plan(l(1, 1, 1, 0));
+    other.job.model.architecture.ffn_hidden = 128;
+    let e = ck
+        .check_compatible(&other, &data())
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("index.json") && e.contains("model.ffn_hidden"),
+        "{e}"
+    );
+    let o = TrainOptions {
+        resume: Some(ck.clone()),
+        ..opts()
+    };
+    let e = train(&other, &data(), &o, &mut |_| {})
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("model.ffn_hidden"), "{e}");
+    // Other data.
+    let text = Tokens::from_text(&"another corpus entirely. ".repeat(40));
+    let e = ck
+        .check_compatible(&plan(l(1, 1, 1, 0)), &text)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("data."), "{e}");
+    // Not a checkpoint at all.
+    let e = open_err(&dir.join("nowhere"));
+    assert!(e.contains("nowhere"), "{e}");
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+#[test]
+fn an_interrupted_save_leaves_the_previous_checkpoint() {
+    let (dir, step) = saved("interrupted");
+    // What a save killed half-way leaves: a temporary directory with part of its files, and
+    // (killed after its rename, before `latest` moved) a complete step-5 not yet the latest.
+    let tmp = dir.join(".tmp-step-5-999-1-0");
+    std::fs::create_dir(&tmp).unwrap();
+    std::fs::write(tmp.join("rank-00000.safetensors"), b"partial").unwrap();
+    std::fs::write(dir.join(".tmp-latest-999-2-0"), b"step-5").unwrap();
+    let ck = Checkpoint::open(&dir).unwrap();
+    assert_eq!(ck.dir(), step);
+    // The next save removes the leftovers, and moves `latest` only once complete.
+    let p = plan(l(2, 1, 1, 1));
+    let o = TrainOptions {
+        resume: Some(Arc::new(ck)),
+        save: Some(SaveOptions {
+            dir: dir.clone(),
+            every: 1,
+            keep: Some(2),
+        }),
+        stop: Some(stop_after(5)),
+        ..opts()
+    };
+    run(&p, &o);
+    let mut names: Vec<String> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    names.sort();
+    assert_eq!(names, ["latest", "step-4", "step-5"]);
+    assert_eq!(Checkpoint::open(&dir).unwrap().step(), 5);
+    // Pointing at a step directory opens that one.
+    assert_eq!(Checkpoint::open(&dir.join("step-4")).unwrap().step(), 4);
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+/// The child of [`a_kill_at_any_instant_of_a_save_leaves_a_loadable_checkpoint`]: trains one
+/// rank, saving every step into `$TESSERA_CKPT_CHILD` (resuming from it when it holds a
+/// checkpoint), until killed. Does nothing in a normal test run.
+#[test]
+fn save_loop_child() {
+    let Some(dir) = std::env::var_os("TESSERA_CKPT_CHILD") else {
+        return;
+    };
+    let dir = PathBuf::from(dir);
+    let resume = Checkpoint::open(&dir).ok().map(Arc::new);
+    let o = TrainOptions {
+        steps: 1_000_000,
+        save: Some(SaveOptions {
+            dir,
+            every: 1,
+            keep: Some(2),
+        }),
+        resume,
+        ..TrainOptions::default()
+    };
+    run(&plan(l(1, 1, 1, 0)), &o);
+}
+
+#[test]
+fn a_kill_at_any_instant_of_a_save_leaves_a_loadable_checkpoint() {
+    let dir = scratch("kill");
+    let mut last = 0;
+    for i in 0..12u64 {
+        let mut child = std::process::Command::new(std::env::current_exe().unwrap())
+            .args(["save_loop_child", "--exact", "--test-threads", "1"])
+            .env("TESSERA_CKPT_CHILD", &dir)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        // Wait for this child's first save, then kill it (SIGKILL) a varying time later.
+        let start = std::time::Instant::now();
+        while Checkpoint::open(&dir).map_or(0, |c| c.step()) <= last {
+            assert!(start.elapsed().as_secs() < 60, "the child never saved");
+            std::thread::sleep(std::time::Duration::from_millis(2));
+        }
+        std::thread::sleep(std::time::Duration::from_micros(1 + (i * 7919) % 40_000));
+        child.kill().unwrap();
+        child.wait().unwrap();
+        let ck = Checkpoint::open(&dir).unwrap_or_else(|e| panic!("after kill {i}: {e}"));
+        assert!(
+            ck.step() > last,
+            "after kill {i}: step {} ≤ {last}",
+            ck.step()
+        );
+        last = ck.step();
+    }
+    std::fs::remove_dir_all(&dir).ok();
+}
