@@ -56,8 +56,8 @@ pub fn run(args: ExportArgs) -> anyhow::Result<ExitCode> {
         To::Sbatch => Target::Sbatch,
         To::Kubernetes => Target::Kubernetes,
     };
-    let text =
-        export_with(&plan, target, args.force).map_err(|e| anyhow::anyhow!("{}: {e}", args.plan.display()))?;
+    let text = export_with(&plan, target, args.force)
+        .map_err(|e| anyhow::anyhow!("{}: {e}", args.plan.display()))?;
     match &args.output {
         Some(path) => {
             write_output(path, text.as_bytes())?;

@@ -150,7 +150,9 @@ fn name(field: &str, v: &str) -> Result<(), Problem> {
                 v,
                 v.len()
             ),
-            format!("use at most {NAME_MAX} characters in `{field}`, with no leading or trailing space"),
+            format!(
+                "use at most {NAME_MAX} characters in `{field}`, with no leading or trailing space"
+            ),
         ));
     }
     Ok(())
