@@ -20,6 +20,8 @@
 //! with several ranks; each is refused (exit 2) where it would be ignored. The default data is
 //! built into the binary, so it does not depend on the working directory.
 
+mod checkpoint;
+
 use std::ffi::OsString;
 use std::fs::File;
 use std::io::Write;
@@ -124,6 +126,8 @@ pub struct RunArgs {
     /// Test hook: under a launcher, the process with this RANK fails before the rendezvous.
     #[arg(long, hide = true)]
     fail_rank: Option<usize>,
+    #[command(flatten)]
+    checkpoint: checkpoint::CheckpointArgs,
 }
 
 /// `tessera run`'s arguments on their own, to check what `tessera launch` passes on.
@@ -723,6 +727,8 @@ fn train_here(
         }
         (Collectives::Auto, Some(n)) => world <= n && tessera_runtime::cuda::probe_nccl().is_ok(),
     };
+    // A checkpoint to resume is opened and checked before any output exists.
+    let resume = args.checkpoint.resume(args.steps)?;
     // The outputs open now, just before the first step; from here on every way out closes
     // them, an exit at once included.
     let outputs = Arc::new(Outputs::open(args, interrupts)?);
@@ -732,7 +738,7 @@ fn train_here(
     }
     let stop = Arc::new(exec::Stop::new());
     interrupts.arm(stop.clone());
-    let result = train_with(args, plan, gpus, nccl, &data, &outputs, &stop);
+    let result = train_with(args, plan, (gpus, nccl), &data, &outputs, &stop, resume);
     let (report, write_error) = match result {
         Ok(done) => done,
         Err(e) => {
@@ -833,11 +839,11 @@ fn train_here(
 fn train_with(
     args: &RunArgs,
     plan: &Plan,
-    gpus: Option<usize>,
-    nccl: bool,
+    (gpus, nccl): (Option<usize>, bool),
     data: &Tokens,
     outputs: &Outputs,
     stop: &Arc<exec::Stop>,
+    resume: Option<Arc<tessera_runtime::checkpoint::Checkpoint>>,
 ) -> anyhow::Result<(exec::TrainReport, Option<anyhow::Error>)> {
     let opts = TrainOptions {
         steps: args.steps as usize,
@@ -849,6 +855,8 @@ fn train_with(
             plan.parallel.world as usize,
         ),
         stop: Some(stop.clone()),
+        save: args.checkpoint.save(args.steps),
+        resume,
         ..TrainOptions::default()
     };
     let p = &plan.parallel;

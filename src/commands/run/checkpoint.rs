@@ -1,0 +1,84 @@
+//! `tessera run`'s checkpoint flags: `--save-dir DIR [--save-every N] [--keep K]` and
+//! `--resume DIR|auto`. The format, the atomic save and the resharding load live in
+//! `tessera_runtime::checkpoint` (docs/checkpoint.md); this file only turns flags into options.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use anyhow::bail;
+use clap::Args;
+use tessera_runtime::checkpoint::{Checkpoint, SaveOptions};
+
+#[derive(Args, Clone, Default)]
+pub struct CheckpointArgs {
+    /// Save sharded checkpoints here (DIR/step-N, and DIR/latest naming the newest): after
+    /// every --save-every steps, after the last step, and when a SIGINT/SIGTERM stops the run.
+    #[arg(long)]
+    pub save_dir: Option<PathBuf>,
+    /// With --save-dir: save after every N steps [default: only after the last step]
+    #[arg(long, requires = "save_dir", value_parser = clap::value_parser!(u64).range(1..=1_000_000_000))]
+    pub save_every: Option<u64>,
+    /// With --save-dir: keep the K newest checkpoints, pruning older ones only after a save is
+    /// complete [default: keep all]
+    #[arg(long, requires = "save_dir", value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
+    pub keep: Option<u64>,
+    /// Continue from a checkpoint: a save directory (its newest), one step-N directory, or
+    /// `auto` (the newest in --save-dir, or a fresh start if it has none). The plan may differ
+    /// from the one that saved it (the state is resharded); --steps counts from step 0.
+    #[arg(long)]
+    pub resume: Option<String>,
+}
+
+impl CheckpointArgs {
+    /// The save settings of a run of `steps` steps.
+    pub fn save(&self, steps: u64) -> Option<SaveOptions> {
+        self.save_dir.as_ref().map(|dir| SaveOptions {
+            dir: dir.clone(),
+            every: self.save_every.unwrap_or(steps) as usize,
+            keep: self.keep.map(|k| k as usize),
+        })
+    }
+
+    /// The checkpoint to resume, opened and checked (every shard against its index), or
+    /// `None` for a fresh start. Refuses a save directory that is a file, `auto` without
+    /// `--save-dir`, and a checkpoint at or past `steps` (the run would train nothing).
+    pub fn resume(&self, steps: u64) -> anyhow::Result<Option<Arc<Checkpoint>>> {
+        if let Some(dir) = &self.save_dir {
+            if dir.exists() && !dir.is_dir() {
+                bail!(
+                    "--save-dir {}: is not a directory\n  fix: pass a directory (it is created if missing)",
+                    dir.display()
+                );
+            }
+        }
+        let path = match self.resume.as_deref() {
+            None => return Ok(None),
+            Some("auto") => {
+                let Some(dir) = &self.save_dir else {
+                    bail!("--resume auto: resumes the newest checkpoint in --save-dir, and no --save-dir was given\n  fix: add --save-dir DIR, or pass --resume DIR");
+                };
+                let latest = dir.join("latest");
+                if !latest.exists() {
+                    eprintln!(
+                        "--resume auto: no checkpoint in {} yet; starting from step 0",
+                        dir.display()
+                    );
+                    return Ok(None);
+                }
+                dir.clone()
+            }
+            Some(p) => PathBuf::from(p),
+        };
+        let ck = Checkpoint::open(&path).map_err(|e| anyhow::anyhow!("--resume: {e}"))?;
+        if ck.step() as u64 >= steps {
+            bail!(
+                "--resume {}: the checkpoint has done {} steps and --steps is {steps}: the run would train nothing\n  fix: pass --steps greater than {} (--steps counts from step 0)",
+                path.display(),
+                ck.step(),
+                ck.step()
+            );
+        }
+        println!("resuming from {} after step {}", path.display(), ck.step());
+        Ok(Some(Arc::new(ck)))
+    }
+}

@@ -1,0 +1,142 @@
+//! `tessera run --save-dir/--save-every/--keep/--resume`: the checkpoint flags end to end on the
+//! release binary (the format, atomicity and resharding are tested in
+//! runtime/tests/checkpoint.rs).
+
+mod common;
+
+use std::path::Path;
+
+use common::*;
+
+fn losses(path: &Path) -> Vec<(u64, f64)> {
+    std::fs::read_to_string(path)
+        .unwrap()
+        .lines()
+        .map(|l| {
+            let v: serde_json::Value = serde_json::from_str(l).unwrap();
+            (v["step"].as_u64().unwrap(), v["loss"].as_f64().unwrap())
+        })
+        .collect()
+}
+
+/// The README's job for 8 steps, saving after step 4; resuming step 4 on the same plan gives
+/// the straight run's steps 5-8 to the bit, and on one rank within the parity tolerance.
+#[test]
+fn a_run_resumes_from_its_checkpoint_on_the_same_or_another_plan() {
+    let dir = Scratch::new();
+    let plan = tiny_plan(&dir);
+    let (ck, a) = (dir.path("ck"), dir.path("a.jsonl"));
+    let r = run(&[
+        "run",
+        &s(&plan),
+        "--steps",
+        "8",
+        "--save-dir",
+        &s(&ck),
+        "--save-every",
+        "4",
+        "--metrics",
+        &s(&a),
+    ]);
+    assert_eq!(r.code, Some(0), "{}", r.stderr);
+    assert_eq!(
+        std::fs::read_to_string(ck.join("latest")).unwrap().trim(),
+        "step-8"
+    );
+    let straight = losses(&a);
+    let step4 = s(&ck.join("step-4"));
+    let b = dir.path("b.jsonl");
+    let r = run(&[
+        "run",
+        &s(&plan),
+        "--steps",
+        "8",
+        "--resume",
+        &step4,
+        "--metrics",
+        &s(&b),
+    ]);
+    assert_eq!(r.code, Some(0), "{}", r.stderr);
+    assert!(r.stdout.contains("resuming from"), "{}", r.stdout);
+    let resumed = losses(&b);
+    assert_eq!(
+        resumed,
+        straight[4..],
+        "a resume on the same plan is bit-identical"
+    );
+    // One rank: the state resharded from DP 2 × PP 2 × TP 2.
+    let one = dir.path("one.json");
+    let r = run(&[
+        "plan",
+        "specs/models/tiny.toml",
+        "specs/clusters/cpu-8.toml",
+        "--devices",
+        "1",
+        "--micro-batch",
+        "2",
+        "-o",
+        &s(&one),
+    ]);
+    assert_eq!(r.code, Some(0), "{}", r.stderr);
+    let c = dir.path("c.jsonl");
+    let r = run(&[
+        "run",
+        &s(&one),
+        "--steps",
+        "8",
+        "--resume",
+        &step4,
+        "--metrics",
+        &s(&c),
+    ]);
+    assert_eq!(r.code, Some(0), "{}", r.stderr);
+    for ((sa, la), (sc, lc)) in straight[4..].iter().zip(losses(&c)) {
+        assert_eq!(*sa, sc);
+        assert!(
+            (la - lc).abs() <= 1e-5 * la.abs(),
+            "step {sa}: {la} vs {lc}"
+        );
+    }
+}
+
+#[test]
+fn checkpoint_flags_that_cannot_work_are_refused_before_any_output() {
+    let dir = Scratch::new();
+    let plan = tiny_plan(&dir);
+    let ck = dir.path("ck");
+    let m = dir.path("m.jsonl");
+    let r = run(&["run", &s(&plan), "--steps", "2", "--save-dir", &s(&ck)]);
+    assert_eq!(r.code, Some(0), "{}", r.stderr);
+    // auto without a save directory.
+    let r = run(&["run", &s(&plan), "--resume", "auto", "--metrics", &s(&m)]);
+    refused(&r, &["--resume auto", "--save-dir"]);
+    // A checkpoint at or past --steps would train nothing.
+    let r = run(&[
+        "run",
+        &s(&plan),
+        "--steps",
+        "2",
+        "--resume",
+        &s(&ck),
+        "--metrics",
+        &s(&m),
+    ]);
+    refused(&r, &["--steps is 2", "greater than 2"]);
+    // A damaged index is named.
+    std::fs::write(ck.join("step-2").join("index.json"), "{").unwrap();
+    let r = run(&[
+        "run",
+        &s(&plan),
+        "--steps",
+        "4",
+        "--resume",
+        &s(&ck),
+        "--metrics",
+        &s(&m),
+    ]);
+    refused(&r, &["index.json", "--resume"]);
+    // --save-every without --save-dir.
+    let r = run(&["run", &s(&plan), "--save-every", "2"]);
+    assert_eq!(r.code, Some(2), "{}", r.stderr);
+    assert!(!m.exists(), "a refused run opened its metrics");
+}
