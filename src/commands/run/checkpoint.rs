@@ -1,6 +1,6 @@
 //! `tessera run`'s checkpoint flags: `--save-dir DIR [--save-every N] [--keep K]` and
 //! `--resume DIR|auto`. The format, the atomic save and the resharding load live in
-//! `tessera_runtime::checkpoint` (docs/checkpoint.md); this file only turns flags into options.
+//! `tessera_runtime::checkpoint` (docs/checkpoints.md); this file only turns flags into options.
 
 use std::path::PathBuf;
 use std::sync::Arc;
