@@ -21,33 +21,14 @@ use tessera_planner::plan::Plan;
 fn base_plans(dir: &Scratch) -> Vec<Plan> {
     let mut paths = vec![tiny_plan(dir)];
     for (zero, pp, dp) in [("1", "1", "8"), ("3", "2", "4")] {
-        let gpu = dir.path(&format!("gpu-zero{zero}.json"));
-        let r = run(&[
-            "plan",
+        let name = format!("gpu-zero{zero}.json");
+        let pins = format!("--nodes 2 --tp 2 --pp {pp} --dp {dp} --micro-batch 1 --sp --schedule 1f1b --zero {zero} --recompute full");
+        let mut args = vec![
             "specs/models/llama3-8b.toml",
             "specs/clusters/dgx-h100-80g.toml",
-            "--nodes",
-            "2",
-            "--tp",
-            "2",
-            "--pp",
-            pp,
-            "--dp",
-            dp,
-            "--micro-batch",
-            "1",
-            "--sp",
-            "--schedule",
-            "1f1b",
-            "--zero",
-            zero,
-            "--recompute",
-            "full",
-            "-o",
-            &s(&gpu),
-        ]);
-        assert_eq!(r.code, Some(0), "{}", r.stderr);
-        paths.push(gpu);
+        ];
+        args.extend(pins.split_whitespace());
+        paths.push(plan_file(dir, &name, &args));
     }
     paths
         .iter()

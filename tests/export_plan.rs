@@ -12,52 +12,23 @@ use common::*;
 const LLAMA: &str = "specs/models/llama3-8b.toml";
 const H100: &str = "specs/clusters/dgx-h100-80g.toml";
 
-fn plan(dir: &Scratch, name: &str, args: &[&str]) -> PathBuf {
-    let out = dir.path(name);
-    let mut all = vec!["plan"];
-    all.extend(args);
-    let o = s(&out);
-    all.extend(["-o", &o]);
-    let r = run(&all);
-    assert_eq!(r.code, Some(0), "{}", r.stderr);
-    out
+/// Plans Llama-3 8B on `cluster` with `pins` (flags separated by spaces) into `dir/name`.
+fn llama_on(dir: &Scratch, name: &str, cluster: &str, pins: &str) -> PathBuf {
+    let mut args = vec![LLAMA, cluster];
+    args.extend(pins.split_whitespace());
+    plan_file(dir, name, &args)
 }
 
-fn export(plan: &std::path::Path, to: &str) -> String {
-    let r = run(&["export", &s(plan), "--to", to]);
-    assert_eq!(r.code, Some(0), "{to}: {}", r.stderr);
-    r.stdout
+/// [`llama_on`] the DGX H100 preset.
+fn llama(dir: &Scratch, name: &str, pins: &str) -> PathBuf {
+    llama_on(dir, name, H100, pins)
 }
 
 /// Llama-3 8B on 12 H100s of two DGX nodes (a node and a half): DP 2 × TP 2 × PP 3, ZeRO-1.
 fn twelve(dir: &Scratch) -> PathBuf {
     let two_nodes = dir.copy_edit(H100, &[("nodes = 1", "nodes = 2")]);
     let c = s(&two_nodes);
-    plan(
-        dir,
-        "twelve.json",
-        &[
-            LLAMA,
-            &c,
-            "--devices",
-            "12",
-            "--tp",
-            "2",
-            "--pp",
-            "3",
-            "--dp",
-            "2",
-            "--micro-batch",
-            "1",
-            "--sp",
-            "--schedule",
-            "1f1b",
-            "--zero",
-            "1",
-            "--recompute",
-            "full",
-        ],
-    )
+    llama_on(dir, "twelve.json", &c, "--devices 12 --tp 2 --pp 3 --dp 2 --micro-batch 1 --sp --schedule 1f1b --zero 1 --recompute full")
 }
 
 #[test]
@@ -65,7 +36,7 @@ fn a_world_that_leaves_the_last_node_part_full_is_stated_or_refused() {
     let dir = Scratch::new();
     let p = twelve(&dir);
     // Megatron's launch line names both node sizes; nothing says 2 × 8 = 16.
-    let text = export(&p, "megatron");
+    let text = export_text(&p, "megatron");
     assert!(
         text.contains("Launch 12 ranks on 1 node × 8 GPUs and 1 node × 4 GPUs")
             && text.contains("--nproc-per-node 8 (on the last node: 4)"),
@@ -84,30 +55,12 @@ fn a_world_that_leaves_the_last_node_part_full_is_stated_or_refused() {
 #[test]
 fn multi_node_exports_have_the_plans_world_and_a_job_token() {
     let dir = Scratch::new();
-    let p = plan(
+    let p = llama(
         &dir,
         "two-nodes.json",
-        &[
-            LLAMA,
-            H100,
-            "--nodes",
-            "2",
-            "--tp",
-            "2",
-            "--pp",
-            "1",
-            "--dp",
-            "8",
-            "--micro-batch",
-            "1",
-            "--sp",
-            "--zero",
-            "1",
-            "--recompute",
-            "full",
-        ],
+        "--nodes 2 --tp 2 --pp 1 --dp 8 --micro-batch 1 --sp --zero 1 --recompute full",
     );
-    let sb = export(&p, "sbatch");
+    let sb = export_text(&p, "sbatch");
     for line in [
         "#SBATCH --nodes=2\n",
         "#SBATCH --ntasks=16\n",
@@ -116,7 +69,7 @@ fn multi_node_exports_have_the_plans_world_and_a_job_token() {
     ] {
         assert!(sb.contains(line), "{line}{sb}");
     }
-    let k8s = export(&p, "kubernetes");
+    let k8s = export_text(&p, "kubernetes");
     let docs: Vec<serde_yaml_ng::Value> = k8s
         .split("\n---\n")
         .map(|d| serde_yaml_ng::from_str(d).unwrap())
@@ -149,14 +102,14 @@ fn multi_node_exports_have_the_plans_world_and_a_job_token() {
 fn a_cpu_plan_asks_for_no_gpus_and_the_gpu_engines_refuse_it() {
     let dir = Scratch::new();
     let p = tiny_plan(&dir);
-    let sb = export(&p, "sbatch");
+    let sb = export_text(&p, "sbatch");
     assert!(
         !sb.contains("gpu")
             && sb.contains("#SBATCH --ntasks=1\n")
             && sb.contains("#SBATCH --nodes=1\n"),
         "{sb}"
     );
-    let k8s = export(&p, "kubernetes");
+    let k8s = export_text(&p, "kubernetes");
     assert!(
         !k8s.contains("nvidia.com/gpu") && !k8s.contains("launch"),
         "{k8s}"
@@ -173,28 +126,10 @@ fn a_cpu_plan_asks_for_no_gpus_and_the_gpu_engines_refuse_it() {
 fn an_infeasible_plan_is_refused_unless_forced() {
     let dir = Scratch::new();
     // Llama-3 8B without any sharding on one H100 per replica does not fit in 80 GiB.
-    let p = plan(
+    let p = llama(
         &dir,
         "oom.json",
-        &[
-            LLAMA,
-            H100,
-            "--nodes",
-            "1",
-            "--tp",
-            "1",
-            "--pp",
-            "1",
-            "--dp",
-            "8",
-            "--micro-batch",
-            "8",
-            "--zero",
-            "0",
-            "--recompute",
-            "none",
-            "--force",
-        ],
+        "--nodes 1 --tp 1 --pp 1 --dp 8 --micro-batch 8 --zero 0 --recompute none --force",
     );
     let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&p).unwrap()).unwrap();
     assert_eq!(v["feasible"], false);
@@ -220,30 +155,12 @@ fn an_infeasible_plan_is_refused_unless_forced() {
 fn torchtitan_batches_are_the_plans_micro_batches() {
     let dir = Scratch::new();
     // PP 1: 512 sequences on DP 4 at micro-batch 2 is 64 accumulation steps of 2.
-    let pp1 = plan(
+    let pp1 = llama(
         &dir,
         "pp1.json",
-        &[
-            LLAMA,
-            H100,
-            "--nodes",
-            "1",
-            "--tp",
-            "2",
-            "--pp",
-            "1",
-            "--dp",
-            "4",
-            "--micro-batch",
-            "2",
-            "--sp",
-            "--zero",
-            "3",
-            "--recompute",
-            "full",
-        ],
+        "--nodes 1 --tp 2 --pp 1 --dp 4 --micro-batch 2 --sp --zero 3 --recompute full",
     );
-    let v: toml::Table = toml::from_str(&export(&pp1, "torchtitan")).unwrap();
+    let v: toml::Table = toml::from_str(&export_text(&pp1, "torchtitan")).unwrap();
     let t = &v["training"];
     assert_eq!(
         (
@@ -253,32 +170,8 @@ fn torchtitan_batches_are_the_plans_micro_batches() {
         (Some(2), Some(512))
     );
     // PP 2: one accumulation step, split into the plan's 256 pipeline micro-batches of 1.
-    let pp2 = plan(
-        &dir,
-        "pp2.json",
-        &[
-            LLAMA,
-            H100,
-            "--nodes",
-            "1",
-            "--tp",
-            "2",
-            "--pp",
-            "2",
-            "--dp",
-            "2",
-            "--micro-batch",
-            "1",
-            "--sp",
-            "--schedule",
-            "1f1b",
-            "--zero",
-            "3",
-            "--recompute",
-            "full",
-        ],
-    );
-    let v: toml::Table = toml::from_str(&export(&pp2, "torchtitan")).unwrap();
+    let pp2 = llama(&dir, "pp2.json", "--nodes 1 --tp 2 --pp 2 --dp 2 --micro-batch 1 --sp --schedule 1f1b --zero 3 --recompute full");
+    let v: toml::Table = toml::from_str(&export_text(&pp2, "torchtitan")).unwrap();
     assert_eq!(v["training"]["local_batch_size"].as_integer(), Some(256));
     assert_eq!(
         v["parallelism"]["pipeline_parallel_microbatch_size"].as_integer(),
@@ -292,33 +185,7 @@ fn torchtitan_batches_are_the_plans_micro_batches() {
 fn unequal_chunks_are_stated_exactly_or_refused() {
     let dir = Scratch::new();
     // 32 layers on PP 2 × 3 virtual stages: six chunks that cannot all be equal.
-    let p = plan(
-        &dir,
-        "uneven.json",
-        &[
-            LLAMA,
-            H100,
-            "--nodes",
-            "1",
-            "--tp",
-            "2",
-            "--pp",
-            "2",
-            "--dp",
-            "2",
-            "--micro-batch",
-            "1",
-            "--sp",
-            "--schedule",
-            "interleaved",
-            "--virtual-stages",
-            "3",
-            "--zero",
-            "1",
-            "--recompute",
-            "full",
-        ],
-    );
+    let p = llama(&dir, "uneven.json", "--nodes 1 --tp 2 --pp 2 --dp 2 --micro-batch 1 --sp --schedule interleaved --virtual-stages 3 --zero 1 --recompute full");
     let doc: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(&p).unwrap()).unwrap();
     let mut chunks: Vec<(u64, u64, bool, bool)> = doc["stages"]
@@ -347,7 +214,7 @@ fn unequal_chunks_are_stated_exactly_or_refused() {
             )
         })
         .collect();
-    let text = export(&p, "megatron");
+    let text = export_text(&p, "megatron");
     assert!(
         text.contains(&format!(
             "--pipeline-model-parallel-layout '{}'",
@@ -361,31 +228,7 @@ fn unequal_chunks_are_stated_exactly_or_refused() {
     );
     // The planner splits 32 layers on two 1F1B stages as 17 + 15 (the embedding and the head
     // weigh on the end stages); Megatron-DeepSpeed's PipelineModule would run 16 + 16.
-    let p = plan(
-        &dir,
-        "split.json",
-        &[
-            LLAMA,
-            H100,
-            "--nodes",
-            "1",
-            "--tp",
-            "2",
-            "--pp",
-            "2",
-            "--dp",
-            "2",
-            "--micro-batch",
-            "1",
-            "--sp",
-            "--schedule",
-            "1f1b",
-            "--zero",
-            "1",
-            "--recompute",
-            "full",
-        ],
-    );
+    let p = llama(&dir, "split.json", "--nodes 1 --tp 2 --pp 2 --dp 2 --micro-batch 1 --sp --schedule 1f1b --zero 1 --recompute full");
     let r = run(&["export", &s(&p), "--to", "deepspeed"]);
     refused(
         &r,
@@ -402,38 +245,14 @@ fn writers_refuse_every_nth_layer_they_would_count_differently() {
     use tessera_planner::export::{export, Target};
     use tessera_planner::plan::Plan;
     let dir = Scratch::new();
-    let p = plan(
-        &dir,
-        "every.json",
-        &[
-            LLAMA,
-            H100,
-            "--nodes",
-            "1",
-            "--tp",
-            "2",
-            "--pp",
-            "2",
-            "--dp",
-            "2",
-            "--micro-batch",
-            "1",
-            "--sp",
-            "--schedule",
-            "1f1b",
-            "--zero",
-            "3",
-            "--recompute",
-            "full",
-            "--recompute-every",
-            "4",
-        ],
-    );
+    let p = llama(&dir, "every.json", "--nodes 1 --tp 2 --pp 2 --dp 2 --micro-batch 1 --sp --schedule 1f1b --zero 3 --recompute full --recompute-every 4");
     let mut plan: Plan = serde_json::from_str(&std::fs::read_to_string(&p).unwrap()).unwrap();
     assert!(export(&plan, Target::Torchtitan).is_ok());
     plan.stages[0].chunks[0].layers = [0, 17];
     plan.stages[1].chunks[0].layers = [17, 32];
-    let e = export(&plan, Target::Torchtitan).unwrap_err().to_string();
+    let e = export(&plan, Target::Torchtitan)
+        .unwrap_err()
+        .to_string();
     assert!(
         e.contains("every 4th layer") && e.contains("[3, 7, 11, 15, 20, 24, 28]"),
         "{e}"
@@ -441,7 +260,9 @@ fn writers_refuse_every_nth_layer_they_would_count_differently() {
     // Megatron-LM's block method recomputes the same K layers in every chunk: 4 and 4 would
     // be charged 4 and 3.
     plan.parallel.zero_stage = 1;
-    let e = export(&plan, Target::Megatron).unwrap_err().to_string();
+    let e = export(&plan, Target::Megatron)
+        .unwrap_err()
+        .to_string();
     assert!(
         e.contains("every 4th layer") && e.contains("[17, 15]"),
         "{e}"

@@ -12,14 +12,7 @@ const LLAMA: &str = "specs/models/llama3-8b.toml";
 const H100: &str = "specs/clusters/dgx-h100-80g.toml";
 
 fn plan(dir: &Scratch, name: &str, args: &[&str]) -> PathBuf {
-    let out = dir.path(name);
-    let mut all = vec!["plan"];
-    all.extend(args);
-    let o = s(&out);
-    all.extend(["-o", &o]);
-    let r = run(&all);
-    assert_eq!(r.code, Some(0), "{}", r.stderr);
-    out
+    plan_file(dir, name, args)
 }
 
 /// GPT-3 175B as Megatron-LM trained it (SC'21), without hybrid sharding.
@@ -87,9 +80,7 @@ fn fsdp_layout(dir: &Scratch) -> PathBuf {
 }
 
 fn export(plan: &Path, to: &str) -> String {
-    let r = run(&["export", &s(plan), "--to", to]);
-    assert_eq!(r.code, Some(0), "{to}: {}", r.stderr);
-    r.stdout
+    export_text(plan, to)
 }
 
 #[test]

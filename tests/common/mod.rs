@@ -199,6 +199,25 @@ pub fn tiny_plan(dir: &Scratch) -> PathBuf {
     out
 }
 
+/// Runs `tessera plan ARGS -o dir/name`, which must succeed; the plan's path.
+pub fn plan_file(dir: &Scratch, name: &str, args: &[&str]) -> PathBuf {
+    let out = dir.path(name);
+    let mut all = vec!["plan"];
+    all.extend(args);
+    let o = s(&out);
+    all.extend(["-o", &o]);
+    let r = run(&all);
+    assert_eq!(r.code, Some(0), "{}", r.stderr);
+    out
+}
+
+/// `tessera export PLAN --to TO` on stdout, which must succeed.
+pub fn export_text(plan: &Path, to: &str) -> String {
+    let r = run(&["export", &s(plan), "--to", to]);
+    assert_eq!(r.code, Some(0), "{to}: {}", r.stderr);
+    r.stdout
+}
+
 /// Edits a JSON file in place: `f` changes the parsed value.
 pub fn edit_json(path: &Path, f: impl FnOnce(&mut serde_json::Value)) {
     let mut v: serde_json::Value =
