@@ -2,14 +2,15 @@
 //! bit on the CPU backend, under every kind of layout; a checkpoint resumes on another layout
 //! (within the parity tolerance of parity.rs); a damaged checkpoint is a clear error.
 
+mod tiny;
+
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use tessera_planner::layout::{Layout, Recompute};
-use tessera_planner::plan::{Plan, SearchSummary};
+use tessera_planner::plan::Plan;
 use tessera_planner::schedule::ScheduleKind;
-use tessera_planner::spec::{load_cluster, load_model, ClusterOverrides, TrainingOverrides};
 use tessera_runtime::checkpoint::{Checkpoint, SaveOptions};
 use tessera_runtime::data::Tokens;
 use tessera_runtime::exec::{train, Stop, TrainOptions, TrainReport};
@@ -44,20 +45,6 @@ const fn l(dp: u64, pp: u64, tp: u64, zero: u8) -> L {
 }
 
 fn plan(l: L) -> Plan {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
-    let model = load_model(
-        &root.join("specs/models/tiny.toml"),
-        TrainingOverrides::default(),
-    )
-    .unwrap();
-    let cluster = load_cluster(
-        &root.join("specs/clusters/cpu-8.toml"),
-        ClusterOverrides {
-            nodes: None,
-            devices: Some(l.dp * l.pp * l.tp),
-        },
-    )
-    .unwrap();
     let layout = Layout {
         pp: l.pp,
         recompute: l.recompute,
@@ -66,15 +53,11 @@ fn plan(l: L) -> Plan {
         sequence_parallel: l.sp,
         ..Layout::without_pipeline(l.dp, l.tp, l.zero, 2)
     };
-    layout
-        .check(&model, &cluster)
-        .unwrap_or_else(|e| panic!("{}: {e}", layout.label()));
-    Plan::new(&model, &cluster, &layout, SearchSummary::pinned())
+    tiny::plan(&tiny::model(), &layout)
 }
 
 fn data() -> Tokens {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/data/parallelism.txt");
-    Tokens::load(&path).unwrap()
+    tiny::data()
 }
 
 /// A fresh, empty directory for one test's checkpoints.

@@ -1,4 +1,5 @@
 //! The tiny model's spec, the CPU cluster and the data, for tests that build their own plans.
+#![allow(dead_code)]
 
 use std::path::Path;
 
@@ -42,9 +43,14 @@ pub fn plan(model: &Model, layout: &Layout) -> Plan {
     Plan::new(model, &cluster, layout, SearchSummary::pinned())
 }
 
-/// `steps` steps of `plan` on the CPU backend, on examples/data/parallelism.txt.
+/// examples/data/parallelism.txt.
+pub fn data() -> Tokens {
+    Tokens::load(&root().join("examples/data/parallelism.txt")).unwrap()
+}
+
+/// `steps` steps of `plan` on the CPU backend, on [`data`].
 pub fn run(plan: &Plan, steps: usize) -> TrainReport {
-    let data = Tokens::load(&root().join("examples/data/parallelism.txt")).unwrap();
+    let data = data();
     let opts = TrainOptions {
         steps,
         ..TrainOptions::default()
