@@ -112,11 +112,7 @@ fn check_writable(out: &Named) -> anyhow::Result<()> {
         .parent()
         .filter(|p| !p.as_os_str().is_empty())
         .unwrap_or(Path::new("."));
-    tempfile::Builder::new()
-        .prefix(".tessera-probe.")
-        .tempfile_in(dir)
-        .map(drop)
-        .map_err(|e| {
+    probe_dir(dir).map_err(|e| {
             anyhow!(
                 "{} {shown}: cannot write in {}: {e}\n  fix: create the folder, or choose a writable one",
                 out.flag,
@@ -284,6 +280,14 @@ impl LineStream {
             .and_then(|()| self.out.flush())
             .map_err(|e| write_error(&self.path, e))
     }
+}
+
+/// Whether a file can be created in `dir`: a uniquely named probe file, removed at once.
+pub fn probe_dir(dir: &Path) -> std::io::Result<()> {
+    tempfile::Builder::new()
+        .prefix(".tessera-probe.")
+        .tempfile_in(dir)
+        .map(drop)
 }
 
 #[cfg(test)]

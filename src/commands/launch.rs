@@ -154,12 +154,7 @@ fn check_rendezvous_file(spec: &str, path: &Path, node_rank: u64) -> anyhow::Res
             dir.display()
         );
     }
-    uninterrupted(|| {
-        tempfile::Builder::new()
-            .prefix(".tessera-probe.")
-            .tempfile_in(dir)
-            .map(drop)
-    })
+    uninterrupted(|| crate::files::probe_dir(dir))
     .map_err(|e| {
         anyhow!(
             "--rendezvous {spec}: cannot write in {}: {e}\n  fix: choose a folder every node can write to",
