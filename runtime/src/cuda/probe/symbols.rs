@@ -118,9 +118,21 @@ impl Handle {
         names.into_iter().find_map(|name| {
             let c = CString::new(name.clone()).ok()?;
             // SAFETY: dlopen with a NUL-terminated name; runs the library's initialisers, as
-            // cudarc's own probe does.
-            let ptr = unsafe { libc::dlopen(c.as_ptr(), libc::RTLD_LAZY | libc::RTLD_LOCAL) };
-            (!ptr.is_null()).then_some(Handle { ptr, name })
+            // cudarc's own probe does. RTLD_NODELETE: closing the handle never unloads the
+            // library (NVRTC crashes when it is unloaded and loaded again by cudarc).
+            let ptr = unsafe {
+                libc::dlopen(
+                    c.as_ptr(),
+                    libc::RTLD_LAZY | libc::RTLD_LOCAL | libc::RTLD_NODELETE,
+                )
+            };
+            // Lazily: a Handle built for a null pointer would be dropped, and dlclose(NULL)
+            // crashes.
+            if ptr.is_null() {
+                None
+            } else {
+                Some(Handle { ptr, name })
+            }
         })
     }
 
