@@ -4,8 +4,9 @@
 # exports are checked"):
 #   bash scripts/check-exports-env.sh engines      a venv with torch, DeepSpeed, torchtitan,
 #                                                  megatron-core (Megatron-LM's megatron/training;
-#                                                  Python >= 3.12 only) and kubernetes-validate;
-#                                                  prints its python
+#                                                  Python >= 3.12 only), kubernetes-validate and
+#                                                  transformers (added to an existing venv by a
+#                                                  step of its own); prints its python
 #   bash scripts/check-exports-env.sh kubernetes   kubernetes-validate alone (pip --target); prints
 #                                                  the directory to put on PYTHONPATH
 # The cache is $TESSERA_CHECK_CACHE, else ${XDG_CACHE_HOME:-$HOME/.cache}/tessera-ci; each install
@@ -20,6 +21,10 @@ DEEPSPEED=0.19.8
 TORCHTITAN=0.2.2
 MEGATRON_CORE=0.19.0
 KUBERNETES_VALIDATE=1.37.0
+# Hugging Face transformers for scripts/check_hf_export.py (tests/checkpoint_hf.rs), installed into
+# the engines venv as a second step with its own marker, so adding it never rebuilds the venv.
+TRANSFORMERS=5.23.0
+HF_PINS=("transformers==$TRANSFORMERS" safetensors==0.8.0 regex==2026.11.19)
 CONSTRAINTS=$PWD/scripts/check-exports-constraints.txt
 CACHE=${TESSERA_CHECK_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/tessera-ci}
 PIP=(-m pip install --no-cache-dir --disable-pip-version-check --progress-bar off --quiet)
@@ -98,6 +103,14 @@ engines)
     "$vpy" "${PIP[@]}" "${c[@]}" "${rest[@]}"
     touch "$dir/.complete"
     log "done in $((SECONDS - start)) s, $(du -sh "$dir" | cut -f1)"
+  fi
+  if [ ! -f "$dir/.complete-transformers-$TRANSFORMERS" ]; then
+    log "${HF_PINS[*]} into $dir"
+    c=()
+    case $pyv in 3.12 | 3.13) c=(-c "$CONSTRAINTS") ;; esac
+    "$dir/bin/python" "${PIP[@]}" "${c[@]}" "${HF_PINS[@]}"
+    rm -f "$dir"/.complete-transformers-*
+    touch "$dir/.complete-transformers-$TRANSFORMERS"
   fi
   echo "$dir/bin/python"
   ;;

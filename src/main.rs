@@ -36,16 +36,22 @@ enum Command {
     Export(commands::export::ExportArgs),
     /// Show what changed between two plans (exit 1 when they differ, as diff does).
     Diff(commands::diff::DiffArgs),
+    /// Plan a plan's job again on more or fewer devices and show what changed.
+    Replan(commands::replan::ReplanArgs),
     /// Print a plan's per-stage memory, with the reason for each term.
     Explain(commands::explain::ExplainArgs),
     /// Train as a plan says (CPU backend: threads as ranks) and compare with its predictions.
     Run(commands::run::RunArgs),
+    /// Generate text from a checkpoint on the CPU, to see what the model learned.
+    Sample(commands::sample::SampleArgs),
     /// Start one `tessera run` process per local rank and stop them all if one fails.
     Launch(commands::launch::LaunchArgs),
     /// Check this machine's GPU environment: driver, libraries, devices, kernel compilation.
     Doctor(commands::doctor::DoctorArgs),
     /// Measure this host for the CPU backend and write a calibrated cluster spec.
     Calibrate(commands::calibrate::CalibrateArgs),
+    /// Inspect a checkpoint of `tessera run --save-dir`, or export it as a Hugging Face model.
+    Checkpoint(commands::checkpoint::CheckpointArgs),
     /// Replay the published runs of runs.toml through the planner; write docs/validation.md.
     #[command(hide = true)]
     ValidatePlanner(commands::validate_planner::ValidatePlannerArgs),
@@ -65,11 +71,14 @@ fn main() -> ExitCode {
         Command::Validate(args) => commands::validate::run(args),
         Command::Diff(args) => commands::diff::run(args),
         Command::Export(args) => commands::export::run(args),
+        Command::Replan(args) => commands::replan::run(args),
         Command::Explain(args) => commands::explain::run(args),
         Command::Run(args) => commands::run::run(args),
+        Command::Sample(args) => commands::sample::run(args),
         Command::Launch(args) => commands::launch::run(args),
         Command::Doctor(args) => commands::doctor::run(args),
         Command::Calibrate(args) => commands::calibrate::run(args),
+        Command::Checkpoint(args) => commands::checkpoint::run(args),
         Command::ValidatePlanner(args) => commands::validate_planner::run(args),
     };
     match result {

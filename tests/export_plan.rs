@@ -250,9 +250,7 @@ fn writers_refuse_every_nth_layer_they_would_count_differently() {
     assert!(export(&plan, Target::Torchtitan).is_ok());
     plan.stages[0].chunks[0].layers = [0, 17];
     plan.stages[1].chunks[0].layers = [17, 32];
-    let e = export(&plan, Target::Torchtitan)
-        .unwrap_err()
-        .to_string();
+    let e = export(&plan, Target::Torchtitan).unwrap_err().to_string();
     assert!(
         e.contains("every 4th layer") && e.contains("[3, 7, 11, 15, 20, 24, 28]"),
         "{e}"
@@ -260,9 +258,7 @@ fn writers_refuse_every_nth_layer_they_would_count_differently() {
     // Megatron-LM's block method recomputes the same K layers in every chunk: 4 and 4 would
     // be charged 4 and 3.
     plan.parallel.zero_stage = 1;
-    let e = export(&plan, Target::Megatron)
-        .unwrap_err()
-        .to_string();
+    let e = export(&plan, Target::Megatron).unwrap_err().to_string();
     assert!(
         e.contains("every 4th layer") && e.contains("[17, 15]"),
         "{e}"

@@ -15,6 +15,7 @@ pub mod cuda;
 pub mod data;
 pub mod exec;
 pub mod gpu;
+pub mod hf;
 pub mod launch;
 pub mod layers;
 pub mod ops;

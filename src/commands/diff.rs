@@ -8,7 +8,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::Args;
-use tessera_planner::plan::diff::{diff, Change, NumChange};
+use tessera_planner::plan::diff::{diff, Change, NumChange, PlanDiff};
 use tessera_planner::plan::Plan;
 use tessera_planner::units;
 
@@ -61,6 +61,12 @@ pub fn run(args: DiffArgs) -> anyhow::Result<ExitCode> {
         return Ok(ExitCode::SUCCESS);
     }
     println!("a: {}\nb: {}\n", args.a.display(), args.b.display());
+    print(&d);
+    Ok(ExitCode::from(1))
+}
+
+/// The changes of `d`, table by table (`tessera replan` prints them too).
+pub(crate) fn print(d: &PlanDiff) {
     changes("job", &d.job);
     changes("layout", &d.layout);
     changes("stage split", &d.stages);
@@ -72,5 +78,4 @@ pub fn run(args: DiffArgs) -> anyhow::Result<ExitCode> {
             format!("{v:.4}")
         }
     });
-    Ok(ExitCode::from(1))
 }

@@ -10,7 +10,7 @@ use tessera_planner::precision::Policy;
 use tessera_planner::schedule::ScheduleKind;
 use tessera_planner::search::{self, Pins, SearchOptions, ORDERING};
 use tessera_planner::spec::{self, ClusterOverrides, TrainingOverrides};
-use tessera_planner::{Diagnostic, Layout, Recompute};
+use tessera_planner::{Cluster, Diagnostic, Layout, Model, Recompute};
 
 use crate::files::{check_outputs, named, write_output};
 use crate::output::{gib, memory_tables, table};
@@ -237,42 +237,9 @@ pub fn run(args: PlanArgs) -> anyhow::Result<ExitCode> {
         ));
     }
     let params = model.architecture.param_count();
-    let Some(best) = result.fits.first() else {
+    let Some(plan) = chosen_plan(&model, &cluster, &result, args.top) else {
         return no_fit::no_fit(&args, &model, &cluster, &result, &pins);
     };
-    let fastest = result
-        .fits
-        .iter()
-        .filter(|c| c.prediction.is_some())
-        .map(|c| c.step_time())
-        .fold(f64::INFINITY, f64::min);
-    let top: Vec<Alternative> = result
-        .fits
-        .iter()
-        .take(args.top.max(1))
-        .filter_map(|c| c.prediction.as_ref().map(|p| (c, p)))
-        .enumerate()
-        .map(|(i, (c, p))| Alternative {
-            rank: i as u64 + 1,
-            layout: c.layout.label(),
-            peak_bytes: c.peak_bytes,
-            step_time_s: p.step_time_s,
-            tokens_per_s: p.tokens_per_s,
-            mfu: p.mfu,
-            breakdown: p.breakdown.clone(),
-            why: c
-                .why
-                .clone()
-                .unwrap_or_else(|| chosen_why(p.step_time_s, fastest)),
-        })
-        .collect();
-    let summary = SearchSummary {
-        ordering: ORDERING.to_string(),
-        evaluated: result.evaluated,
-        fitting: result.fits.len() as u64,
-        alternatives: top,
-    };
-    let plan = Plan::new(&model, &cluster, &best.layout, summary);
     check_written(&plan, &args)?;
     super::run::check_runnable(&plan, &args.model)?;
     emit(&args, &plan)?;
@@ -361,6 +328,50 @@ pub fn run(args: PlanArgs) -> anyhow::Result<ExitCode> {
         }
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// The plan of the search's chosen layout (the first that fits), with the `top` ranked
+/// alternatives and why each lost; `None` when nothing fits.
+pub(crate) fn chosen_plan(
+    model: &Model,
+    cluster: &Cluster,
+    result: &search::SearchResult,
+    top: usize,
+) -> Option<Plan> {
+    let best = result.fits.first()?;
+    let fastest = result
+        .fits
+        .iter()
+        .filter(|c| c.prediction.is_some())
+        .map(|c| c.step_time())
+        .fold(f64::INFINITY, f64::min);
+    let top: Vec<Alternative> = result
+        .fits
+        .iter()
+        .take(top.max(1))
+        .filter_map(|c| c.prediction.as_ref().map(|p| (c, p)))
+        .enumerate()
+        .map(|(i, (c, p))| Alternative {
+            rank: i as u64 + 1,
+            layout: c.layout.label(),
+            peak_bytes: c.peak_bytes,
+            step_time_s: p.step_time_s,
+            tokens_per_s: p.tokens_per_s,
+            mfu: p.mfu,
+            breakdown: p.breakdown.clone(),
+            why: c
+                .why
+                .clone()
+                .unwrap_or_else(|| chosen_why(p.step_time_s, fastest)),
+        })
+        .collect();
+    let summary = SearchSummary {
+        ordering: ORDERING.to_string(),
+        evaluated: result.evaluated,
+        fitting: result.fits.len() as u64,
+        alternatives: top,
+    };
+    Some(Plan::new(model, cluster, &best.layout, summary))
 }
 
 /// Why the chosen layout (rank 1) is chosen.

@@ -729,6 +729,7 @@ fn train_here(
     };
     // A checkpoint to resume is opened and checked before any output exists.
     let resume = args.checkpoint.resume(args.steps)?;
+    let init = args.checkpoint.init_from(plan)?;
     // The outputs open now, just before the first step; from here on every way out closes
     // them, an exit at once included.
     let outputs = Arc::new(Outputs::open(args, interrupts)?);
@@ -738,7 +739,15 @@ fn train_here(
     }
     let stop = Arc::new(exec::Stop::new());
     interrupts.arm(stop.clone());
-    let result = train_with(args, plan, (gpus, nccl), &data, &outputs, &stop, resume);
+    let result = train_with(
+        args,
+        plan,
+        (gpus, nccl),
+        &data,
+        &outputs,
+        &stop,
+        (resume, init),
+    );
     let (report, write_error) = match result {
         Ok(done) => done,
         Err(e) => {
@@ -843,7 +852,10 @@ fn train_with(
     data: &Tokens,
     outputs: &Outputs,
     stop: &Arc<exec::Stop>,
-    resume: Option<Arc<tessera_runtime::checkpoint::Checkpoint>>,
+    (resume, init): (
+        Option<Arc<tessera_runtime::checkpoint::Checkpoint>>,
+        Option<Arc<exec::InitialParams>>,
+    ),
 ) -> anyhow::Result<(exec::TrainReport, Option<anyhow::Error>)> {
     let opts = TrainOptions {
         steps: args.steps as usize,
@@ -857,6 +869,7 @@ fn train_with(
         stop: Some(stop.clone()),
         save: args.checkpoint.save(args.steps),
         resume,
+        init,
         ..TrainOptions::default()
     };
     let p = &plan.parallel;

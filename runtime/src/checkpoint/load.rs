@@ -240,6 +240,14 @@ impl Checkpoint {
         Ok(())
     }
 
+    /// Every global tensor: name, shape (the vocabulary padded as the writing plan had it)
+    /// and parameter values. `open` checked that the shards cover each exactly once.
+    pub fn params(&self) -> impl Iterator<Item = (&str, &[usize], &[f32])> {
+        self.tensors
+            .iter()
+            .map(|(n, g)| (n.as_str(), g.shape.as_slice(), g.values[0].as_slice()))
+    }
+
     /// The checkpoint directory (`…/step-N`).
     pub fn dir(&self) -> &Path {
         &self.dir

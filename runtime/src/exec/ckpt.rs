@@ -1,6 +1,7 @@
 //! A rank's side of checkpoints (`crate::checkpoint`): the state it starts from (the
 //! checkpoint's on resume) and the shard it hands to a save. Split from `rank.rs`.
 
+use std::collections::BTreeMap;
 use std::ops::Range;
 
 use super::{Optimizer, Rank, RunError, TrainOptions};
@@ -8,6 +9,43 @@ use crate::backend::{Backend, Collective, Storage};
 use crate::checkpoint::{owned_pieces, Piece, RankShard, Saver};
 use crate::optim::{AdamW, AdamWConfig};
 use crate::params::ParamLayout;
+
+/// Global parameters a run starts from, by tensor name: shape and values. A vocabulary-sized
+/// tensor may hold the real rows only; the plan's padding rows start at zero (they never reach
+/// the loss).
+pub type InitialParams = BTreeMap<String, (Vec<usize>, Vec<f32>)>;
+
+/// The flat parameter buffer of the rank `layout` describes, cut from global tensors `init`.
+pub fn shard_initial(layout: &ParamLayout, init: &InitialParams) -> Result<Vec<f32>, RunError> {
+    let mut params = layout.zeros();
+    for e in layout.entries() {
+        let refuse = |what: String| RunError::Unsupported {
+            what,
+            fix: "start from weights of the plan's model".into(),
+        };
+        let (shape, values) = init
+            .get(&e.name)
+            .ok_or_else(|| refuse(format!("the initial weights lack tensor {}", e.name)))?;
+        let b = &e.global_shape;
+        let padded =
+            shape.len() == b.len() && !b.is_empty() && shape[1..] == b[1..] && shape[0] <= b[0];
+        if !padded || values.len() != shape.iter().product::<usize>() {
+            return Err(refuse(format!(
+                "initial tensor {} is {shape:?}; the plan's model has {b:?}",
+                e.name
+            )));
+        }
+        let global = if shape == b {
+            std::borrow::Cow::Borrowed(values.as_slice())
+        } else {
+            let mut g = vec![0.0; b.iter().product()];
+            g[..values.len()].copy_from_slice(values);
+            std::borrow::Cow::Owned(g)
+        };
+        e.copy_global_to_shard(&global, e.param_ref().of_mut(&mut params));
+    }
+    Ok(params)
+}
 
 /// What a rank starts from: its weights (and f32 master copy where the backend keeps one) and
 /// one optimizer per flat range of `ranges`. Resuming, these come from the checkpoint (moments
@@ -25,9 +63,10 @@ pub(super) fn initial_state<B: Backend>(
         Some(ck) => Some(ck.restore(layout, &ranges)?),
         None => None,
     };
-    let init = match &mut resumed {
-        Some(s) => std::mem::take(&mut s.params),
-        None => layout.init(opts.seed),
+    let init = match (&mut resumed, &opts.init) {
+        (Some(s), _) => std::mem::take(&mut s.params),
+        (None, Some(p)) => shard_initial(layout, p)?,
+        (None, None) => layout.init(opts.seed),
     };
     let params = be.upload(Storage::Bf16, &init)?;
     let master = match be.working_copy() {

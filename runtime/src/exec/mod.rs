@@ -6,6 +6,8 @@
 //! re-decides the layout. Data parallelism syncs gradients by all-reduce or ZeRO-1/2/3.
 //! The oracle: every layout's losses and parameters equal the single-rank run's.
 
+pub mod generate;
+mod logits;
 mod model;
 mod rank;
 mod stop;
@@ -25,7 +27,9 @@ use crate::data::{DataError, Tokens};
 use crate::layers::LayerError;
 use crate::params::ParamLayout;
 
+pub use logits::forward_logits;
 pub use model::{shard_of, StageModel};
+pub use rank::ckpt::{shard_initial, InitialParams};
 pub use stop::Stop;
 pub use trace::{chrome_trace, TraceEvent};
 
@@ -81,6 +85,9 @@ pub struct TrainOptions {
     /// Adam moments, data position and seeds; `steps` stays the run's total (the learning-rate
     /// schedule's length), so the run goes from the checkpoint's step to `steps`.
     pub resume: Option<Arc<Checkpoint>>,
+    /// Start from these global parameters (e.g. an HF model, `crate::hf::load`) instead of
+    /// the seed's initialisation, with fresh optimizer state; ignored when resuming.
+    pub init: Option<Arc<InitialParams>>,
 }
 
 impl Default for TrainOptions {
@@ -98,6 +105,7 @@ impl Default for TrainOptions {
             stop: None,
             save: None,
             resume: None,
+            init: None,
         }
     }
 }

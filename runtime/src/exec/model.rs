@@ -66,7 +66,32 @@ fn us(v: u64) -> usize {
 impl StageModel {
     /// Builds the chunks `stage` holds under `plan`, with `tp` its tensor-parallel shard.
     pub fn build(plan: &Plan, stage: usize, tp: TpShard) -> Result<StageModel, LayerError> {
-        let a: &Architecture = &plan.job.model.architecture;
+        let p = &plan.parallel;
+        let a = &plan.job.model.architecture;
+        let chunks = &plan.stages[stage].chunks;
+        Self::build_chunks(a, chunks, p.pp as usize, p.sequence_parallel, tp)
+    }
+
+    /// The whole model on one rank (TP 1, one stage): what a checkpoint's forward runs.
+    pub fn whole(a: &Architecture) -> Result<StageModel, LayerError> {
+        let chunk = tessera_planner::plan::Chunk {
+            chunk: 0,
+            virtual_stage: 0,
+            layers: [0, a.layers],
+            embedding: true,
+            head: true,
+        };
+        Self::build_chunks(a, &[chunk], 1, false, TpShard::new(0, 1))
+    }
+
+    /// Builds `chunks` of a model of `pp` stages, with `tp` its tensor-parallel shard.
+    fn build_chunks(
+        a: &Architecture,
+        chunks_of_stage: &[tessera_planner::plan::Chunk],
+        pp: usize,
+        sequence_parallel: bool,
+        tp: TpShard,
+    ) -> Result<StageModel, LayerError> {
         let cfg = BlockConfig::from_architecture(a)?;
         let (c, vocab) = (us(a.hidden), us(a.padded_vocab(tp.size as u64)));
         let local = vocab / tp.size;
@@ -74,8 +99,7 @@ impl StageModel {
         let mut layout = ParamLayout::new();
         let mut chunks = Vec::new();
         let mut tied_copy = None;
-        let pp = plan.parallel.pp as usize;
-        for ch in &plan.stages[stage].chunks {
+        for ch in chunks_of_stage {
             let start = layout.len();
             let embedding = if ch.embedding {
                 let wte = VocabParallelEmbedding::new(&mut layout, WTE, vocab, c, tp, 0.02)?;
@@ -96,7 +120,7 @@ impl StageModel {
             let blocks = (ch.layers[0]..ch.layers[1])
                 .map(|l| {
                     let mut b = TransformerBlock::new(&mut layout, &format!("h.{l}"), &cfg, tp)?;
-                    b.sequence_parallel = plan.parallel.sequence_parallel;
+                    b.sequence_parallel = sequence_parallel;
                     Ok(b)
                 })
                 .collect::<Result<Vec<_>, LayerError>>()?;

@@ -639,4 +639,4 @@ fn schedule_bug(what: String) -> RunError {
 mod sync;
 
 #[path = "ckpt.rs"]
-mod ckpt;
+pub(super) mod ckpt;

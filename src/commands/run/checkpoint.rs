@@ -7,7 +7,9 @@ use std::sync::Arc;
 
 use anyhow::bail;
 use clap::Args;
+use tessera_planner::plan::Plan;
 use tessera_runtime::checkpoint::{Checkpoint, SaveOptions};
+use tessera_runtime::exec::InitialParams;
 
 #[derive(Args, Clone, Default)]
 pub struct CheckpointArgs {
@@ -27,6 +29,12 @@ pub struct CheckpointArgs {
     /// from the one that saved it (the state is resharded); --steps counts from step 0.
     #[arg(long)]
     pub resume: Option<String>,
+    /// Start from a Hugging Face model folder (model.safetensors + config.json of
+    /// GPT2LMHeadModel or LlamaForCausalLM, e.g. from `tessera checkpoint export`) instead of
+    /// the seed's initialisation, sharded onto the plan's layout, with fresh optimizer state.
+    /// The config must describe the plan's model.
+    #[arg(long, conflicts_with = "resume")]
+    pub init_from: Option<PathBuf>,
 }
 
 impl CheckpointArgs {
@@ -80,5 +88,20 @@ impl CheckpointArgs {
         }
         println!("resuming from {} after step {}", path.display(), ck.step());
         Ok(Some(Arc::new(ck)))
+    }
+
+    /// The weights of `--init-from`, read and checked against the plan's model, or `None`.
+    pub fn init_from(&self, plan: &Plan) -> anyhow::Result<Option<Arc<InitialParams>>> {
+        let Some(dir) = &self.init_from else {
+            return Ok(None);
+        };
+        let w = tessera_runtime::hf::load(dir, &plan.job.model.architecture)
+            .map_err(|e| anyhow::anyhow!("--init-from: {e}"))?;
+        println!(
+            "starting from the {} weights in {}",
+            w.family.class(),
+            dir.display()
+        );
+        Ok(Some(Arc::new(w.tensors)))
     }
 }

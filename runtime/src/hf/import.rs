@@ -1,0 +1,269 @@
+//! Reading an HF folder (`model.safetensors` + `config.json` of `GPT2LMHeadModel` or
+//! `LlamaForCausalLM`) as the global tensors of a plan's model: the config is checked against
+//! the model key by key, and every tensor is read back into Tessera's names and layouts.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fs;
+use std::path::Path;
+
+use safetensors::tensor::{Dtype, SafeTensors};
+use serde_json::Value;
+use tessera_planner::model::Architecture;
+
+use super::export::transpose;
+use super::{family, mapping, Family, HfError, CONFIG, NORM_EPS, ROPE_THETA, WEIGHTS};
+
+/// An HF model read as Tessera's global tensors.
+#[derive(Debug, Clone)]
+pub struct HfWeights {
+    pub family: Family,
+    /// By Tessera name: the global shape (the real vocabulary rows, no padding) and values.
+    pub tensors: BTreeMap<String, (Vec<usize>, Vec<f32>)>,
+}
+
+/// Reads the HF folder `dir` as the model `a` (a plan's), refusing a config that describes
+/// another model (naming the key) and tensors of other names, shapes or types.
+pub fn load(dir: &Path, a: &Architecture) -> Result<HfWeights, HfError> {
+    let fam = family(a)?;
+    check_config(&dir.join(CONFIG), a, fam)?;
+    let path = dir.join(WEIGHTS);
+    let bytes = fs::read(&path).map_err(|e| HfError::io(&path, "read", e))?;
+    let bad = |problem: String| {
+        HfError::Invalid {
+        path: path.display().to_string(),
+        problem,
+        fix: format!("pass a folder saved by {}'s save_pretrained (safetensors) or by `tessera checkpoint export`", fam.class()),
+    }
+    };
+    let st = SafeTensors::deserialize(&bytes)
+        .map_err(|e| bad(format!("not a readable safetensors file: {e}")))?;
+    let model = crate::exec::StageModel::whole(a)
+        .map_err(|e| bad(format!("the plan's model cannot be built: {e}")))?;
+    let ours: BTreeMap<&str, &[usize]> = model
+        .layout
+        .entries()
+        .iter()
+        .map(|e| (e.name.as_str(), e.global_shape.as_slice()))
+        .collect();
+    let vocab = a.vocab as usize;
+    let mut used = BTreeSet::new();
+    let mut tensors = BTreeMap::new();
+    for m in mapping(a, fam) {
+        let key = [
+            m.hf.clone(),
+            m.hf.trim_start_matches("transformer.").to_string(),
+        ]
+        .into_iter()
+        .find(|k| st.tensor(k).is_ok())
+        .ok_or_else(|| bad(format!("lacks tensor {}", m.hf)))?;
+        let view = st.tensor(&key).map_err(|e| bad(format!("{key}: {e}")))?;
+        used.insert(key.clone());
+        let shapes: Vec<Vec<usize>> = m
+            .ours
+            .iter()
+            .map(|n| {
+                let mut s = ours.get(n.as_str()).map(|s| s.to_vec()).unwrap_or_default();
+                if m.vocab && !s.is_empty() {
+                    s[0] = vocab;
+                }
+                s
+            })
+            .collect();
+        let rows: usize = shapes.iter().map(|s| s.first().copied().unwrap_or(0)).sum();
+        let cols: usize = shapes[0].iter().skip(1).product();
+        let want = match (shapes[0].len(), m.conv1d) {
+            (1, _) => vec![rows],
+            (_, false) => vec![rows, cols],
+            (_, true) => vec![cols, rows],
+        };
+        if view.shape() != want.as_slice() {
+            return Err(bad(format!(
+                "{key} has shape {:?}; the plan's model needs {want:?}",
+                view.shape()
+            )));
+        }
+        let values = to_f32(view.dtype(), view.data()).ok_or_else(|| {
+            bad(format!(
+                "{key} is {:?}; F32, BF16 and F16 are read",
+                view.dtype()
+            ))
+        })?;
+        let values = if m.conv1d && shapes[0].len() > 1 {
+            transpose(&values, cols, rows)
+        } else {
+            values
+        };
+        let mut at = 0;
+        for (name, shape) in m.ours.iter().zip(shapes) {
+            let n: usize = shape.iter().product();
+            tensors.insert(name.clone(), (shape, values[at..at + n].to_vec()));
+            at += n;
+        }
+    }
+    let ignorable = |n: &str| {
+        n.ends_with(".attn.bias")
+            || n.ends_with(".attn.masked_bias")
+            || n.ends_with("rotary_emb.inv_freq")
+            || (a.tied_embeddings && n == "lm_head.weight")
+    };
+    if let Some(extra) = st
+        .names()
+        .into_iter()
+        .find(|n| !used.contains(*n) && !ignorable(n))
+    {
+        return Err(bad(format!(
+            "holds tensor {extra}, which {} as Tessera reads it has no place for",
+            fam.class()
+        )));
+    }
+    Ok(HfWeights {
+        family: fam,
+        tensors,
+    })
+}
+
+fn to_f32(dtype: Dtype, data: &[u8]) -> Option<Vec<f32>> {
+    Some(match dtype {
+        Dtype::F32 => data
+            .chunks_exact(4)
+            .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+            .collect(),
+        Dtype::BF16 => data
+            .chunks_exact(2)
+            .map(|b| f32::from_bits(u32::from(u16::from_le_bytes([b[0], b[1]])) << 16))
+            .collect(),
+        Dtype::F16 => data
+            .chunks_exact(2)
+            .map(|b| f16_to_f32(u16::from_le_bytes([b[0], b[1]])))
+            .collect(),
+        _ => return None,
+    })
+}
+
+fn f16_to_f32(h: u16) -> f32 {
+    let sign = if h & 0x8000 != 0 { -1.0 } else { 1.0 };
+    let (exp, man) = (i32::from((h >> 10) & 0x1f), f32::from(h & 0x3ff));
+    sign * match exp {
+        0 => man * 2f32.powi(-24),
+        31 if man == 0.0 => f32::INFINITY,
+        31 => f32::NAN,
+        e => (1.0 + man / 1024.0) * 2f32.powi(e - 15),
+    }
+}
+
+/// Checks `config.json` against the model, key by key.
+fn check_config(path: &Path, a: &Architecture, fam: Family) -> Result<(), HfError> {
+    let text = fs::read(path).map_err(|e| HfError::io(path, "read", e))?;
+    let cfg: Value = serde_json::from_slice(&text).map_err(|e| HfError::Invalid {
+        path: path.display().to_string(),
+        problem: format!("not valid JSON: {e}"),
+        fix: "pass a Hugging Face model folder".into(),
+    })?;
+    let mismatch = |key: &str, hf: String, plan: String| {
+        Err(HfError::Mismatch {
+            path: path.display().to_string(),
+            key: key.into(),
+            hf,
+            plan,
+            fix: "plan the model this config describes (`tessera plan` reads config.json as MODEL), or pass the folder of the plan's model".into(),
+        })
+    };
+    let show = |v: Option<&Value>| v.map_or("absent".to_string(), |v| v.to_string());
+    let model_type = cfg.get("model_type");
+    if model_type.and_then(Value::as_str) != Some(fam.model_type()) {
+        return mismatch(
+            "model_type",
+            show(model_type),
+            format!("{:?} ({})", fam.model_type(), fam.class()),
+        );
+    }
+    let heads_dim = a.hidden / a.heads.max(1);
+    let ints: Vec<(&str, u64, Option<u64>)> = match fam {
+        Family::Gpt2 => vec![
+            ("n_layer", a.layers, None),
+            ("n_embd", a.hidden, None),
+            ("n_head", a.heads, None),
+            ("n_inner", a.ffn_hidden, Some(4 * a.hidden)),
+            ("vocab_size", a.vocab, None),
+            ("n_positions", a.max_positions, None),
+        ],
+        Family::Llama => vec![
+            ("num_hidden_layers", a.layers, None),
+            ("hidden_size", a.hidden, None),
+            ("num_attention_heads", a.heads, None),
+            ("num_key_value_heads", a.kv_heads, Some(a.heads)),
+            ("head_dim", a.head_dim, Some(heads_dim)),
+            ("intermediate_size", a.ffn_hidden, None),
+            ("vocab_size", a.vocab, None),
+        ],
+    };
+    for (key, plan, default) in ints {
+        let v = cfg.get(key).filter(|v| !v.is_null());
+        let got = match v {
+            Some(v) => v.as_u64(),
+            None => default,
+        };
+        if got != Some(plan) {
+            return mismatch(key, show(v), plan.to_string());
+        }
+    }
+    let floats: Vec<(&str, f64, f64)> = match fam {
+        Family::Gpt2 => vec![("layer_norm_epsilon", NORM_EPS, 1e-5)],
+        Family::Llama => vec![("rms_norm_eps", NORM_EPS, 1e-6)],
+    };
+    for (key, plan, default) in floats {
+        let v = cfg.get(key);
+        let got = v.map_or(Some(default), Value::as_f64);
+        if got.is_none_or(|g| (g - plan).abs() > 1e-12 * plan.abs()) {
+            return mismatch(key, show(v), format!("{plan:e} (Tessera's ε)"));
+        }
+    }
+    let flags: Vec<(&str, bool, bool)> = match fam {
+        Family::Gpt2 => vec![
+            ("tie_word_embeddings", true, true),
+            ("scale_attn_weights", true, true),
+            ("scale_attn_by_inverse_layer_idx", false, false),
+        ],
+        Family::Llama => vec![
+            ("tie_word_embeddings", a.tied_embeddings, false),
+            ("attention_bias", false, false),
+            ("mlp_bias", false, false),
+        ],
+    };
+    for (key, plan, default) in flags {
+        let v = cfg.get(key);
+        if v.map_or(Some(default), Value::as_bool) != Some(plan) {
+            return mismatch(key, show(v), plan.to_string());
+        }
+    }
+    let (act_key, acts): (&str, &[&str]) = match fam {
+        Family::Gpt2 => ("activation_function", &["gelu_new", "gelu_pytorch_tanh"]),
+        Family::Llama => ("hidden_act", &["silu"]),
+    };
+    let act = cfg.get(act_key);
+    let act_str = act.and_then(Value::as_str).unwrap_or(acts[0]);
+    if !acts.contains(&act_str) {
+        return mismatch(act_key, show(act), format!("{:?}", acts[0]));
+    }
+    if fam == Family::Llama {
+        let rope = cfg
+            .get("rope_parameters")
+            .or_else(|| cfg.get("rope_scaling"))
+            .filter(|v| !v.is_null());
+        let rope_type = rope.and_then(|r| r.get("rope_type").or_else(|| r.get("type")));
+        if rope_type.is_some_and(|t| t.as_str() != Some("default")) {
+            return mismatch(
+                "rope_parameters.rope_type",
+                show(rope_type),
+                "\"default\" (no scaling)".into(),
+            );
+        }
+        let theta = rope
+            .and_then(|r| r.get("rope_theta"))
+            .or_else(|| cfg.get("rope_theta"));
+        if theta.map_or(Some(ROPE_THETA), Value::as_f64) != Some(ROPE_THETA) {
+            return mismatch("rope_theta", show(theta), ROPE_THETA.to_string());
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,89 @@
+//! `tessera sample`: text from a checkpoint, deterministic for a seed; a trained model's
+//! greedy text is made of the training text's pieces; bad flags and a damaged checkpoint are
+//! refused with exit 2.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+
+use common::*;
+
+/// The README job trained for `steps`, saved; the save directory.
+fn trained(dir: &Scratch, steps: &str) -> PathBuf {
+    let plan = tiny_plan(dir);
+    let ck = dir.path(&format!("ck-{steps}"));
+    let r = run(&["run", &s(&plan), "--steps", steps, "--save-dir", &s(&ck)]);
+    assert_eq!(r.code, Some(0), "{}", r.stderr);
+    ck
+}
+
+fn sample(ck: &Path, extra: &[&str]) -> Ran {
+    let mut args = vec![
+        "sample",
+        ck.to_str().unwrap(),
+        "--prompt",
+        "Pipeline parallelism",
+    ];
+    args.extend(extra);
+    run(&args)
+}
+
+/// The share of the generated text's 4-byte pieces that occur in the training text.
+fn seen(out: &str) -> f64 {
+    let corpus = std::fs::read(root().join("examples/data/parallelism.txt")).unwrap();
+    let text = out.trim_end().as_bytes()["Pipeline parallelism".len()..].to_vec();
+    let grams: Vec<&[u8]> = text.windows(4).collect();
+    let hits = grams
+        .iter()
+        .filter(|g| corpus.windows(4).any(|c| c == **g))
+        .count();
+    hits as f64 / grams.len().max(1) as f64
+}
+
+#[test]
+fn a_trained_checkpoint_writes_text_like_its_training_data() {
+    let dir = Scratch::new();
+    let ck = trained(&dir, "150");
+    let greedy = sample(&ck, &["--temperature", "0", "--tokens", "80"]);
+    assert_eq!(greedy.code, Some(0), "{}", greedy.stderr);
+    assert!(greedy.stdout.starts_with("Pipeline parallelism"));
+    let a = sample(&ck, &["--tokens", "80", "--seed", "4"]);
+    let b = sample(&ck, &["--tokens", "80", "--seed", "4"]);
+    let c = sample(&ck, &["--tokens", "80", "--seed", "5"]);
+    assert_eq!(a.stdout, b.stdout, "the same seed gives the same text");
+    assert_ne!(a.stdout, c.stdout, "another seed draws other text");
+    // One step in, the model is all but untrained.
+    let early = trained(&dir, "1");
+    let raw = sample(&early, &["--temperature", "0", "--tokens", "80"]);
+    assert_eq!(raw.code, Some(0), "{}", raw.stderr);
+    let (t, u) = (seen(&greedy.stdout), seen(&raw.stdout));
+    assert!(
+        t > 0.8 && t > u + 0.3,
+        "trained {t:.2}: {:?}\nuntrained {u:.2}: {:?}",
+        greedy.stdout,
+        raw.stdout
+    );
+}
+
+#[test]
+fn bad_flags_and_a_damaged_checkpoint_are_refused() {
+    let dir = Scratch::new();
+    let ck = trained(&dir, "2");
+    refused(&sample(&ck, &["--tokens", "0"]), &["--tokens", "found 0"]);
+    refused(
+        &sample(&ck, &["--temperature", "-0.5"]),
+        &["--temperature", "found -0.5"],
+    );
+    refused(&sample(&ck, &["--temperature", "nan"]), &["--temperature"]);
+    let r = run(&["sample", &s(&ck), "--prompt", ""]);
+    refused(&r, &["--prompt"]);
+    refused(&sample(&dir.path("missing"), &[]), &["missing"]);
+    // A truncated shard file is named.
+    let shard = ck.join("step-2").join("rank-00000.safetensors");
+    let bytes = std::fs::read(&shard).unwrap();
+    std::fs::write(&shard, &bytes[..bytes.len() / 2]).unwrap();
+    refused(
+        &sample(&ck, &[]),
+        &["rank-00000.safetensors", "truncated", "fix:"],
+    );
+}
