@@ -4,20 +4,7 @@
 
 mod common;
 
-use std::path::Path;
-
 use common::*;
-
-fn losses(path: &Path) -> Vec<(u64, f64)> {
-    std::fs::read_to_string(path)
-        .unwrap()
-        .lines()
-        .map(|l| {
-            let v: serde_json::Value = serde_json::from_str(l).unwrap();
-            (v["step"].as_u64().unwrap(), v["loss"].as_f64().unwrap())
-        })
-        .collect()
-}
 
 /// The README's job for 8 steps, saving after step 4; resuming step 4 on the same plan gives
 /// the straight run's steps 5-8 to the bit, and on one rank within the parity tolerance.
@@ -25,25 +12,11 @@ fn losses(path: &Path) -> Vec<(u64, f64)> {
 fn a_run_resumes_from_its_checkpoint_on_the_same_or_another_plan() {
     let dir = Scratch::new();
     let plan = tiny_plan(&dir);
-    let (ck, a) = (dir.path("ck"), dir.path("a.jsonl"));
-    let r = run(&[
-        "run",
-        &s(&plan),
-        "--steps",
-        "8",
-        "--save-dir",
-        &s(&ck),
-        "--save-every",
-        "4",
-        "--metrics",
-        &s(&a),
-    ]);
-    assert_eq!(r.code, Some(0), "{}", r.stderr);
+    let (ck, straight) = train_8_saving_at_4(&dir, &plan);
     assert_eq!(
         std::fs::read_to_string(ck.join("latest")).unwrap().trim(),
         "step-8"
     );
-    let straight = losses(&a);
     let step4 = s(&ck.join("step-4"));
     let b = dir.path("b.jsonl");
     let r = run(&[
@@ -58,7 +31,7 @@ fn a_run_resumes_from_its_checkpoint_on_the_same_or_another_plan() {
     ]);
     assert_eq!(r.code, Some(0), "{}", r.stderr);
     assert!(r.stdout.contains("resuming from"), "{}", r.stdout);
-    let resumed = losses(&b);
+    let resumed = metrics_losses(&b);
     assert_eq!(
         resumed,
         straight[4..],
@@ -90,7 +63,7 @@ fn a_run_resumes_from_its_checkpoint_on_the_same_or_another_plan() {
         &s(&c),
     ]);
     assert_eq!(r.code, Some(0), "{}", r.stderr);
-    for ((sa, la), (sc, lc)) in straight[4..].iter().zip(losses(&c)) {
+    for ((sa, la), (sc, lc)) in straight[4..].iter().zip(metrics_losses(&c)) {
         assert_eq!(*sa, sc);
         assert!(
             (la - lc).abs() <= 1e-5 * la.abs(),

@@ -4,40 +4,13 @@
 
 mod common;
 
-use std::path::Path;
-
 use common::*;
-
-fn losses(path: &Path) -> Vec<(u64, f64)> {
-    std::fs::read_to_string(path)
-        .unwrap()
-        .lines()
-        .map(|l| {
-            let v: serde_json::Value = serde_json::from_str(l).unwrap();
-            (v["step"].as_u64().unwrap(), v["loss"].as_f64().unwrap())
-        })
-        .collect()
-}
 
 #[test]
 fn a_checkpoint_continues_on_the_replanned_cluster() {
     let dir = Scratch::new();
     let plan = tiny_plan(&dir);
-    let (ck, a) = (dir.path("ck"), dir.path("a.jsonl"));
-    let r = run(&[
-        "run",
-        &s(&plan),
-        "--steps",
-        "8",
-        "--save-dir",
-        &s(&ck),
-        "--save-every",
-        "4",
-        "--metrics",
-        &s(&a),
-    ]);
-    assert_eq!(r.code, Some(0), "{}", r.stderr);
-    let straight = losses(&a);
+    let (ck, straight) = train_8_saving_at_4(&dir, &plan);
     assert_eq!(straight.len(), 8);
 
     let new = dir.path("new-plan.json");
@@ -69,7 +42,7 @@ fn a_checkpoint_continues_on_the_replanned_cluster() {
         &s(&b),
     ]);
     assert_eq!(r.code, Some(0), "{}", r.stderr);
-    let resumed = losses(&b);
+    let resumed = metrics_losses(&b);
     assert_eq!(resumed.len(), 4, "steps 5-8");
     for ((sa, la), (sb, lb)) in straight[4..].iter().zip(&resumed) {
         assert_eq!(sa, sb);

@@ -218,6 +218,38 @@ pub fn export_text(plan: &Path, to: &str) -> String {
     r.stdout
 }
 
+/// (step, loss) of every line of a `--metrics` file.
+pub fn metrics_losses(path: &Path) -> Vec<(u64, f64)> {
+    std::fs::read_to_string(path)
+        .unwrap()
+        .lines()
+        .map(|l| {
+            let v: serde_json::Value = serde_json::from_str(l).unwrap();
+            (v["step"].as_u64().unwrap(), v["loss"].as_f64().unwrap())
+        })
+        .collect()
+}
+
+/// Trains `plan` for 8 steps saving every 4 into `dir/ck`, with metrics in `dir/a.jsonl`: the
+/// checkpoint folder and the straight run's (step, loss).
+pub fn train_8_saving_at_4(dir: &Scratch, plan: &Path) -> (PathBuf, Vec<(u64, f64)>) {
+    let (ck, a) = (dir.path("ck"), dir.path("a.jsonl"));
+    let r = run(&[
+        "run",
+        &s(plan),
+        "--steps",
+        "8",
+        "--save-dir",
+        &s(&ck),
+        "--save-every",
+        "4",
+        "--metrics",
+        &s(&a),
+    ]);
+    assert_eq!(r.code, Some(0), "{}", r.stderr);
+    (ck, metrics_losses(&a))
+}
+
 /// Edits a JSON file in place: `f` changes the parsed value.
 pub fn edit_json(path: &Path, f: impl FnOnce(&mut serde_json::Value)) {
     let mut v: serde_json::Value =
