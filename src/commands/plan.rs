@@ -66,21 +66,8 @@ pub struct PlanArgs {
     /// Sequences per optimizer step (required for a Hugging Face config; overrides the spec).
     #[arg(long)]
     global_batch: Option<u64>,
-    /// Pin the tensor-parallel degree.
-    #[arg(long)]
-    tp: Option<u64>,
-    /// Pin the pipeline-parallel degree.
-    #[arg(long)]
-    pp: Option<u64>,
-    /// Pin the data-parallel degree.
-    #[arg(long)]
-    dp: Option<u64>,
-    /// Pin the micro-batch size (sequences).
-    #[arg(long)]
-    micro_batch: Option<u64>,
-    /// Pin the ZeRO stage (0-3).
-    #[arg(long, value_parser = clap::value_parser!(u8).range(0..=3))]
-    zero: Option<u8>,
+    #[command(flatten)]
+    degrees: DegreePins,
     /// Pin hybrid sharding on: ZeRO states sharded within a node only (HYBRID_SHARD).
     #[arg(long, conflicts_with = "no_hybrid_shard")]
     hybrid_shard: bool,
@@ -115,14 +102,43 @@ pub struct PlanArgs {
     trace: Option<PathBuf>,
 }
 
-impl PlanArgs {
-    fn pins(&self) -> Pins {
+/// The degree pins `plan` and `replan` share.
+#[derive(Args)]
+pub(crate) struct DegreePins {
+    /// Pin the tensor-parallel degree.
+    #[arg(long)]
+    pub tp: Option<u64>,
+    /// Pin the pipeline-parallel degree.
+    #[arg(long)]
+    pub pp: Option<u64>,
+    /// Pin the data-parallel degree.
+    #[arg(long)]
+    pub dp: Option<u64>,
+    /// Pin the micro-batch size (sequences).
+    #[arg(long)]
+    pub micro_batch: Option<u64>,
+    /// Pin the ZeRO stage (0-3).
+    #[arg(long, value_parser = clap::value_parser!(u8).range(0..=3))]
+    pub zero: Option<u8>,
+}
+
+impl DegreePins {
+    /// These pins, every other one left to the search.
+    pub(crate) fn pins(&self) -> Pins {
         Pins {
             dp: self.dp,
             pp: self.pp,
             tp: self.tp,
             micro_batch: self.micro_batch,
             zero: self.zero,
+            ..Pins::default()
+        }
+    }
+}
+
+impl PlanArgs {
+    fn pins(&self) -> Pins {
+        Pins {
             hybrid: if self.hybrid_shard {
                 Some(true)
             } else if self.no_hybrid_shard {
@@ -149,6 +165,7 @@ impl PlanArgs {
                 ScheduleArg::Interleaved => ScheduleKind::Interleaved,
             }),
             virtual_stages: self.virtual_stages,
+            ..self.degrees.pins()
         }
     }
 }

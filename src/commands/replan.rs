@@ -28,21 +28,8 @@ pub struct ReplanArgs {
     /// Write the new plan to this file.
     #[arg(short, long)]
     output: Option<PathBuf>,
-    /// Pin the tensor-parallel degree.
-    #[arg(long)]
-    tp: Option<u64>,
-    /// Pin the pipeline-parallel degree.
-    #[arg(long)]
-    pp: Option<u64>,
-    /// Pin the data-parallel degree.
-    #[arg(long)]
-    dp: Option<u64>,
-    /// Pin the micro-batch size (sequences).
-    #[arg(long)]
-    micro_batch: Option<u64>,
-    /// Pin the ZeRO stage (0-3).
-    #[arg(long, value_parser = clap::value_parser!(u8).range(0..=3))]
-    zero: Option<u8>,
+    #[command(flatten)]
+    degrees: super::plan::DegreePins,
     /// Pin sequence parallelism off.
     #[arg(long)]
     no_sp: bool,
@@ -55,13 +42,8 @@ fn cli_error(field: &str, problem: String, fix: String) -> anyhow::Error {
 impl ReplanArgs {
     fn pins(&self) -> Pins {
         Pins {
-            tp: self.tp,
-            pp: self.pp,
-            dp: self.dp,
-            micro_batch: self.micro_batch,
-            zero: self.zero,
             sp: self.no_sp.then_some(false),
-            ..Pins::default()
+            ..self.degrees.pins()
         }
     }
 
