@@ -126,6 +126,10 @@ pub struct RunArgs {
     /// Test hook: under a launcher, the process with this RANK fails before the rendezvous.
     #[arg(long, hide = true)]
     fail_rank: Option<usize>,
+    /// Test hook: rank RANK fails when it begins step STEP (0-based), with an error or a panic
+    /// of its thread, while the other ranks wait for it (tests/rank_faults.rs).
+    #[arg(long, hide = true, value_name = "RANK:STEP:error|panic")]
+    fault: Option<exec::Fault>,
     #[command(flatten)]
     checkpoint: checkpoint::CheckpointArgs,
 }
@@ -293,6 +297,13 @@ fn check_flags(
             ),
             Some(_) => {}
         }
+    }
+    if let Some(f) = args.fault.filter(|f| f.rank as u64 >= plan.parallel.world) {
+        bail!(
+            "--fault {f}: this plan has ranks 0..{}, so no rank would fail\n  fix: pass a rank below {}",
+            plan.parallel.world,
+            plan.parallel.world
+        );
     }
     if let (DataSource::File(path), true) = (args.data(), reads_data) {
         if let Err(e) = std::fs::metadata(path) {
@@ -870,6 +881,7 @@ fn train_with(
         save: args.checkpoint.save(args.steps),
         resume,
         init,
+        fault: args.fault,
         ..TrainOptions::default()
     };
     let p = &plan.parallel;

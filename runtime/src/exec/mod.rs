@@ -6,6 +6,7 @@
 //! re-decides the layout. Data parallelism syncs gradients by all-reduce or ZeRO-1/2/3.
 //! The oracle: every layout's losses and parameters equal the single-rank run's.
 
+mod fault;
 pub mod generate;
 mod logits;
 mod model;
@@ -27,6 +28,7 @@ use crate::data::{DataError, Tokens};
 use crate::layers::LayerError;
 use crate::params::ParamLayout;
 
+pub use fault::{Fault, FaultKind};
 pub use logits::forward_logits;
 pub use model::{shard_of, StageModel};
 pub use rank::ckpt::{shard_initial, InitialParams};
@@ -57,6 +59,9 @@ pub enum RunError {
         what: &'static str,
         value: f64,
     },
+    /// The test hook [`TrainOptions::fault`] made this rank fail.
+    #[error("step {step}: injected error (test hook --fault)")]
+    Injected { step: usize },
     /// A rank stopped with an error; the others were stopped.
     #[error("rank {rank} failed: {message}")]
     Rank { rank: usize, message: String },
@@ -88,6 +93,9 @@ pub struct TrainOptions {
     /// Start from these global parameters (e.g. an HF model, `crate::hf::load`) instead of
     /// the seed's initialisation, with fresh optimizer state; ignored when resuming.
     pub init: Option<Arc<InitialParams>>,
+    /// Test hook: one rank fails at one step (`tessera run --fault`, hidden); `None` in every
+    /// real run.
+    pub fault: Option<Fault>,
 }
 
 impl Default for TrainOptions {
@@ -106,6 +114,7 @@ impl Default for TrainOptions {
             save: None,
             resume: None,
             init: None,
+            fault: None,
         }
     }
 }
@@ -248,7 +257,9 @@ where
             .enumerate()
             .map(|(r, (g, emb))| {
                 let tx = tx.clone();
-                s.spawn(move || {
+                // Named, so that a panic's own line says which rank panicked.
+                let thread = std::thread::Builder::new().name(format!("rank {r}"));
+                thread.spawn_scoped(s, move || {
                     crate::alloc::set_rank(r);
                     crate::cpu::set_threads(opts.threads_per_rank);
                     let out = (|| {
@@ -277,7 +288,8 @@ where
                     out
                 })
             })
-            .collect();
+            .collect::<std::io::Result<Vec<_>>>()
+            .expect("the system starts a thread per rank");
         drop(tx);
         for m in rx.iter() {
             on_step(&m);
@@ -291,13 +303,17 @@ where
                         .downcast_ref::<String>()
                         .cloned()
                         .or_else(|| e.downcast_ref::<&str>().map(|s| s.to_string()))
-                        .unwrap_or_else(|| "panicked".into());
-                    Err(RunError::Rank { rank: r, message })
+                        .unwrap_or_else(|| "no message".into());
+                    Err(RunError::Rank {
+                        rank: r,
+                        message: format!("its thread panicked: {message}"),
+                    })
                 })
             })
             .collect()
     });
-    // The first real failure explains the run; its peers only saw a partner disappear.
+    // The first real failure explains the run; its peers only saw a partner disappear (a
+    // `PeerGone`, possibly wrapped by the layer that issued the collective).
     let mut outs = Vec::with_capacity(world);
     let mut errors = Vec::new();
     for (r, res) in results.into_iter().enumerate() {
@@ -307,8 +323,10 @@ where
         }
     }
     if !errors.is_empty() {
-        let peer_gone = |e: &RunError| matches!(e, RunError::Comm(CommError::PeerGone { .. }));
-        let pick = errors.iter().position(|(_, e)| !peer_gone(e)).unwrap_or(0);
+        let pick = errors
+            .iter()
+            .position(|(_, e)| !saw_a_peer_go(e))
+            .unwrap_or(0);
         let (r, e) = errors.swap_remove(pick);
         return Err(match e {
             RunError::Rank { .. } => e,
@@ -335,6 +353,27 @@ where
         peak_bytes: (0..world).map(crate::alloc::peak_bytes).collect(),
         trace: outs.into_iter().flat_map(|o| o.trace).collect(),
     })
+}
+
+/// Whether a rank only failed because a peer of one of its groups ended first: a
+/// [`CommError::PeerGone`], as the collective returned it or wrapped by the layer that issued
+/// it (`LayerError::Comm` is transparent, so its chain of sources skips the `CommError`), or
+/// anywhere further down the chain of sources.
+fn saw_a_peer_go(e: &RunError) -> bool {
+    let gone = |c: &CommError| matches!(c, CommError::PeerGone { .. });
+    if let RunError::Comm(c) | RunError::Layer(LayerError::Comm(c)) = e {
+        return gone(c);
+    }
+    let mut next: Option<&(dyn std::error::Error + 'static)> = Some(e);
+    while let Some(e) = next {
+        if e.downcast_ref::<CommError>().is_some_and(gone)
+            || matches!(e.downcast_ref::<LayerError>(), Some(LayerError::Comm(c)) if gone(c))
+        {
+            return true;
+        }
+        next = e.source();
+    }
+    false
 }
 
 /// The saver of a run: its seeds are the checkpoint's when it resumes one.

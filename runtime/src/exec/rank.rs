@@ -90,6 +90,9 @@ pub fn run<B: Backend, C: Collective<B>>(ctx: &RankCtx<'_, B, C>) -> Result<Rank
         if ctx.opts.stop.as_ref().is_some_and(|s| !s.may_start(step)) {
             break;
         }
+        if let Some(f) = &ctx.opts.fault {
+            f.strike(ctx.rank, step)?;
+        }
         let start = Instant::now();
         let loss = r.step(step)?;
         let step_time_s = start.elapsed().as_secs_f64();
