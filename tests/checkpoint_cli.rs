@@ -113,3 +113,109 @@ fn checkpoint_flags_that_cannot_work_are_refused_before_any_output() {
     assert_eq!(r.code, Some(2), "{}", r.stderr);
     assert!(!m.exists(), "a refused run opened its metrics");
 }
+
+/// Starts `tessera ARGS`, signals it with `sig` once `metrics` has `lines` lines, and returns
+/// its exit code and stderr.
+#[cfg(unix)]
+fn run_until(
+    args: &[&str],
+    metrics: &std::path::Path,
+    lines: usize,
+    sig: i32,
+) -> (Option<i32>, String) {
+    use std::time::{Duration, Instant};
+    let child = bin()
+        .args(args)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let start = Instant::now();
+    while std::fs::read_to_string(metrics)
+        .map(|t| t.lines().count())
+        .unwrap_or(0)
+        < lines
+    {
+        assert!(start.elapsed() < Duration::from_secs(60), "no steps ran");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // SAFETY: a signal to our own child process.
+    unsafe { libc::kill(child.id() as i32, sig) };
+    let out = child.wait_with_output().unwrap();
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// Preemption: SIGTERM (SIGINT) with --save-dir finishes the step in progress, saves it, and
+/// exits 143 (130); resuming that checkpoint continues the interrupted run bit for bit (the
+/// same --steps, so the same learning-rate schedule, as a requeued job would pass).
+#[cfg(unix)]
+#[test]
+fn a_signal_saves_the_last_step_and_the_run_resumes_from_it() {
+    for (sig, code) in [(libc::SIGTERM, 143), (libc::SIGINT, 130)] {
+        let dir = Scratch::new();
+        let plan = s(&tiny_plan(&dir));
+        let (ck, m, a, b) = (
+            s(&dir.path("ck")),
+            dir.path("m.jsonl"),
+            dir.path("a.jsonl"),
+            dir.path("b.jsonl"),
+        );
+        let steps = "1000000";
+        let (got, stderr) = run_until(
+            &[
+                "run",
+                &plan,
+                "--steps",
+                steps,
+                "--save-dir",
+                &ck,
+                "--metrics",
+                &s(&m),
+            ],
+            &m,
+            3,
+            sig,
+        );
+        assert_eq!(got, Some(code), "{stderr}");
+        let last = metrics_losses(&m).last().unwrap().0;
+        let latest = std::path::Path::new(&ck).join("latest");
+        assert_eq!(
+            std::fs::read_to_string(latest).unwrap().trim(),
+            format!("step-{}", last + 1),
+            "the checkpoint holds every step the metrics record"
+        );
+        // A run that was never stopped, and the resumed run, each stopped a few steps later.
+        let want = last as usize + 4;
+        let (got, stderr) = run_until(
+            &["run", &plan, "--steps", steps, "--metrics", &s(&a)],
+            &a,
+            want,
+            sig,
+        );
+        assert_eq!(got, Some(code), "{stderr}");
+        let (got, stderr) = run_until(
+            &[
+                "run",
+                &plan,
+                "--steps",
+                steps,
+                "--resume",
+                &ck,
+                "--metrics",
+                &s(&b),
+            ],
+            &b,
+            3,
+            sig,
+        );
+        assert_eq!(got, Some(code), "{stderr}");
+        let (straight, resumed) = (metrics_losses(&a), metrics_losses(&b));
+        let from = last as usize + 1;
+        let n = resumed.len().min(straight.len() - from);
+        assert!(n >= 3, "{n} steps to compare");
+        assert_eq!(resumed[..n], straight[from..from + n]);
+    }
+}
