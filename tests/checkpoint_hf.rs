@@ -128,6 +128,41 @@ fn inspect_export_and_init_from_round_trip() {
         .fold(0.0, f64::max);
     assert!(diff < 1e-6, "init-from changed the logits by {diff}");
 
+    // The same for GPT-2 (Conv1D weights transposed back, c_attn split into q, k, v).
+    let gpt1 = plan_file(
+        &dir,
+        "gpt1.json",
+        &[
+            "specs/models/tiny.toml",
+            "specs/clusters/cpu-8.toml",
+            "--devices",
+            "1",
+        ],
+    );
+    let gpt_again = dir.path("gpt-again");
+    let r = run(&[
+        "run",
+        &s(&gpt1),
+        "--steps",
+        "1",
+        "--lr",
+        "1e-30",
+        "--init-from",
+        &s(&gpt_hf),
+        "--save-dir",
+        &s(&gpt_again),
+    ]);
+    assert_eq!(r.code, Some(0), "{}", r.stderr);
+    let tokens = "3,17,42,250,0,5,99,128";
+    let (a, b) = (logits(&gpt_ck, tokens), logits(&gpt_again, tokens));
+    assert!(!a.is_empty() && a.len() == b.len());
+    let diff = a
+        .iter()
+        .zip(&b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0, f64::max);
+    assert!(diff < 1e-6, "GPT-2 init-from changed the logits by {diff}");
+
     // A config of another model is refused, naming the key, before any output.
     let r = run(&[
         "run",
