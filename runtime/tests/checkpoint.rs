@@ -215,20 +215,27 @@ fn assert_params_close(
 #[test]
 fn a_checkpoint_resumes_on_another_layout() {
     let straight = run(&plan(l(1, 1, 1, 0)), &opts());
-    let from = plan(l(2, 2, 2, 1));
-    let dir = scratch("reshard");
-    let a = first_half(&from, &dir);
-    for to in [
-        l(4, 1, 1, 0),
-        l(1, 1, 1, 0),
-        l(2, 1, 4, 3),
-        L {
-            schedule: ScheduleKind::Interleaved,
-            v: 2,
-            ..l(1, 2, 2, 2)
-        },
-    ] {
-        let what = format!("dp2 pp2 tp2 zero1 → {to:?}");
+    let interleaved = L {
+        schedule: ScheduleKind::Interleaved,
+        v: 2,
+        ..l(1, 2, 2, 2)
+    };
+    // (saved under, resumed under): the examples, the other ZeRO stages and the
+    // interleaved schedule, and back from one rank and from DP 8 ZeRO-3.
+    let pairs = [
+        (l(2, 2, 2, 1), l(1, 2, 4, 1)),
+        (l(2, 2, 2, 1), l(8, 1, 1, 3)),
+        (l(2, 2, 2, 1), l(1, 1, 1, 0)),
+        (l(2, 2, 2, 1), l(4, 1, 1, 0)),
+        (l(2, 2, 2, 1), l(2, 1, 4, 3)),
+        (l(2, 2, 2, 1), interleaved),
+        (l(1, 1, 1, 0), l(2, 2, 2, 1)),
+        (l(8, 1, 1, 3), l(2, 2, 2, 1)),
+    ];
+    for (i, (from, to)) in pairs.into_iter().enumerate() {
+        let what = format!("{from:?} → {to:?}");
+        let dir = scratch(&format!("reshard-{i}"));
+        let a = first_half(&plan(from), &dir);
         let b = second_half(&plan(to), &dir);
         for (got, want) in a.steps.iter().chain(&b.steps).zip(&straight.steps) {
             assert!(
@@ -240,8 +247,8 @@ fn a_checkpoint_resumes_on_another_layout() {
             );
         }
         assert_params_close(&b.params, &straight.params, &what);
+        std::fs::remove_dir_all(&dir).ok();
     }
-    std::fs::remove_dir_all(&dir).ok();
 }
 
 /// A two-rank checkpoint at step `HALF` in a fresh directory, and its step directory.
@@ -272,6 +279,17 @@ fn a_damaged_checkpoint_is_a_clear_error() {
     let e = open_err(&dir);
     assert!(
         e.contains("rank-00001.safetensors") && e.contains("truncated"),
+        "{e}"
+    );
+
+    // One byte of a tensor changed, the length kept: the index's SHA-256 refuses it.
+    let mut flipped = bytes.clone();
+    let last = flipped.len() - 1;
+    flipped[last] ^= 0x40;
+    std::fs::write(&shard, &flipped).unwrap();
+    let e = open_err(&dir);
+    assert!(
+        e.contains("rank-00001.safetensors") && e.contains("SHA-256"),
         "{e}"
     );
     // The same length, but not a safetensors file.

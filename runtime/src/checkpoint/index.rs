@@ -107,6 +107,8 @@ pub struct ShardFile {
     pub pp: u64,
     /// The file's length in bytes (a shorter file is truncated).
     pub bytes: u64,
+    /// The file's SHA-256, lowercase hex: a file whose bytes changed after the save is refused.
+    pub sha256: String,
     /// The flat-buffer ranges `[start, end)` of the rank's optimizer state (its ZeRO shards,
     /// or the whole buffer).
     pub optimizer_ranges: Vec<[usize; 2]>,

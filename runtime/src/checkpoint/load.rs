@@ -171,6 +171,14 @@ impl Checkpoint {
             );
             return Err(CheckpointError::damaged(&path, problem));
         }
+        let sum = super::sha256_hex(&bytes);
+        if sum != shard.sha256 {
+            let problem = format!(
+                "SHA-256 {sum}, but the index says {} (the file changed after the save)",
+                shard.sha256
+            );
+            return Err(CheckpointError::damaged(&path, problem));
+        }
         let st = SafeTensors::deserialize(&bytes).map_err(|e| {
             CheckpointError::damaged(&path, format!("not a readable safetensors file: {e}"))
         })?;

@@ -55,6 +55,15 @@ pub struct SaveOptions {
     pub keep: Option<usize>,
 }
 
+/// `bytes`' SHA-256 as lowercase hex (the index's `sha256` of a shard file).
+pub fn sha256_hex(bytes: &[u8]) -> String {
+    use sha2::Digest;
+    sha2::Sha256::digest(bytes)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
 /// The name of the checkpoint directory of `step` completed steps.
 pub fn step_dir_name(step: usize) -> String {
     format!("step-{step}")

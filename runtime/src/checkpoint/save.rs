@@ -326,6 +326,7 @@ fn write_shard(tmp: &Path, step: usize, shard: &RankShard) -> Result<ShardFile, 
         tp: shard.tp,
         pp: shard.pp,
         bytes: bytes.len() as u64,
+        sha256: super::sha256_hex(&bytes),
         optimizer_ranges: shard
             .optimizer_ranges
             .iter()
