@@ -186,32 +186,6 @@ fn resume_is_bit_identical_under_every_kind_of_layout() {
     }
 }
 
-/// Each tensor within `rtol` of the reference in relative L2 norm (as parity.rs).
-fn assert_params_close(
-    got: &BTreeMap<String, Vec<f32>>,
-    want: &BTreeMap<String, Vec<f32>>,
-    what: &str,
-) {
-    assert_eq!(
-        got.keys().collect::<Vec<_>>(),
-        want.keys().collect::<Vec<_>>()
-    );
-    for (name, w) in want {
-        let diff: f64 = got[name]
-            .iter()
-            .zip(w)
-            .map(|(a, b)| f64::from(a - b).powi(2))
-            .sum::<f64>()
-            .sqrt();
-        let norm: f64 = w.iter().map(|b| f64::from(*b).powi(2)).sum::<f64>().sqrt();
-        assert!(
-            diff <= 1e-5 * norm,
-            "{what}: {name} differs by {:e}",
-            diff / norm
-        );
-    }
-}
-
 #[test]
 fn a_checkpoint_resumes_on_another_layout() {
     let straight = run(&plan(l(1, 1, 1, 0)), &opts());
@@ -246,7 +220,7 @@ fn a_checkpoint_resumes_on_another_layout() {
                 want.loss
             );
         }
-        assert_params_close(&b.params, &straight.params, &what);
+        tiny::assert_params_close(&b.params, &straight.params, &what);
         std::fs::remove_dir_all(&dir).ok();
     }
 }

@@ -4,7 +4,8 @@
 //! batches, and must give the same per-step losses and final parameters as the 1×1×1 plan,
 //! within 1e-5 relative, over 5 steps of the real executor (threads as ranks).
 
-use std::collections::BTreeMap;
+mod tiny;
+
 use std::path::Path;
 
 use tessera_planner::layout::{Layout, Recompute};
@@ -87,37 +88,7 @@ fn assert_same(got: &TrainReport, want: &TrainReport, what: &str) {
             b.loss
         );
     }
-    assert_params_close(&got.params, &want.params, what);
-}
-
-/// Each tensor within 1e-5 of the reference in relative L2 norm, ‖a − b‖ / ‖b‖. (Element-wise
-/// maxima are the wrong yardstick after Adam: an element whose gradient is near zero moves by
-/// ±lr on rounding noise alone, which no reordering of sums can avoid.)
-fn assert_params_close(
-    got: &BTreeMap<String, Vec<f32>>,
-    want: &BTreeMap<String, Vec<f32>>,
-    what: &str,
-) {
-    assert_eq!(
-        got.keys().collect::<Vec<_>>(),
-        want.keys().collect::<Vec<_>>(),
-        "{what}: same tensors"
-    );
-    for (name, w) in want {
-        let g = &got[name];
-        let diff: f64 = g
-            .iter()
-            .zip(w)
-            .map(|(a, b)| f64::from(a - b).powi(2))
-            .sum::<f64>()
-            .sqrt();
-        let norm: f64 = w.iter().map(|b| f64::from(*b).powi(2)).sum::<f64>().sqrt();
-        assert!(
-            diff <= 1e-5 * norm,
-            "{what}: {name} differs by {:e} relative",
-            diff / norm
-        );
-    }
+    tiny::assert_params_close(&got.params, &want.params, what);
 }
 
 fn reference() -> TrainReport {

@@ -1,6 +1,7 @@
 //! The tiny model's spec, the CPU cluster and the data, for tests that build their own plans.
 #![allow(dead_code)]
 
+use std::collections::BTreeMap;
 use std::path::Path;
 
 use tessera_planner::layout::Layout;
@@ -56,4 +57,34 @@ pub fn run(plan: &Plan, steps: usize) -> TrainReport {
         ..TrainOptions::default()
     };
     train(plan, &data, &opts, &mut |_| {}).unwrap()
+}
+
+/// Each tensor within 1e-5 of the reference in relative L2 norm, ‖a − b‖ / ‖b‖. (Element-wise
+/// maxima are the wrong yardstick after Adam: an element whose gradient is near zero moves by
+/// ±lr on rounding noise alone, which no reordering of sums can avoid.)
+pub fn assert_params_close(
+    got: &BTreeMap<String, Vec<f32>>,
+    want: &BTreeMap<String, Vec<f32>>,
+    what: &str,
+) {
+    assert_eq!(
+        got.keys().collect::<Vec<_>>(),
+        want.keys().collect::<Vec<_>>(),
+        "{what}: same tensors"
+    );
+    for (name, w) in want {
+        let g = &got[name];
+        let diff: f64 = g
+            .iter()
+            .zip(w)
+            .map(|(a, b)| f64::from(a - b).powi(2))
+            .sum::<f64>()
+            .sqrt();
+        let norm: f64 = w.iter().map(|b| f64::from(*b).powi(2)).sum::<f64>().sqrt();
+        assert!(
+            diff <= 1e-5 * norm,
+            "{what}: {name} differs by {:e} relative",
+            diff / norm
+        );
+    }
 }
