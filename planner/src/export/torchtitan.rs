@@ -90,11 +90,11 @@ pub(super) fn torchtitan(plan: &Plan) -> Result<String, ExportError> {
         }
         Recompute::Full if p.recompute_every > 1 => {
             let n = p.recompute_every;
-            let theirs = torchtitan_layer_sac(plan, n);
-            if theirs != recomputed_layers(plan) {
+            let (theirs, ours) = (torchtitan_layer_sac(plan, n), recomputed_layers(plan));
+            if theirs != ours {
                 return Err(refuse(
                     t,
-                    format!("full recompute of every {n}th layer on this split: torchtitan counts the layers of each rank's model parts from 1, so it would recompute layers {theirs:?} where the plan recomputes {:?} (0-based)", recomputed_layers(plan)),
+                    format!("full recompute of every {n}th layer on this split: torchtitan counts the layers of each rank's model parts from 1, so it would recompute layers {theirs:?} where the plan recomputes {ours:?} (0-based)"),
                     "re-plan with a --recompute-every that divides the layers of every pipeline stage, or with --recompute full",
                 ));
             }

@@ -141,6 +141,18 @@ fn records(v: Option<&Value>) -> Option<&[Value]> {
         .map(Vec::as_slice)
 }
 
+/// `kind` of both sides, where each side is of that kind or absent (or null) and one is of it.
+fn both<'v, T>(
+    a: Option<&'v Value>,
+    b: Option<&'v Value>,
+    kind: impl Fn(Option<&'v Value>) -> Option<T>,
+) -> Option<(Option<T>, Option<T>)> {
+    let absent = |v: Option<&Value>| v.is_none_or(Value::is_null);
+    let (x, y) = (kind(a), kind(b));
+    ((x.is_some() || absent(a)) && (y.is_some() || absent(b)) && (x.is_some() || y.is_some()))
+        .then_some((x, y))
+}
+
 /// Every leaf that differs between `a` and `b` (either may be absent), named `what` below its
 /// section and `key` in plan.json. Objects are compared key by key, lists of objects entry by
 /// entry; a list of numbers (a curve, a range) is one value.
@@ -155,25 +167,14 @@ fn leaves(
     if skip.contains(&what) {
         return;
     }
-    let present = |v: Option<&Value>| v.is_some_and(|v| !v.is_null());
-    if (object(a).is_some() || !present(a))
-        && (object(b).is_some() || !present(b))
-        && (object(a).is_some() || object(b).is_some())
-    {
-        let keys: BTreeSet<&String> = object(a)
-            .into_iter()
-            .chain(object(b))
-            .flat_map(|m| m.keys())
-            .collect();
+    if let Some((oa, ob)) = both(a, b, object) {
+        let keys: BTreeSet<&String> = oa.into_iter().chain(ob).flat_map(|m| m.keys()).collect();
         for k in keys {
             let (x, y) = (a.and_then(|v| v.get(k)), b.and_then(|v| v.get(k)));
             leaves(out, &join(what, k), &join(key, k), x, y, skip);
         }
-    } else if (records(a).is_some() || !present(a))
-        && (records(b).is_some() || !present(b))
-        && (records(a).is_some() || records(b).is_some())
-    {
-        let (la, lb) = (records(a).unwrap_or(&[]), records(b).unwrap_or(&[]));
+    } else if let Some((ra, rb)) = both(a, b, records) {
+        let (la, lb) = (ra.unwrap_or(&[]), rb.unwrap_or(&[]));
         for i in 0..la.len().max(lb.len()) {
             leaves(
                 out,
@@ -214,6 +215,13 @@ fn ranges(stages: &[Stage]) -> Vec<(String, String, String)> {
             })
         })
         .collect()
+}
+
+/// A term found (index, value) in plan a, plan b or both: its index (plan a's where it has
+/// it) and both values, 0 where absent.
+fn term(x: Option<(usize, f64)>, y: Option<(usize, f64)>) -> (usize, f64, f64) {
+    let value = |v: Option<(usize, f64)>| v.map_or(0.0, |(_, v)| v);
+    (x.or(y).map_or(0, |(i, _)| i), value(x), value(y))
 }
 
 /// Compares plan `a` with plan `b`.
@@ -282,21 +290,19 @@ pub fn diff(a: &Plan, b: &Plan) -> PlanDiff {
             .collect();
         let find = |st: Option<&crate::memory::StageMemory>, name: &str| {
             st.and_then(|st| {
-                st.terms
-                    .iter()
-                    .position(|t| t.name == name)
-                    .map(|i| (i, st.terms[i].bytes))
+                (st.terms.iter().enumerate())
+                    .find(|(_, t)| t.name == name)
+                    .map(|(i, t)| (i, t.bytes as f64))
             })
         };
         for t in terms {
-            let (x, y) = (find(sa, t), find(sb, t));
-            let i = x.or(y).map_or(0, |(i, _)| i);
+            let (i, x, y) = term(find(sa, t), find(sb, t));
             num(
                 &mut d.memory,
                 format!("stage {s} {t}"),
                 format!("predicted.memory.per_stage[{s}].terms[{i}].bytes"),
-                x.map_or(0.0, |(_, b)| b as f64),
-                y.map_or(0.0, |(_, b)| b as f64),
+                x,
+                y,
             );
         }
         let total =
@@ -328,20 +334,18 @@ pub fn diff(a: &Plan, b: &Plan) -> PlanDiff {
         seen
     };
     let find = |p: &super::Predicted, name: &str| {
-        p.breakdown
-            .iter()
-            .position(|t| t.name == name)
-            .map(|i| (i, p.breakdown[i].seconds))
+        (p.breakdown.iter().enumerate())
+            .find(|(_, t)| t.name == name)
+            .map(|(i, t)| (i, t.seconds))
     };
     for t in terms {
-        let (x, y) = (find(qa, t), find(qb, t));
-        let i = x.or(y).map_or(0, |(i, _)| i);
+        let (i, x, y) = term(find(qa, t), find(qb, t));
         num(
             &mut d.time,
             t.to_string(),
             format!("predicted.breakdown[{i}].seconds"),
-            x.map_or(0.0, |(_, s)| s),
-            y.map_or(0.0, |(_, s)| s),
+            x,
+            y,
         );
     }
     for (what, x, y) in [

@@ -51,7 +51,6 @@ pub fn effective(layout: &Layout, model: &Model, cluster: &Cluster) -> Result<()
     if l.recompute == Recompute::Full && l.recompute_every > 1 {
         let n = l.recompute_every;
         let layers = model.architecture.layers;
-        let chunks = l.chunks().unwrap_or(u64::MAX);
         if unit(model, l).is_none() {
             let why = if n > layers {
                 format!(
@@ -63,6 +62,7 @@ pub fn effective(layout: &Layout, model: &Model, cluster: &Cluster) -> Result<()
                     layers / n
                 )
             } else {
+                let chunks = l.chunks().unwrap_or(u64::MAX);
                 format!(
                     "the {layers} layers make at most {} chunks of a multiple of {n} layers, fewer than the {chunks} model chunks (PP {} × virtual stages {})",
                     layers / n,
