@@ -641,34 +641,18 @@ impl Bounded {
     /// Waits at most `deadline` for the exit; past it, kills the group and fails.
     fn finish(mut self, deadline: Duration) -> (Option<i32>, String, String) {
         let mut child = self.0.take().unwrap();
-        let drain = |r: Option<Box<dyn std::io::Read + Send>>| {
-            std::thread::spawn(move || {
-                let mut buf = Vec::new();
-                if let Some(mut r) = r {
-                    r.read_to_end(&mut buf).ok();
-                }
-                String::from_utf8_lossy(&buf).into_owned()
-            })
-        };
-        let out = drain(child.stdout.take().map(|r| Box::new(r) as _));
-        let err = drain(child.stderr.take().map(|r| Box::new(r) as _));
-        let start = std::time::Instant::now();
-        let status = loop {
-            if let Some(st) = child.try_wait().unwrap() {
-                break st;
-            }
-            if start.elapsed() > deadline {
+        let (status, out, err) = wait_draining(
+            &mut child,
+            deadline,
+            |c| {
                 // SAFETY: killing the group our own child leads.
                 unsafe {
-                    libc::kill(-(child.id() as i32), libc::SIGKILL);
+                    libc::kill(-(c.id() as i32), libc::SIGKILL);
                 }
-                child.wait().ok();
-                panic!("did not stop within {deadline:?} of the signal");
-            }
-            std::thread::sleep(Duration::from_millis(10));
-        };
+            },
+            || format!("did not stop within {deadline:?} of the signal"),
+        );
         // The launcher's ranks hold the pipes too; they must have ended with it.
-        let (out, err) = (out.join().unwrap(), err.join().unwrap());
         (status.code(), out, err)
     }
 }

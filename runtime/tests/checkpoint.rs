@@ -46,18 +46,10 @@ const fn l(dp: u64, pp: u64, tp: u64, zero: u8) -> L {
 
 fn plan(l: L) -> Plan {
     let layout = Layout {
-        pp: l.pp,
-        recompute: l.recompute,
-        schedule: l.schedule,
-        virtual_stages: l.v,
         sequence_parallel: l.sp,
-        ..Layout::without_pipeline(l.dp, l.tp, l.zero, 2)
+        ..tiny::layout(l.dp, l.pp, l.tp, l.zero, l.schedule, l.v, l.recompute)
     };
     tiny::plan(&tiny::model(), &layout)
-}
-
-fn data() -> Tokens {
-    tiny::data()
 }
 
 /// A fresh, empty directory for one test's checkpoints.
@@ -86,7 +78,7 @@ fn opts() -> TrainOptions {
 }
 
 fn run(plan: &Plan, opts: &TrainOptions) -> TrainReport {
-    train(plan, &data(), opts, &mut |_| {})
+    train(plan, &tiny::data(), opts, &mut |_| {})
         .unwrap_or_else(|e| panic!("{}: {e}", plan.parallel.layout().label()))
 }
 
@@ -316,7 +308,7 @@ fn a_damaged_checkpoint_is_a_clear_error() {
     let mut other = plan(l(1, 1, 1, 0));
     other.job.model.architecture.ffn_hidden = 128;
     let e = ck
-        .check_compatible(&other, &data())
+        .check_compatible(&other, &tiny::data())
         .unwrap_err()
         .to_string();
     assert!(
@@ -327,7 +319,7 @@ fn a_damaged_checkpoint_is_a_clear_error() {
         resume: Some(ck.clone()),
         ..opts()
     };
-    let e = train(&other, &data(), &o, &mut |_| {})
+    let e = train(&other, &tiny::data(), &o, &mut |_| {})
         .unwrap_err()
         .to_string();
     assert!(e.contains("model.ffn_hidden"), "{e}");

@@ -6,66 +6,16 @@
 
 mod tiny;
 
-use std::path::Path;
-
 use tessera_planner::layout::{Layout, Recompute};
-use tessera_planner::plan::{Plan, SearchSummary};
+use tessera_planner::plan::Plan;
 use tessera_planner::schedule::ScheduleKind;
-use tessera_planner::spec::{load_cluster, load_model, ClusterOverrides, TrainingOverrides};
-use tessera_runtime::data::Tokens;
 use tessera_runtime::exec::{train, TrainOptions, TrainReport};
+use tiny::layout;
 
 const STEPS: usize = 5;
 
-/// The layouts of these tests: micro-batch 2, no hybrid sharding, no sequence parallelism.
-fn layout(
-    dp: u64,
-    pp: u64,
-    tp: u64,
-    zero: u8,
-    schedule: ScheduleKind,
-    v: u64,
-    recompute: Recompute,
-) -> Layout {
-    Layout {
-        pp,
-        recompute,
-        schedule,
-        virtual_stages: v,
-        ..Layout::without_pipeline(dp, tp, zero, 2)
-    }
-}
-
 fn plan(layout: Layout) -> Plan {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
-    let model = load_model(
-        &root.join("specs/models/tiny.toml"),
-        TrainingOverrides::default(),
-    )
-    .unwrap();
-    let cluster = load_cluster(
-        &root.join("specs/clusters/cpu-8.toml"),
-        ClusterOverrides {
-            nodes: None,
-            devices: Some(layout.dp * layout.pp * layout.tp),
-        },
-    )
-    .unwrap();
-    layout
-        .check(&model, &cluster)
-        .unwrap_or_else(|e| panic!("{}: {e}", layout.label()));
-    let summary = SearchSummary {
-        ordering: "pinned".into(),
-        evaluated: 1,
-        fitting: 1,
-        alternatives: vec![],
-    };
-    Plan::new(&model, &cluster, &layout, summary)
-}
-
-fn data() -> Tokens {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/data/parallelism.txt");
-    Tokens::load(&path).unwrap()
+    tiny::plan(&tiny::model(), &layout)
 }
 
 fn run(plan: &Plan) -> TrainReport {
@@ -73,7 +23,7 @@ fn run(plan: &Plan) -> TrainReport {
         steps: STEPS,
         ..TrainOptions::default()
     };
-    train(plan, &data(), &opts, &mut |_| {})
+    train(plan, &tiny::data(), &opts, &mut |_| {})
         .unwrap_or_else(|e| panic!("{}: {e}", plan.parallel.layout().label()))
 }
 

@@ -3,7 +3,7 @@
 #![allow(dead_code)]
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
 pub fn root() -> &'static Path {
@@ -73,7 +73,32 @@ pub fn run_within(args: &[&str], deadline: Duration) -> Ran {
         .stderr(Stdio::piped())
         .spawn()
         .expect("the tessera binary runs");
-    // Drain both pipes while waiting, or a chatty child blocks on a full pipe.
+    let (status, stdout, stderr) = wait_draining(
+        &mut child,
+        deadline,
+        |c| {
+            c.kill().ok();
+        },
+        || format!("tessera {args:?} did not answer within {deadline:?}"),
+    );
+    Ran {
+        code: status.code(),
+        stdout,
+        stderr,
+        took: start.elapsed(),
+    }
+}
+
+/// Waits at most `deadline` for `child` while draining its piped stdout and stderr (or a
+/// chatty child blocks on a full pipe); returns its status and both outputs. Past the
+/// deadline, `kill`s it, reaps it and fails the test with `hang`'s message.
+pub fn wait_draining(
+    child: &mut Child,
+    deadline: Duration,
+    kill: impl FnOnce(&mut Child),
+    hang: impl FnOnce() -> String,
+) -> (ExitStatus, String, String) {
+    let start = Instant::now();
     let drain = |r: Option<Box<dyn std::io::Read + Send>>| {
         std::thread::spawn(move || {
             let mut buf = Vec::new();
@@ -90,18 +115,13 @@ pub fn run_within(args: &[&str], deadline: Duration) -> Ran {
             break status;
         }
         if start.elapsed() > deadline {
-            child.kill().ok();
+            kill(child);
             child.wait().ok();
-            panic!("tessera {args:?} did not answer within {deadline:?}");
+            panic!("{}", hang());
         }
         std::thread::sleep(Duration::from_millis(10));
     };
-    Ran {
-        code: status.code(),
-        stdout: out.join().unwrap(),
-        stderr: err.join().unwrap(),
-        took: start.elapsed(),
-    }
+    (status, out.join().unwrap(), err.join().unwrap())
 }
 
 pub fn run(args: &[&str]) -> Ran {

@@ -290,14 +290,10 @@ impl Checkpoint {
         let g = self.tensors.get(&e.name).ok_or_else(|| {
             CheckpointError::damaged(&index_path, format!("holds no tensor {}", e.name))
         })?;
-        let values = &g.values[kind_index(kind)];
-        if g.shape == e.global_shape {
-            return Ok(Cow::Borrowed(values));
-        }
-        let vocab = self.index.model.vocab as usize;
         let (a, b) = (&g.shape, &e.global_shape);
+        let vocab = self.index.model.vocab as usize;
         let repad = a.len() == b.len() && a[1..] == b[1..] && a[0] >= vocab && b[0] >= vocab;
-        if !repad {
+        if a != b && !repad {
             return Err(CheckpointError::Incompatible {
                 path: index_path.display().to_string(),
                 field: format!("shape of {}", e.name),
@@ -306,11 +302,7 @@ impl Checkpoint {
                 fix: "resume with a plan of the same model".into(),
             });
         }
-        let row: usize = a[1..].iter().product();
-        let mut out = vec![0.0; b.iter().product()];
-        let n = a[0].min(b[0]) * row;
-        out[..n].copy_from_slice(&values[..n]);
-        Ok(Cow::Owned(out))
+        Ok(super::repad(&g.values[kind_index(kind)], a, b))
     }
 
     /// The state of a rank whose parameters `layout` describes and whose optimizer states
@@ -325,19 +317,30 @@ impl Checkpoint {
             let g = self.global(e, Kind::Param)?;
             e.copy_global_to_shard(&g, e.param_ref().of_mut(&mut params));
         }
-        let mut moments = Vec::with_capacity(ranges.len());
-        for r in ranges {
-            let (mut m, mut v) = (vec![0.0; r.len()], vec![0.0; r.len()]);
-            for (sub, e) in layout.segments(r.clone()) {
-                for (kind, out) in [(Kind::ExpAvg, &mut m), (Kind::ExpAvgSq, &mut v)] {
-                    let g = self.global(e, kind)?;
-                    let mut shard = vec![0.0; e.len];
-                    e.copy_global_to_shard(&g, &mut shard);
+        let mut moments: Vec<(Vec<f32>, Vec<f32>)> = ranges
+            .iter()
+            .map(|r| (vec![0.0; r.len()], vec![0.0; r.len()]))
+            .collect();
+        // Each tensor's moments are cut to the shard once, however many ranges it spans.
+        for e in layout.entries() {
+            let span = |r: &Range<usize>| r.start.max(e.offset)..r.end.min(e.offset + e.len);
+            if ranges.iter().all(|r| span(r).is_empty()) {
+                continue;
+            }
+            for kind in [Kind::ExpAvg, Kind::ExpAvgSq] {
+                let g = self.global(e, kind)?;
+                let mut shard = vec![0.0; e.len];
+                e.copy_global_to_shard(&g, &mut shard);
+                for (r, (m, v)) in ranges.iter().zip(&mut moments) {
+                    let sub = span(r);
+                    if sub.is_empty() {
+                        continue;
+                    }
+                    let out = if kind == Kind::ExpAvg { m } else { v };
                     out[sub.start - r.start..sub.end - r.start]
                         .copy_from_slice(&shard[sub.start - e.offset..sub.end - e.offset]);
                 }
             }
-            moments.push((m, v));
         }
         Ok(RankState {
             params,

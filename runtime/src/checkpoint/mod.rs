@@ -24,6 +24,7 @@ mod index;
 mod load;
 mod save;
 
+use std::borrow::Cow;
 use std::ops::Range;
 use std::path::PathBuf;
 
@@ -62,6 +63,20 @@ pub fn sha256_hex(bytes: &[u8]) -> String {
         .iter()
         .map(|b| format!("{b:02x}"))
         .collect()
+}
+
+/// `values` of global shape `from` in the global shape `to`, where the two differ (if at all)
+/// in the vocabulary's padding rows (dim 0, `Architecture::padded_vocab`): the leading rows
+/// both have are copied and any further rows of `to` are zero. Borrowed when the shapes agree.
+pub(crate) fn repad<'a>(values: &'a [f32], from: &[usize], to: &[usize]) -> Cow<'a, [f32]> {
+    if from == to {
+        return Cow::Borrowed(values);
+    }
+    let row: usize = to[1..].iter().product();
+    let mut out = vec![0.0; to.iter().product()];
+    let n = from[0].min(to[0]) * row;
+    out[..n].copy_from_slice(&values[..n]);
+    Cow::Owned(out)
 }
 
 /// The name of the checkpoint directory of `step` completed steps.

@@ -35,13 +35,7 @@ pub fn shard_initial(layout: &ParamLayout, init: &InitialParams) -> Result<Vec<f
                 e.name
             )));
         }
-        let global = if shape == b {
-            std::borrow::Cow::Borrowed(values.as_slice())
-        } else {
-            let mut g = vec![0.0; b.iter().product()];
-            g[..values.len()].copy_from_slice(values);
-            std::borrow::Cow::Owned(g)
-        };
+        let global = crate::checkpoint::repad(values, shape, b);
         e.copy_global_to_shard(&global, e.param_ref().of_mut(&mut params));
     }
     Ok(params)

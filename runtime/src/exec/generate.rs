@@ -76,7 +76,7 @@ impl Generator {
                 fix: "pass between 1 and the window's tokens".into(),
             });
         }
-        forward_logits(&self.arch, ids.len(), ids, |_| Ok(self.params.clone()))
+        forward_logits(&self.arch, ids.len(), ids, |_| Ok(self.params.as_slice()))
     }
 
     /// Mean cross-entropy (nats per token) of `targets[i]` after `inputs[..=i]` (one

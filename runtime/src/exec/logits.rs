@@ -15,11 +15,11 @@ use crate::params::ParamLayout;
 /// Logits `(b·t, vocab)` (the real vocabulary, no padding rows) of `b = tokens.len() / t`
 /// sequences of `t` tokens under the model `a`, whose flat parameter buffer (for the
 /// single-rank layout it is handed) `params` fills.
-pub fn forward_logits(
+pub fn forward_logits<P: AsRef<[f32]>>(
     a: &Architecture,
     t: usize,
     tokens: &[u32],
-    params: impl FnOnce(&ParamLayout) -> Result<Vec<f32>, RunError>,
+    params: impl FnOnce(&ParamLayout) -> Result<P, RunError>,
 ) -> Result<Vec<f32>, RunError> {
     let bad = |what: String| RunError::Unsupported {
         what,
@@ -39,6 +39,7 @@ pub fn forward_logits(
     }
     let model = StageModel::whole(a)?;
     let flat = params(&model.layout)?;
+    let flat = flat.as_ref();
     if flat.len() != model.layout.len() {
         return Err(bad(format!(
             "{} parameters for a layout of {}",
@@ -53,7 +54,7 @@ pub fn forward_logits(
         t,
     };
     let (n, c) = (dims.n(), model.cfg.hidden);
-    let p = be.upload(Storage::F32, &flat)?;
+    let p = be.upload(Storage::F32, flat)?;
     let p = Cpu::view(&p);
     let (v, m) = (Cpu::view, Cpu::view_mut);
     let chunk = &model.chunks[0];

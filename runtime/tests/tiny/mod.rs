@@ -4,9 +4,10 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use tessera_planner::layout::Layout;
+use tessera_planner::layout::{Layout, Recompute};
 use tessera_planner::model::Model;
 use tessera_planner::plan::{Plan, SearchSummary};
+use tessera_planner::schedule::ScheduleKind;
 use tessera_planner::spec::{load_cluster, load_model, ClusterOverrides, TrainingOverrides};
 use tessera_planner::Cluster;
 use tessera_runtime::data::Tokens;
@@ -37,10 +38,31 @@ pub fn cluster(devices: u64) -> Cluster {
     .unwrap()
 }
 
+/// The layouts of these tests: micro-batch 2, no hybrid sharding, no sequence parallelism.
+pub fn layout(
+    dp: u64,
+    pp: u64,
+    tp: u64,
+    zero: u8,
+    schedule: ScheduleKind,
+    v: u64,
+    recompute: Recompute,
+) -> Layout {
+    Layout {
+        pp,
+        recompute,
+        schedule,
+        virtual_stages: v,
+        ..Layout::without_pipeline(dp, tp, zero, 2)
+    }
+}
+
 /// The plan of `layout` for `model` (checked first).
 pub fn plan(model: &Model, layout: &Layout) -> Plan {
     let cluster = cluster(layout.dp * layout.pp * layout.tp);
-    layout.check(model, &cluster).unwrap();
+    layout
+        .check(model, &cluster)
+        .unwrap_or_else(|e| panic!("{}: {e}", layout.label()));
     Plan::new(model, &cluster, layout, SearchSummary::pinned())
 }
 
