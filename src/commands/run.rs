@@ -460,6 +460,12 @@ fn distributed(
             eprintln!("error: rank {rank}: stopped because rank 0 failed: {message}");
             Ok(ExitCode::from(EXIT_PEER_FAILED))
         }
+        // Rank 0 died without a word (killed, crashed): this rank's stop is the consequence,
+        // so it exits as a peer's failure and the launcher names rank 0's exit as the cause.
+        Err(e @ RendezvousError::RootGone { .. }) => {
+            eprintln!("error: {e}");
+            Ok(ExitCode::from(EXIT_PEER_FAILED))
+        }
         Err(e) => Err(e.into()),
     }
 }
