@@ -41,9 +41,11 @@ enum Command {
     /// Print a plan's per-stage memory, with the reason for each term.
     Explain(commands::explain::ExplainArgs),
     /// Train as a plan says (CPU backend: threads as ranks) and compare with its predictions.
-    Run(commands::run::RunArgs),
+    Run(Box<commands::run::RunArgs>),
     /// Generate text from a checkpoint on the CPU, to see what the model learned.
     Sample(commands::sample::SampleArgs),
+    /// Prepare training data: tokenize text into llm.c shards (`tessera data prepare`).
+    Data(commands::data::DataArgs),
     /// Start one `tessera run` process per local rank and stop them all if one fails.
     Launch(commands::launch::LaunchArgs),
     /// Check this machine's GPU environment: driver, libraries, devices, kernel compilation.
@@ -73,8 +75,9 @@ fn main() -> ExitCode {
         Command::Export(args) => commands::export::run(args),
         Command::Replan(args) => commands::replan::run(args),
         Command::Explain(args) => commands::explain::run(args),
-        Command::Run(args) => commands::run::run(args),
+        Command::Run(args) => commands::run::run(*args),
         Command::Sample(args) => commands::sample::run(args),
+        Command::Data(args) => commands::data::run(args),
         Command::Launch(args) => commands::launch::run(args),
         Command::Doctor(args) => commands::doctor::run(args),
         Command::Calibrate(args) => commands::calibrate::run(args),

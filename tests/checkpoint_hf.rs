@@ -14,6 +14,8 @@ use std::process::Command;
 use common::*;
 
 const TINY_LLAMA: &str = "tests/fixtures/tiny-llama.toml";
+/// TINY_LLAMA with rope_theta 1e6, norm_eps 1e-6 and a `llama3` rope_scaling.
+const TINY_LLAMA_ROPE: &str = "tests/fixtures/tiny-llama-rope.toml";
 
 /// Plans `spec` as the README's layout, trains it 4 steps saving at the end; the save dir.
 fn trained(dir: &Scratch, name: &str, spec: &str) -> (PathBuf, PathBuf) {
@@ -176,7 +178,9 @@ fn inspect_export_and_init_from_round_trip() {
 }
 
 /// The reference implementation's verdict: transformers' logits on the export equal the
-/// runtime's forward within 1e-4 relative, for both classes.
+/// runtime's forward within 1e-4 relative, for both classes, and for a Llama whose RoPE θ
+/// (1e6), RMSNorm ε (1e-6) and `llama3` RoPE scaling are not the defaults (the export writes
+/// them into config.json; transformers computes with them).
 #[test]
 fn transformers_reads_the_export_as_tessera_computes_it() {
     let Some(python) = std::env::var_os("TESSERA_TORCH_PYTHON") else {
@@ -198,10 +202,24 @@ fn transformers_reads_the_export_as_tessera_computes_it() {
         return;
     }
     let dir = Scratch::new();
-    for (name, spec) in [("gpt", "specs/models/tiny.toml"), ("llama", TINY_LLAMA)] {
+    for (name, spec) in [
+        ("gpt", "specs/models/tiny.toml"),
+        ("llama", TINY_LLAMA),
+        ("llama-rope", TINY_LLAMA_ROPE),
+    ] {
         let (_, ck) = trained(&dir, name, spec);
         let hf = dir.path(&format!("{name}-hf"));
         export(&ck, &hf);
+        if name == "llama-rope" {
+            let cfg: serde_json::Value =
+                serde_json::from_str(&std::fs::read_to_string(hf.join("config.json")).unwrap())
+                    .unwrap();
+            assert_eq!(cfg["rope_theta"], 1e6);
+            assert_eq!(cfg["rms_norm_eps"], 1e-6);
+            let rope = &cfg["rope_parameters"];
+            assert_eq!(rope["rope_type"], "llama3");
+            assert_eq!(rope["original_max_position_embeddings"], 64);
+        }
         let out = Command::new(&python)
             .current_dir(root())
             .args([

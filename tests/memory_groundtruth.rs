@@ -27,6 +27,7 @@ fn cluster(devices: u64, memory_gib: f64) -> Cluster {
             kernel_launch_us: 0.0,
             transcendental_gops: None,
             shared_cores: None,
+            precision: None,
         },
         intra_node: Link {
             bandwidth_gbps: 100.0,
@@ -65,6 +66,10 @@ fn gpt2(layers: u64, hidden: u64, heads: u64, vocab: u64, precision: &str) -> Mo
             qkv_bias: true,
             max_positions: 1024,
             vocab_divisible_by: 1,
+            rope_theta: tessera_planner::model::DEFAULT_ROPE_THETA,
+            rope_scaling: None,
+            norm_eps: tessera_planner::model::DEFAULT_NORM_EPS,
+            sliding_window: None,
         },
         training: Training {
             seq_len: 1024,
@@ -74,6 +79,8 @@ fn gpt2(layers: u64, hidden: u64, heads: u64, vocab: u64, precision: &str) -> Mo
             flash_kernel: Default::default(),
             dropout: 0.0,
         },
+        optimizer: Default::default(),
+        schedule: Default::default(),
     }
 }
 

@@ -13,6 +13,7 @@ pub mod layout;
 pub mod memory;
 pub mod mesh;
 pub mod model;
+pub mod optimizer;
 pub mod partition;
 pub mod plan;
 pub mod precision;

@@ -108,10 +108,98 @@ pub struct Architecture {
     /// written before the key existed read as 1.
     #[serde(default = "one")]
     pub vocab_divisible_by: u64,
+    /// RoPE base θ (spec key `rope_theta`, HF `rope_theta`; default 10000): pair `i` of a head
+    /// of size `d` turns by `pos · θ^(−2i/d)`. Read only with `position = "rope"`. Plans written
+    /// before the key existed read as 10000, the value the runtime used then.
+    #[serde(default = "default_rope_theta")]
+    pub rope_theta: f64,
+    /// RoPE frequency scaling (spec table `rope_scaling`, HF `rope_scaling` /
+    /// `rope_parameters`); absent: none. Only Llama 3.1's `llama3` type exists.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rope_scaling: Option<RopeScaling>,
+    /// ε of every LayerNorm/RMSNorm (spec key `norm_eps`, HF `rms_norm_eps` /
+    /// `layer_norm_epsilon`; default 1e-5). Plans written before the key existed read as 1e-5,
+    /// the value the runtime used then.
+    #[serde(default = "default_norm_eps")]
+    pub norm_eps: f64,
+    /// Sliding-window attention (spec key `sliding_window`, HF `sliding_window`): each query
+    /// sees at most this many positions, itself included. The runtime has full causal attention
+    /// only, which is the same computation when the window is at least `seq_len`: a smaller
+    /// window is refused (`Model::check`). Absent: none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sliding_window: Option<u64>,
 }
 
 fn one() -> u64 {
     1
+}
+
+/// The RoPE base of a spec that names none (and of plans written before `rope_theta`).
+pub const DEFAULT_ROPE_THETA: f64 = 10_000.0;
+/// The norm ε of a spec that names none (and of plans written before `norm_eps`).
+pub const DEFAULT_NORM_EPS: f64 = 1e-5;
+
+fn default_rope_theta() -> f64 {
+    DEFAULT_ROPE_THETA
+}
+
+fn default_norm_eps() -> f64 {
+    DEFAULT_NORM_EPS
+}
+
+/// The kind of RoPE frequency scaling.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum RopeType {
+    /// Llama 3.1's (transformers' `_compute_llama3_parameters`): wavelengths above
+    /// `original_max_positions / low_freq_factor` are stretched by `factor`, those below
+    /// `original_max_positions / high_freq_factor` kept, those between interpolated.
+    Llama3,
+    /// Any other name in a plan.json (written by hand or by a later version): read so that the
+    /// check can name it, and refused there (`Model::check`); never computed.
+    #[serde(other)]
+    Unknown,
+}
+
+/// RoPE frequency scaling, Llama 3.1's `rope_scaling` object.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RopeScaling {
+    pub rope_type: RopeType,
+    /// `factor` (8 for Llama 3.1).
+    pub factor: f64,
+    /// `low_freq_factor` (1 for Llama 3.1).
+    pub low_freq_factor: f64,
+    /// `high_freq_factor` (4 for Llama 3.1); above `low_freq_factor`.
+    pub high_freq_factor: f64,
+    /// `original_max_position_embeddings` (8192 for Llama 3.1).
+    pub original_max_positions: u64,
+}
+
+impl RopeScaling {
+    /// The inverse frequency of a pair after scaling, from its unscaled one (f64), as
+    /// transformers' `_compute_llama3_parameters` computes it.
+    pub fn scale(&self, inv_freq: f64) -> f64 {
+        match self.rope_type {
+            // Refused by `Model::check`: no model with it reaches a kernel.
+            RopeType::Unknown => inv_freq,
+            RopeType::Llama3 => {
+                let old = self.original_max_positions as f64;
+                let low_wavelen = old / self.low_freq_factor;
+                let high_wavelen = old / self.high_freq_factor;
+                let wavelen = 2.0 * std::f64::consts::PI / inv_freq;
+                if wavelen < high_wavelen {
+                    inv_freq
+                } else if wavelen > low_wavelen {
+                    inv_freq / self.factor
+                } else {
+                    let smooth = (old / wavelen - self.low_freq_factor)
+                        / (self.high_freq_factor - self.low_freq_factor);
+                    (1.0 - smooth) * inv_freq / self.factor + smooth * inv_freq
+                }
+            }
+        }
+    }
 }
 
 /// Training settings that the plan depends on.
@@ -139,6 +227,13 @@ pub struct Model {
     pub name: String,
     pub architecture: Architecture,
     pub training: Training,
+    /// The optimizer (spec table `[optimizer]`); plans written before it existed read with
+    /// the defaults (`crate::optimizer`).
+    #[serde(default)]
+    pub optimizer: crate::optimizer::Optimizer,
+    /// The learning-rate schedule (spec table `[schedule]`); defaults as `optimizer`.
+    #[serde(default)]
+    pub schedule: crate::optimizer::Schedule,
 }
 
 /// Parameters of one transformer layer, split by how tensor parallelism treats them.
@@ -313,6 +408,10 @@ mod tests {
             qkv_bias: true,
             max_positions: 128,
             vocab_divisible_by: 1,
+            rope_theta: DEFAULT_ROPE_THETA,
+            rope_scaling: None,
+            norm_eps: DEFAULT_NORM_EPS,
+            sliding_window: None,
         }
     }
 

@@ -46,6 +46,9 @@ pub struct Policy {
     pub name: &'static str,
     pub summary: &'static str,
     pub states: &'static [State],
+    /// Bytes per element of the activations a layer keeps for its backward (2: 16-bit
+    /// training; 4: the CPU backend's f32).
+    pub activation_bytes: u32,
 }
 
 const BF16_WEIGHT: State = State {
@@ -85,23 +88,62 @@ const ADAM_V: State = State {
     why: "Adam second moment (fp32)",
 };
 
+const F32_WEIGHT: State = State {
+    name: "weights_fp32",
+    bytes: 4,
+    class: StateClass::Param,
+    why: "fp32 weights that forward and backward read and the optimizer updates (no separate master copy)",
+};
+const F32_GRAD: State = State {
+    name: "grads_fp32",
+    bytes: 4,
+    class: StateClass::Grad,
+    why: "fp32 gradient, accumulated across micro-batches (and the buffer reduced over DP)",
+};
+
 const POLICIES: &[Policy] = &[
     Policy {
         name: "default",
         summary: "mixed-precision Adam, 20 B/param: bf16 weight 2 + bf16 grad 2 + fp32 grad accumulator 4 + fp32 master 4 + Adam m, v 8 (the count of DeepSpeed's ZeRO estimators; the seeds' \"2+4+4+8\" omits the bf16 gradient)",
         states: &[BF16_WEIGHT, BF16_GRAD, FP32_GRAD, MASTER, ADAM_M, ADAM_V],
+        activation_bytes: 2,
     },
     Policy {
         name: "megatron",
         summary: "Megatron-LM, 18 B/param: bf16 weight 2 + fp32 main grad 4 + fp32 master 4 + Adam m, v 8 (no separate bf16 grad); with its distributed optimizer (ZeRO-1) 6 + 12/DP",
         states: &[BF16_WEIGHT, FP32_GRAD, MASTER, ADAM_M, ADAM_V],
+        activation_bytes: 2,
     },
     Policy {
         name: "mixed16",
         summary: "16 B/param: 16-bit weight 2 + 16-bit grad 2 + fp32 master, m, v 12 (the ZeRO paper's K = 12 accounting, and llm.c's)",
         states: &[BF16_WEIGHT, BF16_GRAD, MASTER, ADAM_M, ADAM_V],
+        activation_bytes: 2,
+    },
+    Policy {
+        name: "fp32",
+        summary: "full fp32 Adam, 16 B/param: fp32 weight 4 + fp32 grad 4 + Adam m, v 8, and fp32 activations (the CPU backend's policy: tessera's CPU runtime computes and stores everything in f32)",
+        states: &[F32_WEIGHT, F32_GRAD, ADAM_M, ADAM_V],
+        activation_bytes: 4,
     },
 ];
+
+/// The model as it runs on `cluster`: a device that states its precision policy (the CPU
+/// backend's `fp32`) runs only that one, so it replaces the model spec's `training.precision`;
+/// otherwise the model as it is.
+pub fn for_device<'a>(
+    model: &'a crate::model::Model,
+    cluster: &crate::spec::Cluster,
+) -> std::borrow::Cow<'a, crate::model::Model> {
+    match &cluster.device.precision {
+        Some(p) if *p != model.training.precision => {
+            let mut m = model.clone();
+            m.training.precision = p.clone();
+            std::borrow::Cow::Owned(m)
+        }
+        _ => std::borrow::Cow::Borrowed(model),
+    }
+}
 
 impl Policy {
     pub fn by_name(name: &str) -> Option<&'static Policy> {
@@ -136,6 +178,8 @@ mod tests {
         assert_eq!(Policy::by_name("default").unwrap().bytes_per_param(), 20);
         assert_eq!(Policy::by_name("megatron").unwrap().bytes_per_param(), 18);
         assert_eq!(Policy::by_name("mixed16").unwrap().bytes_per_param(), 16);
+        // f32 weight 4 + f32 grad 4 + Adam m 4 + v 4, counted by hand.
+        assert_eq!(Policy::by_name("fp32").unwrap().bytes_per_param(), 16);
     }
 
     #[test]

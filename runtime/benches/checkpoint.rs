@@ -42,7 +42,6 @@ use tessera_runtime::checkpoint::{
 use tessera_runtime::data::Tokens;
 use tessera_runtime::exec::{shard_of, train, StageModel, TrainOptions};
 use tessera_runtime::layers::tp::TpShard;
-use tessera_runtime::optim::{AdamWConfig, LrSchedule};
 use tessera_runtime::params::ParamLayout;
 
 const SEQ: u64 = 64;
@@ -303,16 +302,8 @@ fn main() {
         let shards: Vec<RankShard> = s.parts.iter().map(|p| shard(&ck, p)).collect();
         let updates = ck.index().optimizer.updates;
         drop(ck);
-        let adam = AdamWConfig {
-            weight_decay: opts.weight_decay,
-            ..AdamWConfig::default()
-        };
-        let schedule = LrSchedule {
-            max_lr: opts.max_lr,
-            min_lr: opts.min_lr,
-            warmup_steps: opts.warmup_steps,
-            total_steps: opts.steps,
-        };
+        let adam = opts.adamw(&s.plan);
+        let schedule = opts.lr_schedule(&s.plan);
         let mut saves = Vec::new();
         let mut kept = None;
         for rep in 0..REPS {
@@ -323,8 +314,16 @@ fn main() {
                 keep: None,
             };
             let seeds = (opts.seed, opts.seed);
-            let saver = Saver::new(&save, &s.plan, &data, seeds, schedule, adam, opts.clip)
-                .expect("a saver");
+            let saver = Saver::new(
+                &save,
+                &s.plan,
+                &data,
+                seeds,
+                schedule,
+                adam,
+                opts.clip(&s.plan),
+            )
+            .expect("a saver");
             let copies = shards.clone();
             let (secs, ()) = time(|| {
                 std::thread::scope(|sc| {

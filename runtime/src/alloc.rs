@@ -30,6 +30,16 @@ pub fn set_rank(rank: usize) {
     }
 }
 
+/// Starts `rank`'s peak again from what it holds now: the peak from here on leaves out the
+/// setup's transients (the executor calls it before the first training step).
+pub fn reset_peak(rank: usize) {
+    let slot = rank.min(MAX_RANKS - 1);
+    PEAK[slot].store(
+        CURRENT[slot].load(Ordering::Relaxed).max(0) as u64,
+        Ordering::Relaxed,
+    );
+}
+
 /// Peak bytes allocated by `rank`'s threads since it was last set.
 pub fn peak_bytes(rank: usize) -> u64 {
     PEAK[rank.min(MAX_RANKS - 1)].load(Ordering::Relaxed)

@@ -30,6 +30,7 @@ fn config() -> BlockConfig {
         activation: Activation::Gelu,
         norm: NormKind::LayerNorm,
         rope_theta: None,
+        rope_scaling: None,
         bias: true,
         qkv_bias: true,
         norm_eps: 1e-5,

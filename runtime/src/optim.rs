@@ -1,5 +1,5 @@
 //! AdamW with decoupled weight decay (Loshchilov & Hutter 2019), global-norm gradient clipping,
-//! and a warm-up + cosine learning-rate schedule.
+//! and a learning-rate schedule: warm-up, then cosine, linear, constant or WSD decay.
 //!
 //! The optimizer works on a contiguous range of the flat parameter buffer (the whole buffer, or
 //! this rank's ZeRO shard `[offset, offset + len)`). The update is element-wise given two
@@ -16,6 +16,7 @@ use std::ops::Range;
 use crate::comm::CommError;
 use crate::ops::AdamWStep;
 use crate::params::ParamLayout;
+use tessera_planner::optimizer::{DecayOn, DecayShape, Optimizer, Schedule};
 
 /// AdamW hyper-parameters.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -23,42 +24,129 @@ pub struct AdamWConfig {
     pub beta1: f32,
     pub beta2: f32,
     pub eps: f32,
-    /// Applied to tensors registered with `decay: true` (matrices, embeddings) only.
+    /// Applied to the tensors `decay_on` names.
     pub weight_decay: f32,
+    /// Which tensors weight decay applies to: `Matrices` follows each registered tensor's
+    /// `decay` flag (matrices and embeddings; not biases or norm gains, `params.rs`), `All` and
+    /// `None` override it.
+    pub decay_on: DecayOn,
 }
 
 impl Default for AdamWConfig {
-    /// GPT-3 / nanoGPT defaults: β = (0.9, 0.95), ε = 1e-8, weight decay 0.1.
+    /// GPT-3 / nanoGPT defaults: β = (0.9, 0.95), ε = 1e-8, weight decay 0.1 on matrices.
     fn default() -> Self {
+        Self::of(&Optimizer::default())
+    }
+}
+
+impl AdamWConfig {
+    /// The AdamW settings of a plan's (or a run's) `optimizer`.
+    pub fn of(o: &Optimizer) -> Self {
         Self {
-            beta1: 0.9,
-            beta2: 0.95,
-            eps: 1e-8,
-            weight_decay: 0.1,
+            beta1: o.beta1 as f32,
+            beta2: o.beta2 as f32,
+            eps: o.eps as f32,
+            weight_decay: o.weight_decay as f32,
+            decay_on: o.decay_on,
+        }
+    }
+
+    /// Whether a tensor registered with `decay` gets weight decay.
+    pub fn decays(&self, decay: bool) -> bool {
+        match self.decay_on {
+            DecayOn::Matrices => decay,
+            DecayOn::All => true,
+            DecayOn::None => false,
         }
     }
 }
 
-/// Linear warm-up from 0 to `max_lr`, then cosine decay to `min_lr` at `total_steps`; `min_lr`
-/// afterwards.
+/// The learning rate after the warm-up.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Decay {
+    /// Half a cosine from `max_lr` to `min_lr` at `total_steps`.
+    Cosine,
+    /// A straight line from `max_lr` to `min_lr` at `total_steps`.
+    Linear,
+    /// `max_lr` to the end.
+    Constant,
+    /// Warm-up, stable, decay: `max_lr` until `decay_steps` before `total_steps`, then a
+    /// straight line to `min_lr` at `total_steps`.
+    Wsd { decay_steps: usize },
+}
+
+/// Linear warm-up from 0 to `max_lr` over `warmup_steps`, then the `decay` to `min_lr` at
+/// `total_steps`; `min_lr` afterwards (`max_lr` for `Constant`).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct LrSchedule {
     pub max_lr: f32,
     pub min_lr: f32,
     pub warmup_steps: usize,
+    /// The step at which the decay ends (the run's steps, or `schedule.decay_steps`).
     pub total_steps: usize,
+    pub decay: Decay,
 }
 
 impl LrSchedule {
+    /// The schedule of `optimizer` and `schedule` for a run of `steps` steps.
+    pub fn of(o: &Optimizer, s: &Schedule, steps: usize) -> Self {
+        let total = s
+            .decay_steps
+            .map_or(steps, |d| usize::try_from(d).unwrap_or(usize::MAX));
+        let decay = match s.decay {
+            DecayShape::Cosine => Decay::Cosine,
+            DecayShape::Linear => Decay::Linear,
+            DecayShape::Constant => Decay::Constant,
+            DecayShape::Wsd => Decay::Wsd {
+                decay_steps: usize::try_from(s.wsd_decay_steps(total as u64)).unwrap_or(usize::MAX),
+            },
+        };
+        Self {
+            max_lr: o.lr as f32,
+            min_lr: o.min_lr as f32,
+            warmup_steps: usize::try_from(s.warmup_steps).unwrap_or(usize::MAX),
+            total_steps: total,
+            decay,
+        }
+    }
+
     /// Learning rate of (0-based) `step`.
     pub fn lr(&self, step: usize) -> f32 {
         let (max, min) = (f64::from(self.max_lr), f64::from(self.min_lr));
         if step < self.warmup_steps {
             return (max * (step + 1) as f64 / self.warmup_steps as f64) as f32;
         }
-        let span = self.total_steps.saturating_sub(self.warmup_steps).max(1);
-        let progress = ((step - self.warmup_steps) as f64 / span as f64).min(1.0);
-        (min + 0.5 * (1.0 + (std::f64::consts::PI * progress).cos()) * (max - min)) as f32
+        // Progress through the decay, 0 at its start and 1 at `total_steps` and after.
+        let progress = |start: usize| {
+            let span = self.total_steps.saturating_sub(start).max(1);
+            (step.saturating_sub(start) as f64 / span as f64).min(1.0)
+        };
+        let lr = match self.decay {
+            Decay::Constant => max,
+            Decay::Cosine => {
+                let p = progress(self.warmup_steps);
+                min + 0.5 * (1.0 + (std::f64::consts::PI * p).cos()) * (max - min)
+            }
+            Decay::Linear => min + (1.0 - progress(self.warmup_steps)) * (max - min),
+            Decay::Wsd { decay_steps } => {
+                let start = self
+                    .total_steps
+                    .saturating_sub(decay_steps)
+                    .max(self.warmup_steps);
+                min + (1.0 - progress(start)) * (max - min)
+            }
+        };
+        lr as f32
+    }
+
+    /// The decay's name, as a plan's `schedule.decay` says it.
+    pub fn decay_name(&self) -> &'static str {
+        match self.decay {
+            Decay::Cosine => "cosine",
+            Decay::Linear => "linear",
+            Decay::Constant => "constant",
+            Decay::Wsd { .. } => "wsd",
+        }
     }
 }
 
@@ -121,7 +209,7 @@ impl<S> AdamW<S> {
         let s = range.start;
         let segments = layout
             .segments(range.clone())
-            .map(|(r, e)| (r.start - s..r.end - s, e.decay))
+            .map(|(r, e)| (r.start - s..r.end - s, cfg.decays(e.decay)))
             .collect();
         Self {
             cfg,

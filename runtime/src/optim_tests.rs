@@ -22,6 +22,7 @@ fn lr_schedule_warms_up_then_decays_to_min() {
         min_lr: 0.1,
         warmup_steps: 4,
         total_steps: 14,
+        decay: Decay::Cosine,
     };
     assert_eq!(s.lr(0), 0.25);
     assert_eq!(s.lr(3), 1.0);
@@ -32,6 +33,129 @@ fn lr_schedule_warms_up_then_decays_to_min() {
     assert!(s.lr(5) < s.lr(4) && s.lr(6) < s.lr(5));
 }
 
+/// A schedule of peak 1.0 and minimum 0.2, 2 warm-up steps, decaying until step 12.
+fn shape(decay: Decay) -> LrSchedule {
+    LrSchedule {
+        max_lr: 1.0,
+        min_lr: 0.2,
+        warmup_steps: 2,
+        total_steps: 12,
+        decay,
+    }
+}
+
+fn close(got: f32, want: f64) {
+    assert!((f64::from(got) - want).abs() < 1e-6, "{got} against {want}");
+}
+
+#[test]
+fn lr_decay_shapes_by_hand() {
+    // Warm-up is the same for every shape: (step + 1) / 2 of the peak.
+    for d in [
+        Decay::Cosine,
+        Decay::Linear,
+        Decay::Constant,
+        Decay::Wsd { decay_steps: 4 },
+    ] {
+        close(shape(d).lr(0), 0.5);
+        close(shape(d).lr(1), 1.0);
+        close(shape(d).lr(2), 1.0);
+    }
+    // Cosine over steps 2..12: the midpoint (step 7) is (max + min) / 2; a quarter in (step
+    // 4.5 is not a step; step 7 and the end suffice) and the end is min.
+    let c = shape(Decay::Cosine);
+    close(c.lr(7), (1.0 + 0.2) / 2.0);
+    // Step 4: progress 2/10, 0.2 + 0.5 · (1 + cos(0.2π)) · 0.8.
+    close(
+        c.lr(4),
+        0.2 + 0.5 * (1.0 + (0.2 * std::f64::consts::PI).cos()) * 0.8,
+    );
+    close(c.lr(12), 0.2);
+    close(c.lr(1000), 0.2);
+    // Linear: 1 − 0.08 per step after step 2.
+    let l = shape(Decay::Linear);
+    close(l.lr(3), 0.92);
+    close(l.lr(7), 0.6);
+    close(l.lr(11), 0.28);
+    close(l.lr(12), 0.2);
+    close(l.lr(50), 0.2);
+    // Constant: the peak to the end and beyond.
+    let k = shape(Decay::Constant);
+    for step in [2, 7, 12, 100] {
+        close(k.lr(step), 1.0);
+    }
+    // WSD with the last 4 steps decaying: stable until step 8, then 0.2 of the range per step.
+    let w = shape(Decay::Wsd { decay_steps: 4 });
+    for step in 2..=8 {
+        close(w.lr(step), 1.0);
+    }
+    close(w.lr(9), 0.8);
+    close(w.lr(10), 0.6);
+    close(w.lr(11), 0.4);
+    close(w.lr(12), 0.2);
+    close(w.lr(13), 0.2);
+    // A decay longer than the steps after the warm-up starts where the warm-up ends.
+    let long = shape(Decay::Wsd { decay_steps: 100 });
+    close(long.lr(2), 1.0);
+    close(long.lr(7), 0.6);
+}
+
+#[test]
+fn lr_schedule_of_a_plan_schedule() {
+    use tessera_planner::optimizer::{DecayShape, Optimizer, Schedule};
+    let o = Optimizer {
+        lr: 1.0,
+        min_lr: 0.2,
+        ..Optimizer::default()
+    };
+    let s = Schedule {
+        warmup_steps: 2,
+        decay: DecayShape::Wsd,
+        decay_steps: None,
+        wsd_decay_fraction: 0.25,
+    };
+    // decay_steps absent: the run's 20 steps; WSD decays over round(0.25 · 20) = 5 of them.
+    let w = LrSchedule::of(&o, &s, 20);
+    assert_eq!(w.total_steps, 20);
+    assert_eq!(w.decay, Decay::Wsd { decay_steps: 5 });
+    let fixed = LrSchedule::of(
+        &o,
+        &Schedule {
+            decay: DecayShape::Linear,
+            decay_steps: Some(12),
+            ..s
+        },
+        20,
+    );
+    assert_eq!(fixed, shape(Decay::Linear));
+    // The defaults are the runtime's earlier constants.
+    let d = LrSchedule::of(&Optimizer::default(), &Schedule::default(), 50);
+    assert_eq!(
+        (d.max_lr, d.min_lr, d.warmup_steps, d.total_steps, d.decay),
+        (3e-3, 3e-4, 5, 50, Decay::Cosine)
+    );
+}
+
+#[test]
+fn decay_on_overrides_the_tensors_flags() {
+    let l = layout(crate::layers::TpShard::SINGLE);
+    let flags = |decay_on| {
+        let cfg = AdamWConfig {
+            decay_on,
+            ..AdamWConfig::default()
+        };
+        let mut opt = AdamW::new(cfg, &l, 0..l.len());
+        opt.begin_step(1.0, 1.0)
+            .into_iter()
+            .map(|(_, s)| s.weight_decay > 0.0)
+            .collect::<Vec<_>>()
+    };
+    let matrices = flags(DecayOn::Matrices);
+    assert!(matrices.contains(&true) && matrices.contains(&false));
+    assert!(flags(DecayOn::All).iter().all(|&d| d));
+    assert!(flags(DecayOn::None).iter().all(|&d| !d));
+}
+
 #[test]
 fn adamw_matches_a_scalar_reference() {
     let l = layout(crate::layers::TpShard::SINGLE);
@@ -40,6 +164,7 @@ fn adamw_matches_a_scalar_reference() {
         beta2: 0.9,
         eps: 1e-6,
         weight_decay: 0.5,
+        decay_on: DecayOn::Matrices,
     };
     let mut p = randn(l.len(), 1, 1.0);
     let mut opt = AdamW::new(cfg, &l, 0..l.len());

@@ -84,7 +84,7 @@ fn a_checkpoint_samples_the_model_the_run_trained() {
     // the training text itself is far more likely under the trained one.
     let untrained = Generator::initialised(&ck.index().model, opts.seed, g.window()).unwrap();
     let prompt: Vec<u32> = "Pipeline parallelism".bytes().map(u32::from).collect();
-    let text: Vec<u32> = data.tokens[..400].to_vec();
+    let text: Vec<u32> = data.head(400);
     let (trained_text, untrained_text) = (g.loss(&text).unwrap(), untrained.loss(&text).unwrap());
     assert!(
         trained_text < untrained_text - 1.0,

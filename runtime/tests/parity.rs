@@ -9,7 +9,7 @@ mod tiny;
 use tessera_planner::layout::{Layout, Recompute};
 use tessera_planner::plan::Plan;
 use tessera_planner::schedule::ScheduleKind;
-use tessera_runtime::exec::{train, TrainOptions, TrainReport};
+use tessera_runtime::exec::{train, EvalSet, TrainOptions, TrainReport};
 use tiny::layout;
 
 const STEPS: usize = 5;
@@ -19,8 +19,24 @@ fn plan(layout: Layout) -> Plan {
 }
 
 fn run(plan: &Plan) -> TrainReport {
+    // The validation loss is part of the oracle: two global batches of fixed sequences,
+    // evaluated after steps 2, 4 and the last.
+    let t = &plan.job.model.training;
+    let (seq, batch) = (t.seq_len as usize, t.global_batch as usize);
+    let (inputs, targets) = tiny::data().eval_sequences(seq, 2 * batch);
+    assert_eq!(
+        inputs.len(),
+        2 * batch * seq,
+        "the tiny text holds two eval batches"
+    );
     let opts = TrainOptions {
         steps: STEPS,
+        eval: Some(std::sync::Arc::new(EvalSet {
+            every: 2,
+            inputs,
+            targets,
+            source: "tiny text".into(),
+        })),
         ..TrainOptions::default()
     };
     train(plan, &tiny::data(), &opts, &mut |_| {})
@@ -37,7 +53,18 @@ fn assert_same(got: &TrainReport, want: &TrainReport, what: &str) {
             a.loss,
             b.loss
         );
+        match (a.val_loss, b.val_loss) {
+            (Some(x), Some(y)) => assert!(
+                (x - y).abs() <= 1e-5 * y.abs(),
+                "{what}: step {} val loss {x} vs {y}",
+                a.step
+            ),
+            (None, None) => {}
+            other => panic!("{what}: step {} val loss {other:?}", a.step),
+        }
     }
+    let evals = got.steps.iter().filter(|m| m.val_loss.is_some()).count();
+    assert_eq!(evals, 3, "{what}: evaluated after steps 2, 4 and 5");
     tiny::assert_params_close(&got.params, &want.params, what);
 }
 

@@ -2,6 +2,7 @@
 
 pub mod calibrate;
 pub mod checkpoint;
+pub mod data;
 pub mod diff;
 pub mod doctor;
 pub mod explain;

@@ -198,6 +198,9 @@ pub fn run(args: PlanArgs) -> anyhow::Result<ExitCode> {
             devices: args.devices,
         },
     )?;
+    // A device that states its precision policy (the CPU backend's fp32) runs only that one:
+    // every number below, the no-fit report's included, is the plan's own.
+    let model = tessera_planner::precision::for_device(&model, &cluster).into_owned();
     let pins = args.pins();
     for (flag, v) in [
         ("--tp", pins.tp),
@@ -261,7 +264,8 @@ pub fn run(args: PlanArgs) -> anyhow::Result<ExitCode> {
     super::run::check_runnable(&plan, &args.model)?;
     emit(&args, &plan)?;
     if args.format == Format::Table {
-        let policy = Policy::by_name(&model.training.precision).expect("validated");
+        // The plan's own: a device that states its policy (the CPU's fp32) replaces the spec's.
+        let policy = Policy::by_name(&plan.job.model.training.precision).expect("validated");
         println!(
             "{}: {} parameters ({:.2}B) on {} × {} ({} devices, {} GiB each)",
             model.name,

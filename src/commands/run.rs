@@ -21,6 +21,9 @@
 //! built into the binary, so it does not depend on the working directory.
 
 mod checkpoint;
+mod data;
+mod metrics;
+mod optim;
 
 use std::ffi::OsString;
 use std::fs::File;
@@ -45,15 +48,9 @@ use tessera_runtime::launch::rendezvous::{rendezvous, RendezvousError};
 use tessera_runtime::launch::EXIT_PEER_FAILED;
 
 use crate::files::{check_outputs, named, write_output, LineStream};
-use crate::output::table;
 use crate::signals::{lock_until, uninterrupted, Interrupts, EXIT_GRACE};
 
-/// The text the default run trains on, by its name in the repository.
-const BUNDLED_DATA_NAME: &str = "examples/data/parallelism.txt";
-
-/// Its bytes, built into the binary: the default works offline, from any working directory and
-/// from an installed binary.
-const BUNDLED_DATA: &str = include_str!("../../examples/data/parallelism.txt");
+use data::{BUNDLED_DATA, BUNDLED_DATA_NAME};
 
 #[derive(Clone, Copy, ValueEnum, PartialEq, Debug)]
 enum Backend {
@@ -101,16 +98,11 @@ pub struct RunArgs {
     /// Optimizer steps to run (at least 1).
     #[arg(long, default_value_t = 50, value_parser = clap::value_parser!(u64).range(1..=1_000_000_000))]
     steps: u64,
-    /// Training data: UTF-8 text (byte tokens) or a token file (.bin u16, .u32 u32,
-    /// little-endian) [default: examples/data/parallelism.txt, built into tessera]
-    #[arg(long)]
-    data: Option<PathBuf>,
+    #[command(flatten)]
+    data: data::DataArgs,
     /// Seed of the weights and of the data order.
     #[arg(long, default_value_t = 1234)]
     seed: u64,
-    /// Peak learning rate (warm-up, then cosine decay to a tenth of it).
-    #[arg(long, default_value_t = 3e-3, value_parser = learning_rate)]
-    lr: f32,
     /// Write one JSON line per step (step, loss, step_time_s, tokens_per_s).
     #[arg(long)]
     metrics: Option<PathBuf>,
@@ -132,6 +124,10 @@ pub struct RunArgs {
     fault: Option<exec::Fault>,
     #[command(flatten)]
     checkpoint: checkpoint::CheckpointArgs,
+    #[command(flatten)]
+    optim: optim::OptimArgs,
+    #[command(flatten)]
+    report: metrics::MetricsArgs,
 }
 
 /// `tessera run`'s arguments on their own, to check what `tessera launch` passes on.
@@ -142,18 +138,10 @@ struct RunCommand {
     args: RunArgs,
 }
 
-/// The training data: a file named by `--data`, or the bundled text.
-#[derive(Clone, Copy)]
-enum DataSource<'a> {
-    File(&'a Path),
-    Bundled,
-}
-
 impl RunArgs {
-    fn data(&self) -> DataSource<'_> {
-        self.data
-            .as_deref()
-            .map_or(DataSource::Bundled, DataSource::File)
+    /// Whether the run trains on the bundled text (no `--data`).
+    fn bundled_data(&self) -> bool {
+        self.data.data.is_none()
     }
 
     /// Whether the run goes to the CUDA backend: asked for, or a GPU cluster's plan.
@@ -163,20 +151,6 @@ impl RunArgs {
             None => plan.job.cluster.device.kind == DeviceKind::Gpu,
         }
     }
-}
-
-/// `--lr`: a finite number above zero (f32: at most about 3.4e38).
-fn learning_rate(text: &str) -> Result<f32, String> {
-    let v: f32 = text
-        .trim()
-        .parse()
-        .map_err(|e| format!("not a number ({e}); pass a learning rate such as 3e-4"))?;
-    if !v.is_finite() || v <= 0.0 {
-        return Err(format!(
-            "the learning rate must be a finite number above 0, found {v}; pass one such as 3e-4"
-        ));
-    }
-    Ok(v)
 }
 
 /// The runtime's own conditions on a plan for a CPU cluster (what it implements, how many
@@ -261,6 +235,7 @@ fn check_flags(
     launched: Option<usize>,
     reads_data: bool,
 ) -> anyhow::Result<()> {
+    args.optim.settings(plan)?;
     let shown = args.plan.display();
     let cluster = &plan.job.cluster;
     let gpu_plan = cluster.device.kind == DeviceKind::Gpu;
@@ -305,16 +280,8 @@ fn check_flags(
             plan.parallel.world
         );
     }
-    if let (DataSource::File(path), true) = (args.data(), reads_data) {
-        if let Err(e) = std::fs::metadata(path) {
-            let cwd = std::env::current_dir()
-                .map(|d| format!(" (relative paths start in {})", d.display()))
-                .unwrap_or_default();
-            bail!(
-                "--data {}: cannot read it: {e}{cwd}\n  fix: pass an existing file, or leave --data out to train on the bundled {BUNDLED_DATA_NAME}",
-                path.display()
-            );
-        }
+    if reads_data {
+        args.data.check()?;
     }
     Ok(())
 }
@@ -329,10 +296,11 @@ fn check_run_outputs(args: &RunArgs) -> anyhow::Result<()> {
     if let Some(p) = &args.trace {
         outputs.push(named("--trace", p));
     }
-    let mut inputs = vec![named("PLAN", &args.plan)];
-    if let DataSource::File(p) = args.data() {
-        inputs.push(named("--data", p));
+    if let Some(p) = &args.report.plot {
+        outputs.push(named("--plot", p));
     }
+    let mut inputs = vec![named("PLAN", &args.plan)];
+    inputs.extend(args.data.inputs());
     uninterrupted(|| check_outputs(&inputs, &outputs))
 }
 
@@ -694,40 +662,13 @@ fn train_here(
             );
         }
     }
-    let data = match args.data() {
-        DataSource::File(path) => {
-            // Loading holds the file's bytes and the u32 tokens made of them: 5 bytes per byte
-            // of text, 3 per byte of a .bin (u16) file, 2 per byte of a .u32 file.
-            if let (Ok(m), Some(have)) = (
-                std::fs::metadata(path),
-                tessera_runtime::calibrate::available_memory_bytes(),
-            ) {
-                let per_byte = match path.extension().and_then(|e| e.to_str()) {
-                    Some("u32") => 2.0,
-                    Some("bin") => 3.0,
-                    _ => 5.0,
-                };
-                let need_data = m.len() as f64 * per_byte;
-                if m.is_file() && need + need_data > have {
-                    bail!(
-                        "{}: loading this data file of {} needs about {} of host memory besides the {} of the run, and {} is available\n  fix: train on a smaller file (or a slice of it)",
-                        path.display(),
-                        tessera_planner::units::bytes(m.len() as f64),
-                        tessera_planner::units::bytes(need_data),
-                        tessera_planner::units::bytes(need),
-                        tessera_planner::units::bytes(have)
-                    );
-                }
-            }
-            Tokens::load(path)
-                .with_context(|| format!("{}: cannot load the training data", path.display()))?
-        }
-        DataSource::Bundled => {
-            let mut t = Tokens::from_text(BUNDLED_DATA);
-            t.source = BUNDLED_DATA_NAME.into();
-            t
-        }
-    };
+    let loaded = args.data.load(need)?;
+    loaded.announce(args.bundled_data());
+    let eval = args
+        .report
+        .eval_set(plan, loaded.val.as_ref())?
+        .map(Arc::new);
+    let data = loaded.train;
     let world = plan.parallel.world as usize;
     let nccl = match (args.collectives.unwrap_or(Collectives::Auto), gpus) {
         (Collectives::Staged, _) | (_, None) => false,
@@ -763,7 +704,7 @@ fn train_here(
         &data,
         &outputs,
         &stop,
-        (resume, init),
+        (resume, init, eval),
     );
     let (report, write_error) = match result {
         Ok(done) => done,
@@ -792,6 +733,21 @@ fn train_here(
             report.steps.len()
         );
     }
+    let evals: Vec<_> = report
+        .steps
+        .iter()
+        .filter_map(|m| m.val_loss.map(|v| (m.step + 1, v)))
+        .collect();
+    if let (Some(a), Some(b)) = (evals.first(), evals.last()) {
+        println!(
+            "validation loss {:.4} (after step {}) → {:.4} (after step {}), {} evaluations",
+            a.1,
+            a.0,
+            b.1,
+            b.0,
+            evals.len()
+        );
+    }
     // Measured against predicted. Steps after the first exclude one-time allocation.
     let timed: Vec<f64> = report.steps.iter().skip(1).map(|m| m.step_time_s).collect();
     if !timed.is_empty() {
@@ -816,37 +772,19 @@ fn train_here(
             }
         );
     }
-    let p = &plan.parallel;
-    let mib = |b: u64| format!("{:.1}", b as f64 / (1024.0 * 1024.0));
-    let mut mem = table(
-        &["rank", "stage", "measured MiB", "predicted MiB"],
-        &[0, 1, 2, 3],
-    );
-    let mesh = tessera_planner::Mesh::new(p.dp, p.pp, p.tp, cluster.gpus_per_node);
-    for (r, bytes) in report.peak_bytes.iter().enumerate() {
-        let stage = mesh.coord(r as u64).pp as usize;
-        let predicted = plan.predicted.memory.per_stage.get(stage);
-        mem.add_row(vec![
-            r.to_string(),
-            stage.to_string(),
-            match gpus {
-                None => mib(*bytes),
-                Some(_) => "-".into(),
-            },
-            predicted.map_or("-".into(), |s| mib(s.total_bytes)),
-        ]);
-    }
-    println!("{mem}");
-    println!(
-        "measured: {}; predicted: the plan's per-device total under the \"{}\" precision policy",
-        match gpus {
-            None => "peak bytes the allocator gave each rank's thread (f32 weights, gradients and Adam moments)",
-            Some(_) => "not tracked on GPUs yet",
-        },
-        plan.job.model.training.precision
+    metrics::memory_report(
+        plan,
+        &report.peak_bytes,
+        gpus.is_some(),
+        cluster.gpus_per_node,
     );
     if let Some(path) = uninterrupted(|| outputs.close_trace(&report.trace, None))? {
         println!("wrote {} (open in https://ui.perfetto.dev)", path.display());
+    }
+    if let Some(path) = &args.report.plot {
+        let title = format!("{}: loss against training tokens", plan.job.model.name);
+        uninterrupted(|| metrics::write_plot(path, &title, &report.steps))?;
+        println!("wrote {} (the loss curve)", path.display());
     }
     if let Some(sig) = signal {
         eprintln!(
@@ -860,6 +798,14 @@ fn train_here(
     Ok(ExitCode::SUCCESS)
 }
 
+/// What a run starts from besides the plan and the data: a checkpoint to resume, initial
+/// weights, and the validation sequences to evaluate.
+type StartFrom = (
+    Option<Arc<tessera_runtime::checkpoint::Checkpoint>>,
+    Option<Arc<exec::InitialParams>>,
+    Option<Arc<exec::EvalSet>>,
+);
+
 /// The steps themselves: returns the report, and the metrics write that failed (the run stops
 /// at that step).
 fn train_with(
@@ -869,16 +815,14 @@ fn train_with(
     data: &Tokens,
     outputs: &Outputs,
     stop: &Arc<exec::Stop>,
-    (resume, init): (
-        Option<Arc<tessera_runtime::checkpoint::Checkpoint>>,
-        Option<Arc<exec::InitialParams>>,
-    ),
+    (resume, init, eval): StartFrom,
 ) -> anyhow::Result<(exec::TrainReport, Option<anyhow::Error>)> {
+    let (optimizer, schedule) = args.optim.settings(plan)?;
     let opts = TrainOptions {
         steps: args.steps as usize,
         seed: args.seed,
-        max_lr: args.lr,
-        min_lr: args.lr / 10.0,
+        optimizer: Some(optimizer),
+        schedule: Some(schedule),
         trace: args.trace.is_some(),
         threads_per_rank: tessera_runtime::calibrate::threads_per_rank(
             plan.parallel.world as usize,
@@ -888,8 +832,11 @@ fn train_with(
         resume,
         init,
         fault: args.fault,
-        ..TrainOptions::default()
+        eval,
     };
+    if let Some(ck) = &opts.resume {
+        optim::note_resume(ck, &opts, plan);
+    }
     let p = &plan.parallel;
     println!(
         "{}: {} parameters, dp {} × tp {} × pp {} on {} {} ranks, micro-batch {} × {} micro-batches, ZeRO-{}, {} recompute, schedule {}",
@@ -912,7 +859,7 @@ fn train_with(
         p.recompute.name(),
         p.schedule.name()
     );
-    if let DataSource::Bundled = args.data() {
+    if args.bundled_data() {
         println!(
             "data: the bundled {BUNDLED_DATA_NAME} ({} bytes, built into tessera); --data FILE trains on your own",
             BUNDLED_DATA.len()
@@ -924,14 +871,13 @@ fn train_with(
             .expect("a valid template"),
     );
     let mut write_error = None;
+    let mut last_val = None;
     let mut on_step = |m: &exec::StepMetrics| {
         bar.set_position(m.step as u64 + 1);
-        bar.set_message(format!(
-            "loss {:.4}  {:.0} tokens/s",
-            m.loss, m.tokens_per_s
-        ));
+        last_val = m.val_loss.or(last_val);
+        bar.set_message(metrics::progress(m, last_val));
         if write_error.is_none() {
-            let line = serde_json::json!({"step": m.step, "loss": m.loss, "step_time_s": m.step_time_s, "tokens_per_s": m.tokens_per_s});
+            let line = metrics::json_line(m);
             if let Err(e) = outputs.line(&line.to_string()) {
                 // Stop at this step: the rest of the run could not be recorded.
                 stop.request();

@@ -251,6 +251,7 @@ mod tests {
                 kernel_launch_us: 0.0,
                 transcendental_gops: None,
                 shared_cores: None,
+                precision: None,
             },
             intra_node: Link {
                 bandwidth_gbps: 300.0,

@@ -376,6 +376,10 @@ mod tests {
                 qkv_bias: true,
                 max_positions: s,
                 vocab_divisible_by: 1,
+                rope_theta: crate::model::DEFAULT_ROPE_THETA,
+                rope_scaling: None,
+                norm_eps: crate::model::DEFAULT_NORM_EPS,
+                sliding_window: None,
             },
             training: Training {
                 seq_len: s,
@@ -385,6 +389,8 @@ mod tests {
                 flash_kernel: Default::default(),
                 dropout: 0.0,
             },
+            optimizer: Default::default(),
+            schedule: Default::default(),
         }
     }
 

@@ -3,6 +3,7 @@
 
 use super::{refuse, stage_layers, ExportError, Target};
 use crate::layout::Recompute;
+use crate::optimizer::{DecayOn, DecayShape};
 use crate::plan::Plan;
 use crate::schedule::ScheduleKind;
 
@@ -51,12 +52,26 @@ pub(super) fn deepspeed(plan: &Plan) -> Result<String, ExportError> {
             "re-plan with --no-hybrid-shard, or export to torchtitan",
         ));
     }
+    let o = &plan.job.model.optimizer;
+    let weight_decay = optimizer_checks(plan)?;
     let mut config = serde_json::json!({
         "train_batch_size": plan.job.model.training.global_batch,
         "train_micro_batch_size_per_gpu": p.micro_batch,
         "gradient_accumulation_steps": p.microbatches,
         "zero_optimization": { "stage": p.zero_stage },
         "bf16": { "enabled": true },
+        // DeepSpeed's AdamW over the client's parameter groups (Megatron-DeepSpeed's: no decay
+        // for biases and norm weights); the schedule is the client's (`deepspeed_flags`).
+        "optimizer": {
+            "type": "AdamW",
+            "params": {
+                "lr": o.lr,
+                "betas": [o.beta1, o.beta2],
+                "eps": o.eps,
+                "weight_decay": weight_decay,
+            },
+        },
+        "gradient_clipping": o.clip_grad,
     });
     if p.recompute == Recompute::Full {
         config["activation_checkpointing"] = serde_json::json!({
@@ -86,5 +101,42 @@ pub fn deepspeed_flags(plan: &Plan) -> String {
     if p.recompute == Recompute::Full {
         flags += " --checkpoint-activations --deepspeed-activation-checkpointing";
     }
+    // The learning-rate schedule: Megatron-DeepSpeed's own scheduler, which it hands to
+    // DeepSpeed (the config has no `scheduler` section). Its decay ends at --train-iters
+    // unless --lr-decay-iters says otherwise, as the plan's ends at the run's steps.
+    let (o, s) = (&plan.job.model.optimizer, &plan.job.model.schedule);
+    flags += &format!(
+        " --lr {} --min-lr {} --lr-warmup-iters {} --lr-decay-style {}",
+        o.lr,
+        o.min_lr,
+        s.warmup_steps,
+        s.decay.name()
+    );
+    if let Some(d) = s.decay_steps {
+        flags += &format!(" --lr-decay-iters {d}");
+    }
     flags
+}
+
+/// What a DeepSpeed config (with Megatron-DeepSpeed as the client) cannot state of the
+/// optimizer and schedule; the weight decay to write.
+fn optimizer_checks(plan: &Plan) -> Result<f64, ExportError> {
+    let t = Target::DeepSpeed;
+    let (o, s) = (&plan.job.model.optimizer, &plan.job.model.schedule);
+    if s.decay == DecayShape::Wsd {
+        return Err(refuse(
+            t,
+            "the WSD learning-rate decay (DeepSpeed's schedulers and Megatron-DeepSpeed's --lr-decay-style have none: constant, linear, cosine)",
+            "set decay = \"cosine\", \"linear\" or \"constant\" under [schedule], or export to megatron or torchtitan",
+        ));
+    }
+    match o.decay_on {
+        DecayOn::None => Ok(0.0),
+        DecayOn::All if o.weight_decay > 0.0 => Err(refuse(
+            t,
+            "weight decay on every tensor (optimizer.decay_on = \"all\"): Megatron-DeepSpeed's parameter groups never decay biases and norm weights",
+            "set decay_on = \"matrices\" (or weight_decay = 0) under [optimizer] and re-plan",
+        )),
+        _ => Ok(o.weight_decay),
+    }
 }

@@ -4,6 +4,7 @@
 use super::{chunk_layers, comment_text, refuse, stage_layers, ExportError, Launch, Target};
 use crate::layout::Recompute;
 use crate::model::{Activation, AttentionImpl, Norm, Position};
+use crate::optimizer::{DecayOn, DecayShape};
 use crate::plan::Plan;
 use crate::schedule::ScheduleKind;
 
@@ -186,6 +187,7 @@ pub(super) fn megatron(plan: &Plan, launch: &Launch) -> Result<String, ExportErr
     if p.zero_stage >= 1 {
         args.push(flag("--use-distributed-optimizer"));
     }
+    optimizer_args(plan, &mut args)?;
     args.push(flag("--bf16"));
     // Megatron-LM's validate_args asserts CUDA_DEVICE_MAX_CONNECTIONS=1 with TP > 1 (its TP
     // communication overlap relies on one hardware queue).
@@ -223,4 +225,53 @@ pub(super) fn megatron(plan: &Plan, launch: &Launch) -> Result<String, ExportErr
     }
     out += ")\n";
     Ok(out)
+}
+
+/// The optimizer and the learning-rate schedule (plan.json's `job.model.optimizer` and
+/// `schedule`) as Megatron-LM's flags (megatron/training/config/training_config.py). Megatron
+/// never decays biases and 1-D weights (norm gains): the plan's `decay_on = "matrices"`.
+fn optimizer_args(plan: &Plan, args: &mut Vec<Vec<String>>) -> Result<(), ExportError> {
+    let t = Target::Megatron;
+    let (o, s) = (&plan.job.model.optimizer, &plan.job.model.schedule);
+    let weight_decay = match o.decay_on {
+        DecayOn::None => 0.0,
+        DecayOn::All if o.weight_decay > 0.0 => {
+            return Err(refuse(
+                t,
+                "weight decay on every tensor (optimizer.decay_on = \"all\"): Megatron-LM never decays biases and norm weights",
+                "set decay_on = \"matrices\" (or weight_decay = 0) under [optimizer] and re-plan",
+            ))
+        }
+        _ => o.weight_decay,
+    };
+    args.push(arg("--lr", o.lr));
+    args.push(arg("--min-lr", o.min_lr));
+    args.push(arg("--lr-warmup-iters", s.warmup_steps));
+    let style = match s.decay {
+        DecayShape::Cosine => "cosine",
+        DecayShape::Linear => "linear",
+        DecayShape::Constant => "constant",
+        DecayShape::Wsd => "WSD",
+    };
+    args.push(arg("--lr-decay-style", style));
+    if let Some(d) = s.decay_steps {
+        args.push(arg("--lr-decay-iters", d));
+    }
+    if s.decay == DecayShape::Wsd {
+        let Some(d) = s.decay_steps else {
+            return Err(refuse(
+                t,
+                "the WSD decay over the run's --steps (Megatron-LM's --lr-wsd-decay-iters is a number of iterations, which needs the decay's end)",
+                "set decay_steps under [schedule] and re-plan",
+            ));
+        };
+        args.push(arg("--lr-wsd-decay-style", "linear"));
+        args.push(arg("--lr-wsd-decay-iters", s.wsd_decay_steps(d)));
+    }
+    args.push(arg("--weight-decay", weight_decay));
+    args.push(arg("--adam-beta1", o.beta1));
+    args.push(arg("--adam-beta2", o.beta2));
+    args.push(arg("--adam-eps", o.eps));
+    args.push(arg("--clip-grad", o.clip_grad));
+    Ok(())
 }

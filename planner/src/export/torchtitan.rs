@@ -5,6 +5,7 @@ use toml::{Table, Value};
 use super::{comment_text, recomputed_layers, refuse, ExportError, Target};
 use crate::layout::Recompute;
 use crate::model::AttentionImpl;
+use crate::optimizer::{DecayOn, DecayShape};
 use crate::plan::Plan;
 use crate::schedule::ScheduleKind;
 
@@ -157,18 +158,77 @@ pub(super) fn torchtitan(plan: &Plan) -> Result<String, ExportError> {
     if let Some(option) = option {
         ac.insert("selective_ac_option".into(), Value::String(option));
     }
+    let (optimizer, lr_scheduler, decay_note) = optimizer_tables(plan, &mut training)?;
     let mut doc = Table::new();
     doc.insert("training".into(), Value::Table(training));
+    doc.insert("optimizer".into(), Value::Table(optimizer));
+    doc.insert("lr_scheduler".into(), Value::Table(lr_scheduler));
     doc.insert("parallelism".into(), Value::Table(par));
     doc.insert("activation_checkpoint".into(), Value::Table(ac));
     let body = toml::to_string(&doc).expect("a TOML table serialises");
     Ok(format!(
         "# torchtitan job config for {} on {} devices (dp {} × tp {} × pp {}), written by tessera export.\n\
-         # Model and data sections are the user's: this file sets the layout.\n{note}\n{body}",
+         # Model and data sections are the user's: this file sets the layout.\n{note}{decay_note}\n{body}",
         comment_text(&plan.job.model.name),
         p.world,
         p.dp,
         p.tp,
         p.pp
     ))
+}
+
+/// torchtitan 0.2's `[optimizer]` and `[lr_scheduler]` for the plan's optimizer and schedule,
+/// and `training.max_norm`. torchtitan's AdamW decays every parameter (one group of
+/// `model.parameters()`); its warm-up-stable-decay lambda (`build_lr_schedulers`) decays
+/// after the warm-up (`decay_ratio` absent), over the last `decay_ratio` of the steps (WSD), or
+/// not at all (`decay_ratio = 0`), to `lr × min_lr_factor`.
+fn optimizer_tables(
+    plan: &Plan,
+    training: &mut Table,
+) -> Result<(Table, Table, &'static str), ExportError> {
+    let t = Target::Torchtitan;
+    let (o, s) = (&plan.job.model.optimizer, &plan.job.model.schedule);
+    // torchtitan 0.2 cannot leave the norm weights and biases out of the decay. The plan's
+    // default (matrices only) is still exported, as torchtitan's own default is the same
+    // weight decay on every parameter, and the difference is stated at the top of the file.
+    let (weight_decay, note) = match o.decay_on {
+        DecayOn::None => (0.0, ""),
+        DecayOn::Matrices if o.weight_decay > 0.0 => (
+            o.weight_decay,
+            "# optimizer.weight_decay: the plan decays matrices and embeddings only (decay_on =\n# \"matrices\"); torchtitan's AdamW decays every parameter, the norm weights (and any\n# biases) too.\n",
+        ),
+        _ => (o.weight_decay, ""),
+    };
+    if o.clip_grad == 0.0 {
+        return Err(refuse(
+            t,
+            "no gradient clipping (optimizer.clip_grad = 0): torchtitan always clips to training.max_norm",
+            "set clip_grad above 0 under [optimizer] and re-plan",
+        ));
+    }
+    training.insert("max_norm".into(), Value::Float(o.clip_grad));
+    let mut opt = Table::new();
+    opt.insert("name".into(), Value::String("AdamW".into()));
+    opt.insert("lr".into(), Value::Float(o.lr));
+    opt.insert("beta1".into(), Value::Float(o.beta1));
+    opt.insert("beta2".into(), Value::Float(o.beta2));
+    opt.insert("eps".into(), Value::Float(o.eps));
+    opt.insert("weight_decay".into(), Value::Float(weight_decay));
+    let mut lr = Table::new();
+    lr.insert("warmup_steps".into(), int(s.warmup_steps));
+    if let Some(d) = s.decay_steps {
+        lr.insert("total_steps".into(), int(d));
+    }
+    let (decay_type, ratio) = match s.decay {
+        DecayShape::Cosine => ("cosine", None),
+        DecayShape::Linear => ("linear", None),
+        DecayShape::Constant => ("linear", Some(0.0)),
+        DecayShape::Wsd => ("linear", Some(s.wsd_decay_fraction)),
+    };
+    lr.insert("decay_type".into(), Value::String(decay_type.into()));
+    if let Some(r) = ratio {
+        lr.insert("decay_ratio".into(), Value::Float(r));
+    }
+    lr.insert("min_lr_factor".into(), Value::Float(o.min_lr / o.lr));
+    Ok((opt, lr, note))
 }

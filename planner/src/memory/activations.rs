@@ -67,6 +67,13 @@ impl Keep {
     }
 }
 
+/// Bytes per stored activation element under the model's precision policy (2 for 16-bit
+/// training, 4 for the CPU backend's f32).
+fn element_bytes(model: &Model) -> f64 {
+    crate::precision::Policy::by_name(&model.training.precision)
+        .map_or(2.0, |p| f64::from(p.activation_bytes))
+}
+
 /// The tensors one transformer layer stores for one micro-batch of `b` sequences.
 pub fn layer_tensors(model: &Model, b: u64) -> Vec<Stored> {
     let a = &model.architecture;
@@ -78,6 +85,7 @@ pub fn layer_tensors(model: &Model, b: u64) -> Vec<Stored> {
     let q = a.q_dim() as f64;
     let kv = a.kv_dim() as f64;
     let f = a.ffn_hidden as f64;
+    let w = element_bytes(model);
     let dropout = t.dropout > 0.0;
     let mut v = Vec::new();
     let mut push = |name, bytes: f64, split, attention_core, layer_input| {
@@ -96,19 +104,19 @@ pub fn layer_tensors(model: &Model, b: u64) -> Vec<Stored> {
     };
     use Split::*;
     // Attention block.
-    push("norm1_input", 2.0 * sb * h, Replicated, false, true);
-    push("qkv_input", 2.0 * sb * h, Replicated, false, false);
-    push("q", 2.0 * sb * q, Sharded, false, false);
-    push("k", 2.0 * sb * kv, Sharded, false, false);
-    push("v", 2.0 * sb * kv, Sharded, false, false);
+    push("norm1_input", w * sb * h, Replicated, false, true);
+    push("qkv_input", w * sb * h, Replicated, false, false);
+    push("q", w * sb * q, Sharded, false, false);
+    push("k", w * sb * kv, Sharded, false, false);
+    push("v", w * sb * kv, Sharded, false, false);
     match t.attention {
         AttentionImpl::Eager => {
-            push("softmax_output", 2.0 * heads * s * sb, Sharded, true, false);
+            push("softmax_output", w * heads * s * sb, Sharded, true, false);
             if dropout {
                 push("softmax_dropout_mask", heads * s * sb, Sharded, true, false);
                 push(
                     "softmax_dropout_output",
-                    2.0 * heads * s * sb,
+                    w * heads * s * sb,
                     Sharded,
                     true,
                     false,
@@ -118,22 +126,22 @@ pub fn layer_tensors(model: &Model, b: u64) -> Vec<Stored> {
         // Flash attention keeps one fp32 log-sum-exp per row and regenerates dropout masks.
         AttentionImpl::Flash => push("softmax_lse_fp32", 4.0 * heads * sb, Sharded, false, false),
     }
-    push("attn_proj_input", 2.0 * sb * q, Sharded, false, false);
+    push("attn_proj_input", w * sb * q, Sharded, false, false);
     if dropout {
         push("attn_dropout_mask", sb * h, Replicated, false, false);
     }
     // MLP block.
-    push("norm2_input", 2.0 * sb * h, Replicated, false, false);
-    push("mlp_input", 2.0 * sb * h, Replicated, false, false);
+    push("norm2_input", w * sb * h, Replicated, false, false);
+    push("mlp_input", w * sb * h, Replicated, false, false);
     match a.activation {
         Activation::Gelu => {
-            push("gelu_input", 2.0 * sb * f, Sharded, false, false);
-            push("mlp_down_input", 2.0 * sb * f, Sharded, false, false);
+            push("gelu_input", w * sb * f, Sharded, false, false);
+            push("mlp_down_input", w * sb * f, Sharded, false, false);
         }
         Activation::Swiglu => {
-            push("gate_output", 2.0 * sb * f, Sharded, false, false);
-            push("up_output", 2.0 * sb * f, Sharded, false, false);
-            push("mlp_down_input", 2.0 * sb * f, Sharded, false, false);
+            push("gate_output", w * sb * f, Sharded, false, false);
+            push("up_output", w * sb * f, Sharded, false, false);
+            push("mlp_down_input", w * sb * f, Sharded, false, false);
         }
     }
     if dropout {
@@ -143,7 +151,7 @@ pub fn layer_tensors(model: &Model, b: u64) -> Vec<Stored> {
     for name in ["attn_out_proj_output", "mlp_down_output"] {
         v.push(Stored {
             name,
-            bytes: 2.0 * sb * h,
+            bytes: w * sb * h,
             split: Replicated,
             attention_core: false,
             layer_input: false,
@@ -191,6 +199,35 @@ pub fn layer_bytes(model: &Model, b: u64, tp: u64, sp: bool, recompute: Recomput
         .sum()
 }
 
+/// The CPU runtime's backward workspace on a rank (`tessera run` on a CPU cluster): one set of
+/// gradient buffers for one micro-batch, shared by the stage's layers (runtime/src/layers/
+/// block_bufs.rs `BlockWorkspace`): the two norms' output gradients (`rows × h`), the MLP's
+/// pre-activation and activation gradients, the attention's q/k/v and output gradients, its
+/// f32 score scratch (64 query rows × T), and under sequence parallelism three full-row
+/// buffers. GPU frameworks' temporaries are not modelled here (their allocator's slack is the
+/// cluster's `overhead.fragmentation`); 0 for a GPU cluster.
+pub fn workspace_bytes(model: &Model, cpu: bool, b: u64, tp: u64, sp: bool) -> f64 {
+    if !cpu {
+        return 0.0;
+    }
+    let a = &model.architecture;
+    let w = element_bytes(model);
+    let n = model.training.seq_len as f64 * b as f64;
+    let t = tp as f64;
+    let h = a.hidden as f64;
+    let f = a.ffn_hidden as f64 / t;
+    let pre = match a.activation {
+        Activation::Gelu => f,
+        Activation::Swiglu => 2.0 * f,
+    };
+    let rows = if sp { n / t } else { n };
+    let (q, kv) = (a.q_dim() as f64 / t, a.kv_dim() as f64 / t);
+    let seq = model.training.seq_len as f64;
+    let scratch = 4.0 * seq.min(64.0) * seq;
+    let sp_rows = if sp && tp > 1 { 3.0 * n * h } else { 0.0 };
+    w * (2.0 * rows * h + n * (pre + f) + n * (q + 2.0 * kv) + n * q + sp_rows) + scratch
+}
+
 /// Tensors outside the layers: the embedding's dropout mask on the first stage.
 pub fn embedding_bytes(model: &Model, b: u64, tp: u64, sp: bool) -> f64 {
     let t = &model.training;
@@ -212,9 +249,10 @@ pub fn head_terms(model: &Model, b: u64, tp: u64, sp: bool) -> [(&'static str, f
     let h = model.architecture.hidden as f64;
     let t = tp as f64;
     let rep = if sp { t } else { 1.0 };
+    let w = element_bytes(model);
     [
-        ("final_norm_input", 2.0 * sb * h / rep),
-        ("head_input", 2.0 * sb * h / rep),
+        ("final_norm_input", w * sb * h / rep),
+        ("head_input", w * sb * h / rep),
         (
             "logits_fp32",
             4.0 * sb * model.architecture.padded_vocab(tp) as f64 / t,
@@ -247,6 +285,10 @@ mod tests {
                 qkv_bias: true,
                 max_positions: s,
                 vocab_divisible_by: 1,
+                rope_theta: crate::model::DEFAULT_ROPE_THETA,
+                rope_scaling: None,
+                norm_eps: crate::model::DEFAULT_NORM_EPS,
+                sliding_window: None,
             },
             training: Training {
                 seq_len: s,
@@ -256,6 +298,8 @@ mod tests {
                 flash_kernel: Default::default(),
                 dropout: 0.1,
             },
+            optimizer: Default::default(),
+            schedule: Default::default(),
         }
     }
 

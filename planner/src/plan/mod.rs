@@ -336,6 +336,7 @@ impl Plan {
     /// Builds the plan document of a layout: the balanced split of its layers (the search's),
     /// its memory and its predicted step time under the default framework options.
     pub fn new(model: &Model, cluster: &Cluster, layout: &Layout, search: SearchSummary) -> Plan {
+        let model = &*crate::precision::for_device(model, cluster);
         // The search's split; `derive` then costs and simulates it once.
         let links = Links::new(cluster, &layout.mesh(cluster));
         let split = crate::search::assess(model, cluster, layout, &links, Options::default()).split;

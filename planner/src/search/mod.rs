@@ -328,6 +328,7 @@ pub fn search_checked(
     pins: &Pins,
     options: SearchOptions,
 ) -> Result<SearchResult, SearchError> {
+    let model = &*crate::precision::for_device(model, cluster);
     space::check_size(model, cluster, pins)?;
     let mut fits = Vec::new();
     let mut rejected: BTreeMap<String, RejectionGroup> = BTreeMap::new();

@@ -8,7 +8,7 @@
 
 use super::Cluster;
 use crate::error::Diagnostic;
-use crate::model::{Model, Position};
+use crate::model::{Model, Position, RopeScaling};
 use crate::source::Source;
 
 /// A broken rule: the dotted field (relative to the model or cluster), what is wrong, the fix.
@@ -262,6 +262,51 @@ impl Cluster {
     }
 }
 
+/// A `rope_scaling` as transformers' `_validate_llama3_parameters` wants it: `factor` at least 1,
+/// `high_freq_factor` above `low_freq_factor` (the interpolation divides by their difference).
+pub(crate) fn rope_scaling(r: &RopeScaling) -> Result<(), Problem> {
+    const F: &str = "architecture.rope_scaling";
+    if r.rope_type != crate::model::RopeType::Llama3 {
+        return Err(Problem::new(
+            &format!("{F}.rope_type"),
+            "unknown RoPE scaling type: only \"llama3\" is computed",
+            "set rope_type = \"llama3\", or remove rope_scaling",
+        ));
+    }
+    for (key, v) in [
+        ("factor", r.factor),
+        ("low_freq_factor", r.low_freq_factor),
+        ("high_freq_factor", r.high_freq_factor),
+    ] {
+        positive(&format!("{F}.{key}"), v)?;
+    }
+    count(
+        &format!("{F}.original_max_positions"),
+        r.original_max_positions,
+    )?;
+    if r.factor < 1.0 {
+        return Err(Problem::new(
+            &format!("{F}.factor"),
+            format!(
+                "must be at least 1 (it divides the low frequencies), found {}",
+                r.factor
+            ),
+            "set factor to 1 or more (Llama 3.1 uses 8)",
+        ));
+    }
+    if r.high_freq_factor <= r.low_freq_factor {
+        return Err(Problem::new(
+            &format!("{F}.high_freq_factor"),
+            format!(
+                "high_freq_factor ({}) must be above low_freq_factor ({})",
+                r.high_freq_factor, r.low_freq_factor
+            ),
+            "set high_freq_factor above low_freq_factor (Llama 3.1 uses 4 and 1)",
+        ));
+    }
+    Ok(())
+}
+
 impl Model {
     /// Checks every field of a resolved model, including what the runtime needs of it.
     pub fn check(&self) -> Result<(), Problem> {
@@ -302,6 +347,21 @@ impl Model {
                 "use an even head size (hidden / heads, or head_dim), or position = \"learned\"",
             ));
         }
+        positive("architecture.rope_theta", a.rope_theta)?;
+        positive("architecture.norm_eps", a.norm_eps)?;
+        if let Some(r) = &a.rope_scaling {
+            if a.position != Position::Rope {
+                return Err(Problem::new(
+                    "architecture.rope_scaling",
+                    "rope_scaling scales rotary embeddings, but position is \"learned\"",
+                    "remove rope_scaling, or set position = \"rope\"",
+                ));
+            }
+            rope_scaling(r)?;
+        }
+        if let Some(w) = a.sliding_window {
+            count("architecture.sliding_window", w)?;
+        }
         let t = &self.training;
         count("training.seq_len", t.seq_len)?;
         count("training.global_batch", t.global_batch)?;
@@ -336,6 +396,18 @@ impl Model {
                 ),
             ));
         }
+        if let Some(w) = a.sliding_window.filter(|w| *w < t.seq_len) {
+            return Err(Problem::new(
+                "architecture.sliding_window",
+                format!(
+                    "sliding-window attention over {w} positions is narrower than seq_len {}: Tessera's runtime has full causal attention only, which is the same computation only when the window covers the whole sequence",
+                    t.seq_len
+                ),
+                format!(
+                    "train with a sequence length of at most {w} (--seq-len {w}), where the window changes nothing; sliding-window attention itself is not implemented"
+                ),
+            ));
+        }
         if crate::precision::Policy::by_name(&t.precision).is_none() {
             return Err(Problem::new(
                 "training.precision",
@@ -356,6 +428,7 @@ impl Model {
                 "set dropout between 0.0 and 0.9",
             ));
         }
+        crate::optimizer::check(&self.optimizer, &self.schedule)?;
         Ok(())
     }
 }

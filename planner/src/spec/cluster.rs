@@ -50,6 +50,11 @@ pub struct Device {
     /// (`tessera calibrate` measures them so). Absent: every device is its own.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub shared_cores: Option<u64>,
+    /// The one precision policy the device's backend runs (the CPU backend: `fp32`); it
+    /// replaces the model spec's `training.precision` in plans for this cluster. Absent: the
+    /// model spec's policy.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub precision: Option<String>,
 }
 
 /// A link class: GB/s per device in one direction, and latency.
@@ -202,6 +207,7 @@ struct RawDevice {
     kernel_launch_us: Field<Num>,
     transcendental_gops: Field<Num>,
     shared_cores: Field<i64>,
+    precision: Field<String>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -248,6 +254,7 @@ pub const CLUSTER_KEYS: &[&str] = &[
     "kernel_launch_us",
     "transcendental_gops",
     "shared_cores",
+    "precision",
     "bandwidth_gbps",
     "latency_us",
     "context_gib",
@@ -318,6 +325,17 @@ pub fn parse_cluster_toml(src: &Source, over: ClusterOverrides) -> Result<Cluste
             &d.transcendental_gops,
         )?,
         shared_cores: f.opt_pos_int("device", "shared_cores", &d.shared_cores)?,
+        precision: match &d.precision {
+            None => None,
+            Some(_) => {
+                let names = crate::precision::Policy::names();
+                let options: Vec<(&str, &str)> = names.iter().map(|n| (*n, *n)).collect();
+                Some(
+                    f.choice("device", "precision", &d.precision, &options, None)?
+                        .to_string(),
+                )
+            }
+        },
     };
     let link = |t: &str, l: Option<RawLink>| -> Result<Link, Diagnostic> {
         let l = l.ok_or_else(|| table(t))?;

@@ -107,6 +107,8 @@ pub fn parse_hf_config(src: &Source, over: TrainingOverrides) -> Result<Model, D
         name,
         architecture: arch,
         training,
+        optimizer: Default::default(),
+        schedule: Default::default(),
     };
     model.check().map_err(|p| {
         // A config names the position table `n_positions` (GPT-2) or `max_position_embeddings`.

@@ -8,6 +8,7 @@ mod cluster;
 mod fields;
 mod hf;
 mod model;
+mod optim;
 
 pub use check::Problem;
 pub use cluster::{

@@ -3,11 +3,13 @@
 //! The keys are a contract documented in specs/README.md; add keys, never rename them.
 
 use serde::Deserialize;
+use toml::Spanned;
 
 use super::fields::{toml_error, Field, Fields, Num};
 use crate::error::Diagnostic;
 use crate::model::{
-    Activation, Architecture, AttentionImpl, FlashKernel, Model, Norm, Position, Training,
+    Activation, Architecture, AttentionImpl, FlashKernel, Model, Norm, Position, RopeScaling,
+    RopeType, Training, DEFAULT_NORM_EPS, DEFAULT_ROPE_THETA,
 };
 use crate::source::Source;
 
@@ -17,6 +19,8 @@ struct RawModel {
     name: Field<String>,
     architecture: Option<RawArchitecture>,
     training: Option<RawTraining>,
+    optimizer: Option<super::optim::RawOptimizer>,
+    schedule: Option<super::optim::RawSchedule>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -42,6 +46,25 @@ pub(crate) struct RawArchitecture {
     /// Mixture-of-experts: experts per MoE layer, and how many each token is routed to.
     pub experts: Field<i64>,
     pub experts_per_token: Field<i64>,
+    /// RoPE base θ (default 10000); only with `position = "rope"`.
+    pub rope_theta: Field<Num>,
+    /// RoPE frequency scaling (Llama 3.1's `llama3` type); only with `position = "rope"`.
+    pub rope_scaling: Option<Spanned<RawRopeScaling>>,
+    /// ε of every norm (default 1e-5).
+    pub norm_eps: Field<Num>,
+    /// Sliding-window attention's window; refused when narrower than `seq_len`.
+    pub sliding_window: Field<i64>,
+}
+
+/// `[architecture.rope_scaling]`: the keys of Llama 3.1's `rope_scaling` object.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawRopeScaling {
+    pub rope_type: Field<String>,
+    pub factor: Field<Num>,
+    pub low_freq_factor: Field<Num>,
+    pub high_freq_factor: Field<Num>,
+    pub original_max_positions: Field<i64>,
 }
 
 #[derive(Debug, Deserialize, Default)]
@@ -77,12 +100,36 @@ pub const MODEL_KEYS: &[&str] = &[
     "make_vocab_size_divisible_by",
     "experts",
     "experts_per_token",
+    "rope_theta",
+    "rope_scaling",
+    "norm_eps",
+    "sliding_window",
+    "rope_type",
+    "factor",
+    "low_freq_factor",
+    "high_freq_factor",
+    "original_max_positions",
     "seq_len",
     "global_batch",
     "precision",
     "attention",
     "flash_kernel",
     "dropout",
+    // [optimizer] and [schedule] (spec/optim.rs)
+    "optimizer",
+    "schedule",
+    "lr",
+    "min_lr",
+    "beta1",
+    "beta2",
+    "eps",
+    "weight_decay",
+    "decay_on",
+    "clip_grad",
+    "warmup_steps",
+    "decay",
+    "decay_steps",
+    "wsd_decay_fraction",
 ];
 
 /// Training values given on the command line; they override the spec's `[training]`.
@@ -132,6 +179,8 @@ pub fn parse_model_toml(src: &Source, overrides: TrainingOverrides) -> Result<Mo
         name,
         architecture: finish_positions(architecture, &training),
         training,
+        optimizer: super::optim::resolve_optimizer(&f, &raw.optimizer.unwrap_or_default())?,
+        schedule: super::optim::resolve_schedule(&f, &raw.schedule.unwrap_or_default())?,
     };
     model.check().map_err(|p| {
         // A training value given on the command line is blamed on its flag, not the file.
@@ -252,6 +301,29 @@ pub(crate) fn resolve_architecture(
             &a.make_vocab_size_divisible_by,
         )?
         .unwrap_or(DEFAULT_VOCAB_DIVISIBLE_BY);
+    let rope_theta = f.opt_pos_num(T, "rope_theta", &a.rope_theta)?;
+    if position == Position::Learned {
+        let given = [
+            ("rope_theta", a.rope_theta.as_ref().map(|s| s.span())),
+            ("rope_scaling", a.rope_scaling.as_ref().map(|s| s.span())),
+        ];
+        if let Some((key, span)) = given.into_iter().find(|(_, s)| s.is_some()) {
+            return Err(f.err(
+                span,
+                &format!("architecture.{key}"),
+                format!("{key} sets rotary embeddings, but position is \"learned\": the key would change nothing"),
+                format!("remove {key}, or set position = \"rope\""),
+            ));
+        }
+    }
+    let rope_scaling = match &a.rope_scaling {
+        None => None,
+        Some(s) => Some(resolve_rope_scaling(f, s)?),
+    };
+    let norm_eps = f
+        .opt_pos_num(T, "norm_eps", &a.norm_eps)?
+        .unwrap_or(DEFAULT_NORM_EPS);
+    let sliding_window = f.opt_pos_int(T, "sliding_window", &a.sliding_window)?;
     Ok(Architecture {
         layers,
         hidden,
@@ -268,7 +340,53 @@ pub(crate) fn resolve_architecture(
         qkv_bias: bias || a.qkv_bias.as_ref().is_some_and(|s| *s.get_ref()),
         max_positions,
         vocab_divisible_by,
+        rope_theta: rope_theta.unwrap_or(DEFAULT_ROPE_THETA),
+        rope_scaling,
+        norm_eps,
+        sliding_window,
     })
+}
+
+/// `[architecture.rope_scaling]`: every key required (as transformers' llama3 type reads them).
+fn resolve_rope_scaling(
+    f: &Fields,
+    s: &Spanned<RawRopeScaling>,
+) -> Result<RopeScaling, Diagnostic> {
+    const T: &str = "architecture.rope_scaling";
+    let r = s.get_ref();
+    let rope_type = f.choice(
+        T,
+        "rope_type",
+        &r.rope_type,
+        &[("llama3", RopeType::Llama3)],
+        None,
+    )?;
+    let factor = f.pos_num(T, "factor", &r.factor, "8.0")?;
+    let low_freq_factor = f.pos_num(T, "low_freq_factor", &r.low_freq_factor, "1.0")?;
+    let high_freq_factor = f.pos_num(T, "high_freq_factor", &r.high_freq_factor, "4.0")?;
+    let original_max_positions = f.pos_int(
+        T,
+        "original_max_positions",
+        &r.original_max_positions,
+        "8192",
+    )?;
+    let scaling = RopeScaling {
+        rope_type,
+        factor,
+        low_freq_factor,
+        high_freq_factor,
+        original_max_positions,
+    };
+    if let Err(p) = super::check::rope_scaling(&scaling) {
+        let key = p.field.rsplit('.').next().unwrap_or("").to_string();
+        let span = match key.as_str() {
+            "factor" => r.factor.as_ref().map(|v| v.span()),
+            "high_freq_factor" => r.high_freq_factor.as_ref().map(|v| v.span()),
+            _ => Some(s.span()),
+        };
+        return Err(f.err(span, &p.field, p.problem, p.fix));
+    }
+    Ok(scaling)
 }
 
 pub(crate) fn resolve_training(

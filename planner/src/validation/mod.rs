@@ -238,6 +238,10 @@ fn resolve(r: &Value, a100: &Cluster, h100: &Cluster) -> Result<Run, String> {
             // Megatron-LM pads to 128 × TP (`--make-vocab-size-divisible-by 128`), llm.c to a
             // multiple of 128 (50257 → 50304); llm-foundry trains MPT's vocabulary as it is.
             vocab_divisible_by: if megatron || llmc { 128 } else { 1 },
+            rope_theta: crate::model::DEFAULT_ROPE_THETA,
+            rope_scaling: None,
+            norm_eps: crate::model::DEFAULT_NORM_EPS,
+            sliding_window: None,
         },
         training: Training {
             seq_len,
@@ -259,6 +263,8 @@ fn resolve(r: &Value, a100: &Cluster, h100: &Cluster) -> Result<Run, String> {
             },
             dropout: if megatron { 0.1 } else { 0.0 },
         },
+        optimizer: Default::default(),
+        schedule: Default::default(),
     };
     let (tp, pp) = (int(r, "parallel.tp"), int(r, "parallel.pp"));
     if tp.is_none() || pp.is_none() {

@@ -98,7 +98,8 @@ impl Backend for Cpu {
         Ok(x.iter().map(|&l| f64::from(l)).sum())
     }
     fn sum_squares(&self, x: &[f32]) -> R<f64> {
-        Ok(x.iter().map(|&g| f64::from(g) * f64::from(g)).sum())
+        // Eight f64 lanes: a single chain of 124M dependent adds was ~0.1 s a step.
+        Ok(cpu::vmath::sum_squares_f64(x))
     }
 
     fn matmul_bt(

@@ -76,9 +76,24 @@ pub struct LrPosition {
     pub min_lr: f32,
     pub warmup_steps: usize,
     pub total_steps: usize,
+    /// The decay after the warm-up: `cosine`, `linear`, `constant` or `wsd` (a plan's
+    /// `schedule.decay`); checkpoints written before it existed decayed by cosine.
+    #[serde(default = "cosine")]
+    pub decay: String,
+    /// With `wsd`: the final steps (before `total_steps`) over which the rate decays.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub wsd_decay_steps: Option<usize>,
     pub next_step: usize,
     /// The rate the next step uses under this schedule.
     pub next_lr: f32,
+}
+
+fn cosine() -> String {
+    "cosine".into()
+}
+
+fn matrices() -> String {
+    "matrices".into()
 }
 
 /// The optimizer and its settings.
@@ -89,6 +104,10 @@ pub struct OptimizerState {
     pub beta2: f32,
     pub eps: f32,
     pub weight_decay: f32,
+    /// The tensors weight decay applies to: `matrices`, `all` or `none` (a plan's
+    /// `optimizer.decay_on`); checkpoints written before it existed decayed matrices.
+    #[serde(default = "matrices")]
+    pub decay_on: String,
     /// Global gradient-norm clip (0 for none).
     pub clip: f64,
     /// Updates done (Adam's bias-correction step `t`).
@@ -163,15 +182,10 @@ impl TensorEntry {
     }
 }
 
-/// FNV-1a over a corpus's tokens (little-endian u32s), as 16 hex digits.
+/// A corpus's fingerprint, as 16 hex digits ([`Tokens::fingerprint`]: FNV-1a over the
+/// tokens of a text or small token file, as before; shards by name, size, header and a sample).
 pub fn fingerprint(data: &Tokens) -> String {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for t in &data.tokens {
-        for b in t.to_le_bytes() {
-            h = (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3);
-        }
-    }
-    format!("{h:016x}")
+    data.fingerprint()
 }
 
 impl Index {
@@ -234,7 +248,7 @@ impl Index {
             );
         }
         let data_fix = "resume on the data the checkpoint was trained on (--data)";
-        let tokens = data.tokens.len() as u64;
+        let tokens = data.len() as u64;
         if self.data.tokens != tokens {
             let (a, b) = (self.data.tokens, tokens);
             return incompatible("data.tokens", a.to_string(), b.to_string(), data_fix);

@@ -134,7 +134,7 @@ impl Saver {
                 next_step: 0,
                 sampler_seed: seeds.1,
                 source: data.source.clone(),
-                tokens: data.tokens.len() as u64,
+                tokens: data.len() as u64,
                 fingerprint: fingerprint(data),
             },
             rng: RngState {
@@ -144,11 +144,19 @@ impl Saver {
                 sampler_seed: seeds.1,
             },
             lr: LrPosition {
-                schedule: "linear warm-up, then cosine decay to min_lr at total_steps".into(),
+                schedule: format!(
+                    "linear warm-up, then {} decay to min_lr at total_steps",
+                    schedule.decay_name()
+                ),
                 max_lr: schedule.max_lr,
                 min_lr: schedule.min_lr,
                 warmup_steps: schedule.warmup_steps,
                 total_steps: schedule.total_steps,
+                decay: schedule.decay_name().into(),
+                wsd_decay_steps: match schedule.decay {
+                    crate::optim::Decay::Wsd { decay_steps } => Some(decay_steps),
+                    _ => None,
+                },
                 next_step: 0,
                 next_lr: schedule.lr(0),
             },
@@ -158,6 +166,7 @@ impl Saver {
                 beta2: adam.beta2,
                 eps: adam.eps,
                 weight_decay: adam.weight_decay,
+                decay_on: adam.decay_on.name().into(),
                 clip,
                 updates: 0,
                 weights: "f32 master weights".into(),

@@ -7,17 +7,19 @@
 //! Shapes: `logits: (N, V_local)`, `max, sumexp, losses, dlosses: (N)`, `targets: (N)`.
 //! Must not allocate or communicate.
 
+use super::vmath;
+
 /// `max[n] = max_v logits[n, v]`.
 pub fn row_max(max: &mut [f32], logits: &[f32], v: usize) {
     for (m, l) in max.iter_mut().zip(logits.chunks_exact(v)) {
-        *m = l.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b));
+        *m = vmath::max(l);
     }
 }
 
-/// `sumexp[n] = Σ_v exp(logits[n, v] − max[n])` (in f64, stored in f32).
+/// `sumexp[n] = Σ_v exp(logits[n, v] − max[n])` (in f64 lanes, stored in f32).
 pub fn row_sumexp(sumexp: &mut [f32], logits: &[f32], max: &[f32], v: usize) {
     for ((s, l), &m) in sumexp.iter_mut().zip(logits.chunks_exact(v)).zip(max) {
-        *s = l.iter().map(|&x| f64::from((x - m).exp())).sum::<f64>() as f32;
+        *s = vmath::sum_exp_shifted_f64(l, m) as f32;
     }
 }
 
@@ -68,7 +70,8 @@ pub fn crossentropy_backward(
     let rows = logits.chunks_exact_mut(v).zip(max.iter().zip(sumexp));
     for ((l, (&m, &s)), (&tgt, &dl)) in rows.zip(targets.iter().zip(dlosses)) {
         let inv = 1.0 / s;
-        l.iter_mut().for_each(|x| *x = (*x - m).exp() * inv * dl);
+        l.iter_mut()
+            .for_each(|x| *x = vmath::exp(*x - m) * inv * dl);
         if let Some(i) = (tgt as usize).checked_sub(vocab_start).filter(|&i| i < v) {
             l[i] -= dl;
         }

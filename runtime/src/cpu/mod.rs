@@ -19,6 +19,7 @@ pub mod embedding;
 pub mod matmul;
 pub mod norm;
 pub mod rope;
+pub mod vmath;
 
 pub use act::{gelu_backward, gelu_forward, swiglu_backward, swiglu_forward};
 pub use attention::{
@@ -35,7 +36,7 @@ pub use matmul::{
     add_bias, bias_backward, gemm, matmul, matmul_at, matmul_bt, set_threads, MatMut, MatRef,
 };
 pub use norm::{layernorm_backward, layernorm_forward, rmsnorm_backward, rmsnorm_forward};
-pub use rope::{rope_backward, rope_forward, rope_tables};
+pub use rope::{rope_backward, rope_forward, rope_inv_freq, rope_tables, rope_tables_scaled};
 
 /// Σ a·b with 8 independent lanes (vectorises; fixed order, so deterministic).
 #[inline]

@@ -37,6 +37,12 @@ pub fn forward_logits<P: AsRef<[f32]>>(
             a.vocab
         )));
     }
+    if let Some(w) = a.sliding_window.filter(|w| (t as u64) > *w) {
+        return Err(RunError::Unsupported {
+            what: format!("sequences of {t} tokens under sliding-window attention of {w} positions (model.sliding_window): the runtime has full causal attention only, the same computation only within the window"),
+            fix: format!("pass --seq-len {w} or less"),
+        });
+    }
     let model = StageModel::whole(a)?;
     let flat = params(&model.layout)?;
     let flat = flat.as_ref();

@@ -18,6 +18,7 @@ use std::collections::BTreeMap;
 use std::sync::{mpsc, Arc};
 use std::time::Instant;
 
+use tessera_planner::optimizer::{Optimizer, Schedule};
 use tessera_planner::plan::Plan;
 use tessera_planner::Mesh;
 
@@ -32,6 +33,7 @@ pub use fault::{Fault, FaultKind};
 pub use logits::forward_logits;
 pub use model::{shard_of, StageModel};
 pub use rank::ckpt::{shard_initial, InitialParams};
+pub use rank::eval::EvalSet;
 pub use stop::Stop;
 pub use trace::{chrome_trace, TraceEvent};
 
@@ -72,12 +74,12 @@ pub enum RunError {
 pub struct TrainOptions {
     pub steps: usize,
     pub seed: u64,
-    pub max_lr: f32,
-    pub min_lr: f32,
-    pub warmup_steps: usize,
-    /// Global gradient-norm clip (0 for none).
-    pub clip: f64,
-    pub weight_decay: f32,
+    /// The optimizer this run trains with; `None`: the plan's (`job.model.optimizer`).
+    /// `tessera run`'s flags set it.
+    pub optimizer: Option<Optimizer>,
+    /// The learning-rate schedule; `None`: the plan's (`job.model.schedule`). Its decay ends
+    /// at `schedule.decay_steps`, or at `steps` when that is absent.
+    pub schedule: Option<Schedule>,
     /// Record a Chrome trace of every op.
     pub trace: bool,
     /// Threads each rank's matmuls may use (1 keeps runs bit-reproducible across machines).
@@ -96,6 +98,9 @@ pub struct TrainOptions {
     /// Test hook: one rank fails at one step (`tessera run --fault`, hidden); `None` in every
     /// real run.
     pub fault: Option<Fault>,
+    /// Evaluate the validation loss on these fixed sequences every `every` steps and after
+    /// the last step (`eval.rs`); `None` for no evaluation.
+    pub eval: Option<Arc<EvalSet>>,
 }
 
 impl Default for TrainOptions {
@@ -103,11 +108,8 @@ impl Default for TrainOptions {
         TrainOptions {
             steps: 50,
             seed: 1234,
-            max_lr: 3e-3,
-            min_lr: 3e-4,
-            warmup_steps: 5,
-            clip: 1.0,
-            weight_decay: 0.1,
+            optimizer: None,
+            schedule: None,
             trace: false,
             threads_per_rank: 1,
             stop: None,
@@ -115,7 +117,35 @@ impl Default for TrainOptions {
             resume: None,
             init: None,
             fault: None,
+            eval: None,
         }
+    }
+}
+
+impl TrainOptions {
+    /// The optimizer of this run: the options', else the plan's.
+    pub fn optimizer<'a>(&'a self, plan: &'a Plan) -> &'a Optimizer {
+        self.optimizer.as_ref().unwrap_or(&plan.job.model.optimizer)
+    }
+
+    /// The learning-rate schedule's settings: the options', else the plan's.
+    pub fn schedule<'a>(&'a self, plan: &'a Plan) -> &'a Schedule {
+        self.schedule.as_ref().unwrap_or(&plan.job.model.schedule)
+    }
+
+    /// The learning rate of every step of this run.
+    pub fn lr_schedule(&self, plan: &Plan) -> crate::optim::LrSchedule {
+        crate::optim::LrSchedule::of(self.optimizer(plan), self.schedule(plan), self.steps)
+    }
+
+    /// The AdamW settings of this run.
+    pub fn adamw(&self, plan: &Plan) -> crate::optim::AdamWConfig {
+        crate::optim::AdamWConfig::of(self.optimizer(plan))
+    }
+
+    /// The global gradient-norm clip of this run (0 for none).
+    pub fn clip(&self, plan: &Plan) -> f64 {
+        self.optimizer(plan).clip_grad
     }
 }
 
@@ -127,6 +157,16 @@ pub struct StepMetrics {
     pub loss: f64,
     pub step_time_s: f64,
     pub tokens_per_s: f64,
+    /// The learning rate this step's update used.
+    pub lr: f64,
+    /// The global gradient norm of this step, before clipping (the norm clipping compares
+    /// with `clip_grad`).
+    pub grad_norm: f64,
+    /// Training tokens consumed up to and including this step (global batch × sequence ×
+    /// steps, counted from step 0: a resumed run counts the steps before it too).
+    pub tokens_seen: u64,
+    /// The mean cross-entropy over the eval set's sequences, at the steps that evaluate.
+    pub val_loss: Option<f64>,
 }
 
 /// What a finished run reports.
@@ -135,7 +175,8 @@ pub struct TrainReport {
     pub steps: Vec<StepMetrics>,
     /// Final parameters by tensor name, gathered from every rank into global tensors.
     pub params: BTreeMap<String, Vec<f32>>,
-    /// Peak bytes allocated per rank (0 when the tracking allocator is not installed).
+    /// Peak bytes allocated per rank during the training steps, setup and the final download
+    /// left out (0 when the tracking allocator is not installed).
     pub peak_bytes: Vec<u64>,
     /// Every rank's executed ops, when tracing was asked for.
     pub trace: Vec<TraceEvent>,
@@ -232,8 +273,17 @@ where
     C: Collective<B>,
 {
     check_supported(plan)?;
+    tessera_planner::optimizer::check(opts.optimizer(plan), opts.schedule(plan)).map_err(|p| {
+        RunError::Unsupported {
+            what: format!("the run's {}: {}", p.field, p.problem),
+            fix: p.fix,
+        }
+    })?;
     let t = &plan.job.model.training;
     data.check(plan.job.model.architecture.vocab, t.seq_len)?;
+    if let Some(e) = &opts.eval {
+        check_eval(e, plan)?;
+    }
     let p = &plan.parallel;
     let mesh = Mesh::new(p.dp, p.pp, p.tp, plan.job.cluster.gpus_per_node);
     let world = mesh.world() as usize;
@@ -350,9 +400,44 @@ where
     Ok(TrainReport {
         steps,
         params,
-        peak_bytes: (0..world).map(crate::alloc::peak_bytes).collect(),
+        peak_bytes: outs.iter().map(|o| o.peak_bytes).collect(),
         trace: outs.into_iter().flat_map(|o| o.trace).collect(),
     })
+}
+
+/// The eval set holds at least one global batch of sequences, of ids the vocabulary has.
+fn check_eval(e: &EvalSet, plan: &Plan) -> Result<(), RunError> {
+    let t = &plan.job.model.training;
+    let (have, need) = (e.sequences(t.seq_len as usize), t.global_batch as usize);
+    let invalid = |problem: String, fix: &str| {
+        RunError::Data(DataError::Invalid {
+            path: e.source.clone(),
+            problem,
+            fix: fix.into(),
+        })
+    };
+    if have < need {
+        return Err(invalid(
+            format!(
+                "the validation data holds {have} whole sequences of {} tokens (+1 target); one eval batch is the plan's global batch of {need}",
+                t.seq_len
+            ),
+            "pass a longer --val-data, prepare a larger val split (--val-fraction), or lower --eval-tokens' need by a smaller global batch",
+        ));
+    }
+    let vocab = plan.job.model.architecture.vocab;
+    if let Some(bad) = e
+        .inputs
+        .iter()
+        .chain(&e.targets)
+        .find(|&&id| u64::from(id) >= vocab)
+    {
+        return Err(invalid(
+            format!("token id {bad} does not fit the model's vocabulary of {vocab}"),
+            "tokenize the validation data with the training data's tokenizer",
+        ));
+    }
+    Ok(())
 }
 
 /// Whether a rank only failed because a peer of one of its groups ended first: a
@@ -387,21 +472,15 @@ fn saver(
         Some(ck) => (ck.index().rng.init_seed, ck.sampler_seed()),
         None => (opts.seed, opts.seed),
     };
-    let adam = crate::optim::AdamWConfig {
-        weight_decay: opts.weight_decay,
-        ..crate::optim::AdamWConfig::default()
-    };
-    Saver::new(save, plan, data, seeds, lr_schedule(opts), adam, opts.clip)
-}
-
-/// The learning-rate schedule of a run: warm-up, then cosine decay over `opts.steps`.
-fn lr_schedule(opts: &TrainOptions) -> crate::optim::LrSchedule {
-    crate::optim::LrSchedule {
-        max_lr: opts.max_lr,
-        min_lr: opts.min_lr,
-        warmup_steps: opts.warmup_steps,
-        total_steps: opts.steps,
-    }
+    Saver::new(
+        save,
+        plan,
+        data,
+        seeds,
+        opts.lr_schedule(plan),
+        opts.adamw(plan),
+        opts.clip(plan),
+    )
 }
 
 /// With tied embeddings split over PP, ranks of stage 0 and the last stage with the same

@@ -25,7 +25,7 @@ use crate::layers::{
     vocab_parallel_cross_entropy_backward, vocab_parallel_cross_entropy_forward, BlockActs,
     BlockWorkspace, Dims, TpShard,
 };
-use crate::optim::{AdamW, AdamWConfig, LrSchedule};
+use crate::optim::{AdamW, LrSchedule};
 use crate::params::ParamLayout;
 
 /// Everything a rank needs: the plan, its backend and groups, the data and the options.
@@ -53,6 +53,9 @@ pub struct RankResult {
     pub layout: ParamLayout,
     pub params: Vec<f32>,
     pub trace: Vec<TraceEvent>,
+    /// Peak bytes the rank's thread held during the training steps (0 without the tracking
+    /// allocator).
+    pub peak_bytes: u64,
 }
 
 /// What the head keeps between a micro-batch's forward and backward.
@@ -82,6 +85,9 @@ type Key = (usize, usize);
 /// Runs the whole training on this rank.
 pub fn run<B: Backend, C: Collective<B>>(ctx: &RankCtx<'_, B, C>) -> Result<RankResult, RunError> {
     let mut r = Rank::new(ctx)?;
+    // The measured peak is the training steps': the setup's transients (initial weights built
+    // whole, a checkpoint's tensors read) are not what a step holds.
+    crate::alloc::reset_peak(ctx.rank);
     let mut steps = Vec::new();
     // Steps completed, and the last of them that a checkpoint holds.
     let first = ctx.opts.resume.as_ref().map_or(0, |c| c.step());
@@ -96,13 +102,22 @@ pub fn run<B: Backend, C: Collective<B>>(ctx: &RankCtx<'_, B, C>) -> Result<Rank
         let start = Instant::now();
         let loss = r.step(step)?;
         let step_time_s = start.elapsed().as_secs_f64();
+        let val_loss = match &ctx.opts.eval {
+            Some(e) if e.due(step + 1, ctx.opts.steps) => r.evaluate()?,
+            _ => None,
+        };
         if let Some(loss) = loss {
             let t = &ctx.plan.job.model.training;
+            let tokens = t.global_batch * t.seq_len;
             let m = StepMetrics {
                 step,
                 loss,
                 step_time_s,
-                tokens_per_s: (t.global_batch * t.seq_len) as f64 / step_time_s,
+                tokens_per_s: tokens as f64 / step_time_s,
+                lr: f64::from(r.lr.lr(step)),
+                grad_norm: r.grad_norm,
+                tokens_seen: tokens * (step as u64 + 1),
+                val_loss,
             };
             ctx.metrics.send(m.clone()).ok();
             steps.push(m);
@@ -116,6 +131,8 @@ pub fn run<B: Backend, C: Collective<B>>(ctx: &RankCtx<'_, B, C>) -> Result<Rank
     if let Some(saver) = ctx.saver.filter(|_| done != saved) {
         r.save(saver, done)?;
     }
+    // The training steps' peak, before the final gather and download below add their copies.
+    let peak_bytes = crate::alloc::peak_bytes(ctx.rank);
     if r.zero == 3 {
         for c in 0..r.model.chunks.len() {
             r.gather_region(c)?;
@@ -127,6 +144,7 @@ pub fn run<B: Backend, C: Collective<B>>(ctx: &RankCtx<'_, B, C>) -> Result<Rank
         layout: r.model.layout,
         params,
         trace: r.trace,
+        peak_bytes,
     })
 }
 
@@ -166,6 +184,8 @@ struct Rank<'a, B: Backend, C: Collective<B>> {
     grads: B::Buf,
     optimizers: Vec<Optimizer<B>>,
     lr: LrSchedule,
+    /// The last step's global gradient norm, before clipping (`sync::sync_and_update`).
+    grad_norm: f64,
     sampler: Sampler,
     ws: BlockWorkspace<B>,
     acts: HashMap<Key, ChunkActs<B>>,
@@ -186,6 +206,8 @@ struct Rank<'a, B: Backend, C: Collective<B>> {
     bucketed: Vec<bool>,
     trace: Vec<TraceEvent>,
     loss_sum: f64,
+    /// The eval batch being computed, while `evaluate` runs (`eval.rs`).
+    eval_batch: Option<usize>,
 }
 
 impl<'a, B: Backend, C: Collective<B>> Rank<'a, B, C> {
@@ -223,10 +245,7 @@ impl<'a, B: Backend, C: Collective<B>> Rank<'a, B, C> {
                 .collect()
         };
         let grads = be.alloc(Storage::F32, model.layout.len())?;
-        let cfg = AdamWConfig {
-            weight_decay: ctx.opts.weight_decay,
-            ..AdamWConfig::default()
-        };
+        let cfg = ctx.opts.adamw(plan);
         let (params, master, optimizers) =
             ckpt::initial_state(be, ctx.opts, &model.layout, ranges, cfg)?;
         let first_block = model
@@ -262,12 +281,8 @@ impl<'a, B: Backend, C: Collective<B>> Rank<'a, B, C> {
             master,
             grads,
             optimizers,
-            lr: LrSchedule {
-                max_lr: ctx.opts.max_lr,
-                min_lr: ctx.opts.min_lr,
-                warmup_steps: ctx.opts.warmup_steps,
-                total_steps: ctx.opts.steps,
-            },
+            lr: ctx.opts.lr_schedule(plan),
+            grad_norm: 0.0,
             sampler: Sampler {
                 seed: ctx
                     .opts
@@ -293,6 +308,7 @@ impl<'a, B: Backend, C: Collective<B>> Rank<'a, B, C> {
             bucketed: vec![false; chunks],
             trace: Vec::new(),
             loss_sum: 0.0,
+            eval_batch: None,
             model,
         };
         if zero == 3 {
@@ -386,14 +402,6 @@ impl<'a, B: Backend, C: Collective<B>> Rank<'a, B, C> {
             Op::Backward { mb, chunk } => self.backward(mb, chunk)?,
         }
         Ok(())
-    }
-
-    fn tokens(&self, step: u64, mb: usize) -> (Vec<u32>, Vec<u32>) {
-        let first = self
-            .sampler
-            .first_sequence(self.dp, self.dp_rank, self.dims.b, mb);
-        self.sampler
-            .sequences(self.ctx.data, step, first, self.dims.b)
     }
 
     fn new_acts(&self, chunk: usize) -> Result<ChunkActs<B>, RunError> {
@@ -640,6 +648,9 @@ fn schedule_bug(what: String) -> RunError {
 
 #[path = "sync.rs"]
 mod sync;
+
+#[path = "eval.rs"]
+pub(super) mod eval;
 
 #[path = "ckpt.rs"]
 pub(super) mod ckpt;

@@ -133,7 +133,8 @@ impl<B: Backend, C: Collective<B>> Rank<'_, B, C> {
                 value: sum.sqrt(),
             });
         }
-        let scale = clip_scale(sum.sqrt(), self.ctx.opts.clip);
+        self.grad_norm = sum.sqrt();
+        let scale = clip_scale(self.grad_norm, self.ctx.opts.clip(self.ctx.plan));
         let lr = self.lr.lr(step);
         for opt in &mut self.optimizers {
             let base = opt.range.start;

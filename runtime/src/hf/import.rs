@@ -11,7 +11,7 @@ use serde_json::Value;
 use tessera_planner::model::Architecture;
 
 use super::export::transpose;
-use super::{family, mapping, Family, HfError, CONFIG, NORM_EPS, ROPE_THETA, WEIGHTS};
+use super::{family, mapping, rope_parameters, Family, HfError, CONFIG, WEIGHTS};
 
 /// An HF model read as Tessera's global tensors.
 #[derive(Debug, Clone)]
@@ -151,6 +151,9 @@ fn f16_to_f32(h: u16) -> f32 {
     }
 }
 
+/// θ of a config that names none (LlamaConfig's default).
+const ROPE_THETA_DEFAULT: f64 = 10_000.0;
+
 /// Checks `config.json` against the model, key by key.
 fn check_config(path: &Path, a: &Architecture, fam: Family) -> Result<(), HfError> {
     let text = fs::read(path).map_err(|e| HfError::io(path, "read", e))?;
@@ -208,14 +211,14 @@ fn check_config(path: &Path, a: &Architecture, fam: Family) -> Result<(), HfErro
         }
     }
     let floats: Vec<(&str, f64, f64)> = match fam {
-        Family::Gpt2 => vec![("layer_norm_epsilon", NORM_EPS, 1e-5)],
-        Family::Llama => vec![("rms_norm_eps", NORM_EPS, 1e-6)],
+        Family::Gpt2 => vec![("layer_norm_epsilon", a.norm_eps, 1e-5)],
+        Family::Llama => vec![("rms_norm_eps", a.norm_eps, 1e-6)],
     };
     for (key, plan, default) in floats {
         let v = cfg.get(key);
         let got = v.map_or(Some(default), Value::as_f64);
         if got.is_none_or(|g| (g - plan).abs() > 1e-12 * plan.abs()) {
-            return mismatch(key, show(v), format!("{plan:e} (Tessera's ε)"));
+            return mismatch(key, show(v), format!("{plan:e} (the plan's norm_eps)"));
         }
     }
     let flags: Vec<(&str, bool, bool)> = match fam {
@@ -246,23 +249,64 @@ fn check_config(path: &Path, a: &Architecture, fam: Family) -> Result<(), HfErro
         return mismatch(act_key, show(act), format!("{:?}", acts[0]));
     }
     if fam == Family::Llama {
+        // transformers 5 writes `rope_parameters`, earlier versions `rope_scaling` and a
+        // top-level `rope_theta` (standardize_rope_params merges them): each given value must be
+        // the plan's.
         let rope = cfg
             .get("rope_parameters")
             .or_else(|| cfg.get("rope_scaling"))
             .filter(|v| !v.is_null());
+        let want = rope_parameters(a);
         let rope_type = rope.and_then(|r| r.get("rope_type").or_else(|| r.get("type")));
-        if rope_type.is_some_and(|t| t.as_str() != Some("default")) {
+        let got_type = rope_type.and_then(Value::as_str).unwrap_or("default");
+        if got_type != want["rope_type"] {
             return mismatch(
                 "rope_parameters.rope_type",
                 show(rope_type),
-                "\"default\" (no scaling)".into(),
+                format!("{} (the plan's rope_scaling)", want["rope_type"]),
             );
         }
         let theta = rope
             .and_then(|r| r.get("rope_theta"))
             .or_else(|| cfg.get("rope_theta"));
-        if theta.map_or(Some(ROPE_THETA), Value::as_f64) != Some(ROPE_THETA) {
-            return mismatch("rope_theta", show(theta), ROPE_THETA.to_string());
+        if theta.map_or(Some(ROPE_THETA_DEFAULT), Value::as_f64) != Some(a.rope_theta) {
+            return mismatch(
+                "rope_theta",
+                show(theta),
+                format!("{} (the plan's rope_theta)", a.rope_theta),
+            );
+        }
+        if let Some(s) = &a.rope_scaling {
+            let original = rope
+                .and_then(|r| r.get("original_max_position_embeddings"))
+                .or_else(|| cfg.get("max_position_embeddings"));
+            let got = [
+                ("factor", rope.and_then(|r| r.get("factor"))),
+                (
+                    "low_freq_factor",
+                    rope.and_then(|r| r.get("low_freq_factor")),
+                ),
+                (
+                    "high_freq_factor",
+                    rope.and_then(|r| r.get("high_freq_factor")),
+                ),
+                ("original_max_position_embeddings", original),
+            ];
+            let plan = [
+                s.factor,
+                s.low_freq_factor,
+                s.high_freq_factor,
+                s.original_max_positions as f64,
+            ];
+            for ((key, v), p) in got.into_iter().zip(plan) {
+                if v.and_then(Value::as_f64) != Some(p) {
+                    return mismatch(
+                        &format!("rope_parameters.{key}"),
+                        show(v),
+                        format!("{p} (the plan's rope_scaling)"),
+                    );
+                }
+            }
         }
     }
     Ok(())

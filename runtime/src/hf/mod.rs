@@ -26,10 +26,33 @@ pub use import::{load, HfWeights};
 pub const WEIGHTS: &str = "model.safetensors";
 /// The config file of an HF folder.
 pub const CONFIG: &str = "config.json";
-/// The normalisation ε of every Tessera model (`BlockConfig::from_architecture`).
-pub const NORM_EPS: f64 = 1e-5;
-/// The RoPE base of every Tessera model (`layers::config::DEFAULT_ROPE_THETA`).
+/// The normalisation ε of a model that names none (`Architecture::norm_eps`'s default); each
+/// export writes its model's own.
+pub const NORM_EPS: f64 = tessera_planner::model::DEFAULT_NORM_EPS;
+/// The RoPE base of a model that names none (`Architecture::rope_theta`'s default); each export
+/// writes its model's own.
 pub const ROPE_THETA: f64 = crate::layers::config::DEFAULT_ROPE_THETA;
+
+/// `config.json`'s `rope_parameters` of `a` (transformers 5; `rope_scaling` before): the type,
+/// θ and, for `llama3`, its four numbers.
+pub fn rope_parameters(a: &Architecture) -> serde_json::Value {
+    use serde_json::json;
+    match &a.rope_scaling {
+        None => json!({"rope_type": "default", "rope_theta": a.rope_theta}),
+        Some(s) => match s.rope_type {
+            // Refused by `Model::check` before any export.
+            tessera_planner::model::RopeType::Unknown => json!({"rope_type": "unknown"}),
+            tessera_planner::model::RopeType::Llama3 => json!({
+                "rope_type": "llama3",
+                "rope_theta": a.rope_theta,
+                "factor": s.factor,
+                "low_freq_factor": s.low_freq_factor,
+                "high_freq_factor": s.high_freq_factor,
+                "original_max_position_embeddings": s.original_max_positions,
+            }),
+        },
+    }
+}
 
 /// The HF class a model is written as.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -314,7 +337,7 @@ pub fn config(a: &Architecture, fam: Family, max_positions: u64) -> serde_json::
             "n_head": a.heads,
             "n_inner": a.ffn_hidden,
             "activation_function": "gelu_new",
-            "layer_norm_epsilon": NORM_EPS,
+            "layer_norm_epsilon": a.norm_eps,
             "resid_pdrop": 0.0,
             "embd_pdrop": 0.0,
             "attn_pdrop": 0.0,
@@ -340,9 +363,9 @@ pub fn config(a: &Architecture, fam: Family, max_positions: u64) -> serde_json::
             "head_dim": a.head_dim,
             "hidden_act": "silu",
             "max_position_embeddings": max_positions,
-            "rms_norm_eps": NORM_EPS,
-            "rope_theta": ROPE_THETA,
-            "rope_parameters": {"rope_type": "default", "rope_theta": ROPE_THETA},
+            "rms_norm_eps": a.norm_eps,
+            "rope_theta": a.rope_theta,
+            "rope_parameters": rope_parameters(a),
             "attention_bias": false,
             "attention_dropout": 0.0,
             "mlp_bias": false,

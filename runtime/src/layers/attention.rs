@@ -27,7 +27,18 @@ pub struct RopeTables<B: Backend> {
 
 impl<B: Backend> RopeTables<B> {
     pub fn new(be: &B, t: usize, hd: usize, theta: f64) -> Result<Self, LayerError> {
-        let (cos, sin) = cpu::rope_tables(t, hd, theta);
+        Self::scaled(be, t, hd, theta, None)
+    }
+
+    /// [`RopeTables::new`] with the model's frequency scaling (`rope_scaling`).
+    pub fn scaled(
+        be: &B,
+        t: usize,
+        hd: usize,
+        theta: f64,
+        scaling: Option<&tessera_planner::model::RopeScaling>,
+    ) -> Result<Self, LayerError> {
+        let (cos, sin) = cpu::rope_tables_scaled(t, hd, theta, scaling);
         Ok(Self {
             cos: be.upload(Storage::F32, &cos)?,
             sin: be.upload(Storage::F32, &sin)?,

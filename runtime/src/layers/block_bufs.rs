@@ -155,7 +155,13 @@ impl<B: Backend> BlockWorkspace<B> {
         let (n, c, rows) = (dims.n(), block.cfg.hidden, block.rows(dims));
         let act = |len| be.alloc(Storage::Bf16, len);
         let rope = match block.cfg.rope_theta {
-            Some(th) => Some(RopeTables::new(be, dims.t, block.attn.hd, th)?),
+            Some(th) => Some(RopeTables::scaled(
+                be,
+                dims.t,
+                block.attn.hd,
+                th,
+                block.cfg.rope_scaling.as_ref(),
+            )?),
             None => None,
         };
         let sp = match block.sequence_parallel {

@@ -2,7 +2,7 @@
 //! model (`tessera_planner::model::Architecture`), so the runtime builds exactly the model the
 //! plan describes. Must not decide parallel layout (the TP degree is passed separately).
 
-use tessera_planner::model::{self, Architecture};
+use tessera_planner::model::{self, Architecture, RopeScaling};
 
 use super::{Activation, LayerError, NormKind};
 
@@ -20,6 +20,8 @@ pub struct BlockConfig {
     pub norm: NormKind,
     /// `Some(θ)` (e.g. 10000) for RoPE; `None` when positions are learned (added at the input).
     pub rope_theta: Option<f64>,
+    /// RoPE frequency scaling (Llama 3.1's `llama3`); `None`: plain RoPE.
+    pub rope_scaling: Option<RopeScaling>,
     /// Biases on every linear (GPT-2).
     pub bias: bool,
     /// Biases on q, k, v only (Qwen2); implied by `bias`.
@@ -32,11 +34,12 @@ pub struct BlockConfig {
 }
 
 /// RoPE base when the model spec names none.
-pub const DEFAULT_ROPE_THETA: f64 = 10_000.0;
+pub const DEFAULT_ROPE_THETA: f64 = model::DEFAULT_ROPE_THETA;
 
 impl BlockConfig {
     /// The block of a resolved planner model, with GPT-2 initialisation (std 0.02, residual
-    /// projections 0.02/√(2·layers)), norm ε 1e-5 and RoPE θ [`DEFAULT_ROPE_THETA`].
+    /// projections 0.02/√(2·layers)), and the model's norm ε (`norm_eps`, default 1e-5), RoPE θ
+    /// (`rope_theta`, default [`DEFAULT_ROPE_THETA`]) and RoPE scaling.
     pub fn from_architecture(a: &Architecture) -> Result<Self, LayerError> {
         let us = |v: u64, what: &str| {
             usize::try_from(v)
@@ -63,11 +66,15 @@ impl BlockConfig {
             },
             rope_theta: match a.position {
                 model::Position::Learned => None,
-                model::Position::Rope => Some(DEFAULT_ROPE_THETA),
+                model::Position::Rope => Some(a.rope_theta),
+            },
+            rope_scaling: match a.position {
+                model::Position::Learned => None,
+                model::Position::Rope => a.rope_scaling,
             },
             bias: a.bias,
             qkv_bias: a.qkv_bias || a.bias,
-            norm_eps: 1e-5,
+            norm_eps: a.norm_eps as f32,
             init_std: 0.02,
             proj_init_std: 0.02 / (2.0 * a.layers as f32).sqrt(),
         })
@@ -79,6 +86,31 @@ mod tests {
     use super::*;
     use crate::layers::{TpShard, TransformerBlock};
     use crate::params::ParamLayout;
+
+    /// The model's RoPE θ, scaling and norm ε reach the block; the defaults are the values the
+    /// runtime used before the keys existed (θ 10000, ε 1e-5 as f32), so earlier runs stay
+    /// bit-identical.
+    #[test]
+    fn rope_and_norm_keys_reach_the_block() {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+        let load = |p: &str| {
+            tessera_planner::spec::load_model(&dir.join(p), Default::default())
+                .unwrap()
+                .architecture
+        };
+        let plain =
+            BlockConfig::from_architecture(&load("tests/fixtures/tiny-llama.toml")).unwrap();
+        assert_eq!(plain.rope_theta, Some(10_000.0));
+        assert_eq!(plain.norm_eps.to_bits(), 1e-5f32.to_bits());
+        assert_eq!(plain.rope_scaling, None);
+        let set =
+            BlockConfig::from_architecture(&load("tests/fixtures/tiny-llama-rope.toml")).unwrap();
+        assert_eq!(set.rope_theta, Some(1e6));
+        assert_eq!(set.norm_eps, 1e-6f32);
+        assert_eq!(set.rope_scaling.map(|s| s.original_max_positions), Some(64));
+        let gpt = BlockConfig::from_architecture(&load("specs/models/tiny.toml")).unwrap();
+        assert_eq!((gpt.rope_theta, gpt.norm_eps), (None, 1e-5f32));
+    }
 
     /// The runtime's block registers exactly the parameters the planner counts, split the same
     /// way between TP-sharded and replicated, for real presets.

@@ -37,6 +37,7 @@ fn config(llama: bool) -> BlockConfig {
             NormKind::LayerNorm
         },
         rope_theta: llama.then_some(10000.0),
+        rope_scaling: None,
         bias: !llama,
         qkv_bias: !llama,
         norm_eps: 1e-5,
@@ -105,6 +106,7 @@ fn train(
         min_lr: 1e-3,
         warmup_steps: 1,
         total_steps: STEPS,
+        decay: crate::optim::Decay::Cosine,
     };
     let mut ws = BlockWorkspace::new(&Cpu, &st.blocks[0], d).unwrap();
     let micro = GLOBAL_B / dp; // micro-batches of one sequence per DP replica

@@ -22,6 +22,7 @@ fn cfg(rope: bool) -> BlockConfig {
         activation: Activation::SwiGlu,
         norm: NormKind::RmsNorm,
         rope_theta: rope.then_some(100.0),
+        rope_scaling: None,
         bias: true,
         qkv_bias: true,
         norm_eps: 1e-5,

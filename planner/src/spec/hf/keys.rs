@@ -25,8 +25,188 @@
 use serde_json::Value;
 
 use crate::error::Diagnostic;
-use crate::model::{Activation, Architecture, Norm, Position};
+use crate::model::{
+    Activation, Architecture, Norm, Position, RopeScaling, RopeType, DEFAULT_ROPE_THETA,
+};
 use crate::source::Source;
+
+// Every top-level key of a config is one of: read (it sets a value of the resolved model, or is
+// checked to hold the only value the runtime computes), listed below as changing nothing Tessera
+// computes, or refused (exit 2, naming the key). A key set to `null` is absent.
+
+/// Keys of every family that change nothing Tessera plans or computes: bookkeeping, token ids,
+/// tokenizer and task metadata, generation defaults, output switches, and the attention kernel
+/// choice (eager, SDPA and flash attention compute the same function). `initializer_range`: the
+/// runtime initialises as GPT-2 does (std 0.02, residual projections 0.02/√(2·layers)), and
+/// `--init-from` replaces the initial weights anyway. `pretraining_tp`: transformers 5 ignores
+/// it (before, it split the matmuls into slices summed back: the same product).
+/// `max_position_embeddings` of the Llama family: the context length the model was trained for;
+/// RoPE has no table, so it bounds nothing (it is read only as the default
+/// `original_max_position_embeddings` of a `llama3` `rope_scaling`).
+const NO_EFFECT: &[&str] = &[
+    "_name_or_path",
+    "architectures",
+    "model_type",
+    "transformers_version",
+    "torch_dtype",
+    "dtype",
+    "use_cache",
+    "bos_token_id",
+    "eos_token_id",
+    "pad_token_id",
+    "sep_token_id",
+    "decoder_start_token_id",
+    "forced_bos_token_id",
+    "forced_eos_token_id",
+    "id2label",
+    "label2id",
+    "num_labels",
+    "problem_type",
+    "return_dict",
+    "output_hidden_states",
+    "output_attentions",
+    "torchscript",
+    "use_bfloat16",
+    "chunk_size_feed_forward",
+    "is_encoder_decoder",
+    "is_decoder",
+    "tie_encoder_decoder",
+    "tokenizer_class",
+    "prefix",
+    "finetuning_task",
+    "task_specific_params",
+    "initializer_range",
+    "_attn_implementation",
+    "attn_implementation",
+    "max_length",
+    "min_length",
+    "do_sample",
+    "early_stopping",
+    "num_beams",
+    "num_beam_groups",
+    "diversity_penalty",
+    "temperature",
+    "top_k",
+    "top_p",
+    "typical_p",
+    "repetition_penalty",
+    "length_penalty",
+    "no_repeat_ngram_size",
+    "encoder_no_repeat_ngram_size",
+    "bad_words_ids",
+    "num_return_sequences",
+    "output_scores",
+    "return_dict_in_generate",
+    "remove_invalid_values",
+    "exponential_decay_length_penalty",
+    "suppress_tokens",
+    "begin_suppress_tokens",
+    "pruned_heads",
+];
+
+/// Dropout probabilities: training settings, not the architecture. A Hugging Face config is
+/// planned with the documented training settings (dropout 0.0, specs/README.md), not these.
+const TRAINING_SETTINGS: &[&str] = &[
+    "attention_dropout",
+    "attn_pdrop",
+    "resid_pdrop",
+    "embd_pdrop",
+    "summary_first_dropout",
+];
+
+/// Keys of the Llama family read (or checked) by `Keys::llama`.
+const LLAMA_READ: &[&str] = &[
+    "num_hidden_layers",
+    "hidden_size",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "head_dim",
+    "intermediate_size",
+    "vocab_size",
+    "hidden_act",
+    "tie_word_embeddings",
+    "rms_norm_eps",
+    "rope_theta",
+    "rope_scaling",
+    "rope_parameters",
+    "partial_rotary_factor",
+    "original_max_position_embeddings",
+    "max_position_embeddings",
+    "pretraining_tp",
+];
+
+/// Keys of GPT2Config read (or checked) by `Keys::gpt2`, and those of GPT2DoubleHeadsModel's
+/// summary head and the legacy `n_ctx`, which GPT2LMHeadModel does not read.
+const GPT2_READ: &[&str] = &[
+    "n_layer",
+    "num_hidden_layers",
+    "n_embd",
+    "hidden_size",
+    "n_head",
+    "num_attention_heads",
+    "n_inner",
+    "vocab_size",
+    "n_positions",
+    "max_position_embeddings",
+    "tie_word_embeddings",
+    "layer_norm_epsilon",
+    "activation_function",
+    "scale_attn_weights",
+    "scale_attn_by_inverse_layer_idx",
+    "add_cross_attention",
+    // Upcasts the attention scores to fp32 before the softmax: the runtime's are fp32 already.
+    "reorder_and_upcast_attn",
+    "n_ctx",
+    "summary_type",
+    "summary_use_proj",
+    "summary_activation",
+    "summary_proj_to_labels",
+];
+
+/// Keys known to change the computation of the models that read them, which neither these
+/// families' classes nor Tessera's runtime implement: a more precise refusal than "unknown".
+const UNSUPPORTED: &[(&str, &str)] = &[
+    (
+        "attn_logit_softcapping",
+        "soft-caps the attention scores (Gemma 2)",
+    ),
+    (
+        "final_logit_softcapping",
+        "soft-caps the output logits (Gemma 2)",
+    ),
+    ("query_pre_attn_scalar", "rescales the queries (Gemma 2)"),
+    ("quantization_config", "quantizes the weights"),
+    ("logits_scaling", "rescales the output logits (Granite)"),
+    ("embedding_multiplier", "rescales the embeddings (Granite)"),
+    (
+        "residual_multiplier",
+        "rescales the residual branches (Granite)",
+    ),
+    (
+        "attention_multiplier",
+        "replaces the attention scale (Granite)",
+    ),
+    ("use_qk_norm", "normalises the queries and keys"),
+    ("qk_layernorm", "normalises the queries and keys"),
+    ("no_rope_layers", "leaves RoPE out of some layers"),
+    ("alibi", "replaces RoPE by ALiBi biases"),
+    ("parallel_attn", "runs attention and the MLP in parallel"),
+    ("num_local_experts", "makes the MLPs mixtures of experts"),
+    ("num_experts", "makes the MLPs mixtures of experts"),
+];
+
+/// The keys a `rope_scaling` / `rope_parameters` object may hold; the llama3 ones are ignored
+/// by transformers under the `default` type.
+const ROPE_KEYS: &[&str] = &[
+    "rope_type",
+    "type",
+    "rope_theta",
+    "partial_rotary_factor",
+    "factor",
+    "low_freq_factor",
+    "high_freq_factor",
+    "original_max_position_embeddings",
+];
 
 /// The model families read, by `model_type`.
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -180,6 +360,277 @@ impl<'a> Keys<'a> {
         }
     }
 
+    /// The value of `key`, `None` when absent or `null`.
+    fn get(&self, key: &str) -> Option<&'a Value> {
+        self.v.get(key).filter(|x| !x.is_null())
+    }
+
+    /// A positive number (a JSON integer or float) under `key` of `obj` (named `name` in
+    /// messages), `None` when absent or `null`.
+    fn number_in(&self, obj: &Value, key: &str, name: &str) -> Result<Option<f64>, Diagnostic> {
+        match obj.get(key).filter(|x| !x.is_null()) {
+            None => Ok(None),
+            Some(x) => match x.as_f64().filter(|f| f.is_finite() && *f > 0.0) {
+                Some(f) if !x.is_boolean() => Ok(Some(f)),
+                _ => Err(self.err(
+                    name,
+                    format!("must be a positive number, found {}", describe(x)),
+                    format!("set \"{key}\" to a positive JSON number (no quotes)"),
+                )),
+            },
+        }
+    }
+
+    /// A positive number at the top level, `default` when absent or `null`.
+    fn number(&self, key: &str, default: f64) -> Result<f64, Diagnostic> {
+        Ok(self.number_in(self.v, key, key)?.unwrap_or(default))
+    }
+
+    /// Every top-level key is read by `family`, listed as changing nothing, or refused.
+    fn known_keys(&self, family: Family) -> Result<(), Diagnostic> {
+        let Some(obj) = self.v.as_object() else {
+            return Err(self.err(
+                "-",
+                "a config.json must be a JSON object".into(),
+                "write the config as { \"model_type\": …, … }".into(),
+            ));
+        };
+        let family_keys: &[&str] = match family {
+            Family::Gpt2 => GPT2_READ,
+            Family::Llama => &["mlp_bias", "attention_bias"],
+            // MistralAttention and the Mistral and Qwen2 MLPs are built without biases and
+            // Qwen2's Q, K, V with them, whatever these keys say.
+            Family::Mistral => &["sliding_window", "mlp_bias", "attention_bias"],
+            Family::Qwen2 => &[
+                "sliding_window",
+                "use_sliding_window",
+                "max_window_layers",
+                "layer_types",
+                "mlp_bias",
+                "attention_bias",
+            ],
+        };
+        let llama = family != Family::Gpt2;
+        for (key, x) in obj {
+            let k = key.as_str();
+            let known = NO_EFFECT.contains(&k)
+                || TRAINING_SETTINGS.contains(&k)
+                || family_keys.contains(&k)
+                || (llama && LLAMA_READ.contains(&k));
+            if known || x.is_null() {
+                continue;
+            }
+            let class = match family {
+                Family::Llama => "LlamaForCausalLM",
+                Family::Mistral => "MistralForCausalLM",
+                Family::Qwen2 => "Qwen2ForCausalLM",
+                Family::Gpt2 => "GPT2LMHeadModel",
+            };
+            let problem = match UNSUPPORTED.iter().find(|(u, _)| *u == k) {
+                Some((_, what)) => format!("\"{k}\" {what}, which neither {class} nor Tessera's runtime computes"),
+                None => format!("unknown key \"{k}\" for model_type \"{}\": Tessera reads the keys that change a {class}'s computation and ignores a known list of those that do not (specs/README.md); it cannot tell what this one does", self.model_type),
+            };
+            return Err(self.err(
+                k,
+                problem,
+                format!("remove \"{k}\" if the model does not depend on it, or write a TOML model spec (specs/README.md)"),
+            ));
+        }
+        Ok(())
+    }
+
+    /// RoPE θ and scaling of a Llama-family config: `rope_theta` and the `rope_parameters`
+    /// (transformers 5) or `rope_scaling` (before) object, as transformers'
+    /// `standardize_rope_params` merges them. Only the `default` and `llama3` types are
+    /// computed; a partial rotary factor other than 1 is refused.
+    fn rope(&self) -> Result<(f64, Option<RopeScaling>), Diagnostic> {
+        let objects: Vec<(&str, &Value)> = ["rope_parameters", "rope_scaling"]
+            .into_iter()
+            .filter_map(|k| self.get(k).map(|x| (k, x)))
+            .collect();
+        for (k, x) in &objects {
+            let Some(o) = x.as_object() else {
+                return Err(self.err(
+                    k,
+                    format!("must be an object or null, found {}", describe(x)),
+                    format!("write \"{k}\": null, or an object such as {{\"rope_type\": \"llama3\", \"factor\": 8.0, …}}"),
+                ));
+            };
+            if let Some(sub) = o.keys().find(|s| !ROPE_KEYS.contains(&s.as_str())) {
+                return Err(self.err(
+                    &format!("{k}.{sub}"),
+                    format!("unknown key \"{sub}\" in \"{k}\": Tessera computes the default and llama3 RoPE only"),
+                    format!("remove \"{sub}\" from \"{k}\" (keys read: {})", ROPE_KEYS.join(", ")),
+                ));
+            }
+        }
+        if let [(k1, a), (k2, b)] = objects[..] {
+            for (sub, x) in a.as_object().into_iter().flatten() {
+                if let Some(y) = b.get(sub).filter(|y| *y != x && !y.is_null()) {
+                    return Err(self.err(
+                        k1,
+                        format!("\"{k1}.{sub}\" is {x} and \"{k2}.{sub}\" is {y}: two spellings of one setting that disagree"),
+                        format!("keep one of \"{k1}\" and \"{k2}\""),
+                    ));
+                }
+            }
+        }
+        let field = |sub: &str| -> Option<(String, &'a Value)> {
+            objects.iter().find_map(|(k, o)| {
+                o.get(sub)
+                    .filter(|x| !x.is_null())
+                    .map(|x| (format!("{k}.{sub}"), x))
+            })
+        };
+        let theta = match (
+            field("rope_theta"),
+            self.number_in(self.v, "rope_theta", "rope_theta")?,
+        ) {
+            (Some((name, x)), top) => {
+                let inner = self.number_in(&serde_json::json!({"v": x}), "v", &name)?;
+                if let (Some(i), Some(t)) = (inner, top) {
+                    if i != t {
+                        return Err(self.err(
+                            "rope_theta",
+                            format!("\"rope_theta\" is {t} and \"{name}\" is {i}: two spellings of one setting that disagree"),
+                            "give both the same value, or keep one".into(),
+                        ));
+                    }
+                }
+                inner.unwrap_or(DEFAULT_ROPE_THETA)
+            }
+            (None, top) => top.unwrap_or(DEFAULT_ROPE_THETA),
+        };
+        for (name, x) in [
+            field("partial_rotary_factor"),
+            self.get("partial_rotary_factor")
+                .map(|x| ("partial_rotary_factor".to_string(), x)),
+        ]
+        .into_iter()
+        .flatten()
+        {
+            if x.as_f64() != Some(1.0) {
+                return Err(self.err(
+                    &name,
+                    format!("partial rotary embeddings (a factor of {x}) are not implemented: Tessera rotates every channel of a head"),
+                    format!("remove \"{name}\" or set it to 1.0"),
+                ));
+            }
+        }
+        let Some((type_key, kind)) = field("rope_type").or_else(|| field("type")) else {
+            return Ok((theta, None));
+        };
+        let kind_str = kind.as_str().unwrap_or("");
+        match kind_str {
+            "default" => Ok((theta, None)),
+            "llama3" => {
+                let num = |sub: &str| -> Result<f64, Diagnostic> {
+                    match field(sub) {
+                        Some((name, x)) => Ok(self
+                            .number_in(&serde_json::json!({"v": x}), "v", &name)?
+                            .unwrap_or(0.0)),
+                        None => Err(self.err(
+                            &type_key,
+                            format!("rope type \"llama3\" needs \"{sub}\", which is missing"),
+                            format!("add \"{sub}\" to the rope object (Llama 3.1: factor 8.0, low_freq_factor 1.0, high_freq_factor 4.0, original_max_position_embeddings 8192)"),
+                        )),
+                    }
+                };
+                let factor = num("factor")?;
+                let low_freq_factor = num("low_freq_factor")?;
+                let high_freq_factor = num("high_freq_factor")?;
+                let original = match field("original_max_position_embeddings") {
+                    Some((name, _)) => Some(name),
+                    None => ["original_max_position_embeddings", "max_position_embeddings"]
+                        .into_iter()
+                        .find(|k| self.get(k).is_some())
+                        .map(str::to_string),
+                };
+                let Some(original) = original else {
+                    return Err(self.err(
+                        &type_key,
+                        "rope type \"llama3\" needs \"original_max_position_embeddings\" (or \"max_position_embeddings\"), which is missing".into(),
+                        "add \"original_max_position_embeddings\": 8192 to the rope object".into(),
+                    ));
+                };
+                let x = field("original_max_position_embeddings")
+                    .map(|(_, x)| x)
+                    .or_else(|| self.get(&original))
+                    .unwrap_or(&Value::Null);
+                let Some(original_max_positions) = x.as_u64().filter(|n| *n > 0 && !x.is_f64())
+                else {
+                    return Err(self.err(
+                        &original,
+                        format!("must be a positive integer, found {}", describe(x)),
+                        format!("set \"{original}\" to a positive JSON integer"),
+                    ));
+                };
+                let scaling = RopeScaling {
+                    rope_type: RopeType::Llama3,
+                    factor,
+                    low_freq_factor,
+                    high_freq_factor,
+                    original_max_positions,
+                };
+                if let Err(p) = crate::spec::check::rope_scaling(&scaling) {
+                    return Err(self.err(&type_key, p.problem, p.fix));
+                }
+                Ok((theta, Some(scaling)))
+            }
+            _ => Err(self.err(
+                &type_key,
+                format!("RoPE scaling of type {kind} is not implemented: Tessera computes the default RoPE and Llama 3.1's \"llama3\" scaling only"),
+                format!("use a config whose \"{}\" is null or of type \"default\" or \"llama3\"", type_key.split('.').next().unwrap_or("rope_scaling")),
+            )),
+        }
+    }
+
+    /// The attention window of a Mistral or Qwen2 config, as transformers applies it: Mistral's
+    /// `sliding_window` (default 4096, `null` for none) on every layer; Qwen2's only with
+    /// `use_sliding_window` and on the layers `layer_types` (or `max_window_layers`) make
+    /// sliding. `None`: full attention everywhere.
+    fn sliding_window(&self, family: Family, layers: u64) -> Result<Option<u64>, Diagnostic> {
+        let window = || -> Result<Option<u64>, Diagnostic> {
+            match self.v.get("sliding_window") {
+                None => Ok(Some(4096)),
+                Some(_) => self.int(&["sliding_window"], false, true),
+            }
+        };
+        match family {
+            Family::Mistral => window(),
+            Family::Qwen2 => {
+                let window = window()?;
+                if !self.boolean("use_sliding_window", false)? {
+                    return Ok(None);
+                }
+                let sliding_layers = match self.get("layer_types") {
+                    Some(x) => {
+                        let types = x.as_array().filter(|t| t.len() as u64 == layers);
+                        let bad = |t: &Value| {
+                            !matches!(t.as_str(), Some("full_attention" | "sliding_attention"))
+                        };
+                        let Some(types) = types.filter(|t| !t.iter().any(bad)) else {
+                            return Err(self.err(
+                                "layer_types",
+                                format!("must be a list of {layers} \"full_attention\" or \"sliding_attention\", found {}", describe(x)),
+                                "give one entry per layer, or remove \"layer_types\"".into(),
+                            ));
+                        };
+                        types.iter().any(|t| t == "sliding_attention")
+                    }
+                    None => {
+                        let from = self
+                            .int(&["max_window_layers"], false, false)?
+                            .unwrap_or(28);
+                        from < layers
+                    }
+                };
+                Ok(window.filter(|_| sliding_layers))
+            }
+            _ => Ok(None),
+        }
+    }
+
     /// The architecture of a Llama, Mistral or Qwen2 config.
     fn llama(&self, family: Family) -> Result<Architecture, Diagnostic> {
         let hidden = self.count(&["hidden_size"])?;
@@ -236,15 +687,33 @@ impl<'a> Keys<'a> {
         }
         let tied_embeddings = self.boolean("tie_word_embeddings", false)?;
         let (bias, qkv_bias) = match family {
-            Family::Llama => (
-                self.boolean("mlp_bias", false)?,
-                self.boolean("attention_bias", false)?,
-            ),
+            Family::Llama => {
+                let mlp = self.boolean("mlp_bias", false)?;
+                let attention = self.boolean("attention_bias", false)?;
+                if mlp != attention {
+                    let (key, other) = if attention {
+                        ("attention_bias", "mlp_bias")
+                    } else {
+                        ("mlp_bias", "attention_bias")
+                    };
+                    return Err(self.err(
+                        key,
+                        format!("{key} is true and {other} false: LlamaForCausalLM then has biases on {}, which Tessera's layers cannot express (biases on every linear, `bias`, or on q, k and v only, `qkv_bias`)", if attention { "q, k, v and o_proj but not the MLP" } else { "the MLP but not the attention" }),
+                        format!("set \"{key}\" and \"{other}\" alike"),
+                    ));
+                }
+                (mlp, mlp)
+            }
             Family::Qwen2 => (false, true),
             _ => (false, false),
         };
+        let layers = self.count(&["num_hidden_layers"])?;
+        let (rope_theta, rope_scaling) = self.rope()?;
+        // LlamaConfig, MistralConfig and Qwen2Config all default rms_norm_eps to 1e-6.
+        let norm_eps = self.number("rms_norm_eps", 1e-6)?;
+        let sliding_window = self.sliding_window(family, layers)?;
         Ok(Architecture {
-            layers: self.count(&["num_hidden_layers"])?,
+            layers,
             hidden,
             heads,
             kv_heads,
@@ -259,6 +728,10 @@ impl<'a> Keys<'a> {
             qkv_bias,
             max_positions: 0,
             vocab_divisible_by: crate::spec::DEFAULT_VOCAB_DIVISIBLE_BY,
+            rope_theta,
+            rope_scaling,
+            norm_eps,
+            sliding_window,
         })
     }
 
@@ -274,6 +747,30 @@ impl<'a> Keys<'a> {
                 format!("set \"n_head\" to a divisor of {hidden}: {}", crate::search::divisors::listed(hidden)),
             ));
         }
+        // transformers' ACT2FN: gelu_new and gelu_pytorch_tanh are the tanh approximation the
+        // runtime computes; "gelu" is the exact (erf) GELU, which it does not.
+        let act = self.string("activation_function", "gelu_new")?;
+        if act != "gelu_new" && act != "gelu_pytorch_tanh" {
+            return Err(self.err(
+                "activation_function",
+                format!("activation_function \"{act}\" is not computed: Tessera's GELU is the tanh approximation (gelu_new)"),
+                "use \"gelu_new\" (or \"gelu_pytorch_tanh\", the same function)".into(),
+            ));
+        }
+        for (key, want, default) in [
+            ("scale_attn_weights", true, true),
+            ("scale_attn_by_inverse_layer_idx", false, false),
+            ("add_cross_attention", false, false),
+        ] {
+            if self.boolean(key, default)? != want {
+                return Err(self.err(
+                    key,
+                    format!("{key} = {} changes GPT-2's attention in a way Tessera's runtime does not compute", !want),
+                    format!("set \"{key}\" to {want} (or remove it)"),
+                ));
+            }
+        }
+        let norm_eps = self.number("layer_norm_epsilon", 1e-5)?;
         Ok(Architecture {
             layers: self.count(&["n_layer", "num_hidden_layers"])?,
             hidden,
@@ -292,6 +789,10 @@ impl<'a> Keys<'a> {
             qkv_bias: true,
             max_positions: self.count(&["n_positions", "max_position_embeddings"])?,
             vocab_divisible_by: crate::spec::DEFAULT_VOCAB_DIVISIBLE_BY,
+            rope_theta: DEFAULT_ROPE_THETA,
+            rope_scaling: None,
+            norm_eps,
+            sliding_window: None,
         })
     }
 
@@ -312,12 +813,17 @@ impl<'a> Keys<'a> {
             "ffn_hidden" if gpt2 => "n_inner",
             "ffn_hidden" => "intermediate_size",
             "vocab" => "vocab_size",
+            "sliding_window" => "sliding_window",
+            "norm_eps" if gpt2 => "layer_norm_epsilon",
+            "norm_eps" => "rms_norm_eps",
+            "rope_theta" => "rope_theta",
             _ => return None,
         })
     }
 
     /// The architecture of the config's family.
     pub fn architecture(&self, family: Family) -> Result<Architecture, Diagnostic> {
+        self.known_keys(family)?;
         match family {
             Family::Gpt2 => self.gpt2(),
             f => self.llama(f),
