@@ -302,7 +302,7 @@ fn exports_pass_the_settings_or_refuse_what_the_engine_cannot_state() {
     let r = run(&["export", &s(&default), "--to", "deepspeed"]);
     assert!(
         r.stderr
-            .contains("--lr 0.003 --min-lr 0.00030000000000000003 --lr-warmup-iters 5 --lr-decay-style cosine"),
+            .contains("--lr 0.003 --min-lr 0.0003 --lr-warmup-iters 5 --lr-decay-style cosine"),
         "{}",
         r.stderr
     );
