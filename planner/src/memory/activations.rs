@@ -69,7 +69,7 @@ impl Keep {
 
 /// Bytes per stored activation element under the model's precision policy (2 for 16-bit
 /// training, 4 for the CPU backend's f32).
-fn element_bytes(model: &Model) -> f64 {
+pub(crate) fn element_bytes(model: &Model) -> f64 {
     crate::precision::Policy::by_name(&model.training.precision)
         .map_or(2.0, |p| f64::from(p.activation_bytes))
 }
@@ -197,35 +197,6 @@ pub fn layer_bytes(model: &Model, b: u64, tp: u64, sp: bool, recompute: Recomput
         .iter()
         .map(|x| kept_bytes(x, tp, sp, keep))
         .sum()
-}
-
-/// The CPU runtime's backward workspace on a rank (`tessera run` on a CPU cluster): one set of
-/// gradient buffers for one micro-batch, shared by the stage's layers (runtime/src/layers/
-/// block_bufs.rs `BlockWorkspace`): the two norms' output gradients (`rows × h`), the MLP's
-/// pre-activation and activation gradients, the attention's q/k/v and output gradients, its
-/// f32 score scratch (64 query rows × T), and under sequence parallelism three full-row
-/// buffers. GPU frameworks' temporaries are not modelled here (their allocator's slack is the
-/// cluster's `overhead.fragmentation`); 0 for a GPU cluster.
-pub fn workspace_bytes(model: &Model, cpu: bool, b: u64, tp: u64, sp: bool) -> f64 {
-    if !cpu {
-        return 0.0;
-    }
-    let a = &model.architecture;
-    let w = element_bytes(model);
-    let n = model.training.seq_len as f64 * b as f64;
-    let t = tp as f64;
-    let h = a.hidden as f64;
-    let f = a.ffn_hidden as f64 / t;
-    let pre = match a.activation {
-        Activation::Gelu => f,
-        Activation::Swiglu => 2.0 * f,
-    };
-    let rows = if sp { n / t } else { n };
-    let (q, kv) = (a.q_dim() as f64 / t, a.kv_dim() as f64 / t);
-    let seq = model.training.seq_len as f64;
-    let scratch = 4.0 * seq.min(64.0) * seq;
-    let sp_rows = if sp && tp > 1 { 3.0 * n * h } else { 0.0 };
-    w * (2.0 * rows * h + n * (pre + f) + n * (q + 2.0 * kv) + n * q + sp_rows) + scratch
 }
 
 /// Tensors outside the layers: the embedding's dropout mask on the first stage.

@@ -6,6 +6,7 @@
 //! the cluster spec. This module only counts; it does not decide anything.
 
 pub mod activations;
+mod cpu_runtime;
 mod overhead;
 
 pub use overhead::{runtime_overhead_bytes, runtime_overheads};
@@ -257,18 +258,18 @@ impl<'a> Ctx<'a> {
         );
         let cpu = self.cluster.device.kind == DeviceKind::Cpu;
         if cpu {
-            let ws = activations::workspace_bytes(model, cpu, b, tp, sp);
+            let ws = cpu_runtime::workspace_bytes(model, cpu, b, tp, sp);
             add(sink, "backward_workspace", "activations", ws, &|| {
                 "the CPU runtime's gradient buffers of one layer's backward for one micro-batch, shared by the stage's layers".into()
             });
-            let zb = cpu_zero_buffers(self.policy, params, zero, shard, v);
+            let zb = cpu_runtime::zero_buffers(self.policy, params, zero, shard, v);
             if zb > 0.0 {
                 add(sink, "zero_shard_buffers", "model_states", zb, &|| {
                     format!("the CPU runtime's ZeRO-{zero} buffers, kept between steps: the reduce-scattered gradient shard (fp32) and the shard the all-gather sends, each 1/{shard} of the largest chunk's parameters")
                 });
             }
-            let dp_msgs = cpu_dp_messages(params, layout.dp, zero, v);
-            let tied = cpu_tied_messages(model, layout, stage);
+            let dp_msgs = cpu_runtime::dp_messages(params, layout.dp, zero, v);
+            let tied = cpu_runtime::tied_messages(model, layout, stage);
             if dp_msgs + tied > 0.0 {
                 add(sink, "comm_messages", "overhead", dp_msgs + tied, &|| {
                     "the thread communicator's pooled message buffers, kept for reuse: the DP gradient sync's messages (the largest chunk's gradients, or the reduce-scatter's chunks under ZeRO) and the tied embedding's gradient sum between the end stages".into()
@@ -319,45 +320,6 @@ impl<'a> Ctx<'a> {
             sink.term(name, "overhead", bytes, &|| why.clone());
         }
     }
-}
-
-/// The CPU runtime's ZeRO scratch (runtime/src/exec/sync.rs): a gradient shard and a
-/// parameter shard of the largest chunk's region (one of `chunks` of the stage's `params`),
-/// in the policy's gradient and weight widths, when ZeRO shards over more than one rank.
-fn cpu_zero_buffers(policy: &Policy, params: f64, zero: u8, shard: u64, chunks: u64) -> f64 {
-    if zero == 0 || shard <= 1 {
-        return 0.0;
-    }
-    let widths = f64::from(policy.class_bytes(StateClass::Grad).min(4))
-        + f64::from(policy.class_bytes(StateClass::Param));
-    params / chunks.max(1) as f64 / shard as f64 * widths
-}
-
-/// The thread communicator's pooled messages of the DP gradient sync on a rank holding
-/// `params` in `chunks` chunks (runtime/src/comm/local.rs keeps sent buffers for reuse): an
-/// all-reduce of a chunk's fp32 gradients sends every chunk of it but its own and keeps the
-/// reduced one, the chunk's size in all; a ZeRO reduce-scatter sends the `dp − 1` chunks of
-/// the others (the all-gather reuses one of them).
-fn cpu_dp_messages(params: f64, dp: u64, zero: u8, chunks: u64) -> f64 {
-    if dp <= 1 {
-        return 0.0;
-    }
-    let region = 4.0 * params / chunks.max(1) as f64;
-    match zero {
-        0 => region,
-        _ => region / dp as f64 * (dp - 1) as f64,
-    }
-}
-
-/// The pooled messages of the tied embedding's gradient sum between stage 0 and the last
-/// stage (a two-rank all-reduce of the rank's fp32 table shard), on those two stages.
-fn cpu_tied_messages(model: &Model, layout: &Layout, stage: u64) -> f64 {
-    let a = &model.architecture;
-    let end = stage == 0 || stage + 1 == layout.pp;
-    if !(a.tied_embeddings && layout.pp > 1 && end) {
-        return 0.0;
-    }
-    4.0 * (a.padded_vocab(layout.tp) / layout.tp) as f64 * a.hidden as f64
 }
 
 /// Activation bytes of an average layer for one micro-batch on one TP rank: under full
@@ -483,10 +445,10 @@ impl StageBytes {
         let act = per_layer_act(model, layout);
         let grow = 1.0 + cluster.overhead.fragmentation;
         let cpu = cluster.device.kind == DeviceKind::Cpu;
-        let mut fixed_all = activations::workspace_bytes(model, cpu, b, tp, sp);
+        let mut fixed_all = cpu_runtime::workspace_bytes(model, cpu, b, tp, sp);
         // The CPU runtime's ZeRO buffers and DP messages, per parameter a rank holds.
         let per_param_bufs = if cpu {
-            cpu_zero_buffers(policy, 1.0, zero, shard, v) + cpu_dp_messages(1.0, layout.dp, zero, v)
+            cpu_runtime::zero_buffers(policy, 1.0, zero, shard, v) + cpu_runtime::dp_messages(1.0, layout.dp, zero, v)
         } else {
             0.0
         };
@@ -518,7 +480,7 @@ impl StageBytes {
             per_layer.push(grow * (layer_states + act * flight / v as f64));
             let mut f = fixed_all;
             if cpu {
-                f += cpu_tied_messages(model, layout, s);
+                f += cpu_runtime::tied_messages(model, layout, s);
             }
             if s == 0 {
                 f += first;

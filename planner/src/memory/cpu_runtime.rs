@@ -1,0 +1,148 @@
+//! What Tessera's own CPU runtime keeps on a rank besides the policy's states and the stored
+//! activations (`tessera run` on a CPU cluster; docs/performance.md, "CPU memory"): one
+//! layer's backward workspace, the ZeRO shard buffers and the thread communicator's pooled
+//! messages. Each follows a buffer of the runtime, named with its file. GPU clusters count
+//! none of these (their frameworks' temporaries are the cluster's allocator slack).
+
+use crate::layout::Layout;
+use crate::model::{Activation, Model};
+use crate::precision::{Policy, StateClass};
+
+/// The CPU runtime's backward workspace on a rank (`tessera run` on a CPU cluster): one set of
+/// gradient buffers for one micro-batch, shared by the stage's layers (runtime/src/layers/
+/// block_bufs.rs `BlockWorkspace`): the two norms' output gradients (`rows × h`), the MLP's
+/// pre-activation and activation gradients, the attention's q/k/v and output gradients, its
+/// f32 score scratch (64 query rows × T), and under sequence parallelism three full-row
+/// buffers. GPU frameworks' temporaries are not modelled here (their allocator's slack is the
+/// cluster's `overhead.fragmentation`); 0 for a GPU cluster.
+pub fn workspace_bytes(model: &Model, cpu: bool, b: u64, tp: u64, sp: bool) -> f64 {
+    if !cpu {
+        return 0.0;
+    }
+    let a = &model.architecture;
+    let w = crate::memory::activations::element_bytes(model);
+    let n = model.training.seq_len as f64 * b as f64;
+    let t = tp as f64;
+    let h = a.hidden as f64;
+    let f = a.ffn_hidden as f64 / t;
+    let pre = match a.activation {
+        Activation::Gelu => f,
+        Activation::Swiglu => 2.0 * f,
+    };
+    let rows = if sp { n / t } else { n };
+    let (q, kv) = (a.q_dim() as f64 / t, a.kv_dim() as f64 / t);
+    let seq = model.training.seq_len as f64;
+    let scratch = 4.0 * seq.min(64.0) * seq;
+    let sp_rows = if sp && tp > 1 { 3.0 * n * h } else { 0.0 };
+    w * (2.0 * rows * h + n * (pre + f) + n * (q + 2.0 * kv) + n * q + sp_rows) + scratch
+}
+
+/// The CPU runtime's ZeRO scratch (runtime/src/exec/sync.rs): a gradient shard and a
+/// parameter shard of the largest chunk's region (one of `chunks` of the stage's `params`),
+/// in the policy's gradient and weight widths, when ZeRO shards over more than one rank.
+pub(crate) fn zero_buffers(policy: &Policy, params: f64, zero: u8, shard: u64, chunks: u64) -> f64 {
+    if zero == 0 || shard <= 1 {
+        return 0.0;
+    }
+    let widths = f64::from(policy.class_bytes(StateClass::Grad).min(4))
+        + f64::from(policy.class_bytes(StateClass::Param));
+    params / chunks.max(1) as f64 / shard as f64 * widths
+}
+
+/// The thread communicator's pooled messages of the DP gradient sync on a rank holding
+/// `params` in `chunks` chunks (runtime/src/comm/local.rs keeps sent buffers for reuse): an
+/// all-reduce of a chunk's fp32 gradients sends every chunk of it but its own and keeps the
+/// reduced one, the chunk's size in all; a ZeRO reduce-scatter sends the `dp − 1` chunks of
+/// the others (the all-gather reuses one of them).
+pub(crate) fn dp_messages(params: f64, dp: u64, zero: u8, chunks: u64) -> f64 {
+    if dp <= 1 {
+        return 0.0;
+    }
+    let region = 4.0 * params / chunks.max(1) as f64;
+    match zero {
+        0 => region,
+        _ => region / dp as f64 * (dp - 1) as f64,
+    }
+}
+
+/// The pooled messages of the tied embedding's gradient sum between stage 0 and the last
+/// stage (a two-rank all-reduce of the rank's fp32 table shard), on those two stages.
+pub(crate) fn tied_messages(model: &Model, layout: &Layout, stage: u64) -> f64 {
+    let a = &model.architecture;
+    let end = stage == 0 || stage + 1 == layout.pp;
+    if !(a.tied_embeddings && layout.pp > 1 && end) {
+        return 0.0;
+    }
+    4.0 * (a.padded_vocab(layout.tp) / layout.tp) as f64 * a.hidden as f64
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::layout::Layout;
+    use crate::spec::{self, ClusterOverrides, TrainingOverrides};
+    use std::path::Path;
+
+    fn tiny() -> Model {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../specs");
+        let m =
+            spec::load_model(&root.join("models/tiny.toml"), TrainingOverrides::default()).unwrap();
+        let c = spec::load_cluster(
+            &root.join("clusters/cpu-8.toml"),
+            ClusterOverrides::default(),
+        )
+        .unwrap();
+        crate::precision::for_device(&m, &c).into_owned()
+    }
+
+    /// The tiny model (h 64, FFN 256, 4 heads of 64/4, T 64) at micro-batch 2 in f32, by hand:
+    /// dln + dx2 2·128·64, dh + da 128·(256 + 256), dqkv 128·192, dy 128·64 floats, and the
+    /// score scratch 64·64 f32.
+    #[test]
+    fn workspace_of_the_tiny_model_by_hand() {
+        let m = tiny();
+        assert_eq!(m.training.precision, "fp32");
+        let floats = 2.0 * 128.0 * 64.0 + 128.0 * 512.0 + 128.0 * 192.0 + 128.0 * 64.0;
+        let want = 4.0 * floats + 4.0 * 64.0 * 64.0;
+        assert_eq!(workspace_bytes(&m, true, 2, 1, false), want);
+        assert_eq!(workspace_bytes(&m, false, 2, 1, false), 0.0, "GPU: none");
+        // TP 2 halves the sharded buffers, not the norms' rows; SP adds three full-row buffers
+        // and splits the norms' rows.
+        let tp2 = 2.0 * 128.0 * 64.0 + (128.0 * 512.0 + 128.0 * 192.0 + 128.0 * 64.0) / 2.0;
+        assert_eq!(
+            workspace_bytes(&m, true, 2, 2, false),
+            4.0 * tp2 + 4.0 * 64.0 * 64.0
+        );
+        let sp = tp2 - 128.0 * 64.0 + 3.0 * 128.0 * 64.0;
+        assert_eq!(
+            workspace_bytes(&m, true, 2, 2, true),
+            4.0 * sp + 4.0 * 64.0 * 64.0
+        );
+    }
+
+    /// 1000 parameters in one chunk over DP 4: ZeRO keeps a 250-float gradient shard and a
+    /// 250-float weight shard (8 B each in fp32 = 2000 B) and sends 3 chunks of 250 floats
+    /// (3000 B); an all-reduce's messages add up to the whole 4000 B.
+    #[test]
+    fn zero_buffers_and_dp_messages_by_hand() {
+        let fp32 = Policy::by_name("fp32").unwrap();
+        assert_eq!(zero_buffers(fp32, 1000.0, 1, 4, 1), 2000.0);
+        assert_eq!(zero_buffers(fp32, 1000.0, 0, 4, 1), 0.0);
+        assert_eq!(
+            zero_buffers(fp32, 1000.0, 1, 4, 2),
+            1000.0,
+            "two chunks: the larger half"
+        );
+        assert_eq!(dp_messages(1000.0, 4, 1, 1), 3000.0);
+        assert_eq!(dp_messages(1000.0, 4, 0, 1), 4000.0);
+        assert_eq!(dp_messages(1000.0, 1, 0, 1), 0.0);
+        // The tied table between the end stages: vocab 256 × hidden 64 at TP 1, f32.
+        let m = tiny();
+        let layout = |pp| Layout {
+            pp,
+            ..Layout::without_pipeline(1, 1, 0, 1)
+        };
+        assert_eq!(tied_messages(&m, &layout(2), 1), 4.0 * 256.0 * 64.0);
+        assert_eq!(tied_messages(&m, &layout(1), 0), 0.0);
+    }
+}
