@@ -39,7 +39,7 @@ step() {
 
 T=.gpu/tests
 step doctor .gpu/tessera doctor
-step library "$T/lib" --nocapture cuda::
+step library "$T/lib" --nocapture backend::cuda::
 step nvrtc "$T/nvrtc" --nocapture
 step ops "$T/ops" --nocapture
 step cuda-local "$T/cuda_local" --nocapture

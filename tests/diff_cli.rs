@@ -51,7 +51,7 @@ fn diff_of_two_layouts_names_what_changed() {
     // The pipelined plan has a bubble and TP communication the flat one has not.
     assert_eq!(row("pipeline_bubble").last(), Some(&"new"));
     assert_eq!(row("tp_comm").last(), Some(&"new"));
-    assert!(out.contains("stage 0 weights_bf16"), "{out}");
+    assert!(out.contains("stage 0 weights_fp32"), "{out}");
     assert!(out.contains("step_time_s"), "{out}");
 }
 

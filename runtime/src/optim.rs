@@ -13,8 +13,8 @@
 
 use std::ops::Range;
 
+use crate::backend::AdamWStep;
 use crate::comm::CommError;
-use crate::ops::AdamWStep;
 use crate::params::ParamLayout;
 use tessera_planner::optimizer::{DecayOn, DecayShape, Optimizer, Schedule};
 

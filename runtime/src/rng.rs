@@ -57,6 +57,14 @@ pub fn fill_normal(out: &mut [f32], seed: u64, stream: u64, first: u64, std: f32
     }
 }
 
+/// 64-bit FNV-1a: a stable hash (std's hasher may change between Rust releases). Keys the
+/// kernel compile cache and the rendezvous token.
+pub fn fnv1a64(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, &b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

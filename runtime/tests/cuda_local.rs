@@ -9,8 +9,8 @@
 #![cfg(feature = "cuda")]
 
 use tessera_planner::Mesh;
-use tessera_runtime::comm::cuda_local::cuda_local_groups;
-use tessera_runtime::comm::nccl::{nccl_groups, new_ids};
+use tessera_runtime::backend::cuda::local::cuda_local_groups;
+use tessera_runtime::backend::cuda::nccl::{nccl_groups, new_ids};
 use tessera_runtime::comm::{group_ids, local_groups};
 use tessera_runtime::comm_parity::{run_all, workout};
 
@@ -45,7 +45,7 @@ fn cuda_local_2x2x2_on_one_gpu_gives_localcomm_bits() {
 
 #[test]
 fn nccl_on_every_visible_gpu_gives_localcomm_bits() {
-    let gpus = match tessera_runtime::cuda::devices() {
+    let gpus = match tessera_runtime::backend::cuda::devices() {
         Ok(d) => d.len(),
         Err(e) => {
             eprintln!("skipped: no CUDA device ({e})");
@@ -56,7 +56,7 @@ fn nccl_on_every_visible_gpu_gives_localcomm_bits() {
         eprintln!("skipped: NCCL needs two GPUs, {gpus} visible");
         return;
     }
-    if let Err(e) = tessera_runtime::cuda::probe_nccl() {
+    if let Err(e) = tessera_runtime::backend::cuda::probe_nccl() {
         eprintln!("skipped: {e}");
         return;
     }
@@ -70,8 +70,8 @@ fn nccl_on_every_visible_gpu_gives_localcomm_bits() {
                 let (mesh, blob) = (&mesh, &blob);
                 s.spawn(move || {
                     // The communicators are !Send: created here, on the rank's own thread.
-                    let ctx =
-                        tessera_runtime::cuda::probe::open_context(r).map_err(|e| e.to_string())?;
+                    let ctx = tessera_runtime::backend::cuda::probe::open_context(r)
+                        .map_err(|e| e.to_string())?;
                     let stream = ctx.new_stream().map_err(|e| e.to_string())?;
                     let g = nccl_groups(mesh, r, stream, blob).map_err(|e| e.to_string())?;
                     workout(&g, mesh, r)

@@ -11,7 +11,7 @@ use exec_common::{
     assert_close, losses, on_cpu, on_device, one_rank, tp2_sequence_parallel, two_by_two_by_two,
     STEPS,
 };
-use tessera_runtime::cuda::CudaLauncher;
+use tessera_runtime::backend::cuda::CudaLauncher;
 use tessera_runtime::exec::RunError;
 
 /// GPU 0, shared by every rank (clones share its stream), or `None` with the reason printed.

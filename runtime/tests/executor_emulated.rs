@@ -1,8 +1,8 @@
 //! The one executor on the CUDA kernels: the tiny model trained by `exec::train_on` with the
-//! device backend (`gpu::Device`) over the kernel emulator (`emu/`), compared with the CPU
+//! device backend (`backend::cuda::Device`) over the kernel emulator (`emu/`), compared with the CPU
 //! backend's run of the same plan. The device keeps bf16 weights and activations (f32 master
 //! weights, gradients and optimizer state), the CPU f32 throughout, so losses agree to bf16
-//! accuracy, not bit for bit. Collectives go through host memory (`gpu::HostStaged`).
+//! accuracy, not bit for bit. Collectives go through host memory (`backend::cuda::HostStaged`).
 //!
 //! Skips, with the reason printed, where there is no C++ compiler for the emulator.
 

@@ -7,8 +7,8 @@
 
 use std::path::PathBuf;
 
-use tessera_runtime::cuda::compile;
-use tessera_runtime::gpu::kernels::MODULES;
+use tessera_runtime::backend::cuda::kernels::compile;
+use tessera_runtime::backend::cuda::kernels::MODULES;
 
 fn required() -> bool {
     std::env::var("TESSERA_REQUIRE_NVRTC").is_ok_and(|v| v == "1")

@@ -11,8 +11,8 @@ mod emu;
 mod reference;
 
 use reference as r;
+use tessera_runtime::backend::ops::{AdamWStep, GemmShape, Kernels, RopeShape, Storage};
 use tessera_runtime::cpu::AttnShape;
-use tessera_runtime::ops::{AdamWStep, GemmShape, Kernels, RopeShape, Storage};
 use tessera_runtime::rng;
 
 /// One test per backend from one body: `cpu`, `emulated_gpu`, and `cuda` with the feature.
@@ -21,7 +21,7 @@ macro_rules! test_device {
         mod $name {
             #[test]
             fn cpu() {
-                $body(&tessera_runtime::ops::CpuKernels)
+                $body(&tessera_runtime::backend::ops::CpuKernels)
             }
 
             #[test]
@@ -35,7 +35,7 @@ macro_rules! test_device {
             #[cfg(feature = "cuda")]
             #[test]
             fn cuda() {
-                match tessera_runtime::cuda::kernels(0) {
+                match tessera_runtime::backend::cuda::kernels(0) {
                     Ok(k) => $body(&k),
                     Err(why) => eprintln!("skipped: no CUDA device ({why})"),
                 }
@@ -451,7 +451,7 @@ fn adamw_body(k: &dyn Kernels) {
     check(k, "adamw v", &v, &wv, Storage::F32);
     // The bf16 working copy is exactly the rounding of the updated f32 master weights.
     for (i, (&h, &m)) in p16.iter().zip(&p).enumerate() {
-        let want = tessera_runtime::gpu::bf16::round(m);
+        let want = tessera_runtime::backend::bf16::round(m);
         assert_eq!(
             h.to_bits(),
             want.to_bits(),

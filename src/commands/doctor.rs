@@ -7,7 +7,7 @@
 use std::process::ExitCode;
 
 use clap::Args;
-use tessera_runtime::gpu::doctor::Status;
+use tessera_runtime::backend::cuda::doctor::Status;
 
 use crate::output::table;
 
@@ -15,7 +15,7 @@ use crate::output::table;
 pub struct DoctorArgs {}
 
 pub fn run(_args: DoctorArgs) -> anyhow::Result<ExitCode> {
-    let report = tessera_runtime::cuda::doctor();
+    let report = tessera_runtime::backend::cuda::doctor();
     let mut t = table(&["check", "status", "detail"], &[]);
     for c in &report.checks {
         t.add_row(vec![

@@ -38,11 +38,11 @@ use clap::{Args, Parser, ValueEnum};
 use indicatif::{ProgressBar, ProgressStyle};
 use tessera_planner::plan::Plan;
 use tessera_planner::spec::DeviceKind;
-use tessera_runtime::cuda::{device_collective, CudaLauncher};
+use tessera_runtime::backend::cuda::Device;
+use tessera_runtime::backend::cuda::{device_collective, CudaLauncher};
 use tessera_runtime::data::Tokens;
 use tessera_runtime::exec::trace::chrome_trace_stopped;
 use tessera_runtime::exec::{self, chrome_trace, TraceEvent, TrainOptions};
-use tessera_runtime::gpu::Device;
 use tessera_runtime::launch::env::LaunchEnv;
 use tessera_runtime::launch::rendezvous::{rendezvous, RendezvousError};
 use tessera_runtime::launch::EXIT_PEER_FAILED;
@@ -214,10 +214,10 @@ fn cuda_refusal(args: &RunArgs, plan: &Plan, problem: &str) -> String {
 fn gpus_here(args: &RunArgs, plan: &Plan) -> anyhow::Result<usize> {
     let cpu =
         "plan for a CPU cluster (specs/clusters/cpu-8.toml) to train here with the CPU backend";
-    let problem = match tessera_runtime::cuda::devices() {
+    let problem = match tessera_runtime::backend::cuda::devices() {
         Ok(devices) if !devices.is_empty() => return Ok(devices.len()),
         Ok(_) => format!("no GPU is visible\n  fix: {cpu}"),
-        Err(tessera_runtime::gpu::GpuError::NotCompiledWithCudaSupport) => format!(
+        Err(tessera_runtime::backend::GpuError::NotCompiledWithCudaSupport) => format!(
             "this tessera was built without CUDA support\n  fix: build with `cargo build --release --features cuda` on a machine with NVIDIA GPUs (docs/cuda.md), or {cpu}"
         ),
         // The error carries its own fix.
@@ -384,10 +384,7 @@ fn distributed(
         .with_context(|| format!("rank {rank}: cannot start the rendezvous"))?;
     let bytes = std::fs::read(&args.plan)
         .with_context(|| format!("{}: cannot read the plan", args.plan.display()))?;
-    let digest = format!(
-        "plan {:016x}",
-        tessera_runtime::gpu::kernels::fnv1a64(&bytes)
-    );
+    let digest = format!("plan {:016x}", tessera_runtime::rng::fnv1a64(&bytes));
     let joined = rendezvous(&cfg, || Ok(digest.clone().into_bytes()))
         .with_context(|| format!("rank {rank}: rendezvous"))?;
     if joined.blob != digest.as_bytes() {
@@ -679,11 +676,13 @@ fn train_here(
                     args.plan.display()
                 );
             }
-            tessera_runtime::cuda::probe_nccl()
+            tessera_runtime::backend::cuda::probe_nccl()
                 .map_err(|e| anyhow::anyhow!("--collectives nccl: {e}"))?;
             true
         }
-        (Collectives::Auto, Some(n)) => world <= n && tessera_runtime::cuda::probe_nccl().is_ok(),
+        (Collectives::Auto, Some(n)) => {
+            world <= n && tessera_runtime::backend::cuda::probe_nccl().is_ok()
+        }
     };
     // A checkpoint to resume is opened and checked before any output exists.
     let resume = args.checkpoint.resume(args.steps)?;

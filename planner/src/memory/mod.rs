@@ -448,7 +448,8 @@ impl StageBytes {
         let mut fixed_all = cpu_runtime::workspace_bytes(model, cpu, b, tp, sp);
         // The CPU runtime's ZeRO buffers and DP messages, per parameter a rank holds.
         let per_param_bufs = if cpu {
-            cpu_runtime::zero_buffers(policy, 1.0, zero, shard, v) + cpu_runtime::dp_messages(1.0, layout.dp, zero, v)
+            cpu_runtime::zero_buffers(policy, 1.0, zero, shard, v)
+                + cpu_runtime::dp_messages(1.0, layout.dp, zero, v)
         } else {
             0.0
         };

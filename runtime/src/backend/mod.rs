@@ -5,22 +5,33 @@
 //! Buffers are owned ([`Backend::Buf`]) and passed as views: [`Backend::Ref`] (read) and
 //! [`Backend::Mut`] (write), each a range of one buffer. On the CPU ([`Cpu`]) the views are
 //! plain slices, so the CPU path is the code it always was; a device backend
-//! (`gpu::Device`) makes them (buffer, offset, length) handles with a dtype.
+//! ([`cuda::Device`]) makes them (buffer, offset, length) handles with a dtype.
 //!
 //! Precision is a property of the allocation ([`Storage`]): activations and working weights are
 //! `Bf16` (bf16 on a GPU, f32 on the CPU), statistics, gradients, master weights and optimizer
 //! state `F32`. [`Backend::working_copy`] says whether the weights the kernels read differ from
 //! the f32 master weights, so the executor keeps both only where they differ.
+//!
+//! Layout: this file (the traits), [`ops`] (their shared types and the host-slice `Kernels`
+//! test surface), `error.rs` ([`BackendError`]), [`bf16`] (host conversions); one folder per
+//! backend: `cpu/` ([`Cpu`]) and [`cuda`] (everything GPU, its stand-in without the `cuda`
+//! feature). The executor imports only what this file exports; `runtime/tests/layering.rs`
+//! checks that no module imports from one above it (docs/cuda.md).
 #![allow(clippy::too_many_arguments)] // llm.c-style kernel signatures
 
+pub mod bf16;
 mod cpu;
+pub mod cuda;
+mod error;
+pub mod ops;
 
 use std::ops::Range;
 
 pub use crate::cpu::AttnShape;
-pub use crate::gpu::GpuError as BackendError;
-pub use crate::ops::{AdamWStep, RopeShape, Storage};
 pub use cpu::Cpu;
+pub use error::GpuError;
+pub use error::GpuError as BackendError;
+pub use ops::{AdamWStep, GemmShape, RopeShape, Storage};
 
 use crate::comm::{all_reduce_f64, all_reduce_max, Comm, CommError};
 
@@ -239,7 +250,7 @@ pub trait Backend: Sized + Sync + 'static {
         saved: Self::Ref<'_>,
         s: AttnShape,
     ) -> Result<(), BackendError>;
-    /// RoPE in place (see [`crate::ops::Kernels::rope`]); `cos`, `sin`: `(t, hd/2)` each.
+    /// RoPE in place (see [`ops::Kernels::rope`]); `cos`, `sin`: `(t, hd/2)` each.
     fn rope(
         &self,
         x: Self::Mut<'_>,
@@ -325,7 +336,7 @@ pub trait Backend: Sized + Sync + 'static {
 }
 
 /// One rank's view of a process group, on a backend's buffers. Every implementation gives
-/// results identical on every rank of the group; the host ones (and [`crate::gpu::HostStaged`])
+/// results identical on every rank of the group; the host ones (and [`cuda::HostStaged`])
 /// keep the contract of [`crate::comm`] too, reductions in rank order, so a parallel run on them
 /// is bit-reproducible. NCCL reduces in its own order.
 pub trait Collective<B: Backend> {

@@ -1,6 +1,6 @@
 //! `ChannelComm<C>`: a process group whose ranks are threads, with the payload carried by a
 //! [`Carrier`] — host memory ([`HostCarrier`], always built, tested here) or device memory on
-//! one GPU (`cuda_local::DeviceCarrier`, feature `cuda`: the `cuda-local` Comm that runs
+//! one GPU (`backend::cuda::local::DeviceCarrier`, feature `cuda`: the `cuda-local` Comm that runs
 //! several ranks on ONE GPU, since NCCL refuses two ranks of a communicator on one device).
 //!
 //! The collectives are [`LocalComm`](super::LocalComm)'s algorithms (same chunking, rank-order

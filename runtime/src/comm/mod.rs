@@ -3,7 +3,8 @@
 //! The [`Comm`] trait is the only way ranks exchange data. Implementations: [`LocalComm`]
 //! (threads are ranks, always built); [`ChannelComm`] (threads are ranks, payloads moved by a
 //! [`Carrier`]: host memory, or one GPU's memory for `cuda-local`, feature `cuda`); `NcclComm`
-//! (one process per GPU, feature `cuda`).
+//! (one process per GPU, feature `cuda`) lives with the CUDA backend (`backend/cuda/nccl.rs`):
+//! this module builds without the `cuda` feature and imports no backend.
 //!
 //! Contract every implementation must keep, because parity between plans rests on it:
 //! reductions are **deterministic and identical on every rank** — each element is summed in
@@ -12,17 +13,13 @@
 //! run-to-run noise, and replicated tensors stay bitwise equal across the ranks of a group.
 //!
 //! This module must not know about layers or plans, and only the group builders (`groups.rs`,
-//! `group_ids.rs`, `channel::channel_groups`, `nccl::nccl_groups`) ask the mesh which ranks
+//! `group_ids.rs`, `channel::channel_groups`, and the CUDA backend's `nccl_groups`) ask the mesh which ranks
 //! form a group: to everything else a group is just `size()` ranks.
 
 mod channel;
-#[cfg(feature = "cuda")]
-pub mod cuda_local;
 pub mod group_ids;
 mod groups;
 mod local;
-#[cfg(feature = "cuda")]
-pub mod nccl;
 
 pub use channel::{channel_groups, Carrier, ChannelComm, HostCarrier};
 pub use groups::{local_groups, RankGroups};

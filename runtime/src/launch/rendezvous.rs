@@ -111,7 +111,7 @@ fn rejected_text(r: &[String]) -> String {
 
 /// A stable 64-bit digest of the token (FNV-1a): what travels and what files hold.
 pub fn token_digest(token: &str) -> u64 {
-    crate::gpu::kernels::fnv1a64(token.as_bytes())
+    crate::rng::fnv1a64(token.as_bytes())
 }
 
 /// After the blob arrived: the connections that carry the run's outcome.

@@ -105,5 +105,5 @@ pub enum LayerError {
     #[error(transparent)]
     Comm(#[from] CommError),
     #[error(transparent)]
-    Backend(#[from] crate::gpu::GpuError),
+    Backend(#[from] crate::backend::BackendError),
 }

@@ -1,7 +1,7 @@
-//! The CUDA kernels run on the CPU: `runtime/src/cuda/kernels/*.cu` compiled with the host C++
+//! The CUDA kernels run on the CPU: `runtime/src/backend/cuda/kernels/*.cu` compiled with the host C++
 //! compiler against `shim.h` (threads as CUDA threads, barriers, emulated warp shuffles), behind
 //! the same [`Launcher`] trait the real backend implements. GEMMs go through
-//! `gpu::gemm::gemm_ex_reference` (what cublasGemmEx computes for the column-major arguments).
+//! `backend::cuda::gemm::gemm_ex_reference` (what cublasGemmEx computes for the column-major arguments).
 //!
 //! One emulator process per launcher, started once: it holds every buffer (a "device memory"
 //! keyed by id) and reads commands on stdin — allocate, write, read, free, launch — so a launch
@@ -16,10 +16,11 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 use std::sync::{Arc, Mutex, OnceLock};
 
-use tessera_runtime::gpu::gemm::{gemm_ex_reference, ColMajorGemm};
-use tessera_runtime::gpu::kernels::{self, Module, Param};
-use tessera_runtime::gpu::{
-    bf16, DType, Geometry, GpuError, GpuKernels, HostData, HostVec, KArg, Launcher,
+use tessera_runtime::backend::bf16;
+use tessera_runtime::backend::cuda::gemm::{gemm_ex_reference, ColMajorGemm};
+use tessera_runtime::backend::cuda::kernels::{self, Module, Param};
+use tessera_runtime::backend::cuda::{
+    DType, Geometry, GpuError, GpuKernels, HostData, HostVec, KArg, Launcher,
 };
 
 /// The running emulator and its pipes.

@@ -7,9 +7,9 @@ use tessera_planner::layout::{Layout, Recompute};
 use tessera_planner::plan::{Plan, SearchSummary};
 use tessera_planner::schedule::ScheduleKind;
 use tessera_planner::spec::{load_cluster, load_model, ClusterOverrides, TrainingOverrides};
+use tessera_runtime::backend::cuda::{Device, HostStaged, Launcher};
 use tessera_runtime::data::Tokens;
 use tessera_runtime::exec::{train, train_on, RunError, TrainOptions, TrainReport};
-use tessera_runtime::gpu::{Device, HostStaged, Launcher};
 
 pub const STEPS: usize = 3;
 /// Sequences per step: two micro-batches of 2 per DP rank at DP 2.

@@ -1,4 +1,4 @@
-//! Straightforward f64 references of every kernel in `tessera_runtime::ops::Kernels`: loops as
+//! Straightforward f64 references of every kernel in `tessera_runtime::backend::ops::Kernels`: loops as
 //! the formulas are written, no blocking, no fusion. The oracle of `tests/ops.rs`.
 #![allow(clippy::too_many_arguments, dead_code)]
 

@@ -11,11 +11,21 @@
 //! training path: it must not grow state between calls.
 #![allow(clippy::too_many_arguments)]
 
-use crate::backend::{Backend, Cpu};
+use super::{bf16, Backend, Cpu, GpuError};
 use crate::cpu::{self, AttnShape, MatMut, MatRef};
-use crate::gpu::{bf16, GpuError};
 
-pub use crate::gpu::gemm::RowMajorGemm as GemmShape;
+pub use RowMajorGemm as GemmShape;
+
+/// `C (m×n) = op(A) (m×k) · op(B) (k×n)`, all row-major and dense. `A` is stored `m×k`, or
+/// `k×m` when `trans_a`; `B` is stored `k×n`, or `n×k` when `trans_b`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RowMajorGemm {
+    pub m: usize,
+    pub k: usize,
+    pub n: usize,
+    pub trans_a: bool,
+    pub trans_b: bool,
+}
 
 /// What a buffer is stored as on a backend; selects the tolerance of a comparison.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

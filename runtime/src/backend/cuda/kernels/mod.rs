@@ -1,4 +1,4 @@
-//! The CUDA C kernel modules (`cuda/kernels/*.cu`, compiled into the binary with
+//! The CUDA C kernel modules (the `*.cu` files of this folder, compiled into the binary with
 //! `include_str!`), their signatures read back from the source, and the compile cache key.
 //!
 //! NVRTC compiles a module the first time a device uses it. The PTX is cached in memory per
@@ -14,10 +14,27 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
-use super::DType;
+/// Element type of a device buffer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum DType {
+    /// bf16 stored as its 16-bit pattern.
+    Bf16,
+    F32,
+    U32,
+}
+
+impl DType {
+    /// Bytes per element.
+    pub fn size(self) -> usize {
+        match self {
+            DType::Bf16 => 2,
+            DType::F32 | DType::U32 => 4,
+        }
+    }
+}
 
 /// Helpers prepended to every module.
-pub const COMMON: &str = include_str!("../cuda/kernels/common.cuh");
+pub const COMMON: &str = include_str!("common.cuh");
 
 /// One .cu file.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -30,35 +47,35 @@ pub struct Module {
 pub const MODULES: &[Module] = &[
     Module {
         name: "embedding",
-        source: include_str!("../cuda/kernels/embedding.cu"),
+        source: include_str!("embedding.cu"),
     },
     Module {
         name: "norm",
-        source: include_str!("../cuda/kernels/norm.cu"),
+        source: include_str!("norm.cu"),
     },
     Module {
         name: "reduce",
-        source: include_str!("../cuda/kernels/reduce.cu"),
+        source: include_str!("reduce.cu"),
     },
     Module {
         name: "act",
-        source: include_str!("../cuda/kernels/act.cu"),
+        source: include_str!("act.cu"),
     },
     Module {
         name: "crossentropy",
-        source: include_str!("../cuda/kernels/crossentropy.cu"),
+        source: include_str!("crossentropy.cu"),
     },
     Module {
         name: "attention",
-        source: include_str!("../cuda/kernels/attention.cu"),
+        source: include_str!("attention.cu"),
     },
     Module {
         name: "adamw",
-        source: include_str!("../cuda/kernels/adamw.cu"),
+        source: include_str!("adamw.cu"),
     },
     Module {
         name: "rope",
-        source: include_str!("../cuda/kernels/rope.cu"),
+        source: include_str!("rope.cu"),
     },
 ];
 
@@ -173,12 +190,8 @@ pub fn signature(module_name: &str, function: &str) -> Option<&'static Signature
     .get(&(module_name.to_string(), function.to_string()))
 }
 
-/// 64-bit FNV-1a: a stable hash (std's hasher may change between Rust releases).
-pub fn fnv1a64(bytes: &[u8]) -> u64 {
-    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, &b| {
-        (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
-    })
-}
+/// The cache key's hash (it lives in `crate::rng`: the rendezvous uses it too).
+pub use crate::rng::fnv1a64;
 
 /// `sm_XY` for compute capability X.Y.
 pub fn arch_of(major: i32, minor: i32) -> String {
@@ -311,6 +324,7 @@ impl DiskCache {
     }
 }
 
+#[cfg(feature = "cuda")]
+pub mod compile;
 #[cfg(test)]
-#[path = "kernels_tests.rs"]
 mod tests;

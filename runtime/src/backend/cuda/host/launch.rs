@@ -1,11 +1,11 @@
-//! Launch geometry of every kernel in `cuda/kernels/`: grids, blocks and shared memory, as pure
-//! functions of the sizes, so they are unit-tested without a GPU.
+//! Launch geometry of every kernel in `backend/cuda/kernels/`: grids, blocks and shared memory, as
+//! pure functions of the sizes, so they are unit-tested without a GPU.
 //!
 //! The constants mirror the `#define`s of the .cu files (a test reads them back from the
 //! source). Every block is a whole number of warps: the kernels shuffle across full warps.
 
 use super::GpuError;
-use crate::cpu::AttnShape;
+use crate::backend::AttnShape;
 
 /// Threads per block of the element-wise and per-channel kernels.
 pub const THREADS: u32 = 256;

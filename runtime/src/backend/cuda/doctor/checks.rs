@@ -4,10 +4,10 @@
 
 use std::collections::BTreeSet;
 
-use super::{compile, probe};
-use crate::gpu::doctor::{Check, Report, Status};
-use crate::gpu::kernels::{self, MODULES};
-use crate::gpu::GpuError;
+use super::{Check, Report, Status};
+use crate::backend::cuda::kernels::{self, compile, MODULES};
+use crate::backend::cuda::probe;
+use crate::backend::GpuError;
 
 fn from(what: &str, r: Result<String, GpuError>) -> Check {
     match r {

@@ -9,18 +9,9 @@
 //! column-major arguments: the unit tests and the CPU emulator of the kernels use it to check
 //! the mapping without a GPU.
 
-use super::GpuError;
-
-/// `C (m×n) = op(A) (m×k) · op(B) (k×n)`, all row-major and dense. `A` is stored `m×k`, or
-/// `k×m` when `trans_a`; `B` is stored `k×n`, or `n×k` when `trans_b`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct RowMajorGemm {
-    pub m: usize,
-    pub k: usize,
-    pub n: usize,
-    pub trans_a: bool,
-    pub trans_b: bool,
-}
+/// The row-major product (defined with the `Kernels` surface that takes it; mapped here).
+pub use crate::backend::ops::RowMajorGemm;
+use crate::backend::GpuError;
 
 /// Which row-major operand a column-major argument slot holds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

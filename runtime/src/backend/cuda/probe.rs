@@ -11,7 +11,7 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use cudarc::driver::sys::{CUdevice_attribute, CUresult};
 use cudarc::driver::CudaContext;
 
-use crate::gpu::{DeviceInfo, GpuError};
+use crate::backend::cuda::{DeviceInfo, GpuError};
 
 mod symbols;
 
@@ -367,7 +367,7 @@ mod tests {
         let o = std::process::Command::new(std::env::current_exe().unwrap())
             .args([
                 "--exact",
-                "cuda::probe::tests::child_probes_a_driver_without_cu_init",
+                "backend::cuda::probe::tests::child_probes_a_driver_without_cu_init",
             ])
             .args(["--ignored", "--nocapture", "--test-threads", "1"])
             .env("LD_LIBRARY_PATH", dir.path())

@@ -1,11 +1,12 @@
-//! Stand-in for `crate::cuda` when the crate is built without the `cuda` feature (candle's
-//! `dummy_cuda_backend` pattern): the same items, so callers compile one `match` either way,
-//! and every entry point answers [`GpuError::NotCompiledWithCudaSupport`] ("built without CUDA
-//! support: rebuild with --features cuda"). The launcher and buffer types are uninhabited.
+//! Stand-in for the cudarc parts of `backend::cuda` when the crate is built without the `cuda`
+//! feature (candle's `dummy_cuda_backend` pattern): the same items, so callers compile one `match`
+//! either way, and every entry point answers [`GpuError::NotCompiledWithCudaSupport`] ("built
+//! without CUDA support: rebuild with --features cuda"). The launcher and buffer types are
+//! uninhabited.
 
-use crate::gpu::gemm::ColMajorGemm;
-use crate::gpu::kernels::Module;
-use crate::gpu::{
+use crate::backend::cuda::gemm::ColMajorGemm;
+use crate::backend::cuda::kernels::Module;
+use crate::backend::cuda::{
     DType, DeviceInfo, Geometry, GpuError, GpuKernels, HostData, HostVec, KArg, Launcher,
 };
 
@@ -31,8 +32,8 @@ impl CudaLauncher {
 }
 
 /// `tessera doctor` without the backend: one check, which says how to build it.
-pub fn doctor() -> crate::gpu::doctor::Report {
-    use crate::gpu::doctor::{Check, Report, Status};
+pub fn doctor() -> crate::backend::cuda::doctor::Report {
+    use crate::backend::cuda::doctor::{Check, Report, Status};
     Report {
         checks: vec![Check::new(
             "CUDA backend",
@@ -116,15 +117,15 @@ impl Launcher for CudaLauncher {
 }
 
 /// Without the feature a rank's collectives on a (never opened) GPU are the host-staged ones.
-pub type DeviceCollective = crate::gpu::HostStaged<CudaLauncher, crate::comm::LocalComm>;
+pub type DeviceCollective = crate::backend::cuda::HostStaged<CudaLauncher, crate::comm::LocalComm>;
 
 /// See the `cuda` feature's `device_collective`; unreachable here (no device can be opened).
 pub fn device_collective(
-    dev: &crate::gpu::Device<CudaLauncher>,
+    dev: &crate::backend::cuda::Device<CudaLauncher>,
     local: crate::comm::LocalComm,
     _nccl: bool,
 ) -> Result<DeviceCollective, GpuError> {
-    Ok(crate::gpu::HostStaged::new(dev.clone(), local))
+    Ok(crate::backend::cuda::HostStaged::new(dev.clone(), local))
 }
 
 #[cfg(test)]

@@ -1,5 +1,5 @@
-//! bf16 on the host: conversions to and from f32 as 16-bit patterns, rounding to nearest with
-//! ties to even — bit for bit what `f2bf` in `cuda/kernels/common.cuh` does on the device, so a
+//! bf16 on the host: conversions to and from f32 as 16-bit patterns, rounding to nearest with ties
+//! to even — bit for bit what `f2bf` in `backend/cuda/kernels/common.cuh` does on the device, so a
 //! value uploaded from the host and one produced by a kernel round the same way.
 
 /// The bf16 bit pattern nearest to `x` (ties to even); NaN stays a (quiet) NaN.

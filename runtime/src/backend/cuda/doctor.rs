@@ -1,7 +1,10 @@
 //! What `tessera doctor` reports about the GPU environment: one [`Check`] per library, the
 //! driver, each device, and the kernels' compilation for each device's architecture. The
-//! checks are made by `crate::cuda::doctor` (or its stand-in without the `cuda` feature); the
-//! CLI only prints them.
+//! checks are made by `checks.rs` (feature `cuda`; without it, by the stand-in's `doctor`, one
+//! check saying how to build with CUDA); the CLI only prints them.
+
+#[cfg(feature = "cuda")]
+pub(super) mod checks;
 
 /// How one check came out.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

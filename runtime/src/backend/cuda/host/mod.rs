@@ -1,56 +1,35 @@
-//! The host side of the CUDA backend, built with or without the `cuda` feature: kernel sources
-//! and their signatures, launch geometry, the row-major → column-major GEMM mapping, bf16
-//! conversions, the compile cache, and [`GpuKernels`], which runs [`crate::ops::Kernels`] on any
-//! [`Launcher`].
+//! The host side of the CUDA backend, built with or without the `cuda` feature: the device
+//! backend ([`Device`]: buffers, views, every `Backend` kernel as launches), launch geometry, the
+//! row-major → column-major GEMM mapping, the host-staged collectives ([`HostStaged`]) and
+//! [`GpuKernels`], which runs [`crate::backend::ops::Kernels`] on any [`Launcher`].
 //!
 //! A [`Launcher`] is the only thing that touches a device: allocate, copy, launch a named kernel,
-//! call a GEMM. `crate::cuda` implements it with cudarc (feature `cuda`); the tests implement it
-//! with a C++ emulator of the same .cu files (`runtime/tests/emu/`), so everything here runs in
-//! CI on a machine without a GPU.
+//! call a GEMM. `super::CudaLauncher` implements it with cudarc (feature `cuda`); the tests
+//! implement it with a C++ emulator of the same .cu files (`runtime/tests/emu/`), so everything
+//! here runs in CI on a machine without a GPU.
 //!
-//! This module must not depend on cudarc.
+//! This module must not depend on cudarc, nor on the feature-gated parts of `super` (launcher,
+//! probe, compile, NCCL): only on `super::kernels` (the kernel list) and on `crate::backend`.
 
-pub mod bf16;
 mod device;
 mod device_backend;
 mod device_layers;
-pub mod doctor;
-mod error;
 pub mod gemm;
-pub mod kernels;
 pub mod launch;
 mod ops;
 mod staged;
 mod views;
 
+pub use super::kernels::DType;
 pub use device::Device;
-pub use error::GpuError;
 pub use launch::Geometry;
 pub use ops::GpuKernels;
 pub use staged::HostStaged;
 pub use views::{DMut, DRef, DeviceIds};
 
+use super::kernels::Module;
+use crate::backend::GpuError;
 use gemm::ColMajorGemm;
-use kernels::Module;
-
-/// Element type of a device buffer.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum DType {
-    /// bf16 stored as its 16-bit pattern.
-    Bf16,
-    F32,
-    U32,
-}
-
-impl DType {
-    /// Bytes per element.
-    pub fn size(self) -> usize {
-        match self {
-            DType::Bf16 => 2,
-            DType::F32 | DType::U32 => 4,
-        }
-    }
-}
 
 /// What device discovery reports about one GPU.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -11,7 +11,7 @@ use std::cell::Cell;
 use std::ffi::CString;
 use std::sync::Once;
 
-use crate::gpu::GpuError;
+use crate::backend::GpuError;
 
 /// One library: how cudarc names it, and the symbols called where this build uses it.
 pub(super) struct Lib {

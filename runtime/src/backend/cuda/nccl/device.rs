@@ -37,12 +37,11 @@ use cudarc::driver::{
 use cudarc::nccl::{self, ReduceOp};
 use half::bf16;
 
-use super::launcher::{CudaBuf, CudaLauncher};
+use super::{cuda_err, nccl_err, new_ids, NcclComm};
+use crate::backend::cuda::{CudaBuf, CudaLauncher, DMut, DRef, Device, GpuError, HostStaged};
 use crate::backend::Collective;
 use crate::comm::group_ids::ID_BYTES;
-use crate::comm::nccl::{cuda_err, nccl_err, new_ids, NcclComm};
 use crate::comm::{Comm, CommError, LocalComm};
-use crate::gpu::{DMut, DRef, Device, GpuError, HostStaged};
 
 type NcclResult = Result<nccl::result::NcclStatus, nccl::result::NcclError>;
 

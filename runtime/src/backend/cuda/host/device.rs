@@ -1,6 +1,7 @@
 //! [`Device`]: the executor's [`Backend`] on any [`Launcher`] — buffers stay on the device, views
-//! are (buffer, offset, length) handles, and every kernel is one of `cuda/kernels/*.cu` (or a
-//! cuBLAS GEMM). The real GPU (`crate::cuda`) and the emulator of the tests run the same code.
+//! are (buffer, offset, length) handles, and every kernel is one of `backend/cuda/kernels/*.cu` (or
+//! a cuBLAS GEMM). The real GPU (`backend::cuda::CudaLauncher`) and the emulator of the tests run
+//! the same code.
 //!
 //! Precision: `Storage::Bf16` buffers are bf16 (activations, working weights, activation
 //! gradients), `Storage::F32` buffers f32 (statistics, gradient accumulators, master weights,
@@ -9,13 +10,13 @@
 //! address before the launch: a wrong size is an error, never an out-of-bounds write.
 #![allow(clippy::too_many_arguments)]
 
-use super::kernels::{self, Param};
 use super::launch::{self, Geometry};
 use super::ops::n64;
 use super::views::{need, DMut, DRef};
 use super::{DType, GpuError, KArg, Launcher};
+use crate::backend::cuda::kernels::{self, Param};
+use crate::backend::GemmShape;
 use crate::backend::{Backend, Storage};
-use crate::ops::GemmShape;
 
 /// The device backend on launcher `L`.
 #[derive(Clone)]

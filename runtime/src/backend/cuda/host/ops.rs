@@ -6,10 +6,10 @@
 #![allow(clippy::too_many_arguments)]
 
 use super::launch;
-use super::{bf16, DType, Device, GpuError, HostData, HostVec, KArg, Launcher};
-use crate::backend::Backend;
-use crate::cpu::AttnShape;
-use crate::ops::{AdamWStep, GemmShape, Kernels, RopeShape, Storage};
+use super::{DType, Device, GpuError, HostData, HostVec, KArg, Launcher};
+use crate::backend::ops::{AdamWStep, GemmShape, Kernels, RopeShape, Storage};
+use crate::backend::AttnShape;
+use crate::backend::{bf16, Backend};
 
 /// Relative tolerance of bf16-stored inputs against an f64 reference: inputs and outputs are
 /// rounded to 8 significant bits (relative step 2⁻⁸ ≈ 3.9e-3), and reductions over a few

@@ -2,7 +2,7 @@
 //! cuBLAS and one cuBLASLt handle, and the kernel modules compiled by NVRTC at first use.
 //!
 //! Compiled PTX is cached per (module, architecture, source hash): in memory for the process
-//! (all devices of one architecture share it) and on disk (`gpu::kernels::DiskCache`). Modules
+//! (all devices of one architecture share it) and on disk (`kernels::DiskCache`). Modules
 //! are loaded once per context.
 //!
 //! NOT YET RUN ON A GPU (docs/cuda.md): every path below compiles and is written against
@@ -26,9 +26,11 @@ use cudarc::nvrtc::{compile_ptx_with_opts, CompileError, CompileOptions, Ptx};
 use half::bf16;
 
 use super::probe::{self, driver_err, guard};
-use crate::gpu::gemm::ColMajorGemm;
-use crate::gpu::kernels::{self, CacheKey, DiskCache, Module};
-use crate::gpu::{DType, DeviceInfo, Geometry, GpuError, HostData, HostVec, KArg, Launcher};
+use crate::backend::cuda::gemm::ColMajorGemm;
+use crate::backend::cuda::kernels::{self, CacheKey, DiskCache, Module};
+use crate::backend::cuda::{
+    DType, DeviceInfo, Geometry, GpuError, HostData, HostVec, KArg, Launcher,
+};
 
 /// A device buffer.
 #[derive(Debug)]
@@ -97,7 +99,7 @@ impl CudaLauncher {
             let blas_lt = CudaBlasLT::new(stream.clone())
                 .map_err(|e| blas_err("creating the cuBLASLt handle", e))?;
             let arch = kernels::arch_of(info.compute_capability.0, info.compute_capability.1);
-            let (major, minor) = super::compile::nvrtc_version()?;
+            let (major, minor) = super::kernels::compile::nvrtc_version()?;
             let cubin = major * 1000 + minor * 10 > probe::driver_cuda_version()?;
             Ok(CudaLauncher(Arc::new(LauncherState {
                 ctx: ctx.clone(),
@@ -134,7 +136,7 @@ impl CudaLauncher {
     /// PTX of `module` for this device's architecture: memory cache, disk cache, or NVRTC.
     fn ptx(&self, module: &'static Module) -> Result<Arc<String>, GpuError> {
         let options = kernels::compile_options(&self.arch);
-        let (major, minor) = super::compile::nvrtc_version()?;
+        let (major, minor) = super::kernels::compile::nvrtc_version()?;
         let key = CacheKey::new(
             module,
             &self.arch,
@@ -210,7 +212,9 @@ impl CudaLauncher {
                 Some(m) => m.clone(),
                 None => {
                     let image = if self.cubin {
-                        Ptx::from_binary(super::compile::compile(module, &self.arch)?.cubin)
+                        Ptx::from_binary(
+                            super::kernels::compile::compile(module, &self.arch)?.cubin,
+                        )
                     } else {
                         Ptx::from_src(self.ptx(module)?.as_str())
                     };
@@ -226,11 +230,11 @@ impl CudaLauncher {
         let f = m
             .load_function(name)
             .map_err(|e| driver_err(&format!("loading kernel {name}"), e))?;
-        let opted = if shared > crate::gpu::launch::DEFAULT_SHARED_LIMIT {
+        let opted = if shared > crate::backend::cuda::launch::DEFAULT_SHARED_LIMIT {
             Self::opt_in(&f, shared)?;
             shared
         } else {
-            crate::gpu::launch::DEFAULT_SHARED_LIMIT
+            crate::backend::cuda::launch::DEFAULT_SHARED_LIMIT
         };
         fns.insert((module.name, name), (f.clone(), opted));
         Ok(f)
@@ -381,7 +385,7 @@ impl Launcher for CudaLauncher {
         };
         // SAFETY: the arguments were checked against the kernel's signature parsed from its
         // source (count, pointer element types, scalar widths) by GpuKernels before this call,
-        // and the geometry against the kernel's assumptions (gpu::launch).
+        // and the geometry against the kernel's assumptions (host::launch).
         unsafe { b.launch(cfg) }.map_err(|e| driver_err(&format!("launching {function}"), e))?;
         Ok(())
     }

@@ -14,6 +14,8 @@
 //!   (so two ranks that both send, then receive, do not deadlock on the GPU).
 //!
 //! NOT YET RUN ON A GPU (docs/cuda.md); needs two GPUs (NCCL refuses two ranks on one device).
+//!
+//! [`device`]: the device [`Collective`](crate::backend::Collective) on these communicators.
 
 use std::cell::RefCell;
 use std::mem::ManuallyDrop;
@@ -24,10 +26,12 @@ use cudarc::driver::{CudaSlice, CudaStream, DriverError};
 use cudarc::nccl::{self, Id, NcclType, ReduceOp};
 use tessera_planner::Mesh;
 
-use super::group_ids::{self, ID_BYTES};
-use super::{Comm, CommError, RankGroups};
-use crate::cuda::probe;
-use crate::gpu::GpuError;
+pub mod device;
+
+use crate::backend::cuda::probe;
+use crate::backend::GpuError;
+use crate::comm::group_ids::{self, ID_BYTES};
+use crate::comm::{Comm, CommError, RankGroups};
 
 pub(crate) fn nccl_err(op: &'static str) -> impl Fn(nccl::result::NcclError) -> CommError {
     // NcclError wraps ncclResult_t, whose Debug names the result (e.g. ncclInvalidUsage).
@@ -103,7 +107,7 @@ impl NcclComm {
     }
 
     /// The communicator itself, for callers that order its stream themselves
-    /// (`crate::cuda::NcclDevice`).
+    /// (`crate::backend::cuda::NcclDevice`).
     pub(crate) fn raw(&self) -> &nccl::Comm {
         &self.comm
     }

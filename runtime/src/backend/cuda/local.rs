@@ -14,9 +14,9 @@ use std::sync::Arc;
 use cudarc::driver::{CudaSlice, CudaStream};
 use tessera_planner::Mesh;
 
-use super::{channel_groups, Carrier, ChannelComm, CommError, RankGroups};
-use crate::cuda::probe;
-use crate::gpu::GpuError;
+use crate::backend::cuda::probe;
+use crate::backend::GpuError;
+use crate::comm::{channel_groups, Carrier, ChannelComm, CommError, RankGroups};
 
 /// Moves payloads through the memory of one GPU; one per rank (its own stream).
 pub struct DeviceCarrier {

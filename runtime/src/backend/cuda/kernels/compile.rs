@@ -11,13 +11,13 @@ use std::process::Command;
 
 use cudarc::nvrtc::{result, sys};
 
-use super::probe::guard;
-use crate::gpu::kernels::{compile_options, Module};
-use crate::gpu::GpuError;
+use super::{compile_options, Module};
+use crate::backend::cuda::probe::{self, guard};
+use crate::backend::GpuError;
 
 /// The NVRTC library's version, (major, minor).
 pub fn nvrtc_version() -> Result<(i32, i32), GpuError> {
-    super::probe::probe_nvrtc()?;
+    probe::probe_nvrtc()?;
     guard("nvrtcVersion", || {
         let (mut major, mut minor) = (0, 0);
         // SAFETY: nvrtcVersion writes two ints through valid pointers.
@@ -53,7 +53,7 @@ fn nvrtc_err(module: &Module, arch: &str, message: String, log: String) -> GpuEr
 
 /// Compiles `module` for `arch` (`sm_80`, `sm_90`, …) with the options the launcher uses.
 pub fn compile(module: &'static Module, arch: &str) -> Result<Compiled, GpuError> {
-    super::probe::probe_nvrtc()?;
+    probe::probe_nvrtc()?;
     let options = compile_options(arch);
     let err = |m: String, log: String| nvrtc_err(module, arch, m, log);
     guard("NVRTC", || {

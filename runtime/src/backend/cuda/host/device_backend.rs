@@ -10,9 +10,9 @@ use super::device::Device;
 use super::launch;
 use super::ops::{i32_of, n64};
 use super::views::{need, rows, DMut, DRef, DeviceIds};
-use super::{bf16, DType, GpuError, HostData, HostVec, KArg, Launcher};
-use crate::backend::{AdamWStep, Backend, Storage};
-use crate::ops::GemmShape;
+use super::{DType, GpuError, HostData, HostVec, KArg, Launcher};
+use crate::backend::GemmShape;
+use crate::backend::{bf16, AdamWStep, Backend, Storage};
 
 fn dtype_of(storage: Storage) -> DType {
     match storage {

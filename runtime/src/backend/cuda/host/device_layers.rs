@@ -8,8 +8,8 @@ use super::launch;
 use super::ops::{i32_of, n64};
 use super::views::{need, rows, DMut, DRef, DeviceIds};
 use super::{DType, GpuError, KArg, Launcher};
-use crate::cpu::AttnShape;
-use crate::ops::RopeShape;
+use crate::backend::AttnShape;
+use crate::backend::RopeShape;
 
 type V<'a, L> = DRef<'a, <L as Launcher>::Buf>;
 type M<'a, L> = DMut<'a, <L as Launcher>::Buf>;

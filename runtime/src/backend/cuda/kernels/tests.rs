@@ -2,7 +2,7 @@
 //! cache.
 
 use super::*;
-use crate::gpu::launch;
+use crate::backend::cuda::launch;
 
 fn temp_dir(name: &str) -> PathBuf {
     let d = std::env::temp_dir().join(format!("tessera-{name}-{}", std::process::id()));
