@@ -27,7 +27,7 @@ use tessera_planner::layout::Layout;
 use tessera_planner::plan::{Plan, SearchSummary};
 use tessera_planner::spec::{load_cluster, load_model, ClusterOverrides, TrainingOverrides};
 use tessera_runtime::alloc::{peak_bytes, TrackingAlloc};
-use tessera_runtime::cpu::matmul::{count_matmuls, matmul_stats};
+use tessera_runtime::backend::cpu::kernels::matmul::{count_matmuls, matmul_stats};
 use tessera_runtime::data::Tokens;
 use tessera_runtime::exec::{train, TrainOptions};
 

@@ -2,7 +2,7 @@
 //! gets when `ranks` ranks run at once as threads, each with its share of the cores, the way
 //! `tessera run` runs them.
 //!
-//! - GEMM: square f32 products through the runtime's own matmul ([`crate::cpu::matmul`]), at
+//! - GEMM: square f32 products through the runtime's own matmul ([`crate::backend::cpu::kernels::matmul`]), at
 //!   each size, every rank at once; the rate per rank.
 //! - Memory: a copy of a buffer larger than the caches, every rank at once; bytes read and
 //!   written per second per rank.
@@ -174,7 +174,7 @@ fn at_once<S>(
             .map(|r| {
                 let barrier = &barrier;
                 s.spawn(move || {
-                    crate::cpu::set_threads(threads);
+                    crate::backend::cpu::kernels::set_threads(threads);
                     let mut state = setup(r);
                     barrier.wait();
                     let start = Instant::now();
@@ -278,16 +278,16 @@ pub fn measure_with(
             threads,
             &|_| {
                 let mut c = vec![0.0f32; n * n];
-                crate::cpu::matmul(&mut c, &a, &b, n, n, n, false);
+                crate::backend::cpu::kernels::matmul(&mut c, &a, &b, n, n, n, false);
                 c
             },
             &|c| {
                 // The three products of a linear layer, as the runtime calls them: forward
                 // `x · Wᵀ`, input gradient `dy · W`, weight gradient `dyᵀ · x` (accumulated).
                 for _ in 0..count.div_ceil(3) {
-                    crate::cpu::matmul_bt(c, &a, &b, n, n, n, false);
-                    crate::cpu::matmul(c, &a, &b, n, n, n, false);
-                    crate::cpu::matmul_at(c, &a, &b, n, n, n, true);
+                    crate::backend::cpu::kernels::matmul_bt(c, &a, &b, n, n, n, false);
+                    crate::backend::cpu::kernels::matmul(c, &a, &b, n, n, n, false);
+                    crate::backend::cpu::kernels::matmul_at(c, &a, &b, n, n, n, true);
                 }
             },
         );
@@ -316,7 +316,7 @@ pub fn measure_with(
         &|_| (vec![0.5f32; n], vec![0.0f32; n]),
         &|(x, y)| {
             for _ in 0..reps {
-                crate::cpu::gelu_forward(y, x);
+                crate::backend::cpu::kernels::gelu_forward(y, x);
             }
         },
     );

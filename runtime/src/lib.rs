@@ -6,7 +6,6 @@ pub mod calibrate;
 pub mod checkpoint;
 pub mod comm;
 pub mod comm_parity;
-pub mod cpu;
 pub mod data;
 pub mod exec;
 pub mod hf;

@@ -11,8 +11,8 @@ mod emu;
 mod reference;
 
 use reference as r;
+use tessera_runtime::backend::cpu::kernels::AttnShape;
 use tessera_runtime::backend::ops::{AdamWStep, GemmShape, Kernels, RopeShape, Storage};
-use tessera_runtime::cpu::AttnShape;
 use tessera_runtime::rng;
 
 /// One test per backend from one body: `cpu`, `emulated_gpu`, and `cuda` with the feature.
@@ -469,7 +469,7 @@ fn rope_body(k: &dyn Kernels) {
     let (b, t, heads, hd) = (2, 7, 3, 8);
     let width = heads * hd + 5; // extra columns that must not move
     let x = randn(b * t * width, 40, 1.5);
-    let (cos, sin) = tessera_runtime::cpu::rope_tables(t, hd, 10000.0);
+    let (cos, sin) = tessera_runtime::backend::cpu::kernels::rope_tables(t, hd, 10000.0);
     let half = hd / 2;
     let mut want: Vec<f64> = x.iter().map(|&v| f64::from(v)).collect();
     for (row, r) in want.chunks_exact_mut(width).enumerate() {

@@ -20,14 +20,14 @@
 #![allow(clippy::too_many_arguments)] // llm.c-style kernel signatures
 
 pub mod bf16;
-mod cpu;
+pub mod cpu;
 pub mod cuda;
 mod error;
 pub mod ops;
 
 use std::ops::Range;
 
-pub use crate::cpu::AttnShape;
+pub use self::cpu::kernels::AttnShape;
 pub use cpu::Cpu;
 pub use error::GpuError;
 pub use error::GpuError as BackendError;
@@ -35,7 +35,7 @@ pub use ops::{AdamWStep, GemmShape, RopeShape, Storage};
 
 use crate::comm::{all_reduce_f64, all_reduce_max, Comm, CommError};
 
-/// Buffers, views and kernels. Semantics follow `crate::cpu`: row-major, parameter gradients
+/// Buffers, views and kernels. Semantics follow `crate::backend::cpu::kernels`: row-major, parameter gradients
 /// accumulated, other outputs overwritten unless a method says otherwise.
 pub trait Backend: Sized + Sync + 'static {
     /// An owned buffer.
@@ -95,7 +95,7 @@ pub trait Backend: Sized + Sync + 'static {
     /// Σ x² (f64, in order): the squared gradient norm.
     fn sum_squares(&self, x: Self::Ref<'_>) -> Result<f64, BackendError>;
 
-    // ---- matmuls (shapes as in `crate::cpu::matmul`) ---------------------------------------
+    // ---- matmuls (shapes as in `crate::backend::cpu::kernels::matmul`) ---------------------------------------
     /// `out (n, m) [+]= x (n, k) · w (m, k)ᵀ`.
     fn matmul_bt(
         &self,

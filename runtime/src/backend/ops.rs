@@ -2,7 +2,7 @@
 //! by the CPU and the CUDA backend call it (`runtime/tests/ops.rs`), with an f64 reference as the
 //! oracle and a tolerance per backend ([`Kernels::rtol`]).
 //!
-//! Semantics are the CPU kernels' (`crate::cpu`): row-major, parameter gradients accumulated,
+//! Semantics are the CPU kernels' (`crate::backend::cpu::kernels`): row-major, parameter gradients accumulated,
 //! norm input gradients accumulated, other input gradients overwritten. A GPU backend rounds
 //! activations and weights to bf16 on the way in and keeps statistics, gradient accumulators,
 //! master weights and optimizer state in f32.
@@ -12,7 +12,7 @@
 #![allow(clippy::too_many_arguments)]
 
 use super::{bf16, Backend, Cpu, GpuError};
-use crate::cpu::{self, AttnShape, MatMut, MatRef};
+use crate::backend::cpu::kernels::{self as cpu, AttnShape, MatMut, MatRef};
 
 pub use RowMajorGemm as GemmShape;
 
@@ -554,7 +554,7 @@ impl Kernels for CpuKernels {
         v: &mut [f32],
         step: &AdamWStep,
     ) -> Result<(), GpuError> {
-        // The update training runs (`optim::adamw_update`, as `backend::Cpu::adamw` calls it).
+        // The update training runs (`backend::cpu::kernels::adamw_update`, as `backend::Cpu::adamw` calls it).
         Cpu.adamw(params, None, grads, m, v, step)?;
         if let Some(p16) = params_bf16 {
             p16.iter_mut()

@@ -7,8 +7,8 @@
 //! Both H and KV must be divisible by t (no kv-head replication for MQA with t > KV).
 //! This module must not own activations or allocate in forward/backward.
 
+use crate::backend::cpu::kernels::{self as cpu, AttnShape};
 use crate::backend::{Backend, Collective, RopeShape, Storage};
-use crate::cpu::{self, AttnShape};
 use crate::params::{ParamLayout, ParamRef};
 
 use super::linear::{ColumnParallelLinear, RowParallelLinear};

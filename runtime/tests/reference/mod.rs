@@ -2,7 +2,7 @@
 //! the formulas are written, no blocking, no fusion. The oracle of `tests/ops.rs`.
 #![allow(clippy::too_many_arguments, dead_code)]
 
-use tessera_runtime::cpu::AttnShape;
+use tessera_runtime::backend::cpu::kernels::AttnShape;
 
 pub fn f64s(x: &[f32]) -> Vec<f64> {
     x.iter().map(|&v| f64::from(v)).collect()

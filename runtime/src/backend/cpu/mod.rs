@@ -1,11 +1,13 @@
-//! The CPU backend: buffers are `Vec<f32>`, views are slices, kernels are `crate::cpu`'s. Bf16
+//! The CPU backend: buffers are `Vec<f32>`, views are slices, kernels are `kernels/`'s. Bf16
 //! storage is computed as f32, so there is one copy of the weights.
 
 use std::ops::Range;
 
+pub mod kernels;
+
+use self::kernels as cpu;
+use self::kernels::adamw_update;
 use super::{AdamWStep, AttnShape, Backend, BackendError, RopeShape, Storage};
-use crate::cpu;
-use crate::optim::adamw_update;
 
 /// The CPU backend (threads are ranks; matmul threads per rank set by `cpu::set_threads`).
 #[derive(Debug, Clone, Copy, Default)]

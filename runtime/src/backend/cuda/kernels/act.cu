@@ -1,4 +1,4 @@
-// GELU (tanh approximation, as GPT-2) and SwiGLU (as LLaMA); runtime/src/cpu/act.rs is the
+// GELU (tanh approximation, as GPT-2) and SwiGLU (as LLaMA); runtime/src/backend/cpu/kernels/act.rs is the
 // reference. SwiGLU rows are [gate (F) | up (F)]. Backward OVERWRITES dinp.
 
 #define GELU_S 0.7978845608f

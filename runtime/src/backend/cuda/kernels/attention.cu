@@ -1,5 +1,5 @@
 // Causal attention with grouped-query heads, flash-style: K/V tiles in shared memory, an online
-// softmax, and no T x T matrix in memory. runtime/src/cpu/attention.rs is the reference.
+// softmax, and no T x T matrix in memory. runtime/src/backend/cpu/kernels/attention.rs is the reference.
 //
 // Layout (what the fused qkv projection writes): qkv (B, T, W) bf16, W = (hq + 2*hkv)*hd, each
 // row [q heads | k heads | v heads]; q head h reads kv head h / (hq / hkv). y (B, T, hq*hd) bf16.

@@ -1,4 +1,4 @@
-// Softmax cross-entropy over (a shard of) the vocabulary; runtime/src/cpu/crossentropy.rs is
+// Softmax cross-entropy over (a shard of) the vocabulary; runtime/src/backend/cpu/kernels/crossentropy.rs is
 // the reference. logits: (N, V) bf16 (V = this shard's width); targets: (N) u32 global ids;
 // max, sumexp, losses, dlosses: (N) fp32. One block per row (grid.x = N).
 //

@@ -1,4 +1,4 @@
-// Token and position embeddings (runtime/src/cpu/embedding.rs is the reference).
+// Token and position embeddings (runtime/src/backend/cpu/kernels/embedding.rs is the reference).
 // out: (N, C) bf16; tokens: (N) u32; wte: (V_local, C) bf16 rows vocab_start.. of the vocab.
 // Backward accumulates into fp32 gradient tables.
 

@@ -1,4 +1,4 @@
-// LayerNorm and RMSNorm over the last dimension C (runtime/src/cpu/norm.rs is the reference).
+// LayerNorm and RMSNorm over the last dimension C (runtime/src/backend/cpu/kernels/norm.rs is the reference).
 // inp, out, dinp, dout: (N, C) bf16; mean, rstd: (N) fp32; weight, bias: (C) bf16.
 // One block per row for the row kernels (grid.x = N). Backward ACCUMULATES into dinp (the
 // residual gradient may be pre-loaded there). Parameter gradients are reduced without atomics:

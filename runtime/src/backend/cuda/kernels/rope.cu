@@ -1,5 +1,5 @@
 // Rotary position embedding, "rotate-half" convention (GPT-NeoX, Hugging Face LLaMA);
-// runtime/src/cpu/rope.rs is the reference. In place on x (N, width): the first `heads` heads
+// runtime/src/backend/cpu/kernels/rope.rs is the reference. In place on x (N, width): the first `heads` heads
 // of size hd of every row, row n at position n % t. Element i < hd/2 pairs with i + hd/2 and the
 // pair turns by dir · pos · θ^(−2i/hd): cos/sin (T, hd/2) fp32 hold those angles' values.
 // dir = 1 is the forward; dir = −1 the backward (the transpose rotation of the gradient).

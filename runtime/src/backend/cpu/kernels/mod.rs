@@ -13,6 +13,7 @@
 #![allow(clippy::too_many_arguments)]
 
 pub mod act;
+pub mod adamw;
 pub mod attention;
 pub mod crossentropy;
 pub mod embedding;
@@ -22,6 +23,7 @@ pub mod rope;
 pub mod vmath;
 
 pub use act::{gelu_backward, gelu_forward, swiglu_backward, swiglu_forward};
+pub use adamw::adamw_update;
 pub use attention::{
     attention_backward, attention_forward, attention_probs, attention_scratch_len,
     attention_values, AttnShape,
