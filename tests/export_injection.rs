@@ -178,7 +178,13 @@ fn check_export(dir: &Path, plan: &Plan, target: Target, marker: &Path) {
             let keys: Vec<&String> = v.keys().collect();
             assert_eq!(
                 keys,
-                ["activation_checkpoint", "parallelism", "training"],
+                [
+                    "activation_checkpoint",
+                    "lr_scheduler",
+                    "optimizer",
+                    "parallelism",
+                    "training"
+                ],
                 "{text}"
             );
             assert_eq!(
