@@ -522,3 +522,283 @@ fn residual_and_norm_body(k: &dyn Kernels) {
     assert_eq!(k.sum_squares(&[]).unwrap(), 0.0);
 }
 test_device!(residual_and_norm, super::residual_and_norm_body);
+
+/// `fill` and `copy` (the executor's buffer primitives, `fill_*` and `copy_*`) on views at an
+/// offset into larger buffers, in both storages: the range gets the value (or the source
+/// range), everything outside it keeps its value. The fill value, 7.5, is far from every
+/// N(0, 1) sample, so a write one element past either end shows.
+fn fill_and_copy_body(k: &dyn Kernels) {
+    for storage in [Storage::Bf16, Storage::F32] {
+        let x0 = randn(1000, 60, 1.0);
+        let range = 137..890;
+        let mut x = x0.clone();
+        k.fill(&mut x, range.clone(), 7.5, storage).unwrap();
+        let want: Vec<f64> = x0
+            .iter()
+            .enumerate()
+            .map(|(i, &v)| {
+                if range.contains(&i) {
+                    7.5
+                } else {
+                    f64::from(v)
+                }
+            })
+            .collect();
+        check(k, &format!("fill {storage:?}"), &x, &want, storage);
+        // The whole buffer (no offset), and an empty view (no launch).
+        k.fill(&mut x, 0..1000, -3.0, storage).unwrap();
+        check(
+            k,
+            &format!("fill all {storage:?}"),
+            &x,
+            &[-3.0; 1000],
+            storage,
+        );
+        k.fill(&mut x, 500..500, 1.0, storage).unwrap();
+        check(
+            k,
+            &format!("fill none {storage:?}"),
+            &x,
+            &[-3.0; 1000],
+            storage,
+        );
+
+        let (d0, src) = (randn(800, 61, 1.0), randn(1000, 62, 1.0));
+        let (at, from) = (50, 200..700);
+        let mut d = d0.clone();
+        k.copy(&mut d, at, &src, from.clone(), storage).unwrap();
+        let want: Vec<f64> = d0
+            .iter()
+            .enumerate()
+            .map(
+                |(i, &v)| match i.checked_sub(at).filter(|j| *j < from.len()) {
+                    Some(j) => f64::from(src[from.start + j]),
+                    None => f64::from(v),
+                },
+            )
+            .collect();
+        check(
+            k,
+            &format!("copy at an offset {storage:?}"),
+            &d,
+            &want,
+            storage,
+        );
+        let mut whole = d0[..300].to_vec();
+        k.copy(&mut whole, 0, &src[..300], 0..300, storage).unwrap();
+        check(
+            k,
+            &format!("copy all {storage:?}"),
+            &whole,
+            &r::f64s(&src[..300]),
+            storage,
+        );
+    }
+}
+test_device!(fill_and_copy, super::fill_and_copy_body);
+
+/// The bias add after a linear layer: `y (N, c) += b (c)`, every row; N·c not a multiple of
+/// the block size, over several blocks.
+fn add_bias_body(k: &dyn Kernels) {
+    let (n, c) = (37, 45);
+    let (y0, b) = (randn(n * c, 63, 1.0), randn(c, 64, 1.0));
+    let mut y = y0.clone();
+    k.add_bias(&mut y, &b).unwrap();
+    let want: Vec<f64> = y0
+        .iter()
+        .enumerate()
+        .map(|(i, &v)| f64::from(v) + f64::from(b[i % c]))
+        .collect();
+    check(k, "add bias", &y, &want, Storage::Bf16);
+}
+test_device!(add_bias, super::add_bias_body);
+
+/// The vocab-parallel cross-entropy forward as training runs it (`layers/loss.rs`): the
+/// vocabulary (1500) cut into three shards of 100, 1300 (wider than a block: the strided loop)
+/// and 100 columns; per shard `row_max`, then `ce_partials` against the GLOBAL max, then, on
+/// the shard sums (the all-reduce, done here in f64), `ce_losses`. Each against f64 from the
+/// formulas; the targets sit on the shards' edges, so every shard has rows whose target is
+/// outside it (below and above), and the losses match the whole-vocabulary cross-entropy.
+fn crossentropy_vocab_parallel_body(k: &dyn Kernels) {
+    let v = 1500;
+    let targets: Vec<u32> = vec![0, 99, 100, 1399, 1400, 1499, 57, 777, 1450];
+    let n = targets.len();
+    let logits = randn(n * v, 65, 2.0);
+    let shards = [0..100, 100..1400, 1400..1500];
+    let cols = |s: &std::ops::Range<usize>| -> Vec<f32> {
+        logits
+            .chunks_exact(v)
+            .flat_map(|rw| rw[s.clone()].to_vec())
+            .collect()
+    };
+    // The global row max, as the max all-reduce leaves it: one of the (f32) logits.
+    let global: Vec<f32> = logits
+        .chunks_exact(v)
+        .map(|rw| rw.iter().copied().fold(f32::NEG_INFINITY, f32::max))
+        .collect();
+    let mut summed = vec![0.0f64; 2 * n];
+    for s in &shards {
+        let (w, shard) = (s.len(), cols(s));
+        let mut max = vec![f32::NAN; n];
+        k.row_max(&mut max, &shard, w).unwrap();
+        let want: Vec<f64> = shard
+            .chunks_exact(w)
+            .map(|rw| rw.iter().map(|&x| f64::from(x)).fold(f64::MIN, f64::max))
+            .collect();
+        check(
+            k,
+            &format!("row max of shard {s:?}"),
+            &max,
+            &want,
+            Storage::Bf16,
+        );
+
+        let mut both = vec![f32::NAN; 2 * n];
+        k.ce_partials(&mut both, &shard, &global, &targets, s.start, w)
+            .unwrap();
+        let sumexp: Vec<f64> = shard
+            .chunks_exact(w)
+            .zip(&global)
+            .map(|(rw, &m)| {
+                rw.iter()
+                    .map(|&x| (f64::from(x) - f64::from(m)).exp())
+                    .sum()
+            })
+            .collect();
+        let target: Vec<f64> = (0..n)
+            .map(|row| {
+                let t = targets[row] as usize;
+                match s.contains(&t) {
+                    true => f64::from(shard[row * w + t - s.start]),
+                    false => 0.0,
+                }
+            })
+            .collect();
+        let what = format!("cross-entropy partials of shard {s:?}");
+        check(
+            k,
+            &format!("{what}: Σ exp"),
+            &both[..n],
+            &sumexp,
+            Storage::Bf16,
+        );
+        check(
+            k,
+            &format!("{what}: target"),
+            &both[n..],
+            &target,
+            Storage::Bf16,
+        );
+        // A row whose target is in another shard gets exactly 0.
+        for (row, &t) in targets.iter().enumerate() {
+            if !s.contains(&(t as usize)) {
+                assert_eq!(both[n + row], 0.0, "{what} on {}: row {row}", k.name());
+            }
+        }
+        summed
+            .iter_mut()
+            .zip(&both)
+            .for_each(|(a, &b)| *a += f64::from(b));
+    }
+    let both: Vec<f32> = summed.iter().map(|&x| x as f32).collect();
+    let (mut losses, mut sumexp) = (vec![f32::NAN; n], vec![f32::NAN; n]);
+    k.ce_losses(&mut losses, &mut sumexp, &global, &both)
+        .unwrap();
+    let want: Vec<f64> = (0..n)
+        .map(|i| f64::from(both[i]).ln() + f64::from(global[i]) - f64::from(both[n + i]))
+        .collect();
+    check(k, "cross-entropy losses", &losses, &want, Storage::F32);
+    check(
+        k,
+        "cross-entropy saved sumexp",
+        &sumexp,
+        &r::f64s(&both[..n]),
+        Storage::F32,
+    );
+    // The three launches compose to the whole-vocabulary loss.
+    let (whole, _) = r::crossentropy(&logits, &targets, &vec![1.0; n], v);
+    check(
+        k,
+        "vocab-parallel cross-entropy against the whole vocabulary",
+        &losses,
+        &whole,
+        Storage::Bf16,
+    );
+}
+test_device!(
+    crossentropy_vocab_parallel,
+    super::crossentropy_vocab_parallel_body
+);
+
+/// Every kernel of `backend/cuda/kernels/*.cu` and the test above that runs it (through
+/// `GpuKernels`, so through the `Device` method training calls) against an f64 reference
+/// (docs/cuda.md, "Op-test coverage", has the same table). A kernel added without an entry
+/// fails here, and so does an entry whose kernel is gone.
+const COVERAGE: &[(&str, &str)] = &[
+    ("embedding_forward", "embedding"),
+    ("embedding_backward", "embedding"),
+    ("pos_embedding_forward", "embedding"),
+    ("pos_embedding_backward", "embedding"),
+    ("layernorm_forward", "layernorm"),
+    ("layernorm_backward", "layernorm"),
+    ("layernorm_param_grads", "layernorm"),
+    ("rmsnorm_forward", "rmsnorm"),
+    ("rmsnorm_backward", "rmsnorm"),
+    ("rmsnorm_param_grads", "rmsnorm"),
+    ("attention_forward", "attention"),
+    ("attention_forward_tc", "attention"),
+    ("attention_delta", "attention"),
+    ("attention_backward_dq", "attention"),
+    ("attention_backward_dq_tc", "attention"),
+    ("attention_backward_dkv", "attention"),
+    ("attention_backward_dkv_tc", "attention"),
+    ("gelu_forward", "activations"),
+    ("gelu_backward", "activations"),
+    ("swiglu_forward", "activations"),
+    ("swiglu_backward", "activations"),
+    ("crossentropy_row_max", "crossentropy_vocab_parallel"),
+    ("crossentropy_partials", "crossentropy_vocab_parallel"),
+    ("crossentropy_losses", "crossentropy_vocab_parallel"),
+    ("crossentropy_backward", "crossentropy"),
+    // Not launched by the executor (it runs the vocab-parallel three on every backend).
+    ("crossentropy_forward", "crossentropy"),
+    ("crossentropy_fused", "crossentropy"),
+    ("adamw_step", "adamw"),
+    ("rope_rotate", "rope"),
+    ("sum_partials", "linear"), // also layernorm, rmsnorm (parameter gradients)
+    ("column_sums", "linear"),
+    ("add_bias", "add_bias"),
+    ("sum_squares", "residual_and_norm"),
+    ("fill_f32", "fill_and_copy"),
+    ("fill_bf16", "fill_and_copy"),
+    ("copy_f32", "fill_and_copy"),
+    ("copy_bf16", "fill_and_copy"),
+    ("add_inplace_bf16", "residual_and_norm"),
+];
+
+#[test]
+fn every_kernel_has_an_op_test() {
+    use tessera_runtime::backend::cuda::kernels::{signatures, MODULES};
+    let all: Vec<String> = MODULES
+        .iter()
+        .flat_map(|m| signatures(m.source).expect("kernel sources parse"))
+        .map(|s| s.name)
+        .collect();
+    let missing: Vec<&String> = all
+        .iter()
+        .filter(|k| !COVERAGE.iter().any(|(c, _)| c == k))
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "kernels without an op test (add one, and a COVERAGE entry): {missing:?}"
+    );
+    let gone: Vec<&str> = COVERAGE
+        .iter()
+        .map(|(c, _)| *c)
+        .filter(|c| !all.iter().any(|k| k == c))
+        .collect();
+    assert!(
+        gone.is_empty(),
+        "COVERAGE names kernels that no longer exist: {gone:?}"
+    );
+}

@@ -11,6 +11,8 @@
 //! training path: it must not grow state between calls.
 #![allow(clippy::too_many_arguments)]
 
+use std::ops::Range;
+
 use super::{bf16, Backend, Cpu, GpuError};
 use crate::backend::cpu::kernels::{self as cpu, AttnShape, MatMut, MatRef};
 
@@ -209,6 +211,28 @@ pub trait Kernels {
     /// `out = a + b` (the residual connection), in activation storage.
     fn residual_add(&self, out: &mut [f32], a: &[f32], b: &[f32]) -> Result<(), GpuError>;
 
+    /// `x[range] = value`, `x` held in `storage`, through a view at an offset into it; the
+    /// rest of `x` untouched.
+    fn fill(
+        &self,
+        x: &mut [f32],
+        range: Range<usize>,
+        value: f32,
+        storage: Storage,
+    ) -> Result<(), GpuError>;
+    /// `dst[at..at + from.len()] = src[from]`, both held in `storage`, through views at offsets
+    /// into them; the rest of `dst` untouched.
+    fn copy(
+        &self,
+        dst: &mut [f32],
+        at: usize,
+        src: &[f32],
+        from: Range<usize>,
+        storage: Storage,
+    ) -> Result<(), GpuError>;
+    /// `y (N, c) += b (c)`, in activation storage (the executor's bias add).
+    fn add_bias(&self, y: &mut [f32], b: &[f32]) -> Result<(), GpuError>;
+
     /// Σ x² (the squared norm of fp32 gradients, for global-norm clipping), summed in f64.
     fn sum_squares(&self, x: &[f32]) -> Result<f64, GpuError>;
 
@@ -222,6 +246,28 @@ pub trait Kernels {
         inp: &[f32],
         dout: &[f32],
         f: usize,
+    ) -> Result<(), GpuError>;
+    /// Vocab-parallel forward, 1 of 3: `max (N)` = row maxima of this shard's `logits (N, v)`.
+    fn row_max(&self, max: &mut [f32], logits: &[f32], v: usize) -> Result<(), GpuError>;
+    /// Vocab-parallel forward, 2 of 3: `both (2N) = [Σ exp(l − max) | target logit or 0]` over
+    /// this shard's columns (`vocab_start..vocab_start + v`), against the GLOBAL `max`.
+    fn ce_partials(
+        &self,
+        both: &mut [f32],
+        logits: &[f32],
+        max: &[f32],
+        targets: &[u32],
+        vocab_start: usize,
+        v: usize,
+    ) -> Result<(), GpuError>;
+    /// Vocab-parallel forward, 3 of 3, from the group-summed `both (2N)`:
+    /// `losses = ln(sumexp) + max − target`, `sumexp = both[..N]`.
+    fn ce_losses(
+        &self,
+        losses: &mut [f32],
+        sumexp: &mut [f32],
+        max: &[f32],
+        both: &[f32],
     ) -> Result<(), GpuError>;
     /// Single shard: `losses (N)`, saving `max` and `sumexp`.
     fn crossentropy_forward(
@@ -477,6 +523,32 @@ impl Kernels for CpuKernels {
         Cpu.sum_squares(x)
     }
 
+    fn fill(
+        &self,
+        x: &mut [f32],
+        range: Range<usize>,
+        value: f32,
+        _storage: Storage,
+    ) -> Result<(), GpuError> {
+        Cpu.fill(&mut x[range], value)
+    }
+
+    fn copy(
+        &self,
+        dst: &mut [f32],
+        at: usize,
+        src: &[f32],
+        from: Range<usize>,
+        _storage: Storage,
+    ) -> Result<(), GpuError> {
+        let n = from.len();
+        Cpu.copy(&mut dst[at..at + n], &src[from])
+    }
+
+    fn add_bias(&self, y: &mut [f32], b: &[f32]) -> Result<(), GpuError> {
+        Cpu.add_bias(y, b)
+    }
+
     fn gelu_forward(&self, out: &mut [f32], inp: &[f32]) -> Result<(), GpuError> {
         cpu::gelu_forward(out, inp);
         Ok(())
@@ -501,6 +573,32 @@ impl Kernels for CpuKernels {
     ) -> Result<(), GpuError> {
         cpu::swiglu_backward(dinp, inp, dout, f);
         Ok(())
+    }
+
+    fn row_max(&self, max: &mut [f32], logits: &[f32], v: usize) -> Result<(), GpuError> {
+        Cpu.row_max(max, logits, v)
+    }
+
+    fn ce_partials(
+        &self,
+        both: &mut [f32],
+        logits: &[f32],
+        max: &[f32],
+        targets: &[u32],
+        vocab_start: usize,
+        v: usize,
+    ) -> Result<(), GpuError> {
+        Cpu.ce_partials(both, logits, max, &targets.to_vec(), vocab_start, v)
+    }
+
+    fn ce_losses(
+        &self,
+        losses: &mut [f32],
+        sumexp: &mut [f32],
+        max: &[f32],
+        both: &[f32],
+    ) -> Result<(), GpuError> {
+        Cpu.ce_losses(losses, sumexp, max, both)
     }
 
     fn crossentropy_forward(

@@ -5,6 +5,8 @@
 //! bf16 are rounded on upload; statistics, gradient accumulators and optimizer state stay f32.
 #![allow(clippy::too_many_arguments)]
 
+use std::ops::Range;
+
 use super::launch;
 use super::{DType, Device, GpuError, HostData, HostVec, KArg, Launcher};
 use crate::backend::ops::{AdamWStep, GemmShape, Kernels, RopeShape, Storage};
@@ -59,6 +61,14 @@ impl<L: Launcher> GpuKernels<L> {
 
     fn u32(&self, x: &[u32]) -> Result<L::Buf, GpuError> {
         self.launcher().upload(HostData::U32(x))
+    }
+
+    /// `x` on the device in `storage`'s element type (bf16 or f32).
+    fn stored(&self, x: &[f32], storage: Storage) -> Result<L::Buf, GpuError> {
+        match storage {
+            Storage::Bf16 => self.bf16(x),
+            Storage::F32 => self.f32(x),
+        }
     }
 
     fn zeros(&self, dtype: DType, len: usize) -> Result<L::Buf, GpuError> {
@@ -447,6 +457,43 @@ where
         self.dev.sum_squares(D::<L>::view(&xs))
     }
 
+    fn fill(
+        &self,
+        x: &mut [f32],
+        range: Range<usize>,
+        value: f32,
+        storage: Storage,
+    ) -> Result<(), GpuError> {
+        let mut xb = self.stored(x, storage)?;
+        let view = D::<L>::sub_mut(D::<L>::view_mut(&mut xb), range);
+        self.dev.fill(view, value)?;
+        self.read(&xb, x)
+    }
+
+    fn copy(
+        &self,
+        dst: &mut [f32],
+        at: usize,
+        src: &[f32],
+        from: Range<usize>,
+        storage: Storage,
+    ) -> Result<(), GpuError> {
+        let (mut d, s) = (self.stored(dst, storage)?, self.stored(src, storage)?);
+        let n = from.len();
+        self.dev.copy(
+            D::<L>::sub_mut(D::<L>::view_mut(&mut d), at..at + n),
+            D::<L>::sub(D::<L>::view(&s), from),
+        )?;
+        self.read(&d, dst)
+    }
+
+    fn add_bias(&self, y: &mut [f32], b: &[f32]) -> Result<(), GpuError> {
+        let (mut yb, bb) = (self.bf16(y)?, self.bf16(b)?);
+        self.dev
+            .add_bias(D::<L>::view_mut(&mut yb), D::<L>::view(&bb))?;
+        self.read(&yb, y)
+    }
+
     fn gelu_forward(&self, out: &mut [f32], inp: &[f32]) -> Result<(), GpuError> {
         let (mut o, x) = (self.zeros(DType::Bf16, out.len())?, self.bf16(inp)?);
         self.dev
@@ -488,6 +535,58 @@ where
             f,
         )?;
         self.read(&d, dinp)
+    }
+
+    fn row_max(&self, max: &mut [f32], logits: &[f32], v: usize) -> Result<(), GpuError> {
+        let (mut mb, l) = (self.zeros(DType::F32, max.len())?, self.bf16(logits)?);
+        self.dev
+            .row_max(D::<L>::view_mut(&mut mb), D::<L>::view(&l), v)?;
+        self.read(&mb, max)
+    }
+
+    fn ce_partials(
+        &self,
+        both: &mut [f32],
+        logits: &[f32],
+        max: &[f32],
+        targets: &[u32],
+        vocab_start: usize,
+        v: usize,
+    ) -> Result<(), GpuError> {
+        let mut bb = self.zeros(DType::F32, both.len())?;
+        let (l, mb) = (self.bf16(logits)?, self.f32(max)?);
+        let t = self.dev.ids(targets.to_vec())?;
+        self.dev.ce_partials(
+            D::<L>::view_mut(&mut bb),
+            D::<L>::view(&l),
+            D::<L>::view(&mb),
+            &t,
+            vocab_start,
+            v,
+        )?;
+        self.read(&bb, both)
+    }
+
+    fn ce_losses(
+        &self,
+        losses: &mut [f32],
+        sumexp: &mut [f32],
+        max: &[f32],
+        both: &[f32],
+    ) -> Result<(), GpuError> {
+        let (mut lo, mut se) = (
+            self.zeros(DType::F32, losses.len())?,
+            self.zeros(DType::F32, sumexp.len())?,
+        );
+        let (mb, bb) = (self.f32(max)?, self.f32(both)?);
+        self.dev.ce_losses(
+            D::<L>::view_mut(&mut lo),
+            D::<L>::view_mut(&mut se),
+            D::<L>::view(&mb),
+            D::<L>::view(&bb),
+        )?;
+        self.read(&lo, losses)?;
+        self.read(&se, sumexp)
     }
 
     fn crossentropy_forward(

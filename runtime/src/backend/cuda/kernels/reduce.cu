@@ -1,5 +1,5 @@
-// Small helpers of the linear layers and of mixed precision: partial-sum reduction, bias add
-// and reduce, fp32 <-> bf16 casts.
+// Small helpers of the linear layers and of the executor: partial-sum reduction, bias add and
+// reduce, the squared norm, fill, copy and the in-place add.
 
 // dst[i] += sum_k partial[k*stride + offset + i], chunks k in order (deterministic).
 extern "C" __global__ void sum_partials(float* __restrict__ dst,
@@ -39,22 +39,6 @@ extern "C" __global__ void add_bias(bf16* __restrict__ out, const bf16* __restri
     for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < total;
          i += (long long)gridDim.x * blockDim.x) {
         out[i] = f2bf(bf2f(out[i]) + bf2f(bias[i % c]));
-    }
-}
-
-extern "C" __global__ void cast_f32_to_bf16(bf16* __restrict__ out,
-                                            const float* __restrict__ inp, long long n) {
-    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n;
-         i += (long long)gridDim.x * blockDim.x) {
-        out[i] = f2bf(inp[i]);
-    }
-}
-
-extern "C" __global__ void cast_bf16_to_f32(float* __restrict__ out,
-                                            const bf16* __restrict__ inp, long long n) {
-    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n;
-         i += (long long)gridDim.x * blockDim.x) {
-        out[i] = bf2f(inp[i]);
     }
 }
 

@@ -92,8 +92,6 @@ fn the_kernels_the_issue_asks_for_are_there() {
                 "sum_partials",
                 "column_sums",
                 "add_bias",
-                "cast_f32_to_bf16",
-                "cast_bf16_to_f32",
                 "sum_squares",
                 "fill_f32",
                 "fill_bf16",
