@@ -5,6 +5,7 @@
 //! scripts/gpu-check.sh) turns the skip into a failure.
 #![cfg(feature = "cuda")]
 
+#[allow(dead_code)] // the Llama helpers serve executor_emulated.rs
 mod exec_common;
 
 use exec_common::{

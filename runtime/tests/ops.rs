@@ -730,6 +730,180 @@ test_device!(
     super::crossentropy_vocab_parallel_body
 );
 
+/// The fc layer's bias and GELU in one (`bias_gelu_forward`: `h += bias`, kept, then
+/// `a = gelu(h)`), and GELU's backward with the bias gradient (`gelu_backward_bias`:
+/// `dinp = gelu'(inp)·dout` overwritten, `dbias += Σ_rows dinp`): one kernel each on a device,
+/// the separate kernels on the CPU. N·c = 150·45, over several blocks and (for the bias sums)
+/// three row chunks; with the bias, and without it (the plain GELU kernels on every backend).
+fn bias_gelu_body(k: &dyn Kernels) {
+    let (n, c) = (150, 45);
+    let (h0, b) = (randn(n * c, 70, 1.5), randn(c, 71, 1.0));
+    for bias in [Some(&b[..]), None] {
+        let what = match bias {
+            Some(_) => "bias + gelu forward",
+            None => "bias + gelu forward without bias",
+        };
+        let wh: Vec<f64> = h0
+            .iter()
+            .enumerate()
+            .map(|(i, &v)| f64::from(v) + bias.map_or(0.0, |b| f64::from(b[i % c])))
+            .collect();
+        let wa: Vec<f64> = wh.iter().map(|&v| r::gelu(v)).collect();
+        let (mut h, mut a) = (h0.clone(), vec![f32::NAN; n * c]);
+        k.bias_gelu_forward(&mut h, &mut a, bias).unwrap();
+        check(k, &format!("{what}: h (kept)"), &h, &wh, Storage::Bf16);
+        check(k, &format!("{what}: gelu(h)"), &a, &wa, Storage::Bf16);
+    }
+    let (x, dy) = (randn(n * c, 72, 1.5), randn(n * c, 73, 1.0));
+    let wd: Vec<f64> = x
+        .iter()
+        .zip(&dy)
+        .map(|(&v, &g)| r::gelu_grad(f64::from(v)) * f64::from(g))
+        .collect();
+    let sums: Vec<f64> = (0..c)
+        .map(|ch| (0..n).map(|rw| wd[rw * c + ch]).sum())
+        .collect();
+    let db0 = randn(c, 74, 1.0);
+    let (mut d, mut db) = (vec![f32::NAN; n * c], db0.clone());
+    k.gelu_backward_bias(&mut d, Some(&mut db), &x, &dy)
+        .unwrap();
+    check(k, "gelu backward + bias: dinp", &d, &wd, Storage::Bf16);
+    check(
+        k,
+        "gelu backward + bias: dbias (accumulated)",
+        &db,
+        &plus(&db0, &sums),
+        Storage::Bf16,
+    );
+    let mut d = vec![f32::NAN; n * c];
+    k.gelu_backward_bias(&mut d, None, &x, &dy).unwrap();
+    check(k, "gelu backward without bias", &d, &wd, Storage::Bf16);
+}
+test_device!(bias_gelu, super::bias_gelu_body);
+
+/// A projection's bias and the residual add in one (`add_bias_residual`: `y += bias + res`),
+/// with the bias and without it (the plain residual add); N·c = 37·45 over several blocks.
+fn add_bias_residual_body(k: &dyn Kernels) {
+    let (n, c) = (37, 45);
+    let (y0, b, res) = (
+        randn(n * c, 75, 1.0),
+        randn(c, 76, 1.0),
+        randn(n * c, 77, 2.0),
+    );
+    for bias in [Some(&b[..]), None] {
+        let want: Vec<f64> = y0
+            .iter()
+            .zip(&res)
+            .enumerate()
+            .map(|(i, (&y, &r))| {
+                f64::from(y) + bias.map_or(0.0, |b| f64::from(b[i % c])) + f64::from(r)
+            })
+            .collect();
+        let mut y = y0.clone();
+        k.add_bias_residual(&mut y, bias, &res).unwrap();
+        let what = match bias {
+            Some(_) => "add bias + residual",
+            None => "add bias + residual without bias",
+        };
+        check(k, what, &y, &want, Storage::Bf16);
+    }
+}
+test_device!(add_bias_residual, super::add_bias_residual_body);
+
+/// The residual stream before a norm, in f64: `x + proj_bias (when given) + res`.
+fn residual_stream(x: &[f32], proj_bias: Option<&[f32]>, res: &[f32], c: usize) -> Vec<f64> {
+    x.iter()
+        .zip(res)
+        .enumerate()
+        .map(|(i, (&x, &r))| {
+            f64::from(x) + proj_bias.map_or(0.0, |b| f64::from(b[i % c])) + f64::from(r)
+        })
+        .collect()
+}
+
+/// A projection's bias, the residual add and the next LayerNorm in one
+/// (`residual_layernorm_forward`): `x += proj_bias + res` in place (checked: it is the residual
+/// stream the next block reads), then `out`, `mean`, `rstd` of LayerNorm(x), against f64 from
+/// the formula. Rows of 45 (one block, 150 rows) and of 300 (wider than a block); each Option
+/// with and without, and an eps (0.5) large enough that using another one shows.
+fn residual_layernorm_body(k: &dyn Kernels) {
+    for &(n, c) in &[(150, 45), (6, 300)] {
+        let (x0, res) = (randn(n * c, 80, 1.0), randn(n * c, 81, 1.0));
+        let (pb, w, b) = (randn(c, 82, 1.0), randn(c, 83, 1.0), randn(c, 84, 1.0));
+        let cases = [
+            (Some(&pb[..]), Some(&b[..]), 1e-5f32),
+            (None, Some(&b[..]), 0.5),
+            (Some(&pb[..]), None, 0.5),
+            (None, None, 1e-5),
+        ];
+        for (proj_bias, bias, eps) in cases {
+            let what = format!(
+                "residual layernorm ({n}×{c}, projection bias {}, norm bias {}, eps {eps})",
+                proj_bias.is_some(),
+                bias.is_some()
+            );
+            let xs = residual_stream(&x0, proj_bias, &res, c);
+            let (mut wo, mut wm, mut wr) = (vec![0.0; n * c], vec![0.0; n], vec![0.0; n]);
+            for row in 0..n {
+                let v = &xs[row * c..(row + 1) * c];
+                let mu = v.iter().sum::<f64>() / c as f64;
+                let var = v.iter().map(|x| (x - mu).powi(2)).sum::<f64>() / c as f64;
+                let rs = 1.0 / (var + f64::from(eps)).sqrt();
+                for i in 0..c {
+                    wo[row * c + i] =
+                        (v[i] - mu) * rs * f64::from(w[i]) + bias.map_or(0.0, |b| f64::from(b[i]));
+                }
+                (wm[row], wr[row]) = (mu, rs);
+            }
+            let mut x = x0.clone();
+            let (mut out, mut mean, mut rstd) =
+                (vec![f32::NAN; n * c], vec![f32::NAN; n], vec![f32::NAN; n]);
+            k.residual_layernorm_forward(
+                &mut x, proj_bias, &res, &mut out, &mut mean, &mut rstd, &w, bias, c, eps,
+            )
+            .unwrap();
+            check(k, &format!("{what}: x (residual)"), &x, &xs, Storage::Bf16);
+            check(k, &format!("{what}: out"), &out, &wo, Storage::Bf16);
+            check(k, &format!("{what}: mean"), &mean, &wm, Storage::Bf16);
+            check(k, &format!("{what}: rstd"), &rstd, &wr, Storage::Bf16);
+        }
+    }
+}
+test_device!(residual_layernorm, super::residual_layernorm_body);
+
+/// `residual_layernorm`'s RMSNorm twin (`residual_rmsnorm_forward`): `x += proj_bias + res`
+/// in place, then `out`, `rstd` of RMSNorm(x), against f64 from the formula.
+fn residual_rmsnorm_body(k: &dyn Kernels) {
+    for &(n, c) in &[(150, 45), (6, 300)] {
+        let (x0, res) = (randn(n * c, 85, 1.0), randn(n * c, 86, 1.0));
+        let (pb, w) = (randn(c, 87, 1.0), randn(c, 88, 1.0));
+        for (proj_bias, eps) in [(Some(&pb[..]), 1e-5f32), (None, 1e-5), (Some(&pb[..]), 0.5)] {
+            let what = format!(
+                "residual rmsnorm ({n}×{c}, projection bias {}, eps {eps})",
+                proj_bias.is_some()
+            );
+            let xs = residual_stream(&x0, proj_bias, &res, c);
+            let (mut wo, mut wr) = (vec![0.0; n * c], vec![0.0; n]);
+            for row in 0..n {
+                let v = &xs[row * c..(row + 1) * c];
+                let ms = v.iter().map(|x| x * x).sum::<f64>() / c as f64;
+                wr[row] = 1.0 / (ms + f64::from(eps)).sqrt();
+                for i in 0..c {
+                    wo[row * c + i] = v[i] * wr[row] * f64::from(w[i]);
+                }
+            }
+            let mut x = x0.clone();
+            let (mut out, mut rstd) = (vec![f32::NAN; n * c], vec![f32::NAN; n]);
+            k.residual_rmsnorm_forward(&mut x, proj_bias, &res, &mut out, &mut rstd, &w, c, eps)
+                .unwrap();
+            check(k, &format!("{what}: x (residual)"), &x, &xs, Storage::Bf16);
+            check(k, &format!("{what}: out"), &out, &wo, Storage::Bf16);
+            check(k, &format!("{what}: rstd"), &rstd, &wr, Storage::Bf16);
+        }
+    }
+}
+test_device!(residual_rmsnorm, super::residual_rmsnorm_body);
+
 /// Every kernel of `backend/cuda/kernels/*.cu` and the test above that runs it (through
 /// `GpuKernels`, so through the `Device` method training calls) against an f64 reference
 /// (docs/cuda.md, "Op-test coverage", has the same table). A kernel added without an entry
@@ -745,6 +919,8 @@ const COVERAGE: &[(&str, &str)] = &[
     ("rmsnorm_forward", "rmsnorm"),
     ("rmsnorm_backward", "rmsnorm"),
     ("rmsnorm_param_grads", "rmsnorm"),
+    ("residual_layernorm_forward", "residual_layernorm"),
+    ("residual_rmsnorm_forward", "residual_rmsnorm"),
     ("attention_forward", "attention"),
     ("attention_forward_tc", "attention"),
     ("attention_delta", "attention"),
@@ -754,6 +930,9 @@ const COVERAGE: &[(&str, &str)] = &[
     ("attention_backward_dkv_tc", "attention"),
     ("gelu_forward", "activations"),
     ("gelu_backward", "activations"),
+    ("bias_gelu_forward", "bias_gelu"),
+    ("gelu_backward_bias", "bias_gelu"),
+    ("add_bias_residual", "add_bias_residual"),
     ("swiglu_forward", "activations"),
     ("swiglu_backward", "activations"),
     ("crossentropy_row_max", "crossentropy_vocab_parallel"),

@@ -283,6 +283,83 @@ pub trait Backend: Sized + Sync + 'static {
         f: usize,
     ) -> Result<(), BackendError>;
 
+    // ---- fused element-wise work (defaults: the separate kernels, in the same order) --------
+    // A device backend overrides these with one launch each (docs/cuda.md, "Launches per
+    // layer"); the CPU keeps the defaults, so its results are the separate kernels' exactly.
+
+    /// `h (N, c) += bias` (when given), then `a = gelu(h)`: the fc layer's bias and GELU.
+    fn bias_gelu_forward(
+        &self,
+        mut h: Self::Mut<'_>,
+        a: Self::Mut<'_>,
+        bias: Option<Self::Ref<'_>>,
+    ) -> Result<(), BackendError> {
+        if let Some(b) = bias {
+            self.add_bias(Self::rb(&mut h), b)?;
+        }
+        self.gelu_forward(a, Self::freeze(h))
+    }
+    /// `dinp = gelu'(inp) · dout` (overwritten), then `dbias += Σ_rows dinp` (when given).
+    fn gelu_backward_bias(
+        &self,
+        mut dinp: Self::Mut<'_>,
+        dbias: Option<Self::Mut<'_>>,
+        inp: Self::Ref<'_>,
+        dout: Self::Ref<'_>,
+    ) -> Result<(), BackendError> {
+        self.gelu_backward(Self::rb(&mut dinp), inp, dout)?;
+        match dbias {
+            Some(db) => self.bias_backward(db, Self::freeze(dinp)),
+            None => Ok(()),
+        }
+    }
+    /// `y (N, c) += bias` (when given), then `y += res`: a projection's bias and the residual.
+    fn add_bias_residual(
+        &self,
+        mut y: Self::Mut<'_>,
+        bias: Option<Self::Ref<'_>>,
+        res: Self::Ref<'_>,
+    ) -> Result<(), BackendError> {
+        if let Some(b) = bias {
+            self.add_bias(Self::rb(&mut y), b)?;
+        }
+        self.add_assign(y, res)
+    }
+    /// [`add_bias_residual`](Self::add_bias_residual) on `x`, then
+    /// [`layernorm_forward`](Self::layernorm_forward) of it.
+    fn residual_layernorm_forward(
+        &self,
+        mut x: Self::Mut<'_>,
+        proj_bias: Option<Self::Ref<'_>>,
+        res: Self::Ref<'_>,
+        out: Self::Mut<'_>,
+        mean: Self::Mut<'_>,
+        rstd: Self::Mut<'_>,
+        weight: Self::Ref<'_>,
+        bias: Option<Self::Ref<'_>>,
+        c: usize,
+        eps: f32,
+    ) -> Result<(), BackendError> {
+        self.add_bias_residual(Self::rb(&mut x), proj_bias, res)?;
+        self.layernorm_forward(out, mean, rstd, Self::freeze(x), weight, bias, c, eps)
+    }
+    /// [`add_bias_residual`](Self::add_bias_residual) on `x`, then
+    /// [`rmsnorm_forward`](Self::rmsnorm_forward) of it.
+    fn residual_rmsnorm_forward(
+        &self,
+        mut x: Self::Mut<'_>,
+        proj_bias: Option<Self::Ref<'_>>,
+        res: Self::Ref<'_>,
+        out: Self::Mut<'_>,
+        rstd: Self::Mut<'_>,
+        weight: Self::Ref<'_>,
+        c: usize,
+        eps: f32,
+    ) -> Result<(), BackendError> {
+        self.add_bias_residual(Self::rb(&mut x), proj_bias, res)?;
+        self.rmsnorm_forward(out, rstd, Self::freeze(x), weight, c, eps)
+    }
+
     // ---- vocab-parallel cross-entropy -----------------------------------------------------
     /// `max (N)` = row maxima of this shard's `logits (N, v)`.
     fn row_max(

@@ -238,6 +238,61 @@ pub trait Kernels {
 
     fn gelu_forward(&self, out: &mut [f32], inp: &[f32]) -> Result<(), GpuError>;
     fn gelu_backward(&self, dinp: &mut [f32], inp: &[f32], dout: &[f32]) -> Result<(), GpuError>;
+    // The fused element-wise work of `Backend` (`bias_gelu_forward`, `gelu_backward_bias`,
+    // `add_bias_residual`, `residual_*norm_forward`): one kernel each on a device, the separate
+    // kernels (the trait's defaults) on the CPU.
+    /// `h (N, c) += bias` (when given; `c` = its length), then `a = gelu(h)`; `h` and `a` in
+    /// activation storage.
+    fn bias_gelu_forward(
+        &self,
+        h: &mut [f32],
+        a: &mut [f32],
+        bias: Option<&[f32]>,
+    ) -> Result<(), GpuError>;
+    /// `dinp = gelu'(inp) · dout` (overwritten), then `dbias (c) += Σ_rows dinp` (when given;
+    /// an f32 gradient accumulator).
+    fn gelu_backward_bias(
+        &self,
+        dinp: &mut [f32],
+        dbias: Option<&mut [f32]>,
+        inp: &[f32],
+        dout: &[f32],
+    ) -> Result<(), GpuError>;
+    /// `y (N, c) += bias` (when given), then `y += res`, in activation storage.
+    fn add_bias_residual(
+        &self,
+        y: &mut [f32],
+        bias: Option<&[f32]>,
+        res: &[f32],
+    ) -> Result<(), GpuError>;
+    /// `x += proj_bias (when given) + res` in place (the residual stream), then
+    /// [`layernorm_forward`](Self::layernorm_forward) of it into `out`, `mean`, `rstd`.
+    fn residual_layernorm_forward(
+        &self,
+        x: &mut [f32],
+        proj_bias: Option<&[f32]>,
+        res: &[f32],
+        out: &mut [f32],
+        mean: &mut [f32],
+        rstd: &mut [f32],
+        weight: &[f32],
+        bias: Option<&[f32]>,
+        c: usize,
+        eps: f32,
+    ) -> Result<(), GpuError>;
+    /// `x += proj_bias (when given) + res` in place, then
+    /// [`rmsnorm_forward`](Self::rmsnorm_forward) of it into `out`, `rstd`.
+    fn residual_rmsnorm_forward(
+        &self,
+        x: &mut [f32],
+        proj_bias: Option<&[f32]>,
+        res: &[f32],
+        out: &mut [f32],
+        rstd: &mut [f32],
+        weight: &[f32],
+        c: usize,
+        eps: f32,
+    ) -> Result<(), GpuError>;
     /// `out (N, f)` from `inp (N, 2f)` rows `[gate | up]`.
     fn swiglu_forward(&self, out: &mut [f32], inp: &[f32], f: usize) -> Result<(), GpuError>;
     fn swiglu_backward(
@@ -557,6 +612,64 @@ impl Kernels for CpuKernels {
     fn gelu_backward(&self, dinp: &mut [f32], inp: &[f32], dout: &[f32]) -> Result<(), GpuError> {
         cpu::gelu_backward(dinp, inp, dout);
         Ok(())
+    }
+
+    fn bias_gelu_forward(
+        &self,
+        h: &mut [f32],
+        a: &mut [f32],
+        bias: Option<&[f32]>,
+    ) -> Result<(), GpuError> {
+        Cpu.bias_gelu_forward(h, a, bias)
+    }
+
+    fn gelu_backward_bias(
+        &self,
+        dinp: &mut [f32],
+        dbias: Option<&mut [f32]>,
+        inp: &[f32],
+        dout: &[f32],
+    ) -> Result<(), GpuError> {
+        Cpu.gelu_backward_bias(dinp, dbias, inp, dout)
+    }
+
+    fn add_bias_residual(
+        &self,
+        y: &mut [f32],
+        bias: Option<&[f32]>,
+        res: &[f32],
+    ) -> Result<(), GpuError> {
+        Cpu.add_bias_residual(y, bias, res)
+    }
+
+    fn residual_layernorm_forward(
+        &self,
+        x: &mut [f32],
+        proj_bias: Option<&[f32]>,
+        res: &[f32],
+        out: &mut [f32],
+        mean: &mut [f32],
+        rstd: &mut [f32],
+        weight: &[f32],
+        bias: Option<&[f32]>,
+        c: usize,
+        eps: f32,
+    ) -> Result<(), GpuError> {
+        Cpu.residual_layernorm_forward(x, proj_bias, res, out, mean, rstd, weight, bias, c, eps)
+    }
+
+    fn residual_rmsnorm_forward(
+        &self,
+        x: &mut [f32],
+        proj_bias: Option<&[f32]>,
+        res: &[f32],
+        out: &mut [f32],
+        rstd: &mut [f32],
+        weight: &[f32],
+        c: usize,
+        eps: f32,
+    ) -> Result<(), GpuError> {
+        Cpu.residual_rmsnorm_forward(x, proj_bias, res, out, rstd, weight, c, eps)
     }
 
     fn swiglu_forward(&self, out: &mut [f32], inp: &[f32], f: usize) -> Result<(), GpuError> {

@@ -29,7 +29,7 @@ use super::block_bufs::{saved_in, Grads, Saved, SpScratch};
 pub use super::block_bufs::{BlockActs, BlockWorkspace};
 use super::mlp::ParallelMlp;
 use super::norm::Norm;
-use super::tp::{gather_rows, scatter_rows, TpShard};
+use super::tp::{gather_rows, reduce_from_tp_forward, scatter_rows, TpShard};
 use super::{BlockConfig, Dims, LayerError};
 
 /// A pre-norm transformer block on one TP rank.
@@ -114,7 +114,9 @@ impl TransformerBlock {
             m(&mut s.ln1_mean),
             m(&mut s.ln1_rstd),
         )?;
-        self.attn.forward(
+        // Attention's output projection, its TP sum, then its bias, the residual and the
+        // second norm in one step (one kernel on a device).
+        self.attn.forward_partial(
             be,
             p,
             B::view(&s.ln1),
@@ -124,13 +126,14 @@ impl TransformerBlock {
             m(&mut s.x2),
             rope,
             d,
-            comm,
         )?;
-        be.add_assign(m(&mut s.x2), x)?;
-        self.ln2.forward(
+        reduce_from_tp_forward(comm, m(&mut s.x2))?;
+        self.ln2.forward_residual(
             be,
             p,
-            B::view(&s.x2),
+            m(&mut s.x2),
+            self.attn.proj.b,
+            x,
             m(&mut s.ln2),
             m(&mut s.ln2_mean),
             m(&mut s.ln2_rstd),
@@ -139,8 +142,11 @@ impl TransformerBlock {
             .forward_hidden(be, p, B::view(&s.ln2), m(&mut s.h), m(&mut s.a))?;
         if let Some(mut out) = out {
             self.mlp
-                .forward_out(be, p, B::view(&s.a), B::rb(&mut out), comm)?;
-            be.add_assign(out, B::view(&s.x2))?;
+                .proj
+                .forward_partial(be, p, B::view(&s.a), B::rb(&mut out))?;
+            reduce_from_tp_forward(comm, B::rb(&mut out))?;
+            let bias = self.mlp.proj.b.map(|b| b.view::<B>(p));
+            be.add_bias_residual(out, bias, B::view(&s.x2))?;
         }
         Ok(())
     }
@@ -183,12 +189,12 @@ impl TransformerBlock {
             d,
         )?;
         scatter_rows(comm, v(&sp.partial), m(&mut s.x2))?;
-        self.attn.proj.add_bias(be, p, m(&mut s.x2))?;
-        be.add_assign(m(&mut s.x2), x)?;
-        self.ln2.forward(
+        self.ln2.forward_residual(
             be,
             p,
-            v(&s.x2),
+            m(&mut s.x2),
+            self.attn.proj.b,
+            x,
             m(&mut s.ln2),
             m(&mut s.ln2_mean),
             m(&mut s.ln2_rstd),
@@ -201,8 +207,8 @@ impl TransformerBlock {
                 .proj
                 .forward_partial(be, p, v(&s.a), m(&mut sp.partial))?;
             scatter_rows(comm, v(&sp.partial), B::rb(&mut out))?;
-            self.mlp.proj.add_bias(be, p, B::rb(&mut out))?;
-            be.add_assign(out, v(&s.x2))?;
+            let bias = self.mlp.proj.b.map(|b| b.view::<B>(p));
+            be.add_bias_residual(out, bias, v(&s.x2))?;
         }
         Ok(())
     }

@@ -140,20 +140,25 @@ impl ColumnParallelLinear {
         x: B::Ref<'_>,
         mut y: B::Mut<'_>,
     ) -> Result<(), LayerError> {
-        let n = B::len(x) / self.in_features;
-        let w = self.w.view::<B>(p);
-        be.matmul_bt(
-            B::rb(&mut y),
-            x,
-            w,
-            n,
-            self.in_features,
-            self.out_local,
-            false,
-        )?;
+        self.forward_matmul(be, p, x, B::rb(&mut y))?;
         if let Some(b) = self.b {
             be.add_bias(y, b.view::<B>(p))?;
         }
+        Ok(())
+    }
+
+    /// `y = x · W_localᵀ` without the bias, for a caller that adds it in a fused kernel (the
+    /// MLP's bias + GELU).
+    pub fn forward_matmul<B: Backend>(
+        &self,
+        be: &B,
+        p: B::Ref<'_>,
+        x: B::Ref<'_>,
+        y: B::Mut<'_>,
+    ) -> Result<(), LayerError> {
+        let n = B::len(x) / self.in_features;
+        let w = self.w.view::<B>(p);
+        be.matmul_bt(y, x, w, n, self.in_features, self.out_local, false)?;
         Ok(())
     }
 
@@ -190,6 +195,24 @@ impl ColumnParallelLinear {
         if let Some(b) = self.b {
             be.bias_backward(b.view_mut::<B>(g), dy)?;
         }
+        be.matmul(dx, dy, self.w.view::<B>(p), n, m, k, false)?;
+        Ok(())
+    }
+
+    /// [`backward_partial`](Self::backward_partial) without the bias gradient, for a caller
+    /// that sums it in a fused kernel (GELU's backward).
+    pub fn backward_matmuls<B: Backend>(
+        &self,
+        be: &B,
+        p: B::Ref<'_>,
+        g: B::Mut<'_>,
+        x: B::Ref<'_>,
+        dy: B::Ref<'_>,
+        dx: B::Mut<'_>,
+    ) -> Result<(), LayerError> {
+        let n = B::len(x) / self.in_features;
+        let (k, m) = (self.in_features, self.out_local);
+        be.matmul_at(self.w.view_mut::<B>(g), dy, x, m, n, k, true)?;
         be.matmul(dx, dy, self.w.view::<B>(p), n, m, k, false)?;
         Ok(())
     }

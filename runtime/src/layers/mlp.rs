@@ -74,11 +74,16 @@ impl ParallelMlp {
         mut h: B::Mut<'_>,
         a: B::Mut<'_>,
     ) -> Result<(), LayerError> {
-        self.fc.forward(be, p, x, B::rb(&mut h))?;
-        let h = B::ro(&h);
         match self.act {
-            Activation::Gelu => be.gelu_forward(a, h)?,
-            Activation::SwiGlu => be.swiglu_forward(a, h, self.f_local)?,
+            // The bias and GELU in one kernel on a device (`Backend::bias_gelu_forward`).
+            Activation::Gelu => {
+                self.fc.forward_matmul(be, p, x, B::rb(&mut h))?;
+                be.bias_gelu_forward(h, a, self.fc.b.map(|b| b.view::<B>(p)))?
+            }
+            Activation::SwiGlu => {
+                self.fc.forward(be, p, x, B::rb(&mut h))?;
+                be.swiglu_forward(a, B::ro(&h), self.f_local)?
+            }
         }
         Ok(())
     }
@@ -135,9 +140,17 @@ impl ParallelMlp {
             .backward(be, p, B::rb(&mut g), a, dout, B::rb(&mut da))?;
         let da = B::ro(&da);
         match self.act {
-            Activation::Gelu => be.gelu_backward(B::rb(&mut dh), h, da)?,
-            Activation::SwiGlu => be.swiglu_backward(B::rb(&mut dh), h, da, self.f_local)?,
+            // GELU's backward and the fc bias gradient in one kernel on a device, then the
+            // fc matmuls (`Backend::gelu_backward_bias`).
+            Activation::Gelu => {
+                let db = self.fc.b.map(|b| b.view_mut::<B>(B::rb(&mut g)));
+                be.gelu_backward_bias(B::rb(&mut dh), db, h, da)?;
+                self.fc.backward_matmuls(be, p, g, x, B::ro(&dh), dx)
+            }
+            Activation::SwiGlu => {
+                be.swiglu_backward(B::rb(&mut dh), h, da, self.f_local)?;
+                self.fc.backward_partial(be, p, g, x, B::ro(&dh), dx)
+            }
         }
-        self.fc.backward_partial(be, p, g, x, B::ro(&dh), dx)
     }
 }

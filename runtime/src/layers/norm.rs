@@ -66,6 +66,34 @@ impl Norm {
         Ok(())
     }
 
+    /// [`forward`](Self::forward) of `x = x + proj_bias + res`, computed in place first: the
+    /// residual connection before the norm (one kernel on a device,
+    /// `Backend::residual_layernorm_forward`).
+    pub fn forward_residual<B: Backend>(
+        &self,
+        be: &B,
+        p: B::Ref<'_>,
+        x: B::Mut<'_>,
+        proj_bias: Option<ParamRef>,
+        res: B::Ref<'_>,
+        out: B::Mut<'_>,
+        mean: B::Mut<'_>,
+        rstd: B::Mut<'_>,
+    ) -> Result<(), LayerError> {
+        let w = self.w.view::<B>(p);
+        let pb = proj_bias.map(|b| b.view::<B>(p));
+        match self.kind {
+            NormKind::LayerNorm => {
+                let b = self.b.map(|b| b.view::<B>(p));
+                be.residual_layernorm_forward(x, pb, res, out, mean, rstd, w, b, self.c, self.eps)?
+            }
+            NormKind::RmsNorm => {
+                be.residual_rmsnorm_forward(x, pb, res, out, rstd, w, self.c, self.eps)?
+            }
+        }
+        Ok(())
+    }
+
     /// `dx (N, c) +=` input gradient; parameter gradients accumulate into `g`.
     pub fn backward<B: Backend>(
         &self,

@@ -35,9 +35,30 @@ pub fn plan_sp(
     recompute: Recompute,
     sequence_parallel: bool,
 ) -> Plan {
+    plan_of(
+        "specs/models/tiny.toml",
+        dp,
+        pp,
+        tp,
+        zero,
+        recompute,
+        sequence_parallel,
+    )
+}
+
+/// [`plan_sp`] for the model spec at `spec` (relative to the workspace root).
+pub fn plan_of(
+    spec: &str,
+    dp: u64,
+    pp: u64,
+    tp: u64,
+    zero: u8,
+    recompute: Recompute,
+    sequence_parallel: bool,
+) -> Plan {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
     let model = load_model(
-        &root.join("specs/models/tiny.toml"),
+        &root.join(spec),
         TrainingOverrides {
             global_batch: Some(GLOBAL_BATCH),
             ..TrainingOverrides::default()
@@ -136,4 +157,71 @@ pub fn two_by_two_by_two() -> Plan {
 /// position embedding from a rank's first row, and the recompute of a whole block.
 pub fn tp2_sequence_parallel() -> Plan {
     plan_sp(1, 1, 2, 0, Recompute::Full, true)
+}
+
+/// The tiny Llama of tests/fixtures/tiny-llama-rope.toml (RMSNorm with ε 1e-6, SwiGLU, RoPE with
+/// θ 1e6 and Llama 3.1's frequency scaling, GQA: 4 query heads on 2 kv heads, no biases, an
+/// untied output layer, a vocabulary of 250 that TP 2 pads to 256), on one rank.
+pub const TINY_LLAMA: &str = "tests/fixtures/tiny-llama-rope.toml";
+
+pub fn llama_one_rank() -> Plan {
+    plan_of(TINY_LLAMA, 1, 1, 1, 0, Recompute::None, false)
+}
+
+/// The tiny Llama on TP 2 × PP 2 (one kv head per TP rank, one layer per stage, 1F1B) with
+/// selective recompute.
+pub fn llama_tp2_pp2() -> Plan {
+    plan_of(TINY_LLAMA, 1, 2, 2, 0, Recompute::Selective, false)
+}
+
+/// The plan's parameters before any step (the CPU backend's initialisation, which every
+/// backend shares: same seed, same layout).
+pub fn initial_params(plan: &Plan) -> std::collections::BTreeMap<String, Vec<f32>> {
+    let opts = TrainOptions { steps: 0, ..opts() };
+    train(plan, &data(), &opts, &mut |_| {}).unwrap().params
+}
+
+/// The largest relative difference [`assert_updates_close`] allows: the device's bf16 runs
+/// agree with the CPU's to 0.045 or better (the token embedding; 0.02–0.03 for the block
+/// weights), while a device SwiGLU that swaps gate and up moves the MLP projections' updates
+/// by 0.21.
+pub const UPDATE_RTOL: f64 = 0.1;
+
+/// Each tensor's update over the run (final − initial) within [`UPDATE_RTOL`] of `want`'s in
+/// relative L2 norm, ‖Δgot − Δwant‖ / ‖Δwant‖: the losses alone hardly see a wrong MLP or
+/// attention in the first steps, where the embedding and the head do most of the learning.
+/// Tensors initialised to a constant 1 (the norm weights) are left out: the final parameters
+/// are the bf16 working copy, whose spacing at 1 (2⁻⁷) exceeds a few steps' updates.
+pub fn assert_updates_close(
+    got: &TrainReport,
+    want: &TrainReport,
+    init: &std::collections::BTreeMap<String, Vec<f32>>,
+    what: &str,
+) {
+    let mut worst = (0.0f64, String::new());
+    for (name, w0) in init {
+        if w0.iter().all(|&x| x == 1.0) {
+            continue;
+        }
+        let (g, w) = (&got.params[name], &want.params[name]);
+        assert_eq!((g.len(), w.len()), (w0.len(), w0.len()), "{what}: {name}");
+        let (mut diff, mut norm) = (0.0f64, 0.0f64);
+        for ((g, w), w0) in g.iter().zip(w).zip(w0) {
+            let (dg, dw) = (f64::from(g - w0), f64::from(w - w0));
+            diff += (dg - dw).powi(2);
+            norm += dw.powi(2);
+        }
+        let rel = (diff / norm.max(f64::MIN_POSITIVE)).sqrt();
+        assert!(
+            rel <= UPDATE_RTOL,
+            "{what}: {name}: the device's update differs from the CPU's by {rel:.4} relative (allowed {UPDATE_RTOL})"
+        );
+        if rel >= worst.0 {
+            worst = (rel, name.clone());
+        }
+    }
+    eprintln!(
+        "{what}: updates agree to {:.4} relative or better (worst: {})",
+        worst.0, worst.1
+    );
 }

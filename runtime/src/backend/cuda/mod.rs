@@ -38,7 +38,7 @@ mod standin;
 pub use crate::backend::GpuError;
 pub use host::{
     gemm, launch, DMut, DRef, DType, Device, DeviceIds, DeviceInfo, Geometry, GpuKernels, HostData,
-    HostStaged, HostVec, KArg, Launcher,
+    HostStaged, HostVec, KArg, Launcher, Launches,
 };
 
 #[cfg(feature = "cuda")]

@@ -10,6 +10,9 @@
 //! address before the launch: a wrong size is an error, never an out-of-bounds write.
 #![allow(clippy::too_many_arguments)]
 
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
 use super::launch::{self, Geometry};
 use super::ops::n64;
 use super::views::{need, DMut, DRef};
@@ -22,15 +25,59 @@ use crate::backend::{Backend, Storage};
 #[derive(Clone)]
 pub struct Device<L: Launcher> {
     launcher: L,
+    /// Launches so far, shared by the clones of this device (one relaxed atomic add each).
+    launches: Arc<LaunchCounter>,
+}
+
+/// Work submitted to the device: kernels of `backend/cuda/kernels/` and GEMMs (cuBLAS).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Launches {
+    pub kernels: u64,
+    pub gemms: u64,
+}
+
+impl Launches {
+    /// Kernels and GEMMs together.
+    pub fn total(&self) -> u64 {
+        self.kernels + self.gemms
+    }
+}
+
+impl std::ops::Sub for Launches {
+    type Output = Launches;
+    fn sub(self, o: Launches) -> Launches {
+        Launches {
+            kernels: self.kernels - o.kernels,
+            gemms: self.gemms - o.gemms,
+        }
+    }
+}
+
+#[derive(Default)]
+struct LaunchCounter {
+    kernels: AtomicU64,
+    gemms: AtomicU64,
 }
 
 impl<L: Launcher> Device<L> {
     pub fn new(launcher: L) -> Self {
-        Device { launcher }
+        Device {
+            launcher,
+            launches: Arc::default(),
+        }
     }
 
     pub fn launcher(&self) -> &L {
         &self.launcher
+    }
+
+    /// The kernels and GEMMs this device (and its clones) has launched so far; a launch with
+    /// no work (an empty geometry) is not one. Tests difference two readings.
+    pub fn launches(&self) -> Launches {
+        Launches {
+            kernels: self.launches.kernels.load(Ordering::Relaxed),
+            gemms: self.launches.gemms.load(Ordering::Relaxed),
+        }
     }
 
     /// Checks `args` against the kernel's signature (parsed from its .cu source) and the
@@ -102,6 +149,7 @@ impl<L: Launcher> Device<L> {
                 self.launcher.max_shared_bytes()
             )));
         }
+        self.launches.kernels.fetch_add(1, Ordering::Relaxed);
         self.launcher.launch(m, function, &g, args)
     }
 }
@@ -169,6 +217,7 @@ where
         }
         let col = g.to_col_major()?;
         let beta = if acc { 1.0 } else { 0.0 };
+        self.launches.gemms.fetch_add(1, Ordering::Relaxed);
         self.launcher().gemm(
             &col,
             (b.buf, b.at),

@@ -535,6 +535,170 @@ where
         )
     }
 
+    fn bias_gelu_forward(
+        &self,
+        h: DMut<'_, L::Buf>,
+        a: DMut<'_, L::Buf>,
+        bias: Option<DRef<'_, L::Buf>>,
+    ) -> Result<(), GpuError> {
+        let Some(b) = bias else {
+            return self.gelu_forward(a, Self::freeze(h));
+        };
+        let c = b.len;
+        let n = rows("bias_gelu_forward", h.len, c)?;
+        need("bias_gelu_forward", a.len, h.len)?;
+        let args = [
+            a.arg(),
+            h.arg(),
+            b.arg(),
+            KArg::I64(n64(n)),
+            KArg::I32(i32_of(c, "channels")?),
+        ];
+        self.run(
+            "act",
+            "bias_gelu_forward",
+            launch::elementwise((n * c) as u64),
+            &args,
+        )
+    }
+    fn gelu_backward_bias(
+        &self,
+        dinp: DMut<'_, L::Buf>,
+        dbias: Option<DMut<'_, L::Buf>>,
+        inp: DRef<'_, L::Buf>,
+        dout: DRef<'_, L::Buf>,
+    ) -> Result<(), GpuError> {
+        let Some(db) = dbias else {
+            return self.gelu_backward(dinp, inp, dout);
+        };
+        let c = db.len;
+        let n = rows("gelu_backward_bias", dinp.len, c)?;
+        need("gelu_backward_bias", inp.len, n * c)?;
+        need("gelu_backward_bias", dout.len, n * c)?;
+        let ch = launch::row_chunks(n as u64);
+        let partial = self
+            .launcher()
+            .alloc_zeros(DType::F32, ch.chunks as usize * c)?;
+        self.run(
+            "act",
+            "gelu_backward_bias",
+            (n > 0).then(|| launch::per_channel(c, ch)).transpose()?,
+            &[
+                dinp.arg(),
+                KArg::Buf(&partial),
+                inp.arg(),
+                dout.arg(),
+                KArg::I64(n64(n)),
+                KArg::I32(i32_of(c, "channels")?),
+                KArg::I64(ch.rows_per_chunk as i64),
+            ],
+        )?;
+        self.add_partials(db, &partial, ch.chunks, c, 0)
+    }
+    fn add_bias_residual(
+        &self,
+        y: DMut<'_, L::Buf>,
+        bias: Option<DRef<'_, L::Buf>>,
+        res: DRef<'_, L::Buf>,
+    ) -> Result<(), GpuError> {
+        let Some(b) = bias else {
+            return self.add_assign(y, res);
+        };
+        let c = b.len;
+        let n = rows("add_bias_residual", y.len, c)?;
+        need("add_bias_residual", res.len, n * c)?;
+        let args = [
+            y.arg(),
+            res.arg(),
+            b.arg(),
+            KArg::I64(n64(n)),
+            KArg::I32(i32_of(c, "channels")?),
+        ];
+        self.run(
+            "act",
+            "add_bias_residual",
+            launch::elementwise((n * c) as u64),
+            &args,
+        )
+    }
+    fn residual_layernorm_forward(
+        &self,
+        x: DMut<'_, L::Buf>,
+        proj_bias: Option<DRef<'_, L::Buf>>,
+        res: DRef<'_, L::Buf>,
+        out: DMut<'_, L::Buf>,
+        mean: DMut<'_, L::Buf>,
+        rstd: DMut<'_, L::Buf>,
+        weight: DRef<'_, L::Buf>,
+        bias: Option<DRef<'_, L::Buf>>,
+        c: usize,
+        eps: f32,
+    ) -> Result<(), GpuError> {
+        let n = rows("residual_layernorm_forward", x.len, c)?;
+        need("residual_layernorm_forward res", res.len, n * c)?;
+        need("residual_layernorm_forward out", out.len, n * c)?;
+        need("residual_layernorm_forward mean", mean.len, n)?;
+        need("residual_layernorm_forward rstd", rstd.len, n)?;
+        need("layernorm weight", weight.len, c)?;
+        if let Some(b) = &proj_bias {
+            need("residual_layernorm_forward projection bias", b.len, c)?;
+        }
+        self.run(
+            "norm",
+            "residual_layernorm_forward",
+            launch::per_row(n as u64, c, 256)?,
+            &[
+                out.arg(),
+                mean.arg(),
+                rstd.arg(),
+                x.arg(),
+                res.arg(),
+                proj_bias.as_ref().map_or(KArg::Null, |b| b.arg()),
+                weight.arg(),
+                bias.as_ref().map_or(KArg::Null, |b| b.arg()),
+                KArg::I64(n64(n)),
+                KArg::I32(i32_of(c, "channels")?),
+                KArg::F32(eps),
+            ],
+        )
+    }
+    fn residual_rmsnorm_forward(
+        &self,
+        x: DMut<'_, L::Buf>,
+        proj_bias: Option<DRef<'_, L::Buf>>,
+        res: DRef<'_, L::Buf>,
+        out: DMut<'_, L::Buf>,
+        rstd: DMut<'_, L::Buf>,
+        weight: DRef<'_, L::Buf>,
+        c: usize,
+        eps: f32,
+    ) -> Result<(), GpuError> {
+        let n = rows("residual_rmsnorm_forward", x.len, c)?;
+        need("residual_rmsnorm_forward res", res.len, n * c)?;
+        need("residual_rmsnorm_forward out", out.len, n * c)?;
+        need("residual_rmsnorm_forward rstd", rstd.len, n)?;
+        need("rmsnorm weight", weight.len, c)?;
+        if let Some(b) = &proj_bias {
+            need("residual_rmsnorm_forward projection bias", b.len, c)?;
+        }
+        self.run(
+            "norm",
+            "residual_rmsnorm_forward",
+            launch::per_row(n as u64, c, 256)?,
+            &[
+                out.arg(),
+                rstd.arg(),
+                x.arg(),
+                res.arg(),
+                proj_bias.as_ref().map_or(KArg::Null, |b| b.arg()),
+                weight.arg(),
+                KArg::I64(n64(n)),
+                KArg::I32(i32_of(c, "channels")?),
+                KArg::F32(eps),
+            ],
+        )
+    }
+
     fn row_max(
         &self,
         max: DMut<'_, L::Buf>,

@@ -188,12 +188,26 @@ where
                 KArg::I64(ch.rows_per_chunk as i64),
             ],
         )?;
-        self.add_partials(dweight, &partial, ch.chunks, 2 * c, 0)?;
-        if let Some(db) = dbias {
-            need("layernorm_backward dbias", db.len, c)?;
-            self.add_partials(db, &partial, ch.chunks, 2 * c, c)?;
+        match dbias {
+            // The weight's and the bias's gradients side by side (a norm's parameters always
+            // are): one sum over both halves of each chunk's partial, `[dw | db]`.
+            Some(db) if std::ptr::eq(db.buf, dweight.buf) && db.at == dweight.at + c => {
+                need("layernorm_backward dbias", db.len, c)?;
+                let both = DMut {
+                    buf: dweight.buf,
+                    at: dweight.at,
+                    len: 2 * c,
+                    _excl: std::marker::PhantomData,
+                };
+                self.add_partials(both, &partial, ch.chunks, 2 * c, 0)
+            }
+            Some(db) => {
+                need("layernorm_backward dbias", db.len, c)?;
+                self.add_partials(dweight, &partial, ch.chunks, 2 * c, 0)?;
+                self.add_partials(db, &partial, ch.chunks, 2 * c, c)
+            }
+            None => self.add_partials(dweight, &partial, ch.chunks, 2 * c, 0),
         }
-        Ok(())
     }
 
     pub(super) fn rmsnorm_forward_impl(

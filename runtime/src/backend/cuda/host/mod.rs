@@ -21,7 +21,7 @@ mod staged;
 mod views;
 
 pub use super::kernels::DType;
-pub use device::Device;
+pub use device::{Device, Launches};
 pub use launch::Geometry;
 pub use ops::GpuKernels;
 pub use staged::HostStaged;

@@ -512,6 +512,131 @@ where
         self.read(&d, dinp)
     }
 
+    fn bias_gelu_forward(
+        &self,
+        h: &mut [f32],
+        a: &mut [f32],
+        bias: Option<&[f32]>,
+    ) -> Result<(), GpuError> {
+        let (mut hb, mut ab) = (self.bf16(h)?, self.zeros(DType::Bf16, a.len())?);
+        let b = bias.map(|b| self.bf16(b)).transpose()?;
+        self.dev.bias_gelu_forward(
+            D::<L>::view_mut(&mut hb),
+            D::<L>::view_mut(&mut ab),
+            b.as_ref().map(D::<L>::view),
+        )?;
+        self.read(&hb, h)?;
+        self.read(&ab, a)
+    }
+
+    fn gelu_backward_bias(
+        &self,
+        dinp: &mut [f32],
+        dbias: Option<&mut [f32]>,
+        inp: &[f32],
+        dout: &[f32],
+    ) -> Result<(), GpuError> {
+        let mut d = self.zeros(DType::Bf16, dinp.len())?;
+        let (x, dy) = (self.bf16(inp)?, self.bf16(dout)?);
+        let mut db = dbias.as_ref().map(|b| self.f32(b)).transpose()?;
+        self.dev.gelu_backward_bias(
+            D::<L>::view_mut(&mut d),
+            db.as_mut().map(D::<L>::view_mut),
+            D::<L>::view(&x),
+            D::<L>::view(&dy),
+        )?;
+        self.read(&d, dinp)?;
+        if let (Some(out), Some(b)) = (dbias, db.as_ref()) {
+            self.read(b, out)?;
+        }
+        Ok(())
+    }
+
+    fn add_bias_residual(
+        &self,
+        y: &mut [f32],
+        bias: Option<&[f32]>,
+        res: &[f32],
+    ) -> Result<(), GpuError> {
+        let (mut yb, r) = (self.bf16(y)?, self.bf16(res)?);
+        let b = bias.map(|b| self.bf16(b)).transpose()?;
+        self.dev.add_bias_residual(
+            D::<L>::view_mut(&mut yb),
+            b.as_ref().map(D::<L>::view),
+            D::<L>::view(&r),
+        )?;
+        self.read(&yb, y)
+    }
+
+    fn residual_layernorm_forward(
+        &self,
+        x: &mut [f32],
+        proj_bias: Option<&[f32]>,
+        res: &[f32],
+        out: &mut [f32],
+        mean: &mut [f32],
+        rstd: &mut [f32],
+        weight: &[f32],
+        bias: Option<&[f32]>,
+        c: usize,
+        eps: f32,
+    ) -> Result<(), GpuError> {
+        let (mut xb, r, w) = (self.bf16(x)?, self.bf16(res)?, self.bf16(weight)?);
+        let pb = proj_bias.map(|b| self.bf16(b)).transpose()?;
+        let b = bias.map(|b| self.bf16(b)).transpose()?;
+        let mut o = self.zeros(DType::Bf16, out.len())?;
+        let (mut mb, mut rb) = (
+            self.zeros(DType::F32, mean.len())?,
+            self.zeros(DType::F32, rstd.len())?,
+        );
+        self.dev.residual_layernorm_forward(
+            D::<L>::view_mut(&mut xb),
+            pb.as_ref().map(D::<L>::view),
+            D::<L>::view(&r),
+            D::<L>::view_mut(&mut o),
+            D::<L>::view_mut(&mut mb),
+            D::<L>::view_mut(&mut rb),
+            D::<L>::view(&w),
+            b.as_ref().map(D::<L>::view),
+            c,
+            eps,
+        )?;
+        self.read(&xb, x)?;
+        self.read(&o, out)?;
+        self.read(&mb, mean)?;
+        self.read(&rb, rstd)
+    }
+
+    fn residual_rmsnorm_forward(
+        &self,
+        x: &mut [f32],
+        proj_bias: Option<&[f32]>,
+        res: &[f32],
+        out: &mut [f32],
+        rstd: &mut [f32],
+        weight: &[f32],
+        c: usize,
+        eps: f32,
+    ) -> Result<(), GpuError> {
+        let (mut xb, r, w) = (self.bf16(x)?, self.bf16(res)?, self.bf16(weight)?);
+        let pb = proj_bias.map(|b| self.bf16(b)).transpose()?;
+        let mut o = self.zeros(DType::Bf16, out.len())?;
+        let mut rb = self.zeros(DType::F32, rstd.len())?;
+        self.dev.residual_rmsnorm_forward(
+            D::<L>::view_mut(&mut xb),
+            pb.as_ref().map(D::<L>::view),
+            D::<L>::view(&r),
+            D::<L>::view_mut(&mut o),
+            D::<L>::view_mut(&mut rb),
+            D::<L>::view(&w),
+            c,
+            eps,
+        )?;
+        self.read(&xb, x)?;
+        self.read(&o, out)?;
+        self.read(&rb, rstd)
+    }
+
     fn swiglu_forward(&self, out: &mut [f32], inp: &[f32], f: usize) -> Result<(), GpuError> {
         let (mut o, x) = (self.zeros(DType::Bf16, out.len())?, self.bf16(inp)?);
         self.dev

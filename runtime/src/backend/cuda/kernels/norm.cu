@@ -5,17 +5,12 @@
 // `*_param_grads` writes one fp32 partial per chunk of rows (grid.y = chunks), then
 // `sum_partials` (reduce.cu) adds the chunks in order, so results are deterministic.
 
-extern "C" __global__ void layernorm_forward(bf16* __restrict__ out, float* __restrict__ mean,
-                                             float* __restrict__ rstd,
-                                             const bf16* __restrict__ inp,
-                                             const bf16* __restrict__ weight,
-                                             const bf16* __restrict__ bias, long long n_rows,
-                                             int c, float eps) {
-    __shared__ float scratch[32];
-    const long long row = blockIdx.x;
-    if (row >= n_rows) {
-        return;
-    }
+// One row of LayerNorm (one block), shared by layernorm_forward and
+// residual_layernorm_forward.
+__device__ void layernorm_row(bf16* __restrict__ out, float* __restrict__ mean,
+                              float* __restrict__ rstd, const bf16* __restrict__ inp,
+                              const bf16* __restrict__ weight, const bf16* __restrict__ bias,
+                              long long row, int c, float eps, float* scratch) {
     const bf16* x = inp + row * c;
     float s = 0.0f;
     for (int i = threadIdx.x; i < c; i += blockDim.x) {
@@ -40,6 +35,55 @@ extern "C" __global__ void layernorm_forward(bf16* __restrict__ out, float* __re
         mean[row] = mu;
         rstd[row] = rs;
     }
+}
+
+extern "C" __global__ void layernorm_forward(bf16* __restrict__ out, float* __restrict__ mean,
+                                             float* __restrict__ rstd,
+                                             const bf16* __restrict__ inp,
+                                             const bf16* __restrict__ weight,
+                                             const bf16* __restrict__ bias, long long n_rows,
+                                             int c, float eps) {
+    __shared__ float scratch[32];
+    const long long row = blockIdx.x;
+    if (row >= n_rows) {
+        return;
+    }
+    layernorm_row(out, mean, rstd, inp, weight, bias, row, c, eps, scratch);
+}
+
+// The residual connection before a norm, in place: x (row) = x + proj_bias (when non-null)
+// + res, each add rounded to bf16 as add_bias and add_inplace_bf16 round it. Each thread
+// writes the elements it later reads back (the norm's loops stride alike), and block_sum's
+// barrier orders the rest.
+__device__ void residual_row(bf16* __restrict__ x, const bf16* __restrict__ res,
+                             const bf16* __restrict__ proj_bias, long long row, int c) {
+    bf16* xr = x + row * c;
+    const bf16* rr = res + row * c;
+    for (int i = threadIdx.x; i < c; i += blockDim.x) {
+        float v = bf2f(xr[i]);
+        if (proj_bias != 0) {
+            v = bf2f(f2bf(v + bf2f(proj_bias[i])));
+        }
+        xr[i] = f2bf(v + bf2f(rr[i]));
+    }
+}
+
+// A projection's bias, the residual add and the next LayerNorm in one launch (instead of
+// add_bias + add_inplace_bf16 + layernorm_forward): x (N, C) = x + proj_bias + res in place
+// (the block's residual stream), then out, mean, rstd = LayerNorm(x). Bit for bit the three
+// kernels' results.
+extern "C" __global__ void residual_layernorm_forward(
+    bf16* __restrict__ out, float* __restrict__ mean, float* __restrict__ rstd,
+    bf16* __restrict__ x, const bf16* __restrict__ res, const bf16* __restrict__ proj_bias,
+    const bf16* __restrict__ weight, const bf16* __restrict__ bias, long long n_rows, int c,
+    float eps) {
+    __shared__ float scratch[32];
+    const long long row = blockIdx.x;
+    if (row >= n_rows) {
+        return;
+    }
+    residual_row(x, res, proj_bias, row, c);
+    layernorm_row(out, mean, rstd, x, weight, bias, row, c, eps, scratch);
 }
 
 // dinp += rstd * (w*dy - mean(w*dy) - xhat * mean(w*dy*xhat)).
@@ -103,15 +147,10 @@ extern "C" __global__ void layernorm_param_grads(float* __restrict__ partial,
     partial[(chunk * 2 + 1) * c + ch] = db;
 }
 
-extern "C" __global__ void rmsnorm_forward(bf16* __restrict__ out, float* __restrict__ rstd,
-                                           const bf16* __restrict__ inp,
-                                           const bf16* __restrict__ weight, long long n_rows,
-                                           int c, float eps) {
-    __shared__ float scratch[32];
-    const long long row = blockIdx.x;
-    if (row >= n_rows) {
-        return;
-    }
+// One row of RMSNorm (one block), shared by rmsnorm_forward and residual_rmsnorm_forward.
+__device__ void rmsnorm_row(bf16* __restrict__ out, float* __restrict__ rstd,
+                            const bf16* __restrict__ inp, const bf16* __restrict__ weight,
+                            long long row, int c, float eps, float* scratch) {
     const bf16* x = inp + row * c;
     float s = 0.0f;
     for (int i = threadIdx.x; i < c; i += blockDim.x) {
@@ -126,6 +165,36 @@ extern "C" __global__ void rmsnorm_forward(bf16* __restrict__ out, float* __rest
     if (threadIdx.x == 0) {
         rstd[row] = rs;
     }
+}
+
+extern "C" __global__ void rmsnorm_forward(bf16* __restrict__ out, float* __restrict__ rstd,
+                                           const bf16* __restrict__ inp,
+                                           const bf16* __restrict__ weight, long long n_rows,
+                                           int c, float eps) {
+    __shared__ float scratch[32];
+    const long long row = blockIdx.x;
+    if (row >= n_rows) {
+        return;
+    }
+    rmsnorm_row(out, rstd, inp, weight, row, c, eps, scratch);
+}
+
+// residual_layernorm_forward's RMSNorm twin: x = x + proj_bias (when non-null) + res in place,
+// then out, rstd = RMSNorm(x).
+extern "C" __global__ void residual_rmsnorm_forward(bf16* __restrict__ out,
+                                                    float* __restrict__ rstd,
+                                                    bf16* __restrict__ x,
+                                                    const bf16* __restrict__ res,
+                                                    const bf16* __restrict__ proj_bias,
+                                                    const bf16* __restrict__ weight,
+                                                    long long n_rows, int c, float eps) {
+    __shared__ float scratch[32];
+    const long long row = blockIdx.x;
+    if (row >= n_rows) {
+        return;
+    }
+    residual_row(x, res, proj_bias, row, c);
+    rmsnorm_row(out, rstd, x, weight, row, c, eps, scratch);
 }
 
 // dinp += rstd*w*dy - rstd^3 * x * mean(w*dy*x).
