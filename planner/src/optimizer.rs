@@ -104,11 +104,16 @@ pub struct Optimizer {
 /// The default peak learning rate.
 pub const DEFAULT_LR: f64 = 3e-3;
 
-/// The default minimum learning rate of a peak `lr`: a tenth of it (nanoGPT, GPT-3), rounded
-/// to 12 significant digits so that 3e-3 gives 3e-4 and not 0.00030000000000000003 (the f32
-/// the runtime uses is the same either way).
+/// `x` rounded to 12 significant digits, for a ratio of settings written where people read it:
+/// 3e-3 / 10 is 0.00030000000000000003 in binary, and 3e-4 / 3e-3 is 0.09999999999999999 (the
+/// f32 the runtime uses is the same either way).
+pub fn round_sig12(x: f64) -> f64 {
+    format!("{x:.11e}").parse().unwrap_or(x)
+}
+
+/// The default minimum learning rate of a peak `lr`: a tenth of it (nanoGPT, GPT-3).
 pub fn default_min_lr(lr: f64) -> f64 {
-    format!("{:.11e}", lr / 10.0).parse().unwrap_or(lr / 10.0)
+    round_sig12(lr / 10.0)
 }
 
 impl Default for Optimizer {

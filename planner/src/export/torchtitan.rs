@@ -229,10 +229,7 @@ fn optimizer_tables(
     if let Some(r) = ratio {
         lr.insert("decay_ratio".into(), Value::Float(r));
     }
-    // Rounded to 12 significant digits: 3e-4 / 3e-3 is 0.09999999999999999 in binary.
-    let factor: f64 = format!("{:.11e}", o.min_lr / o.lr)
-        .parse()
-        .unwrap_or(o.min_lr / o.lr);
+    let factor = crate::optimizer::round_sig12(o.min_lr / o.lr);
     lr.insert("min_lr_factor".into(), Value::Float(factor));
     Ok((opt, lr, note))
 }
