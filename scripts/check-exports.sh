@@ -67,10 +67,18 @@ PLAN[llama-pp1]="${LLAMA[*]} --nodes 1 --dp 2 --tp 4 --pp 1 --micro-batch 1 --sp
 PLAN[llama-pp2]="${LLAMA[*]} --nodes 1 --tp 2 --pp 2 --dp 2 --micro-batch 1 --sp --schedule 1f1b --zero 1 --recompute full"
 PLAN[llama-pp2-fsdp]="${LLAMA[*]} --nodes 1 --tp 2 --pp 2 --dp 2 --micro-batch 1 --sp --schedule 1f1b --zero 3 --no-hybrid-shard --recompute full"
 PLAN[llama-pp2-fsdp-selective]="${LLAMA[*]} --nodes 1 --tp 2 --pp 2 --dp 2 --micro-batch 1 --sp --schedule 1f1b --zero 3 --no-hybrid-shard --recompute selective"
-# (d) Interleaved with uneven chunks: 32 layers as PP 2 × 3 chunks of 5, 5, 5, 5, 6, 6; ZeRO-1
-# (Megatron: --pipeline-model-parallel-layout) and ZeRO-3 (torchtitan: 6 model parts).
+# (d) Interleaved with uneven chunks: 32 layers as PP 2 × 3 chunks of 5, 6, 5, 5, 6, 5 (stages of
+# 16 and 16, the first chunk of the first stage and the last of the last the short ones); ZeRO-1
+# (Megatron: --pipeline-model-parallel-layout) and ZeRO-3 (torchtitan: 6 model parts). And
+# Llama 3's layout in small: 32 layers on PP 2 × 17 chunks, the end stages pinned one layer
+# short, so that the first chunk holds only the embedding and the last only the loss.
 PLAN[llama-interleaved-uneven]="${LLAMA[*]} --nodes 1 --tp 2 --pp 2 --dp 2 --micro-batch 1 --sp --zero 1 --recompute full --schedule interleaved --virtual-stages 3"
 PLAN[llama-interleaved-uneven-fsdp]="${LLAMA[*]} --nodes 1 --tp 2 --pp 2 --dp 2 --micro-batch 1 --sp --zero 3 --no-hybrid-shard --recompute full --schedule interleaved --virtual-stages 3"
+# (d') Context parallelism: Llama-3 8B at 16,384 tokens, CP 2 × TP 2 × DP 2, ZeRO-1 (Megatron:
+# --context-parallel-size) and ZeRO-3 (torchtitan: context_parallel_degree).
+PLAN[llama-cp]="${LLAMA[*]} --nodes 1 --seq-len 16384 --global-batch 64 --tp 2 --cp 2 --pp 1 --dp 2 --micro-batch 1 --sp --zero 1 --recompute full"
+PLAN[llama-cp-fsdp]="${LLAMA[*]} --nodes 1 --seq-len 16384 --global-batch 64 --tp 2 --cp 2 --pp 1 --dp 2 --micro-batch 1 --sp --zero 3 --no-hybrid-shard --recompute full"
+PLAN[llama-ends-short]="${LLAMA[*]} --nodes 1 --tp 2 --pp 2 --dp 2 --micro-batch 1 --sp --zero 1 --recompute full --schedule interleaved --virtual-stages 17 --first-stage-layers 16 --last-stage-layers 16"
 # ZeRO-3 over 2 nodes (DP 16), and (e) HSDP: the same sharded within each node, replicated across.
 PLAN[llama-zero3-2-nodes]="${LLAMA[*]} --nodes 2 --dp 16 --tp 1 --pp 1 --zero 3 --no-hybrid-shard --micro-batch 1 --recompute full"
 PLAN[llama-hsdp]="${LLAMA[*]} --nodes 2 --dp 16 --tp 1 --pp 1 --zero 3 --hybrid-shard --micro-batch 1 --recompute full"
@@ -100,6 +108,9 @@ llama-pp2-fsdp                 refuse:ZeRO-3       refuse:ZeRO-3       ok       
 llama-pp2-fsdp-selective       refuse:ZeRO-3       refuse:selective    ok                  ok                ok
 llama-interleaved-uneven       ok                  refuse:interleaved  refuse:ZeRO-1       ok                ok
 llama-interleaved-uneven-fsdp  refuse:ZeRO-3       refuse:interleaved  ok                  ok                ok
+llama-ends-short               ok                  refuse:interleaved  refuse:ZeRO-1       ok                ok
+llama-cp                       ok                  refuse:context      refuse:ZeRO-1       ok                ok
+llama-cp-fsdp                  refuse:ZeRO-3       refuse:context      ok                  ok                ok
 llama-zero3-2-nodes            refuse:ZeRO-3       ok                  ok                  ok                ok
 llama-hsdp                     refuse:ZeRO-3       refuse:hybrid       ok                  ok                ok
 llama-every4                   ok                  refuse:some_layers  refuse:ZeRO-1       ok                ok

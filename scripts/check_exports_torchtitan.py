@@ -44,24 +44,26 @@ print(f"torchtitan {version('torchtitan')}, torch {torch.__version__}")
 
 
 def plan_groups(plan, rank):
-    """The plan's groups of `rank` (mesh order tp-dp-pp: rank = tp + TP·(dp + DP·pp), docs/plan.md;
-    hybrid sharding shards within a node and replicates across nodes)."""
+    """The plan's groups of `rank` (mesh order tp-cp-dp-pp: rank = tp + TP·(cp + CP·(dp + DP·pp)),
+    docs/plan.md; CP 1 is tp-dp-pp. ZeRO shards over DP × CP, the ranks that hold the same
+    weights; hybrid sharding shards within a node and replicates across nodes)."""
     p = plan["parallel"]
-    tp, dp, pp = p["tp"], p["dp"], p["pp"]
-    t, d, s = rank % tp, rank // tp % dp, rank // (tp * dp)
-    at = lambda t, d, s: t + tp * (d + dp * s)  # noqa: E731
-    dp_group = [at(t, q, s) for q in range(dp)]
+    tp, dp, pp, cp = p["tp"], p["dp"], p["pp"], p.get("cp", 1)
+    t, c, d, s = rank % tp, rank // tp % cp, rank // (tp * cp) % dp, rank // (tp * cp * dp)
+    at = lambda t, c, d, s: t + tp * (c + cp * (d + dp * s))  # noqa: E731
+    dp_group = [at(t, c, q, s) for q in range(dp)]
+    dp_cp_group = [at(t, x, q, s) for q in range(dp) for x in range(cp)]
     if p["zero_stage"] == 3 and p["hybrid_shard"]:
         gpn = plan["job"]["cluster"]["gpus_per_node"]
-        shard = [q for q in dp_group if q // gpn == rank // gpn]
+        shard = [q for q in dp_cp_group if q // gpn == rank // gpn]
         i = shard.index(rank)
-        replicate = [q for q in dp_group if [x for x in dp_group if x // gpn == q // gpn].index(q) == i]
+        replicate = [q for q in dp_cp_group if [x for x in dp_cp_group if x // gpn == q // gpn].index(q) == i]
     elif p["zero_stage"] == 3:
-        shard, replicate = dp_group, [rank]
+        shard, replicate = dp_cp_group, [rank]
     else:  # ZeRO-0: DDP replicates over the DP group
         shard, replicate = [rank], dp_group
-    return {"tp": [at(x, d, s) for x in range(tp)], "pp": [at(t, d, x) for x in range(pp)],
-            "fsdp": shard, "dp_replicate": replicate}
+    return {"tp": [at(x, c, d, s) for x in range(tp)], "pp": [at(t, c, d, x) for x in range(pp)],
+            "cp": [at(t, x, d, s) for x in range(cp)], "fsdp": shard, "dp_replicate": replicate}
 
 
 def torchtitan_groups(dims, rank):
@@ -72,7 +74,7 @@ def torchtitan_groups(dims, rank):
         d = dataclasses.replace(dims)  # a fresh ParallelDims: build_mesh caches its meshes
         d.build_mesh()
         out = {}
-        for name in ("tp", "pp", "fsdp", "dp_replicate"):
+        for name in ("tp", "pp", "cp", "fsdp", "dp_replicate"):
             mesh = d.get_optional_mesh(name)
             out[name] = [rank] if mesh is None else mesh.mesh.flatten().tolist()
         return out
@@ -117,7 +119,7 @@ def check(name, plan, plan_path, config_path):
     want = {
         "tensor_parallel_degree": p["tp"],
         "pipeline_parallel_degree": p["pp"],
-        "context_parallel_degree": 1,
+        "context_parallel_degree": p.get("cp", 1),
         "seq_len": tr["seq_len"],
     }
     got = {k: getattr(par, k) for k in want if hasattr(par, k)}
@@ -135,8 +137,8 @@ def check(name, plan, plan_path, config_path):
                         etp=par.expert_tensor_parallel_degree, world_size=p["world"])
     ranks = range(p["world"]) if p["world"] <= 64 else sorted({*range(0, p["world"], 7), p["world"] - 1})
     mismatched = [r for r in ranks if torchtitan_groups(dims, r) != plan_groups(plan, r)]
-    got["ranks whose TP, PP, shard and replicate groups differ"] = mismatched[:4]
-    want["ranks whose TP, PP, shard and replicate groups differ"] = []
+    got["ranks whose TP, PP, CP, shard and replicate groups differ"] = mismatched[:4]
+    want["ranks whose TP, PP, CP, shard and replicate groups differ"] = []
     if mismatched:
         print(f"  rank {mismatched[0]}: torchtitan {torchtitan_groups(dims, mismatched[0])},"
               f" plan {plan_groups(plan, mismatched[0])}")

@@ -70,6 +70,9 @@ fn gpt2(layers: u64, hidden: u64, heads: u64, vocab: u64, precision: &str) -> Mo
             rope_scaling: None,
             norm_eps: tessera_planner::model::DEFAULT_NORM_EPS,
             sliding_window: None,
+            moe: None,
+            mla: None,
+            qk_norm: false,
         },
         training: Training {
             seq_len: 1024,

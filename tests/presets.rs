@@ -2,16 +2,27 @@
 
 use std::path::Path;
 
-use tessera_planner::spec::{load_model, TrainingOverrides};
+use tessera_planner::spec::{load_model, read_model, TrainingOverrides};
+
+fn preset(name: &str) -> std::path::PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("specs/models")
+        .join(format!("{name}.toml"))
+}
 
 fn params(name: &str) -> u64 {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("specs/models")
-        .join(format!("{name}.toml"));
-    load_model(&path, TrainingOverrides::default())
+    load_model(&preset(name), TrainingOverrides::default())
         .unwrap_or_else(|e| panic!("{e}"))
         .architecture
         .param_count()
+}
+
+/// Total and active parameters of a preset read for its counts (an MoE model is not planned).
+fn counts(name: &str) -> (u64, u64) {
+    let a = read_model(&preset(name), TrainingOverrides::default())
+        .unwrap_or_else(|e| panic!("{e}"))
+        .architecture;
+    (a.param_count(), a.active_param_count())
 }
 
 #[test]
@@ -75,11 +86,48 @@ fn gpt3_family_within_the_papers_rounding() {
     assert!((b13 - 13.0).abs() / 13.0 < 0.01, "{b13}");
 }
 
+/// The MoE presets' totals are the published ones; every total and active count was computed
+/// independently by transformers' own classes on the meta device from the HF configs
+/// (scripts/check_moe_counts.py, transformers 5.24.0): parameters plus persistent buffers (what
+/// the checkpoints hold), and for the active count each MoE layer's routed experts cut to the
+/// top-k. Active counts include the embedding and the output layer, as Mistral's 12.9B and
+/// DeepSeek's 36.7B ("including 0.9B for Embedding and 0.9B for the output Head") do.
 #[test]
-fn mixtral_is_kept_but_refused_until_moe_is_supported() {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("specs/models/mixtral-8x7b.toml");
-    let e = load_model(&path, TrainingOverrides::default()).unwrap_err();
-    assert_eq!(e.field, "architecture.experts");
-    assert!(e.problem.contains("not supported yet"), "{e}");
-    assert!(e.location.is_some());
+fn moe_presets_match_the_published_counts() {
+    // HF mistralai/Mixtral-8x7B-v0.1: 46,702,792,704 in the checkpoint; "12.9B active".
+    assert_eq!(counts("mixtral-8x7b"), (46_702_792_704, 12_879_925_248));
+    // HF mistral-community/Mixtral-8x22B-v0.1 (32000-token vocabulary): 140,620,634,112;
+    // Mistral: "39B active parameters out of 141B".
+    assert_eq!(counts("mixtral-8x22b"), (140_620_634_112, 39_152_031_744));
+    // DeepSeek-V3 Technical Report: "671B total parameters with 37B activated for each token"
+    // (the main model; the HF checkpoint's MTP module, 14B more, is not counted).
+    assert_eq!(counts("deepseek-v3"), (671_026_419_200, 37_552_297_472));
+}
+
+#[test]
+fn dense_presets_have_no_idle_parameters() {
+    for name in ["llama3-8b", "gpt2-124m", "qwen2-7b"] {
+        let (total, active) = counts(name);
+        assert_eq!(total, active, "{name}");
+        assert_eq!(total, params(name), "{name}");
+    }
+}
+
+/// The MoE presets are read (their counts above) but not planned: loading one to plan it is
+/// refused at `experts`, with its line, the counts and a fix.
+#[test]
+fn moe_presets_are_refused_for_planning_at_experts() {
+    for (name, line, total) in [
+        ("mixtral-8x7b", 21, "46702792704 (46.70B)"),
+        ("mixtral-8x22b", 21, "140620634112 (140.62B)"),
+        ("deepseek-v3", 20, "671026419200 (671.03B)"),
+    ] {
+        let e = load_model(&preset(name), TrainingOverrides::default()).unwrap_err();
+        assert_eq!(e.field, "architecture.experts", "{name}: {e}");
+        assert_eq!(e.location.map(|(l, _)| l), Some(line), "{name}: {e}");
+        assert!(e.problem.contains(total), "{name}: {e}");
+        assert!(e.problem.contains("active per token"), "{name}: {e}");
+        assert!(e.problem.contains("not built yet"), "{name}: {e}");
+        assert!(!e.fix.is_empty());
+    }
 }

@@ -126,3 +126,45 @@ snapshot!(
     "--format",
     "json"
 );
+// Llama 3.1 405B at its published 8k layout (Dubey et al. 2024, Table 4 and §3.3.2): TP 8 ×
+// PP 16 × DP 128, interleaved, the first and last stage one layer short, so that the first
+// chunk holds only the embedding and the last only the output layer and loss.
+snapshot!(
+    llama3_1_405b_published_8k_layout,
+    "specs/models/llama3.1-405b.toml",
+    "specs/clusters/dgx-h100-80g.toml",
+    "--nodes",
+    "2048",
+    "--tp",
+    "8",
+    "--pp",
+    "16",
+    "--dp",
+    "128",
+    "--schedule",
+    "interleaved",
+    "--virtual-stages",
+    "8",
+    "--first-stage-layers",
+    "7",
+    "--last-stage-layers",
+    "7",
+    "--top",
+    "5"
+);
+// Llama 3.1 405B at 131,072 tokens on 16,384 H100s (Dubey et al. 2024, Table 4's long-context
+// row: 16M tokens per step = 128 sequences): the search splits the sequence with context
+// parallelism.
+snapshot!(
+    llama3_1_405b_131k_on_2048_dgx_h100,
+    "specs/models/llama3.1-405b.toml",
+    "specs/clusters/dgx-h100-80g.toml",
+    "--nodes",
+    "2048",
+    "--seq-len",
+    "131072",
+    "--global-batch",
+    "128",
+    "--top",
+    "5"
+);

@@ -55,6 +55,26 @@ pub const MAX_SIMULATED_PASSES: u64 = 1 << 19;
 /// The rule name of layouts above [`MAX_SIMULATED_PASSES`].
 pub const TOO_MANY_MICROBATCHES: &str = "too many micro-batches per step to simulate";
 
+/// The rules of [`Layout::check`] in the order it tests them: a layout rejected by a later
+/// rule passed the earlier ones, so its reason is the more specific (an error shows it first).
+pub const CHECK_ORDER: [&str; 15] = [
+    "degrees do not multiply to the device count",
+    "CP does not divide the sequence",
+    "TP does not divide the heads",
+    "TP does not divide the FFN width",
+    "sequence parallelism needs TP > 1 dividing seq_len",
+    "more pipeline chunks than layers",
+    "DP does not divide the global batch",
+    "micro-batch does not divide the per-replica batch",
+    "recompute every N-th layer needs full recompute",
+    "recompute every N-th layer needs N ≥ 1",
+    "no such ZeRO stage",
+    "interleaving needs PP ≥ 2 and v ≥ 2",
+    "interleaving needs micro-batches divisible by PP",
+    "virtual stages need the interleaved schedule",
+    "the step has no micro-batch",
+];
+
 /// ZeRO sharding of model states over the data-parallel group.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
 pub struct Sharding {
@@ -70,6 +90,9 @@ pub struct Layout {
     pub dp: u64,
     pub pp: u64,
     pub tp: u64,
+    /// Context parallelism: each sequence is split over CP ranks (1: none).
+    #[serde(default = "one")]
+    pub cp: u64,
     /// Sequences per micro-batch.
     pub micro_batch: u64,
     pub sharding: Sharding,
@@ -92,6 +115,7 @@ impl Layout {
             dp,
             pp: 1,
             tp,
+            cp: 1,
             micro_batch,
             sharding: Sharding {
                 zero_stage,
@@ -120,27 +144,35 @@ impl Layout {
     }
 
     pub fn mesh(&self, cluster: &Cluster) -> Mesh {
-        Mesh::new(self.dp, self.pp, self.tp, cluster.gpus_per_node)
+        Mesh::with_cp(self.dp, self.cp, self.pp, self.tp, cluster.gpus_per_node)
     }
 
-    /// DP ranks a ZeRO shard is spread over: the whole DP group, or its members in one node.
+    /// DP ranks a ZeRO shard is spread over: the whole DP group (DP × CP with context
+    /// parallelism: the ranks that hold the same weights, as Megatron-Core's distributed
+    /// optimizer shards over them), or its members in one node.
     pub fn shard_degree(&self, cluster: &Cluster) -> u64 {
         if self.sharding.zero_stage == 0 {
             return 1;
         }
+        let group = self.dp.saturating_mul(self.cp.max(1));
         if !self.sharding.hybrid {
-            return self.dp;
+            return group;
         }
-        // The DP group of rank 0 is ranks d·TP (d < DP); those below gpus_per_node share its
-        // node: d < ⌈gpus_per_node / TP⌉. Closed form, so a DP of 10^12 allocates nothing.
+        // The group of rank 0 is ranks j·TP (j < DP·CP); those below gpus_per_node share its
+        // node: j < ⌈gpus_per_node / TP⌉. Closed form, so a DP of 10^12 allocates nothing.
         let per_node = cluster.gpus_per_node.max(1);
-        self.dp.min(per_node.div_ceil(self.tp.max(1)))
+        group.min(per_node.div_ceil(self.tp.max(1)))
     }
 
     /// A short label such as `dp16·tp8·pp8 mb1 zero1 full sp 1f1b`.
     pub fn label(&self) -> String {
+        let cp = if self.cp > 1 {
+            format!("·cp{}", self.cp)
+        } else {
+            String::new()
+        };
         let mut s = format!(
-            "dp{}·tp{}·pp{} mb{}",
+            "dp{}{cp}·tp{}·pp{} mb{}",
             self.dp, self.tp, self.pp, self.micro_batch
         );
         if self.sharding.zero_stage > 0 {
@@ -174,12 +206,19 @@ impl Layout {
         let t = &model.training;
         // Products in u128: three u64 degrees may overflow u64, two may not overflow u128.
         let world = u128::from(self.dp) * u128::from(self.pp);
-        let world = world.checked_mul(u128::from(self.tp));
+        let world = world
+            .checked_mul(u128::from(self.tp))
+            .and_then(|w| w.checked_mul(u128::from(self.cp)));
         if world != Some(u128::from(cluster.devices)) {
+            let cp = if self.cp != 1 {
+                format!(" × CP {}", self.cp)
+            } else {
+                String::new()
+            };
             return Err(Rejection::new(
                 "degrees do not multiply to the device count",
                 format!(
-                    "DP {} × PP {} × TP {} = {} does not equal the {} devices",
+                    "DP {}{cp} × PP {} × TP {} = {} does not equal the {} devices",
                     self.dp,
                     self.pp,
                     self.tp,
@@ -188,6 +227,25 @@ impl Layout {
                 ),
             ));
         }
+        // Context parallelism cuts each sequence into 2·CP chunks (rank i holds chunks i and
+        // 2·CP−1−i, so that causal attention costs every rank the same).
+        if self.cp > 1 && !t.seq_len.is_multiple_of(2 * self.cp) {
+            return Err(Rejection::new(
+                "CP does not divide the sequence",
+                format!(
+                    "CP {} needs seq_len {} to split into 2 × CP = {} equal chunks (load-balanced causal ring attention), and it leaves {} over",
+                    self.cp,
+                    t.seq_len,
+                    2 * self.cp,
+                    t.seq_len % (2 * self.cp)
+                ),
+            )
+            .with_fix(format!(
+                "use a CP with 2 × CP dividing seq_len {}{}",
+                t.seq_len,
+                divisor_list(t.seq_len / 2)
+            )));
+        }
         if !a.heads.is_multiple_of(self.tp) || !a.kv_heads.is_multiple_of(self.tp) {
             return Err(Rejection::new(
                 "TP does not divide the heads",
@@ -195,7 +253,13 @@ impl Layout {
                     "TP {} does not divide heads {} and kv_heads {}",
                     self.tp, a.heads, a.kv_heads
                 ),
-            ));
+            )
+            .with_fix(format!(
+                "use a TP that divides both {} and {}{}",
+                a.heads,
+                a.kv_heads,
+                divisor_list(gcd(a.heads, a.kv_heads))
+            )));
         }
         // The vocabulary never refuses a TP degree: it is padded to a multiple of
         // `vocab_divisible_by × TP` (`Architecture::padded_vocab`), as Megatron-LM does.
@@ -203,26 +267,66 @@ impl Layout {
             return Err(Rejection::new(
                 "TP does not divide the FFN width",
                 format!("TP {} does not divide ffn_hidden {}", self.tp, a.ffn_hidden),
-            ));
+            )
+            .with_fix(format!(
+                "use a TP that divides ffn_hidden {}{}",
+                a.ffn_hidden,
+                divisor_list(gcd(a.ffn_hidden, gcd(a.heads, a.kv_heads)))
+            )));
         }
-        if self.sequence_parallel && (self.tp == 1 || !t.seq_len.is_multiple_of(self.tp)) {
+        let local_seq = t.seq_len / self.cp.max(1);
+        if self.sequence_parallel && (self.tp == 1 || !local_seq.is_multiple_of(self.tp)) {
+            let of = if self.cp > 1 {
+                format!("the {local_seq} tokens each CP rank holds")
+            } else {
+                format!("seq_len {}", t.seq_len)
+            };
             return Err(Rejection::new(
                 "sequence parallelism needs TP > 1 dividing seq_len",
                 format!(
-                    "sequence parallelism needs TP > 1 dividing seq_len {} (TP is {})",
-                    t.seq_len, self.tp
+                    "sequence parallelism needs TP > 1 dividing {of} (TP is {})",
+                    self.tp
                 ),
             ));
         }
         let chunks = u128::from(self.pp) * u128::from(self.virtual_stages);
-        if chunks > u128::from(a.layers) {
+        // Interleaved, the first chunk may hold only the embedding and the last only the
+        // output layer and loss (Llama 3's layout; Megatron-Core's
+        // `--account-for-embedding-in-pipeline-split` and `--account-for-loss-in-pipeline-
+        // split`): up to two chunks more than layers.
+        let spare = if self.virtual_stages > 1 { 2 } else { 0 };
+        if chunks > u128::from(a.layers) + spare {
+            let most = (a.layers + spare as u64) / self.virtual_stages.max(1);
+            let fix = if self.virtual_stages > 2 {
+                format!(
+                    "use --pp ≤ {most} at {} virtual stages, or fewer virtual stages (--pp ≤ {} at 2)",
+                    self.virtual_stages,
+                    (a.layers + 2) / 2
+                )
+            } else if self.virtual_stages == 2 {
+                format!(
+                    "use --pp ≤ {most} to interleave, or --schedule 1f1b (--pp ≤ {})",
+                    a.layers
+                )
+            } else {
+                format!("use --pp ≤ {}", a.layers)
+            };
+            let room = if spare > 0 {
+                format!(
+                    " (interleaved, the first and last chunk may hold only the embedding and the head: at most {} chunks)",
+                    u128::from(a.layers) + spare
+                )
+            } else {
+                String::new()
+            };
             return Err(Rejection::new(
                 "more pipeline chunks than layers",
                 format!(
-                    "PP {} × virtual stages {} = {} chunks but the model has only {} layers",
+                    "PP {} × virtual stages {} = {} chunks but the model has only {} layers{room}",
                     self.pp, self.virtual_stages, chunks, a.layers
                 ),
-            ));
+            )
+            .with_fix(fix));
         }
         if !t.global_batch.is_multiple_of(self.dp) {
             return Err(Rejection::new(
@@ -231,7 +335,11 @@ impl Layout {
                     "DP {} does not divide global_batch {}",
                     self.dp, t.global_batch
                 ),
-            ));
+            )
+            .with_fix(format!(
+                "use a DP that divides global_batch {} (and PP × TP so that DP × PP × TP = {}), or change global_batch",
+                t.global_batch, cluster.devices
+            )));
         }
         let per_replica = t.global_batch / self.dp;
         if !per_replica.is_multiple_of(self.micro_batch) {
@@ -241,7 +349,11 @@ impl Layout {
                     "micro-batch {} does not divide the {} sequences per DP replica",
                     self.micro_batch, per_replica
                 ),
-            ));
+            )
+            .with_fix(format!(
+                "use a --micro-batch that divides {per_replica}{}",
+                divisor_list(per_replica)
+            )));
         }
         if self.recompute_every != 1 && self.recompute != Recompute::Full {
             return Err(Rejection::new(
@@ -278,10 +390,30 @@ impl Layout {
                     )));
                 }
                 if !m.is_multiple_of(self.pp) {
+                    let ok: Vec<String> = (1..=per_replica.min(1 << 20))
+                        .filter(|&b| {
+                            per_replica.is_multiple_of(b)
+                                && (per_replica / b).is_multiple_of(self.pp)
+                        })
+                        .take(8)
+                        .map(|b| b.to_string())
+                        .collect();
+                    let fix = if ok.is_empty() {
+                        format!(
+                            "no micro-batch gives a multiple of PP {} micro-batches from the {per_replica} sequences per DP replica: use a smaller PP, a smaller DP, or 1f1b",
+                            self.pp
+                        )
+                    } else {
+                        format!(
+                            "use --micro-batch {} (a multiple of PP {} micro-batches from the {per_replica} sequences per DP replica), or 1f1b",
+                            ok.join(" | "),
+                            self.pp
+                        )
+                    };
                     return Err(Rejection::new("interleaving needs micro-batches divisible by PP", format!(
                         "the interleaved schedule needs the {m} micro-batches to be a multiple of PP {}",
                         self.pp
-                    )));
+                    )).with_fix(fix));
                 }
             }
             _ if self.virtual_stages != 1 => {
@@ -327,18 +459,105 @@ impl Layout {
 
     /// Layers per virtual stage, in pipeline order: an even split, the remainder given to the
     /// later chunks (the first stage already carries the embedding and the most activations).
+    /// Interleaved with layers that do not divide into the chunks, the stages are evened
+    /// first, the first and last stages the ones left short ([`Layout::stage_split`]), and
+    /// each stage's layers then spread over its chunks ([`Layout::chunk_split`]).
     /// Empty when the layout has no chunk (PP or v is 0); callers bound PP × v first (a
     /// layout that passes [`Layout::check`] has at most [`MAX_SIMULATED_PASSES`] chunks).
     pub fn split_layers(&self, layers: u64) -> Vec<u64> {
         let Some(chunks) = self.chunks().filter(|c| *c > 0) else {
             return Vec::new();
         };
+        if self.virtual_stages > 1 && !layers.is_multiple_of(chunks) {
+            return self.chunk_split(&self.stage_split(layers));
+        }
         let base = layers / chunks;
         let extra = layers % chunks;
         (0..chunks)
             .map(|c| base + u64::from(c >= chunks - extra))
             .collect()
     }
+
+    /// Layers per pipeline stage, as even as they go, with the stages that get one layer
+    /// fewer taken from the ends first (last, then first, then from the end inwards): the
+    /// first stage also holds the embedding and the last the output layer and loss (Llama
+    /// 3's "first and last stage one layer short", Dubey et al. 2024 §3.3.2).
+    pub fn stage_split(&self, layers: u64) -> Vec<u64> {
+        let pp = self.pp.max(1);
+        let base = layers / pp;
+        let short = (pp - layers % pp) % pp;
+        let mut per = vec![base + u64::from(!layers.is_multiple_of(pp)); pp as usize];
+        // The order in which stages give up a layer: last, first, then inwards from the end.
+        let n = pp as usize;
+        let order = std::iter::once(n - 1)
+            .chain((n > 1).then_some(0))
+            .chain((1..n.saturating_sub(1)).rev());
+        for s in order.take(short as usize) {
+            per[s] -= 1;
+        }
+        per
+    }
+
+    /// Layers per virtual stage (pipeline order: chunk `c` of stage `s` is `c·PP + s`) for
+    /// the given layers per stage. Each stage spreads its layers evenly over its chunks; the
+    /// chunks left a layer short are the first ones of the first stage (the embedding's
+    /// chunk), the last ones of the last stage (the head's) and the first ones of the others.
+    pub fn chunk_split(&self, per_stage: &[u64]) -> Vec<u64> {
+        let (pp, v) = (per_stage.len(), self.virtual_stages.max(1) as usize);
+        let mut split = vec![0; pp * v];
+        for (s, &n) in per_stage.iter().enumerate() {
+            let base = n / v as u64;
+            let extra = (n % v as u64) as usize;
+            for c in 0..v {
+                let more = if s == pp - 1 && pp > 1 {
+                    c < extra
+                } else {
+                    c >= v - extra
+                };
+                split[c * pp + s] = base + u64::from(more);
+            }
+        }
+        split
+    }
+}
+
+fn one() -> u64 {
+    1
+}
+
+/// Greatest common divisor.
+fn gcd(a: u64, b: u64) -> u64 {
+    if b == 0 {
+        a
+    } else {
+        gcd(b, a % b)
+    }
+}
+
+/// `" (1, 2, 4, 8)"`: the divisors of `n` for a fix's text, when `n` has few and is small
+/// enough to list them quickly (empty otherwise).
+fn divisor_list(n: u64) -> String {
+    if n == 0 || n > 1 << 40 {
+        return String::new();
+    }
+    let mut small = Vec::new();
+    let mut large = Vec::new();
+    let mut d = 1u64;
+    while d * d <= n {
+        if n.is_multiple_of(d) {
+            small.push(d);
+            if d * d != n {
+                large.push(n / d);
+            }
+        }
+        d += 1;
+    }
+    small.extend(large.into_iter().rev());
+    if small.len() > 16 {
+        return String::new();
+    }
+    let list: Vec<String> = small.iter().map(u64::to_string).collect();
+    format!(" ({})", list.join(", "))
 }
 
 /// Why a layout cannot be built: the rule it breaks, and the details.
@@ -347,11 +566,23 @@ pub struct Rejection {
     /// A short, stable name of the rule (used to group rejections).
     pub rule: &'static str,
     pub detail: String,
+    /// What to change, where the rule knows which pin and which values would pass.
+    pub fix: Option<String>,
 }
 
 impl Rejection {
     pub fn new(rule: &'static str, detail: String) -> Self {
-        Rejection { rule, detail }
+        Rejection {
+            rule,
+            detail,
+            fix: None,
+        }
+    }
+
+    /// The same rejection with the change that would pass it.
+    pub fn with_fix(mut self, fix: impl Into<String>) -> Self {
+        self.fix = Some(fix.into());
+        self
     }
 }
 

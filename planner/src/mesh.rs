@@ -1,14 +1,18 @@
 //! The rank mesh: the one place that answers every question about ranks.
 //!
-//! World = DP × PP × TP, in Megatron's default order: TP varies fastest, then DP, then PP:
+//! World = DP × CP × PP × TP, in Megatron's default order: TP varies fastest, then CP (context
+//! parallelism), then DP, then PP (`tp-cp-ep-dp-pp` in Megatron-Core's `RankGenerator`, with
+//! no EP yet):
 //!
 //! ```text
-//! rank = tp + TP·(dp + DP·pp)
+//! rank = tp + TP·(cp + CP·(dp + DP·pp))
 //! node = rank / gpus_per_node,  local = rank % gpus_per_node
 //! ```
 //!
-//! TP groups are consecutive ranks, so they stay inside a node when TP ≤ gpus_per_node. The
-//! planner and the runtime both use this type; no global rank state exists anywhere else.
+//! With CP = 1 this is `tp + TP·(dp + DP·pp)`, the order of plans without context parallelism.
+//! TP groups are consecutive ranks, so they stay inside a node when TP ≤ gpus_per_node; CP
+//! groups come next. The planner and the runtime both use this type; no global rank state
+//! exists anywhere else.
 
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
@@ -19,6 +23,9 @@ pub struct Coord {
     pub dp: u64,
     pub pp: u64,
     pub tp: u64,
+    /// The context-parallel rank: which two chunks of each sequence this rank holds.
+    #[serde(default)]
+    pub cp: u64,
 }
 
 /// The DP × PP × TP grid laid over the cluster's nodes.
@@ -28,34 +35,62 @@ pub struct Mesh {
     pub pp: u64,
     pub tp: u64,
     pub gpus_per_node: u64,
+    /// Context-parallel degree (1: none).
+    #[serde(default = "one")]
+    pub cp: u64,
+}
+
+fn one() -> u64 {
+    1
 }
 
 /// The order ranks are laid out in, fastest first; written into plan.json.
 pub const MESH_ORDER: &str = "tp-dp-pp";
 
+/// The order with context parallelism (CP > 1), fastest first.
+pub const MESH_ORDER_CP: &str = "tp-cp-dp-pp";
+
 impl Mesh {
+    /// A mesh without context parallelism.
     pub fn new(dp: u64, pp: u64, tp: u64, gpus_per_node: u64) -> Mesh {
+        Mesh::with_cp(dp, 1, pp, tp, gpus_per_node)
+    }
+
+    /// A mesh of DP × CP × PP × TP.
+    pub fn with_cp(dp: u64, cp: u64, pp: u64, tp: u64, gpus_per_node: u64) -> Mesh {
         Mesh {
             dp,
             pp,
             tp,
             gpus_per_node: gpus_per_node.max(1),
+            cp: cp.max(1),
+        }
+    }
+
+    /// The rank order as plan.json states it.
+    pub fn order(&self) -> &'static str {
+        if self.cp > 1 {
+            MESH_ORDER_CP
+        } else {
+            MESH_ORDER
         }
     }
 
     pub fn world(&self) -> u64 {
-        self.dp * self.pp * self.tp
+        self.dp * self.cp * self.pp * self.tp
     }
 
     pub fn rank(&self, c: Coord) -> u64 {
-        c.tp + self.tp * (c.dp + self.dp * c.pp)
+        c.tp + self.tp * (c.cp + self.cp * (c.dp + self.dp * c.pp))
     }
 
     pub fn coord(&self, rank: u64) -> Coord {
+        let inner = rank / self.tp;
         Coord {
             tp: rank % self.tp,
-            dp: (rank / self.tp) % self.dp,
-            pp: rank / (self.tp * self.dp),
+            cp: inner % self.cp,
+            dp: (inner / self.cp) % self.dp,
+            pp: inner / (self.cp * self.dp),
         }
     }
 
@@ -80,6 +115,25 @@ impl Mesh {
         let c = self.coord(rank);
         (0..self.dp)
             .map(|dp| self.rank(Coord { dp, ..c }))
+            .collect()
+    }
+
+    /// The CP group of `rank`, in CP order: the ranks that hold the chunks of the same
+    /// sequences (the ring of ring attention).
+    pub fn cp_group(&self, rank: u64) -> Vec<u64> {
+        let c = self.coord(rank);
+        (0..self.cp)
+            .map(|cp| self.rank(Coord { cp, ..c }))
+            .collect()
+    }
+
+    /// The ranks that hold the same weights and sum their gradients: DP × CP, in (dp, cp)
+    /// order (Megatron's `data_parallel_group_with_cp`). Without CP, the DP group.
+    pub fn dp_cp_group(&self, rank: u64) -> Vec<u64> {
+        let c = self.coord(rank);
+        (0..self.dp)
+            .flat_map(|dp| (0..self.cp).map(move |cp| (dp, cp)))
+            .map(|(dp, cp)| self.rank(Coord { dp, cp, ..c }))
             .collect()
     }
 
@@ -132,6 +186,29 @@ mod tests {
             assert!(m.dp_group(r).contains(&r));
             assert!(m.pp_group(r).contains(&r));
         }
+    }
+
+    #[test]
+    fn context_parallel_ranks_sit_between_tp_and_dp() {
+        // Megatron-Core's order tp-cp-dp-pp: TP 2, CP 2, DP 2, PP 2 on 16 ranks.
+        let m = Mesh::with_cp(2, 2, 2, 2, 8);
+        assert_eq!(m.world(), 16);
+        for r in 0..m.world() {
+            let c = m.coord(r);
+            assert_eq!(m.rank(c), r);
+            assert_eq!(r, c.tp + 2 * (c.cp + 2 * (c.dp + 2 * c.pp)));
+        }
+        assert_eq!(m.tp_group(5), vec![4, 5]);
+        assert_eq!(m.cp_group(5), vec![5, 7]);
+        assert_eq!(m.dp_group(5), vec![1, 5]);
+        assert_eq!(m.dp_cp_group(5), vec![1, 3, 5, 7]);
+        assert_eq!(m.pp_group(5), vec![5, 13]);
+        assert_eq!(m.order(), "tp-cp-dp-pp");
+        // CP 1 is the mesh without it.
+        let plain = Mesh::new(2, 2, 2, 8);
+        assert_eq!(Mesh::with_cp(2, 1, 2, 2, 8), plain);
+        assert_eq!(plain.dp_cp_group(3), plain.dp_group(3));
+        assert_eq!(plain.order(), MESH_ORDER);
     }
 
     #[test]

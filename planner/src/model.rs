@@ -6,6 +6,10 @@
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
+mod moe;
+
+pub use moe::{Mla, Moe, MoeLayerParams, RouterScoring};
+
 /// MLP activation.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "lowercase")]
@@ -128,6 +132,18 @@ pub struct Architecture {
     /// window is refused (`Model::check`). Absent: none.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sliding_window: Option<u64>,
+    /// Mixture-of-experts MLPs (spec keys `experts`, `experts_per_token`, …); absent: every
+    /// MLP is dense. Read and counted, not planned yet (`Model::plannable`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub moe: Option<Moe>,
+    /// Multi-head Latent Attention (spec table `[architecture.mla]`, DeepSeek-V2/V3); absent:
+    /// standard attention. Read and counted, not planned yet.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mla: Option<Mla>,
+    /// A norm over each query and key head before RoPE (spec key `qk_norm`; Qwen3's `q_norm`
+    /// and `k_norm`). Read and counted, not planned yet.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub qk_norm: bool,
 }
 
 fn one() -> u64 {
@@ -279,40 +295,22 @@ impl Architecture {
         self.kv_heads.saturating_mul(self.head_dim)
     }
     fn norm_params(&self) -> u64 {
-        match self.norm {
-            Norm::Layernorm => self.hidden.saturating_mul(2),
-            Norm::Rmsnorm => self.hidden,
-        }
+        self.norm_of(self.hidden)
     }
 
-    /// One transformer block: attention, MLP and its two norms. Saturating arithmetic: every
-    /// count is min(exact, u64::MAX), never a wrapped number.
+    /// One transformer block with the dense MLP: attention, MLP and its two norms (the MoE
+    /// layers of an MoE model are [`Architecture::moe_layer_params`]). Saturating arithmetic:
+    /// every count is min(exact, u64::MAX), never a wrapped number.
     pub fn layer_params(&self) -> LayerParams {
-        let h = self.hidden;
-        let qkv_out = self.q_dim().saturating_add(self.kv_dim().saturating_mul(2));
-        let mut sharded = h
-            .saturating_mul(qkv_out)
-            .saturating_add(self.q_dim().saturating_mul(h));
-        let mut replicated = self.norm_params().saturating_mul(2);
-        if self.bias || self.qkv_bias {
-            sharded = sharded.saturating_add(qkv_out);
-        }
-        if self.bias {
-            replicated = replicated.saturating_add(h); // attention output (row-parallel) bias
-        }
-        let f = self.ffn_hidden;
-        let (matrices, column_biases) = match self.activation {
-            Activation::Gelu => (2, 1),
-            Activation::Swiglu => (3, 2),
-        };
-        sharded = sharded.saturating_add(h.saturating_mul(f).saturating_mul(matrices));
-        if self.bias {
-            sharded = sharded.saturating_add(f.saturating_mul(column_biases));
-            replicated = replicated.saturating_add(h);
-        }
+        let attention = self.attention_params();
+        let mlp = self.mlp_params(self.ffn_hidden);
         LayerParams {
-            sharded,
-            replicated,
+            sharded: attention.sharded.saturating_add(mlp.sharded),
+            replicated: self
+                .norm_params()
+                .saturating_mul(2)
+                .saturating_add(attention.replicated)
+                .saturating_add(mlp.replicated),
         }
     }
 
@@ -375,8 +373,13 @@ impl Architecture {
     /// Exact parameter count of the model as published (tied weights counted once); saturates
     /// at `u64::MAX` for a model too large to count (see [`Architecture::checked_param_count`]).
     pub fn param_count(&self) -> u64 {
-        self.layers
+        let moe_layers = self.moe_layer_count();
+        let moe = self
+            .moe_layer_params()
+            .map_or(0, |p| moe_layers.saturating_mul(p.total()));
+        (self.layers - moe_layers)
             .saturating_mul(self.layer_params().total())
+            .saturating_add(moe)
             .saturating_add(self.embedding_params().total())
             .saturating_add(self.head_params(self.tied_embeddings).total())
     }
@@ -391,7 +394,7 @@ impl Architecture {
 mod tests {
     use super::*;
 
-    fn tiny() -> Architecture {
+    pub(super) fn tiny() -> Architecture {
         Architecture {
             layers: 4,
             hidden: 64,
@@ -412,6 +415,9 @@ mod tests {
             rope_scaling: None,
             norm_eps: DEFAULT_NORM_EPS,
             sliding_window: None,
+            moe: None,
+            mla: None,
+            qk_norm: false,
         }
     }
 

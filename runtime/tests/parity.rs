@@ -149,6 +149,40 @@ fn every_schedule() {
     }
 }
 
+/// Interleaved pipelines whose chunks are not all equal: the tiny model's 4 layers over PP 2 ×
+/// 3 virtual stages, Llama 3's layout in small (the first chunk holds only the embedding, the
+/// last only the head and loss, every other chunk one layer).
+#[test]
+fn uneven_interleaved_layouts() {
+    let want = reference();
+    for (dp, tp, zero) in [(1, 1, 0), (2, 2, 1), (1, 2, 0), (2, 1, 2)] {
+        let p = plan(layout(
+            dp,
+            2,
+            tp,
+            zero,
+            ScheduleKind::Interleaved,
+            3,
+            Recompute::None,
+        ));
+        let chunks: Vec<Vec<[u64; 2]>> = p
+            .stages
+            .iter()
+            .map(|s| s.chunks.iter().map(|c| c.layers).collect())
+            .collect();
+        assert_eq!(
+            chunks,
+            vec![vec![[0, 0], [1, 2], [3, 4]], vec![[0, 1], [2, 3], [4, 4]]],
+            "the plan splits the tiny model unevenly"
+        );
+        assert_same(
+            &run(&p),
+            &want,
+            &format!("interleaved×3 uneven dp{dp} pp2 tp{tp} zero{zero}"),
+        );
+    }
+}
+
 #[test]
 fn every_recompute_mode() {
     let want = reference();

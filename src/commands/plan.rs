@@ -93,6 +93,16 @@ pub struct PlanArgs {
     /// Pin the model chunks per stage (interleaved schedule).
     #[arg(long)]
     virtual_stages: Option<u64>,
+    /// Pin the layers of the first pipeline stage; the middle stages share the rest evenly
+    /// (Megatron-Core's `--decoder-first-pipeline-num-layers`). Interleaved, a stage one layer
+    /// per chunk short leaves its first chunk only the embedding (Llama 3's layout).
+    #[arg(long, value_parser = clap::value_parser!(u64).range(0..=1_000_000_000))]
+    first_stage_layers: Option<u64>,
+    /// Pin the layers of the last pipeline stage (Megatron-Core's
+    /// `--decoder-last-pipeline-num-layers`); interleaved, its last chunk may hold only the
+    /// output layer and loss.
+    #[arg(long, value_parser = clap::value_parser!(u64).range(0..=1_000_000_000))]
+    last_stage_layers: Option<u64>,
     /// Write the plan even if the layout does not fit (marked infeasible).
     #[arg(long)]
     force: bool,
@@ -111,6 +121,10 @@ pub(crate) struct DegreePins {
     /// Pin the pipeline-parallel degree.
     #[arg(long)]
     pub pp: Option<u64>,
+    /// Pin the context-parallel degree: each sequence split over CP ranks by ring attention
+    /// (Megatron-Core's `--context-parallel-size`).
+    #[arg(long)]
+    pub cp: Option<u64>,
     /// Pin the data-parallel degree.
     #[arg(long)]
     pub dp: Option<u64>,
@@ -129,6 +143,7 @@ impl DegreePins {
             dp: self.dp,
             pp: self.pp,
             tp: self.tp,
+            cp: self.cp,
             micro_batch: self.micro_batch,
             zero: self.zero,
             ..Pins::default()
@@ -165,6 +180,10 @@ impl PlanArgs {
                 ScheduleArg::Interleaved => ScheduleKind::Interleaved,
             }),
             virtual_stages: self.virtual_stages,
+            stage_layers: tessera_planner::search::StageLayers {
+                first: self.first_stage_layers,
+                last: self.last_stage_layers,
+            },
             ..self.degrees.pins()
         }
     }
@@ -284,27 +303,35 @@ pub fn run(args: PlanArgs) -> anyhow::Result<ExitCode> {
             result.simulated,
             ORDERING
         );
-        let mut t = table(
-            &[
-                "#",
-                "dp",
-                "tp",
-                "pp",
-                "mb",
-                "m",
-                "zero",
-                "recompute",
-                "sp",
-                "schedule",
-                "step s",
-                "tokens/s/GPU",
-                "MFU",
-                "peak GiB",
-                "% of mem",
-            ],
-            &[0, 1, 2, 3, 4, 5, 6, 10, 11, 12, 13, 14],
-        );
-        for (i, c) in result.fits.iter().take(args.top.max(1)).enumerate() {
+        let shown = &result.fits[..result.fits.len().min(args.top.max(1))];
+        // A CP column only where a shown layout has context parallelism.
+        let with_cp = shown.iter().any(|c| c.layout.cp > 1);
+        let mut head = vec!["#", "dp"];
+        if with_cp {
+            head.push("cp");
+        }
+        head.extend([
+            "tp",
+            "pp",
+            "mb",
+            "m",
+            "zero",
+            "recompute",
+            "sp",
+            "schedule",
+            "step s",
+            "tokens/s/GPU",
+            "MFU",
+            "peak GiB",
+            "% of mem",
+        ]);
+        let right: Vec<usize> = if with_cp {
+            vec![0, 1, 2, 3, 4, 5, 6, 7, 11, 12, 13, 14, 15]
+        } else {
+            vec![0, 1, 2, 3, 4, 5, 6, 10, 11, 12, 13, 14]
+        };
+        let mut t = table(&head, &right);
+        for (i, c) in shown.iter().enumerate() {
             let l = &c.layout;
             let (step, tokens, mfu) = match &c.prediction {
                 Some(p) => (
@@ -314,9 +341,11 @@ pub fn run(args: PlanArgs) -> anyhow::Result<ExitCode> {
                 ),
                 None => ("-".into(), "-".into(), "-".into()),
             };
-            t.add_row(vec![
-                (i + 1).to_string(),
-                l.dp.to_string(),
+            let mut row = vec![(i + 1).to_string(), l.dp.to_string()];
+            if with_cp {
+                row.push(l.cp.to_string());
+            }
+            row.extend([
                 l.tp.to_string(),
                 l.pp.to_string(),
                 l.micro_batch.to_string(),
@@ -338,6 +367,7 @@ pub fn run(args: PlanArgs) -> anyhow::Result<ExitCode> {
                     100.0 * c.peak_bytes as f64 / cluster.memory_bytes()
                 ),
             ]);
+            t.add_row(row);
         }
         println!("{t}\n");
         print_prediction(&plan);

@@ -72,10 +72,19 @@ fn check(path: &Path) -> anyhow::Result<String> {
     } else {
         TrainingOverrides::default()
     };
-    let m = spec::load_model(path, over)?;
-    Ok(format!(
-        "model {}: {} parameters",
-        m.name,
-        m.architecture.param_count()
-    ))
+    // Read, not loaded to plan: a mixture-of-experts or MLA spec is valid and counted, and the
+    // line says that `plan` does not plan it yet.
+    let m = spec::read_model(path, over)?;
+    let a = &m.architecture;
+    let mut what = format!("model {}: {} parameters", m.name, a.param_count());
+    if a.moe.is_some() {
+        what += &format!(", {} active per token", a.active_param_count());
+    }
+    if let Err(p) = m.plannable() {
+        what += &format!(
+            " (read and counted; `plan` refuses it at `{}`: not built yet)",
+            p.field
+        );
+    }
+    Ok(what)
 }

@@ -132,8 +132,11 @@ pub fn p2p(cluster: &Cluster, mesh: &Mesh, from: u64, to: u64, bytes: f64) -> f6
 #[derive(Debug, Clone, PartialEq)]
 pub struct Links {
     pub tp: GroupLink,
-    /// The whole data-parallel group.
+    /// The whole data-parallel group: the ranks that sum gradients, DP × CP with context
+    /// parallelism (Megatron-Core's data-parallel group with CP).
     pub dp: GroupLink,
+    /// The context-parallel ring (K/V passed rank to rank).
+    pub cp: GroupLink,
     /// The data-parallel ranks inside one node (HYBRID_SHARD's shard group).
     pub dp_in_node: GroupLink,
     /// One data-parallel rank per node (HYBRID_SHARD's replica group).
@@ -182,8 +185,11 @@ impl Links {
     /// `Layout::check` has at most `layout::MAX_SIMULATED_PASSES` stages).
     pub fn new(cluster: &Cluster, mesh: &Mesh) -> Links {
         let tp = progression_link(cluster, mesh, mesh.tp, 1);
-        let (dp, dp_in_node, dp_across_nodes) = if mesh.dp <= LISTED_GROUP {
-            let dp_group = mesh.dp_group(0);
+        let cp = progression_link(cluster, mesh, mesh.cp, mesh.tp);
+        // The gradient group: DP × CP ranks, every TP-th rank (rank = tp + TP·(cp + CP·dp)).
+        let grads = mesh.dp.saturating_mul(mesh.cp);
+        let (dp, dp_in_node, dp_across_nodes) = if grads <= LISTED_GROUP {
+            let dp_group = mesh.dp_cp_group(0);
             let dp = GroupLink::of_group(cluster, mesh, &dp_group);
             let home = mesh.node(0);
             let local: Vec<u64> = dp_group
@@ -201,11 +207,11 @@ impl Links {
             let dp_across_nodes = GroupLink::of_group(cluster, mesh, &heads);
             (dp, dp_in_node, dp_across_nodes)
         } else {
-            let (nodes, most) = progression(mesh.dp, mesh.tp, mesh.gpus_per_node);
+            let (nodes, most) = progression(grads, mesh.tp, mesh.gpus_per_node);
             // Rank 0's node holds the most DP members (`most`); one member per node spans
             // every node the group does.
             (
-                GroupLink::new(cluster, mesh.dp, nodes, most),
+                GroupLink::new(cluster, grads, nodes, most),
                 GroupLink::new(cluster, most, 1, most),
                 GroupLink::new(cluster, nodes, nodes, 1),
             )
@@ -221,6 +227,7 @@ impl Links {
             .collect();
         Links {
             tp,
+            cp,
             dp,
             dp_in_node,
             dp_across_nodes,

@@ -57,7 +57,8 @@ impl Default for Options {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct TimeTerm {
-    /// `compute`, `recompute`, `tp_comm`, `pipeline_bubble`, `dp_exposed` or `optimizer`.
+    /// `compute`, `recompute`, `tp_comm`, `cp_comm`, `pipeline_bubble`, `dp_exposed` or
+    /// `optimizer`.
     pub name: String,
     pub seconds: f64,
     /// What the term is and how it was sized.
@@ -134,9 +135,21 @@ pub fn layer_times(
 ) -> LayerTimes {
     let dev = Device::of(cluster);
     let (tp, sp, b) = (layout.tp, layout.sequence_parallel, layout.micro_batch);
-    let lc = ops::layer(model, &dev, tp, sp, b);
+    let cp = layout.cp.max(1);
+    let lc = ops::layer_cp(model, &dev, tp, sp, b, cp);
+    // Under context parallelism a rank holds 1/CP of every sequence's tokens: what the
+    // embedding, the head and the TP collectives move (`local`).
+    let local_model;
+    let local = if cp > 1 {
+        let mut m = model.clone();
+        m.training.seq_len = model.training.seq_len / cp;
+        local_model = m;
+        &local_model
+    } else {
+        model
+    };
     let a = &model.architecture;
-    let act = b as f64 * model.training.seq_len as f64 * a.hidden as f64 * 2.0;
+    let act = b as f64 * local.training.seq_len as f64 * a.hidden as f64 * 2.0;
     let t = &links.tp;
     // Two collectives per layer each way: all-reduces, or all-gather + reduce-scatter with SP.
     let per_pass = if sp {
@@ -144,15 +157,18 @@ pub fn layer_times(
     } else {
         2.0 * t.all_reduce(act)
     };
+    let (ring_f, ring_b) = ring_exposed(model, layout, links, &lc);
     let mut layer = ChunkTime {
         fwd: Parts {
             compute: lc.fwd,
             tp: per_pass,
+            cp: ring_f,
             ..Parts::default()
         },
         bwd: Parts {
             compute: lc.bwd,
             tp: per_pass,
+            cp: ring_b,
             ..Parts::default()
         },
     };
@@ -169,6 +185,7 @@ pub fn layer_times(
             let share = 1.0 / layout.recompute_every.max(1) as f64;
             layer.bwd.recompute = lc.fwd * share;
             layer.bwd.tp += per_pass * share;
+            layer.bwd.cp += ring_f * share;
         }
     }
     let mut zero3_first_gather = 0.0;
@@ -186,8 +203,8 @@ pub fn layer_times(
         layer.bwd.zero3 = (gather + scatter - layer.bwd.total()).max(0.0);
         zero3_first_gather = gather;
     }
-    let (ef, eb) = ops::embedding(model, &dev, tp, sp, b);
-    let (hf, hb) = ops::head(model, &dev, tp, sp, b, options.fused_loss);
+    let (ef, eb) = ops::embedding(local, &dev, tp, sp, b);
+    let (hf, hb) = ops::head(local, &dev, tp, sp, b, options.fused_loss);
     let (emb_tp_f, emb_tp_b, head_tp_f, head_tp_b) = if sp {
         (
             t.reduce_scatter(act),
@@ -199,7 +216,7 @@ pub fn layer_times(
         (t.all_reduce(act), 0.0, 0.0, 0.0)
     };
     // Vocabulary-parallel cross-entropy all-reduces the max, the sum and the target logit.
-    let ce = 3.0 * t.all_reduce(4.0 * (b as f64 * model.training.seq_len as f64));
+    let ce = 3.0 * t.all_reduce(4.0 * (b as f64 * local.training.seq_len as f64));
     let part = |compute, tp| Parts {
         compute,
         tp,
@@ -217,6 +234,38 @@ pub fn layer_times(
         },
         zero3_first_gather,
     }
+}
+
+/// Seconds of one layer's ring-attention exchange (forward, backward) that its attention does
+/// not hide, for one micro-batch. Megatron-Core's CP (Transformer Engine's
+/// `AttnFuncWithCPAndKVP2P`) passes each rank's K and V around the CP ring in CP − 1 steps,
+/// each overlapped with the attention of the block in hand; the backward passes K, V and their
+/// gradients. A step's exposed time is what its transfer takes beyond its share of the
+/// attention core (1/CP of the rank's).
+fn ring_exposed(
+    model: &Model,
+    layout: &Layout,
+    links: &Links,
+    lc: &ops::LayerCompute,
+) -> (f64, f64) {
+    let cp = layout.cp;
+    if cp <= 1 {
+        return (0.0, 0.0);
+    }
+    let a = &model.architecture;
+    let tokens = layout.micro_batch as f64 * (model.training.seq_len / cp) as f64;
+    let w = crate::memory::activations::element_bytes(model);
+    // K and V of this rank's tokens and its KV heads.
+    let kv = 2.0 * tokens * (a.kv_dim() as f64 / layout.tp as f64) * w;
+    let steps = (cp - 1) as f64;
+    let fwd_step = links.cp.p2p(kv);
+    let bwd_step = links.cp.p2p(2.0 * kv);
+    let core_f = lc.attention_core_fwd / cp as f64;
+    let core_b = 2.5 * core_f;
+    (
+        steps * (fwd_step - core_f).max(0.0),
+        steps * (bwd_step - core_b).max(0.0),
+    )
 }
 
 /// A layout with its split, costed up to the pipeline simulation.
@@ -238,6 +287,7 @@ pub struct Evaluation {
     layers: Vec<u64>,
     dp_reason: String,
     tp_reason: String,
+    cp_reason: String,
     attention: AttentionImpl,
     update_bytes: f64,
     layout: Layout,
@@ -285,7 +335,11 @@ pub fn evaluate(
     let a = &model.architecture;
     let (tp, sp) = (layout.tp, layout.sequence_parallel);
     // Sizes in f64 (a u64 product can overflow for huge specs; exact below 2^53 either way).
-    let act = layout.micro_batch as f64 * model.training.seq_len as f64 * a.hidden as f64 * 2.0;
+    // A rank sends its own tokens: 1/CP of the sequence under context parallelism.
+    let act = layout.micro_batch as f64
+        * (model.training.seq_len / layout.cp.max(1)) as f64
+        * a.hidden as f64
+        * 2.0;
     // Each TP rank sends its 1/TP slice (sequence parallelism, or Megatron's scatter/gather);
     // without SP the receiver all-gathers the slices inside its node.
     let regather = if tp > 1 && !sp {
@@ -392,6 +446,7 @@ pub fn evaluate(
         layers,
         dp_reason: dp_reason(layout, links),
         tp_reason: tp_reason(layout, links, sp),
+        cp_reason: cp_reason(layout, links),
         attention: model.training.attention,
         update_bytes: update,
         layout: *layout,
@@ -436,6 +491,15 @@ fn recompute_reason(layout: &Layout, attention: AttentionImpl) -> String {
     }
 }
 
+fn cp_reason(layout: &Layout, links: &Links) -> String {
+    format!(
+        "ring attention: K and V passed around CP {} in {} steps per layer and micro-batch (with their gradients in the backward), {}, beyond what each step's attention block hides",
+        layout.cp,
+        layout.cp.saturating_sub(1),
+        link_words(&links.cp)
+    )
+}
+
 fn tp_reason(layout: &Layout, links: &Links, sp: bool) -> String {
     if layout.tp == 1 {
         return "no tensor parallelism".into();
@@ -458,7 +522,7 @@ fn tp_reason(layout: &Layout, links: &Links, sp: bool) -> String {
 }
 
 fn dp_reason(layout: &Layout, links: &Links) -> String {
-    if layout.dp == 1 {
+    if layout.dp == 1 && layout.cp == 1 {
         return "no data parallelism".into();
     }
     let what = match (layout.sharding.zero_stage, layout.sharding.hybrid) {
@@ -468,7 +532,12 @@ fn dp_reason(layout: &Layout, links: &Links) -> String {
         (_, false) => "ZeRO-3 per-micro-batch parameter all-gathers and gradient reduce-scatters",
         (_, true) => "hybrid ZeRO-3 in-node gathers and scatters + cross-node gradient all-reduce",
     };
-    format!("{what} over DP {} {}", layout.dp, link_words(&links.dp))
+    let over = if layout.cp > 1 {
+        format!("DP {} × CP {}", layout.dp, layout.cp)
+    } else {
+        format!("DP {}", layout.dp)
+    };
+    format!("{what} over {over} {}", link_words(&links.dp))
 }
 
 impl Evaluation {
@@ -560,6 +629,7 @@ impl Evaluation {
                 recompute_reason(l, self.attention),
             ),
             ("tp_comm", sum.tp, self.tp_reason.clone()),
+            ("cp_comm", sum.cp, self.cp_reason.clone()),
             (
                 "pipeline_bubble",
                 bubble,

@@ -122,15 +122,20 @@ struct Shapes {
     q: f64,
     kv: f64,
     f: f64,
+    /// Query rows per sequence on this rank: the sequence, or its 1/CP share.
     s: f64,
+    /// Keys each query row attends over: the whole sequence (ring attention visits every
+    /// rank's keys).
+    s_kv: f64,
     b: f64,
     heads: f64,
     d: f64,
 }
 
-fn shapes(model: &Model, tp: u64, sp: bool, b: u64) -> Shapes {
+fn shapes(model: &Model, tp: u64, sp: bool, b: u64, cp: u64) -> Shapes {
     let a = &model.architecture;
-    let s = model.training.seq_len as f64;
+    let s_kv = model.training.seq_len as f64;
+    let s = s_kv / cp.max(1) as f64;
     let t = b as f64 * s;
     let tp = tp as f64;
     Shapes {
@@ -141,6 +146,7 @@ fn shapes(model: &Model, tp: u64, sp: bool, b: u64) -> Shapes {
         kv: a.kv_dim() as f64 / tp,
         f: a.ffn_hidden as f64 / tp,
         s,
+        s_kv,
         b: b as f64,
         heads: a.heads as f64 / tp,
         d: a.head_dim as f64,
@@ -150,7 +156,15 @@ fn shapes(model: &Model, tp: u64, sp: bool, b: u64) -> Shapes {
 /// One transformer layer: QKV, attention core, output projection, MLP, two norms, two
 /// residual adds (with bias and dropout fused in, as in Megatron), the MLP activation, RoPE.
 pub fn layer(model: &Model, dev: &Device, tp: u64, sp: bool, b: u64) -> LayerCompute {
-    let x = shapes(model, tp, sp, b);
+    layer_cp(model, dev, tp, sp, b, 1)
+}
+
+/// [`layer`] on one rank of a context-parallel group of `cp`: the rank's 1/CP of the tokens
+/// through every linear and element-wise op, and its queries against the whole sequence's
+/// keys in the attention core (the load-balanced chunks give every rank 1/CP of the causal
+/// work).
+pub fn layer_cp(model: &Model, dev: &Device, tp: u64, sp: bool, b: u64, cp: u64) -> LayerCompute {
+    let x = shapes(model, tp, sp, b, cp);
     let a = &model.architecture;
     let dropout = model.training.dropout > 0.0;
     let mut fwd = 0.0;
@@ -179,12 +193,14 @@ pub fn layer(model: &Model, dev: &Device, tp: u64, sp: bool, b: u64) -> LayerCom
     let core = match model.training.attention {
         AttentionImpl::Eager => {
             let bh = x.b * x.heads;
-            // scores = Q·Kᵀ (s×d by d×s), out = P·V (s×s by s×d); backward: two each.
-            let scores = dev.matmul(x.s, x.d, x.s, bh);
-            let pv = dev.matmul(x.s, x.s, x.d, bh);
-            let scores_b = 2.0 * dev.matmul(x.s, x.s, x.d, bh);
-            let pv_b = dev.matmul(x.s, x.d, x.s, bh) + dev.matmul(x.s, x.s, x.d, bh);
-            let elems = bh * x.s * x.s;
+            // scores = Q·Kᵀ (s×d by d×s), out = P·V (s×s by s×d); backward: two each. Under
+            // CP, the rank's s/CP query rows against all s keys.
+            let (sq, sk) = (x.s, x.s_kv);
+            let scores = dev.matmul(sq, x.d, sk, bh);
+            let pv = dev.matmul(sq, sk, x.d, bh);
+            let scores_b = dev.matmul(sq, sk, x.d, bh) + dev.matmul(sk, sq, x.d, bh);
+            let pv_b = dev.matmul(sq, x.d, sk, bh) + dev.matmul(sk, sq, x.d, bh);
+            let elems = bh * sq * sk;
             // Fused scale-mask-softmax: read 2 + write 2 B/element; backward reads the output
             // and its gradient and writes one (6). Dropout: read 2, write 2 + a 1-byte mask;
             // backward reads gradient and mask, writes 2 (5).
@@ -202,8 +218,9 @@ pub fn layer(model: &Model, dev: &Device, tp: u64, sp: bool, b: u64) -> LayerCom
             f
         }
         AttentionImpl::Flash => {
-            // Causal: half of the 4·b·s²·d FLOPs per head; reads Q, K, V and writes O.
-            let flops = 0.5 * 4.0 * x.b * x.heads * x.s * x.s * x.d;
+            // Causal: half of the 4·b·s²·d FLOPs per head (under CP, the rank's s/CP queries
+            // against all s keys: 1/CP of it); reads Q, K, V and writes O.
+            let flops = 0.5 * 4.0 * x.b * x.heads * x.s * x.s_kv * x.d;
             // The calibrated efficiency is FlashAttention-2's; older kernels take longer by
             // the factor the FlashAttention-2 paper measured (`FlashKernel::slowdown`).
             let eff = dev.peak * dev.cal.flash_attention_efficiency
@@ -263,7 +280,7 @@ pub fn layer(model: &Model, dev: &Device, tp: u64, sp: bool, b: u64) -> LayerCom
 /// reads, writes (4). Backward: scatter-add into the fp32 gradient rows (read 2, read and write
 /// 4 + 4).
 pub fn embedding(model: &Model, dev: &Device, tp: u64, sp: bool, b: u64) -> (f64, f64) {
-    let x = shapes(model, tp, sp, b);
+    let x = shapes(model, tp, sp, b, 1);
     let mut fwd = 4.0;
     if model.architecture.position == Position::Learned {
         fwd += 6.0;
@@ -291,7 +308,7 @@ pub fn head(
     b: u64,
     fused_loss: bool,
 ) -> (f64, f64) {
-    let x = shapes(model, tp, sp, b);
+    let x = shapes(model, tp, sp, b, 1);
     // The padded vocabulary: the padding rows are computed like the others.
     let v = model.architecture.padded_vocab(tp) as f64 / tp as f64;
     let (lf, lb) = dev.linear(x.t, x.h, v);
@@ -380,6 +397,9 @@ mod tests {
                 rope_scaling: None,
                 norm_eps: crate::model::DEFAULT_NORM_EPS,
                 sliding_window: None,
+                moe: None,
+                mla: None,
+                qk_norm: false,
             },
             training: Training {
                 seq_len: s,

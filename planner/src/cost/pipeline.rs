@@ -24,11 +24,13 @@ pub struct Parts {
     pub tp: f64,
     /// ZeRO-3 parameter gathers and gradient scatters that compute does not hide.
     pub zero3: f64,
+    /// Context parallelism's ring exchange that the attention does not hide.
+    pub cp: f64,
 }
 
 impl Parts {
     pub fn total(&self) -> f64 {
-        self.compute + self.recompute + self.tp + self.zero3
+        self.compute + self.recompute + self.tp + self.zero3 + self.cp
     }
 
     pub fn add(&self, o: &Parts) -> Parts {
@@ -37,6 +39,7 @@ impl Parts {
             recompute: self.recompute + o.recompute,
             tp: self.tp + o.tp,
             zero3: self.zero3 + o.zero3,
+            cp: self.cp + o.cp,
         }
     }
 
@@ -46,6 +49,7 @@ impl Parts {
             recompute: self.recompute * k,
             tp: self.tp * k,
             zero3: self.zero3 * k,
+            cp: self.cp * k,
         }
     }
 }

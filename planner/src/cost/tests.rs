@@ -27,6 +27,7 @@ fn job(model: &str, nodes: u64) -> (Model, Cluster) {
 fn layout(dp: u64, pp: u64, tp: u64, zero: u8, kind: ScheduleKind, v: u64) -> Layout {
     Layout {
         dp,
+        cp: 1,
         pp,
         tp,
         micro_batch: 1,

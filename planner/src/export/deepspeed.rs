@@ -10,6 +10,13 @@ use crate::schedule::ScheduleKind;
 pub(super) fn deepspeed(plan: &Plan) -> Result<String, ExportError> {
     let t = Target::DeepSpeed;
     let p = &plan.parallel;
+    if p.cp > 1 {
+        return Err(refuse(
+            t,
+            format!("context parallelism {} (Megatron-DeepSpeed splits sequences with DeepSpeed-Ulysses' all-to-all over heads, not the plan's ring attention)", p.cp),
+            "export to megatron (--context-parallel-size) or torchtitan (context_parallel_degree)",
+        ));
+    }
     if p.recompute == Recompute::Selective || p.recompute_every > 1 {
         return Err(refuse(
             t,

@@ -118,6 +118,10 @@ pub(super) fn megatron(plan: &Plan, launch: &Launch) -> Result<String, ExportErr
     args.push(arg("--make-vocab-size-divisible-by", a.vocab_divisible_by));
     args.push(arg("--tensor-model-parallel-size", p.tp));
     args.push(arg("--pipeline-model-parallel-size", p.pp));
+    if p.cp > 1 {
+        // Megatron-Core's ring attention (TE's `attn_func_with_cp`, p2p K/V exchange).
+        args.push(arg("--context-parallel-size", p.cp));
+    }
     let chunks = chunk_layers(plan);
     if p.virtual_stages > 1 {
         if chunks.iter().all(|&c| c == chunks[0]) {

@@ -130,7 +130,8 @@ pub(super) fn torchtitan(plan: &Plan) -> Result<String, ExportError> {
         "pipeline_parallel_microbatch_size".into(),
         int(p.micro_batch),
     );
-    par.insert("context_parallel_degree".into(), int(1));
+    // Ring attention over the CP group (torchtitan's `context_parallel`, load-balanced chunks).
+    par.insert("context_parallel_degree".into(), int(p.cp));
     if p.pp > 1 {
         // The plan's exact split, as the modules of each model part in pipeline order (the
         // names of torchtitan's Llama-family models): torchtitan's own split would differ.

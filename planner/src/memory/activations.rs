@@ -260,6 +260,9 @@ mod tests {
                 rope_scaling: None,
                 norm_eps: crate::model::DEFAULT_NORM_EPS,
                 sliding_window: None,
+                moe: None,
+                mla: None,
+                qk_norm: false,
             },
             training: Training {
                 seq_len: s,

@@ -256,9 +256,16 @@ impl<'a> Ctx<'a> {
             )
             },
         );
+        let ring = cp_ring_bytes(model, layout);
+        if ring > 0.0 {
+            add(sink, "cp_ring_buffers", "activations", ring, &|| {
+                format!("ring attention over CP {}: K and V of the block in hand and of the one arriving, and their gradients in the backward (4 × 2·b·(s/CP)·kv_dim/TP elements)", layout.cp)
+            });
+        }
+        let local = local_tokens(model, layout);
         let cpu = self.cluster.device.kind == DeviceKind::Cpu;
         if cpu {
-            let ws = cpu_runtime::workspace_bytes(model, cpu, b, tp, sp);
+            let ws = cpu_runtime::workspace_bytes(&local, cpu, b, tp, sp);
             add(sink, "backward_workspace", "activations", ws, &|| {
                 "the CPU runtime's gradient buffers of one layer's backward for one micro-batch, shared by the stage's layers".into()
             });
@@ -279,7 +286,7 @@ impl<'a> Ctx<'a> {
         if stage == 0 {
             let held =
                 in_flight(layout.schedule, pp, self.microbatches, 1, 0).min(self.microbatches);
-            let bytes = activations::embedding_bytes(model, b, tp, sp) * held as f64;
+            let bytes = activations::embedding_bytes(&local, b, tp, sp) * held as f64;
             add(
                 sink,
                 "embedding_dropout_mask",
@@ -298,7 +305,7 @@ impl<'a> Ctx<'a> {
             } else {
                 1
             };
-            for (name, bytes) in activations::head_terms(model, b, tp, sp) {
+            for (name, bytes) in activations::head_terms(&local, b, tp, sp) {
                 add(sink, name, "activations", bytes * held as f64, &|| {
                     format!("kept for the output layer's backward × {held} micro-batch(es)")
                 });
@@ -335,12 +342,40 @@ pub fn per_layer_act(model: &Model, layout: &Layout) -> f64 {
         )
     };
     let every = layout.recompute_every.max(1) as f64;
-    match layout.recompute {
+    let whole = match layout.recompute {
         Recompute::Full if every > 1.0 => {
             bytes(Recompute::Full) / every + bytes(Recompute::None) * (1.0 - 1.0 / every)
         }
         r => bytes(r),
+    };
+    // Context parallelism: a rank keeps its 1/CP of every tensor's rows (its own tokens; the
+    // eager attention's scores are its s/CP queries against all s keys, 1/CP of them too).
+    whole / layout.cp.max(1) as f64
+}
+
+/// The model as one rank of a context-parallel group sees its tokens: the sequence cut to its
+/// 1/CP share (the model itself where CP is 1). For what scales with the rank's tokens only:
+/// the embedding's and the head's activations, the CPU runtime's backward workspace.
+fn local_tokens<'m>(model: &'m Model, layout: &Layout) -> std::borrow::Cow<'m, Model> {
+    if layout.cp <= 1 {
+        return std::borrow::Cow::Borrowed(model);
     }
+    let mut m = model.clone();
+    m.training.seq_len = model.training.seq_len / layout.cp;
+    std::borrow::Cow::Owned(m)
+}
+
+/// Bytes of context parallelism's ring buffers on a rank: K and V of the block in hand and of
+/// the one arriving, and in the backward their gradients beside them (four blocks of
+/// 2·b·(s/CP)·kv_dim/TP elements). 0 without CP.
+pub fn cp_ring_bytes(model: &Model, layout: &Layout) -> f64 {
+    if layout.cp <= 1 {
+        return 0.0;
+    }
+    let a = &model.architecture;
+    let tokens = layout.micro_batch as f64 * (model.training.seq_len / layout.cp) as f64;
+    let block = 2.0 * tokens * a.kv_dim() as f64 / layout.tp.max(1) as f64;
+    4.0 * block * activations::element_bytes(model)
 }
 
 /// The largest per-device total over all stages, without building the breakdown, for the
@@ -445,7 +480,9 @@ impl StageBytes {
         let act = per_layer_act(model, layout);
         let grow = 1.0 + cluster.overhead.fragmentation;
         let cpu = cluster.device.kind == DeviceKind::Cpu;
-        let mut fixed_all = cpu_runtime::workspace_bytes(model, cpu, b, tp, sp);
+        let local = local_tokens(model, layout);
+        let mut fixed_all =
+            cpu_runtime::workspace_bytes(&local, cpu, b, tp, sp) + cp_ring_bytes(model, layout);
         // The CPU runtime's ZeRO buffers and DP messages, per parameter a rank holds.
         let per_param_bufs = if cpu {
             cpu_runtime::zero_buffers(policy, 1.0, zero, shard, v)
@@ -461,7 +498,7 @@ impl StageBytes {
         }
         let held0 = in_flight(layout.schedule, pp, m, 1, 0).min(m) as f64;
         let first = a.embedding_params_at(tp).per_tp_rank(tp) * bpp
-            + activations::embedding_bytes(model, b, tp, sp) * held0;
+            + activations::embedding_bytes(&local, b, tp, sp) * held0;
         let held_last = if layout.schedule == ScheduleKind::Gpipe {
             m
         } else {
@@ -471,7 +508,7 @@ impl StageBytes {
             .head_params_at(a.tied_embeddings && pp == 1, tp)
             .per_tp_rank(tp)
             * bpp
-            + activations::head_terms(model, b, tp, sp)
+            + activations::head_terms(&local, b, tp, sp)
                 .iter()
                 .map(|(_, x)| x * held_last)
                 .sum::<f64>();
@@ -562,6 +599,7 @@ mod tests {
                     for sp in [false, true] {
                         let l = Layout {
                             dp: 128 / (8 * pp),
+                            cp: 1,
                             pp,
                             tp: 8,
                             micro_batch: 1,

@@ -11,6 +11,11 @@ fn communicators(model: &Model, layout: &Layout, stage: u64) -> Vec<&'static str
     if layout.tp > 1 {
         comms.push("TP");
     }
+    if layout.cp > 1 {
+        // The CP ring, and the gradient group over DP × CP (Megatron-Core's groups).
+        comms.push("CP");
+        comms.push("DP × CP");
+    }
     if layout.dp > 1 {
         comms.push("DP");
         if layout.sharding.hybrid && layout.sharding.zero_stage > 0 {

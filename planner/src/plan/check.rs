@@ -7,7 +7,6 @@ use serde_json::Value;
 use super::{stages_for_split, Plan, Predicted, Stage};
 use crate::error::Diagnostic;
 use crate::layout::{Layout, Rejection};
-use crate::mesh::MESH_ORDER;
 use crate::source::Source;
 
 /// Relative difference below which two stored numbers count as equal (the JSON round trip is
@@ -30,6 +29,7 @@ impl Plan {
         self.job
             .model
             .check()
+            .and_then(|()| self.job.model.plannable())
             .map_err(|p| p.with_fix_of(REPLAN).in_json(src, "job.model"))?;
         self.job
             .cluster
@@ -40,6 +40,7 @@ impl Plan {
             ("parallel.dp", p.dp),
             ("parallel.tp", p.tp),
             ("parallel.pp", p.pp),
+            ("parallel.cp", p.cp),
             ("parallel.micro_batch", p.micro_batch),
             ("parallel.virtual_stages", p.virtual_stages),
         ] {
@@ -55,20 +56,29 @@ impl Plan {
         {
             return Err(contradiction(src, field_of(&why, &layout), why.to_string()));
         }
-        let world = p.dp.checked_mul(p.tp).and_then(|x| x.checked_mul(p.pp));
+        let world =
+            p.dp.checked_mul(p.tp)
+                .and_then(|x| x.checked_mul(p.pp))
+                .and_then(|x| x.checked_mul(p.cp));
         if world != Some(p.world) {
+            let cp = if p.cp != 1 {
+                format!(" × cp {}", p.cp)
+            } else {
+                String::new()
+            };
             return Err(bad(
                 "parallel.world",
                 format!(
-                    "world {} is not dp {} × tp {} × pp {}",
+                    "world {} is not dp {}{cp} × tp {} × pp {}",
                     p.world, p.dp, p.tp, p.pp
                 ),
             ));
         }
-        if p.mesh_order != MESH_ORDER {
+        let order = layout.mesh(cluster).order();
+        if p.mesh_order != order {
             return Err(bad(
                 "parallel.mesh_order",
-                format!("mesh order \"{}\" is not \"{MESH_ORDER}\"", p.mesh_order),
+                format!("mesh order \"{}\" is not \"{order}\"", p.mesh_order),
             ));
         }
         if p.microbatches != layout.microbatches(&self.job.model) {
@@ -283,7 +293,8 @@ fn check_search(alternatives: &[super::Alternative], src: &Source) -> Result<(),
 }
 
 /// The split (layers per virtual stage) that `stages` describe, if their chunks cover
-/// `0..layers` contiguously in virtual-stage order with at least one layer each.
+/// `0..layers` contiguously in virtual-stage order with at least one layer each (interleaved,
+/// the first and last chunk may hold none: only the embedding, only the head).
 fn split_of(stages: &[Stage], layout: &Layout, layers: u64) -> Option<Vec<u64>> {
     // Allocate by what the file lists, never by a count it claims.
     let chunks = usize::try_from(layout.chunks()?).ok()?;
@@ -302,9 +313,11 @@ fn split_of(stages: &[Stage], layout: &Layout, layers: u64) -> Option<Vec<u64>> 
     }
     let mut next = 0;
     let mut split = Vec::with_capacity(chunks);
-    for r in ranges {
+    for (i, r) in ranges.into_iter().enumerate() {
         let [start, end] = r?;
-        if start != next || end <= start {
+        // Interleaved, the first chunk may hold only the embedding and the last only the head.
+        let may_be_empty = layout.virtual_stages > 1 && (i == 0 || i + 1 == chunks);
+        if start != next || end < start || (end == start && !may_be_empty) {
             return None;
         }
         split.push(end - start);

@@ -81,6 +81,7 @@ const PARALLEL_ORDER: &[&str] = &[
     "dp",
     "tp",
     "pp",
+    "cp",
     "mesh_order",
     "micro_batch",
     "microbatches",
@@ -241,10 +242,11 @@ pub fn diff(a: &Plan, b: &Plan) -> PlanDiff {
         b.job.parameters,
     );
 
-    // plan.json leaves `recompute_every` out when it is 1; its rows show the value, not "-".
+    // plan.json leaves `recompute_every` and `cp` out when 1; their rows show the value, not "-".
     let layout = |p: &super::Parallel| {
         let mut v = json(p);
         v["recompute_every"] = p.recompute_every.into();
+        v["cp"] = p.cp.into();
         v
     };
     let (pa, pb) = (layout(&a.parallel), layout(&b.parallel));

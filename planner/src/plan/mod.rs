@@ -64,7 +64,12 @@ pub struct Parallel {
     pub dp: u64,
     pub tp: u64,
     pub pp: u64,
-    /// Rank order, fastest-varying first: `tp-dp-pp`, i.e. rank = tp + TP·(dp + DP·pp).
+    /// Context-parallel degree: each sequence is cut into 2·CP chunks, CP rank i holding
+    /// chunks i and 2·CP−1−i (Megatron-Core's ring attention). Absent means 1.
+    #[serde(default = "one", skip_serializing_if = "is_one")]
+    pub cp: u64,
+    /// Rank order, fastest-varying first: `tp-dp-pp`, i.e. rank = tp + TP·(dp + DP·pp), or
+    /// with context parallelism `tp-cp-dp-pp`, rank = tp + TP·(cp + CP·(dp + DP·pp)).
     pub mesh_order: String,
     /// Sequences per micro-batch.
     pub micro_batch: u64,
@@ -259,11 +264,16 @@ pub struct Alternative {
 impl Parallel {
     pub fn from_layout(l: &Layout, model: &Model) -> Parallel {
         Parallel {
-            world: l.dp * l.pp * l.tp,
+            world: l.dp * l.cp * l.pp * l.tp,
             dp: l.dp,
             tp: l.tp,
             pp: l.pp,
-            mesh_order: MESH_ORDER.to_string(),
+            cp: l.cp,
+            mesh_order: if l.cp > 1 {
+                crate::mesh::MESH_ORDER_CP.to_string()
+            } else {
+                MESH_ORDER.to_string()
+            },
             micro_batch: l.micro_batch,
             microbatches: l.microbatches(model),
             zero_stage: l.sharding.zero_stage,
@@ -282,6 +292,7 @@ impl Parallel {
             dp: self.dp,
             pp: self.pp,
             tp: self.tp,
+            cp: self.cp,
             micro_batch: self.micro_batch,
             sharding: Sharding {
                 zero_stage: self.zero_stage,

@@ -32,7 +32,7 @@ use crate::schedule::ScheduleKind;
 use crate::spec::Cluster;
 
 /// The ordering rule, stated in the output and in plan.json.
-pub const ORDERING: &str = "fastest predicted step time first (simulated pipeline makespan + exposed DP sync + optimizer step); among layouts within 2% of the fastest, least-complex-first: PP=1 before PP>1, TP inside a node, smaller TP, lower ZeRO stage, less recompute, no SP, gpipe < 1f1b < interleaved, larger micro-batch";
+pub const ORDERING: &str = "fastest predicted step time first (simulated pipeline makespan + exposed DP sync + optimizer step); among layouts within 2% of the fastest, least-complex-first: PP=1 before PP>1, TP inside a node, smaller TP, smaller CP, lower ZeRO stage, less recompute, no SP, gpipe < 1f1b < interleaved, larger micro-batch";
 
 /// Layouts whose step time is within this fraction of the fastest count as a tie.
 pub const NEAR_TIE: f64 = 0.02;
@@ -43,6 +43,8 @@ pub struct Pins {
     pub dp: Option<u64>,
     pub pp: Option<u64>,
     pub tp: Option<u64>,
+    /// Context parallelism (unpinned: 1, or more where the sequence is long).
+    pub cp: Option<u64>,
     pub micro_batch: Option<u64>,
     pub zero: Option<u8>,
     pub hybrid: Option<bool>,
@@ -52,6 +54,23 @@ pub struct Pins {
     pub sp: Option<bool>,
     pub schedule: Option<ScheduleKind>,
     pub virtual_stages: Option<u64>,
+    /// Layers of the first and last pipeline stages (Megatron-Core's
+    /// `--decoder-first-pipeline-num-layers` and `--decoder-last-pipeline-num-layers`).
+    pub stage_layers: StageLayers,
+}
+
+/// Pinned layer counts of the end stages of a pipeline; the middle stages share the rest
+/// evenly. Unpinned, the split is the search's own (see [`assess`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+pub struct StageLayers {
+    pub first: Option<u64>,
+    pub last: Option<u64>,
+}
+
+impl StageLayers {
+    pub fn is_pinned(&self) -> bool {
+        self.first.is_some() || self.last.is_some()
+    }
 }
 
 /// A layout that fits: its split, its peak memory per device and its predicted step time.
@@ -100,6 +119,8 @@ impl Default for SearchOptions {
 pub struct RejectionGroup {
     pub count: u64,
     pub example: String,
+    /// The example's fix, where its rule names one.
+    pub fix: Option<String>,
 }
 
 /// What the search found.
@@ -133,6 +154,7 @@ fn complexity(l: &Layout, cluster: &Cluster) -> impl Ord {
         l.pp,
         crosses,
         l.tp,
+        l.cp,
         l.sharding.zero_stage,
         l.sharding.hybrid,
         l.recompute,
@@ -154,8 +176,8 @@ pub struct Assessed {
     pub evaluation: Option<Evaluation>,
 }
 
-/// Splits `layout`'s layers over its stages and costs it. Interleaved layouts keep Megatron's
-/// equal chunks; others get the balanced split of `partition` under each stage's memory cap.
+/// Splits `layout`'s layers over its stages and costs it (no pinned end stages: see
+/// [`assess_pinned`]).
 pub fn assess(
     model: &Model,
     cluster: &Cluster,
@@ -163,45 +185,105 @@ pub fn assess(
     links: &Links,
     options: Options,
 ) -> Assessed {
+    assess_pinned(
+        model,
+        cluster,
+        layout,
+        links,
+        options,
+        StageLayers::default(),
+    )
+}
+
+/// Splits `layout`'s layers over its stages and costs it.
+///
+/// - Pinned end stages ([`StageLayers`]) fix the first and last stage; the middle stages
+///   share the rest evenly ([`pins::stage_layers`]).
+/// - Interleaved layouts whose layers divide into the chunks keep Megatron's equal chunks
+///   (`--num-layers-per-virtual-pipeline-stage`, what the published runs used).
+/// - Otherwise the stages get the balanced split of `partition` under each stage's memory
+///   cap, the embedding's time on the first stage and the head's on the last. Interleaved,
+///   each stage then spreads its layers over its chunks ([`Layout::chunk_split`]), the first
+///   chunk of the first stage and the last of the last the ones left short: where the
+///   chunks outnumber the layers, they hold only the embedding and the head (Llama 3).
+pub fn assess_pinned(
+    model: &Model,
+    cluster: &Cluster,
+    layout: &Layout,
+    links: &Links,
+    options: Options,
+    ends: StageLayers,
+) -> Assessed {
     let layers = model.architecture.layers;
     let pp = layout.pp as usize;
+    let v = layout.virtual_stages;
     let capacity = cluster.memory_bytes();
     let mem = StageBytes::new(model, cluster, layout);
     let times = cost::layer_times(model, cluster, layout, links, options);
     // Under full recompute of every N-th layer, chunks hold whole groups of N layers, so that
     // each recomputes what the plan charges (`pins::unit`; 1 otherwise).
     let unit = pins::unit(model, layout).unwrap_or(1);
-    let even: Vec<u64> = layout
-        .split_layers(layers / unit)
-        .into_iter()
-        .map(|n| n * unit)
-        .collect();
+    let pinned = if ends.is_pinned() {
+        pins::stage_layers(model, layout, ends).ok()
+    } else {
+        None
+    };
+    let even: Vec<u64> = match &pinned {
+        Some(per) => layout.chunk_split(per),
+        None => layout
+            .split_layers(layers / unit)
+            .into_iter()
+            .map(|n| n * unit)
+            .collect(),
+    };
     let per_stage = |split: &[u64]| -> Vec<u64> {
         (0..pp)
-            .map(|s| {
-                (0..layout.virtual_stages as usize)
-                    .map(|c| split[c * pp + s])
-                    .sum()
-            })
+            .map(|s| (0..v as usize).map(|c| split[c * pp + s]).sum())
             .collect()
     };
-    let split = if layout.virtual_stages == 1 && pp > 1 {
+    let fits_as_is = |split: &[u64]| {
+        let per = per_stage(split);
+        mem.peak(&per) <= capacity && (0..pp).all(|s| per[s] <= mem.max_layers(s, capacity))
+    };
+    let equal_chunks = layout.chunks().is_some_and(|c| layers.is_multiple_of(c));
+    let split = if pinned.is_some() || (v > 1 && equal_chunks) || pp == 1 {
+        fits_as_is(&even).then(|| even.clone())
+    } else {
         let mut extra = vec![0.0; pp];
         extra[0] += times.embedding.fwd.total() + times.embedding.bwd.total();
         extra[pp - 1] += times.head.fwd.total() + times.head.bwd.total();
-        partition::balance(&partition::Problem {
-            layers: layers / unit,
-            layer_time: vec![times.per_layer() * unit as f64; pp],
-            extra_time: extra,
-            max_layers: (0..pp)
-                .map(|s| mem.max_layers(s, capacity) / unit)
-                .collect(),
+        // Interleaved, a middle stage holds at least one layer per chunk and an end stage
+        // one fewer (its end chunk may hold only the embedding or the head).
+        let least: Vec<u64> = (0..pp)
+            .map(|s| {
+                if v == 1 {
+                    1
+                } else {
+                    v - u64::from(s == 0 || s == pp - 1)
+                }
+            })
+            .collect();
+        let layer_time = times.per_layer() * unit as f64;
+        balance_at_least(
+            &partition::Problem {
+                layers: layers / unit,
+                layer_time: vec![layer_time; pp],
+                extra_time: extra,
+                max_layers: (0..pp)
+                    .map(|s| mem.max_layers(s, capacity) / unit)
+                    .collect(),
+            },
+            &least.iter().map(|n| n.div_ceil(unit)).collect::<Vec<_>>(),
+        )
+        .map(|per| {
+            let per: Vec<u64> = per.into_iter().map(|n| n * unit).collect();
+            if v == 1 {
+                per
+            } else {
+                layout.chunk_split(&per)
+            }
         })
-        .map(|split| split.into_iter().map(|n| n * unit).collect())
-    } else {
-        let peak = mem.peak(&per_stage(&even));
-        (peak <= capacity && (0..pp).all(|s| per_stage(&even)[s] <= mem.max_layers(s, capacity)))
-            .then(|| even.clone())
+        .filter(|split| v == 1 || fits_as_is(split))
     };
     match split {
         None => Assessed {
@@ -220,6 +302,26 @@ pub fn assess(
             }
         }
     }
+}
+
+/// [`partition::balance`] with at least `least[s]` layers on stage `s` (every entry ≥ 1):
+/// stage `s` is given `least[s] − 1` layers up front, as extra time, and the balance places
+/// the rest with at least one each.
+fn balance_at_least(p: &partition::Problem, least: &[u64]) -> Option<Vec<u64>> {
+    let upfront: Vec<u64> = least.iter().map(|n| n.saturating_sub(1)).collect();
+    let given = upfront.iter().try_fold(0u64, |a, n| a.checked_add(*n))?;
+    let q = partition::Problem {
+        layers: p.layers.checked_sub(given)?,
+        layer_time: p.layer_time.clone(),
+        extra_time: (0..least.len())
+            .map(|s| p.extra_time[s] + upfront[s] as f64 * p.layer_time[s])
+            .collect(),
+        max_layers: (0..least.len())
+            .map(|s| p.max_layers[s].saturating_sub(upfront[s]))
+            .collect(),
+    };
+    let split = partition::balance(&q)?;
+    Some(split.iter().zip(&upfront).map(|(n, u)| n + u).collect())
 }
 
 /// A layout's split, peak memory and simulated prediction, whether or not it fits (a layout
@@ -304,6 +406,7 @@ pub fn search_with(
             let group = RejectionGroup {
                 count: *layouts,
                 example: e.to_string(),
+                fix: None,
             };
             SearchResult {
                 fits: Vec::new(),
@@ -336,12 +439,13 @@ pub fn search_checked(
     let mut closest_miss: Option<Candidate> = None;
     let mut links: HashMap<(u64, u64, u64), Links> = HashMap::new();
     // The example is written only for the first layout of each group.
-    let mut reject = |key: &str, example: &dyn Fn() -> String| {
+    let mut reject = |key: &str, example: &dyn Fn() -> String, fix: Option<&String>| {
         let g = rejected
             .entry(key.to_string())
             .or_insert_with(|| RejectionGroup {
                 count: 0,
                 example: example(),
+                fix: fix.cloned(),
             });
         g.count += 1;
     };
@@ -349,15 +453,23 @@ pub fn search_checked(
         if let Err(why) = layout
             .check(model, cluster)
             .and_then(|()| pins::effective(&layout, model, cluster))
+            .and_then(|()| match pins.stage_layers.is_pinned() {
+                true => pins::stage_layers(model, &layout, pins.stage_layers).map(|_| ()),
+                false => Ok(()),
+            })
         {
-            reject(why.rule, &|| format!("{}: {why}", layout.label()));
+            reject(
+                why.rule,
+                &|| format!("{}: {why}", layout.label()),
+                why.fix.as_ref(),
+            );
             return;
         }
         evaluated += 1;
         let l = links
             .entry((layout.dp, layout.pp, layout.tp))
             .or_insert_with(|| Links::new(cluster, &layout.mesh(cluster)));
-        let a = assess(model, cluster, &layout, l, options.cost);
+        let a = assess_pinned(model, cluster, &layout, l, options.cost, pins.stage_layers);
         let c = Candidate {
             layout,
             peak_bytes: a.peak_bytes,
@@ -372,14 +484,18 @@ pub fn search_checked(
         if a.fits {
             fits.push(c);
         } else {
-            reject("does not fit in device memory", &|| {
-                format!(
-                    "{}: needs {} per device, has {}",
-                    c.layout.label(),
-                    crate::units::bytes(c.peak_bytes as f64),
-                    crate::units::bytes(cluster.memory_bytes())
-                )
-            });
+            reject(
+                "does not fit in device memory",
+                &|| {
+                    format!(
+                        "{}: needs {} per device, has {}",
+                        c.layout.label(),
+                        crate::units::bytes(c.peak_bytes as f64),
+                        crate::units::bytes(cluster.memory_bytes())
+                    )
+                },
+                None,
+            );
             if closest_miss
                 .as_ref()
                 .is_none_or(|m| c.peak_bytes < m.peak_bytes)

@@ -17,10 +17,11 @@ pub const RECOMPUTE_EVERY_SPLIT: &str =
     "recompute of every N-th layer needs every model chunk to hold a multiple of N layers";
 
 /// Every rule of [`effective`].
-pub const RULES: [&str; 3] = [
+pub const RULES: [&str; 4] = [
     HYBRID_WITHOUT_ZERO,
     HYBRID_IN_ONE_NODE,
     RECOMPUTE_EVERY_SPLIT,
+    STAGE_LAYERS,
 ];
 
 /// Whether every knob of `layout` takes effect (see the module documentation); the broken
@@ -118,4 +119,95 @@ pub fn split_recomputes_as_charged(layout: &Layout, split: &[u64]) -> Result<(),
             ))
         }
     }
+}
+
+/// The rule name of pinned end-stage layer counts that cannot be built.
+pub const STAGE_LAYERS: &str = "pinned first/last stage layers cannot be split";
+
+/// Layers per pipeline stage under pinned end stages: the first and last stages as pinned,
+/// the middle stages (or the unpinned end with them) sharing the rest evenly, the later
+/// stages taking the remainder. Interleaved, every stage holds at least one layer per chunk,
+/// except that an end stage may be one short (its end chunk holding only the embedding or
+/// the head); otherwise at least one layer.
+pub fn stage_layers(
+    model: &Model,
+    layout: &Layout,
+    ends: super::StageLayers,
+) -> Result<Vec<u64>, Rejection> {
+    let layers = model.architecture.layers;
+    let (pp, v) = (layout.pp, layout.virtual_stages.max(1));
+    let flags = match (ends.first, ends.last) {
+        (Some(f), Some(l)) => format!("--first-stage-layers {f} --last-stage-layers {l}"),
+        (Some(f), None) => format!("--first-stage-layers {f}"),
+        (None, Some(l)) => format!("--last-stage-layers {l}"),
+        (None, None) => String::new(),
+    };
+    let fail = |detail: String, fix: String| {
+        Err(Rejection::new(STAGE_LAYERS, format!("{flags}: {detail}")).with_fix(fix))
+    };
+    if pp < 2 {
+        return fail(
+            format!("PP {pp} has no first and last stage to pin"),
+            "pin --pp 2 or more, or drop the stage pins".into(),
+        );
+    }
+    let end_least = if v > 1 { v - 1 } else { 1 };
+    for (name, n) in [("first", ends.first), ("last", ends.last)] {
+        if let Some(n) = n.filter(|n| *n < end_least) {
+            return fail(
+                format!("the {name} stage holds {n} layers, fewer than its {v} chunks allow (at least {end_least}: one per chunk, its end chunk may hold only the {})", if name == "first" { "embedding" } else { "head" }),
+                format!("pin --{name}-stage-layers {end_least} or more, or fewer virtual stages"),
+            );
+        }
+    }
+    let pinned: u64 = ends
+        .first
+        .unwrap_or(0)
+        .saturating_add(ends.last.unwrap_or(0));
+    let shared = pp - u64::from(ends.first.is_some()) - u64::from(ends.last.is_some());
+    let Some(rest) = layers.checked_sub(pinned) else {
+        return fail(
+            format!("the end stages take {pinned} layers, more than the model's {layers}"),
+            format!("pin fewer layers on the end stages (together at most {layers})"),
+        );
+    };
+    let mut per = vec![0u64; pp as usize];
+    match rest.checked_div(shared) {
+        None if rest != 0 => {
+            return fail(
+                format!("PP {pp} has no middle stage, and the end stages hold {pinned} of the {layers} layers"),
+                format!("pin end stages that add up to {layers}, or pin only one of them"),
+            );
+        }
+        None => {}
+        Some(base) => {
+            let extra = rest % shared;
+            let least = if v > 1 { v } else { 1 };
+            if base < least {
+                return fail(
+                format!(
+                    "the {rest} layers left for the other {shared} stages give {base} to some of them, fewer than {least} (one per chunk, PP {pp} × virtual stages {v})"
+                ),
+                format!(
+                    "pin fewer layers on the end stages (at most {} together), or fewer virtual stages",
+                    layers.saturating_sub(shared * least)
+                ),
+            );
+            }
+            let first_shared = u64::from(ends.first.is_some());
+            for i in 0..shared {
+                per[(first_shared + i) as usize] = base + u64::from(i >= shared - extra);
+            }
+        }
+    }
+    if let Some(f) = ends.first {
+        per[0] = f;
+    }
+    if let Some(l) = ends.last {
+        per[pp as usize - 1] = l;
+    }
+    if let Err(why) = split_recomputes_as_charged(layout, &layout.chunk_split(&per)) {
+        return fail(why, "pin end stages whose chunks hold multiples of the recompute interval, or drop --recompute-every".into());
+    }
+    Ok(per)
 }

@@ -61,8 +61,13 @@ fn pick<T: Copy>(pin: Option<T>, all: Vec<T>) -> Vec<T> {
 }
 
 /// Schedule and virtual-stage choices for `pp` stages. With PP = 1 the schedule does not
-/// matter, so only 1F1B is tried (unless pinned); interleaving tries v chunks that split the
-/// layers evenly.
+/// matter, so only 1F1B is tried (unless pinned); interleaving tries the v of 2 to 8 chunks
+/// per stage that split the layers evenly (Megatron's default), and where none does, the v
+/// that split them evenly once the embedding, or the embedding and the loss, count as a layer
+/// (Megatron-Core's `account_for_embedding_in_pipeline_split` and `…_loss_…`: Llama 3's 126
+/// layers on 16 × 8 chunks; the split itself is the balanced one of `assess`). Where no v is
+/// left under a pinned interleaved schedule, v = 2 stands in, so that [`Layout::check`] says
+/// why it cannot be built. A pinned v is tried as given.
 pub(super) fn schedules(layers: u64, pp: u64, pins: &Pins) -> Vec<(ScheduleKind, u64)> {
     let kinds = match pins.schedule {
         Some(k) => vec![k],
@@ -73,11 +78,24 @@ pub(super) fn schedules(layers: u64, pp: u64, pins: &Pins) -> Vec<(ScheduleKind,
     for kind in kinds {
         match (kind, pins.virtual_stages) {
             (_, Some(v)) => out.push((kind, v)),
-            (ScheduleKind::Interleaved, None) => out.extend(
-                (2..=8)
-                    .filter(|v| pp.checked_mul(*v).is_some_and(|c| layers.is_multiple_of(c)))
-                    .map(|v| (kind, v)),
-            ),
+            (ScheduleKind::Interleaved, None) => {
+                let divides =
+                    |n: u64, v: &u64| pp.checked_mul(*v).is_some_and(|c| n.is_multiple_of(c));
+                let mut vs: Vec<u64> = (2..=8).filter(|v| divides(layers, v)).collect();
+                if vs.is_empty() {
+                    vs = (2..=8)
+                        .filter(|v| {
+                            divides(layers.saturating_add(1), v)
+                                || divides(layers.saturating_add(2), v)
+                        })
+                        .collect();
+                }
+                if vs.is_empty() && pins.schedule == Some(kind) {
+                    out.push((kind, 2));
+                } else {
+                    out.extend(vs.into_iter().map(|v| (kind, v)));
+                }
+            }
             (_, None) => out.push((kind, 1)),
         }
     }
@@ -140,6 +158,26 @@ impl<'a> Lists<'a> {
             divisors::up_to(&self.devices, n)
         };
         pick(self.pins.tp, all)
+    }
+
+    /// Context-parallel degrees for `tp`: 1, and where the sequence is long, every CP that
+    /// splits it into 2·CP equal chunks and leaves each rank at least [`CP_MIN_TOKENS`].
+    fn cps(&mut self, tp: u64) -> Vec<u64> {
+        if let Some(cp) = self.pins.cp {
+            return vec![cp];
+        }
+        let s = self.model.training.seq_len;
+        let rest = self.cluster.devices / tp.max(1);
+        if s < 2 * CP_MIN_TOKENS {
+            return vec![1];
+        }
+        let Some(f) = self.factors(rest) else {
+            return vec![1];
+        };
+        divisors::up_to(&f, rest.min(s / CP_MIN_TOKENS))
+            .into_iter()
+            .filter(|&c| c == 1 || s.is_multiple_of(2 * c))
+            .collect()
     }
 
     fn pps(&mut self, tp: u64) -> Option<Vec<u64>> {
@@ -221,37 +259,41 @@ pub(super) fn for_each_layout(
     let layers = model.architecture.layers;
     let (zeros, recomputes) = (lists.zeros(), lists.recomputes());
     for tp in lists.tps() {
-        for pp in lists.pps(tp).unwrap_or_default() {
-            let schedules = schedules(layers, pp, pins);
-            if schedules.is_empty() {
-                continue; // no layout (interleaving pinned, no v splits the layers)
-            }
-            let dp = lists.dp(tp, pp);
-            let mbs = lists.mbs(dp).unwrap_or_default();
-            let sps = lists.sps(tp);
-            for &micro_batch in &mbs {
-                for &(schedule, virtual_stages) in &schedules {
-                    for &zero_stage in &zeros {
-                        for hybrid in lists.hybrids(zero_stage, dp) {
-                            for &recompute in &recomputes {
-                                for &sequence_parallel in &sps {
-                                    f(Layout {
-                                        dp,
-                                        pp,
-                                        tp,
-                                        micro_batch,
-                                        sharding: Sharding { zero_stage, hybrid },
-                                        recompute,
-                                        recompute_every: match recompute {
-                                            Recompute::Full => {
-                                                lists.pins.recompute_every.unwrap_or(1)
-                                            }
-                                            _ => 1,
-                                        },
-                                        sequence_parallel,
-                                        schedule,
-                                        virtual_stages,
-                                    });
+        for cp in lists.cps(tp) {
+            let tcp = tp.saturating_mul(cp);
+            for pp in lists.pps(tcp).unwrap_or_default() {
+                let schedules = schedules(layers, pp, pins);
+                if schedules.is_empty() {
+                    continue; // no layout (interleaving pinned, no v splits the layers)
+                }
+                let dp = lists.dp(tcp, pp);
+                let mbs = lists.mbs(dp).unwrap_or_default();
+                let sps = lists.sps(tp);
+                for &micro_batch in &mbs {
+                    for &(schedule, virtual_stages) in &schedules {
+                        for &zero_stage in &zeros {
+                            for hybrid in lists.hybrids(zero_stage, dp) {
+                                for &recompute in &recomputes {
+                                    for &sequence_parallel in &sps {
+                                        f(Layout {
+                                            dp,
+                                            cp,
+                                            pp,
+                                            tp,
+                                            micro_batch,
+                                            sharding: Sharding { zero_stage, hybrid },
+                                            recompute,
+                                            recompute_every: match recompute {
+                                                Recompute::Full => {
+                                                    lists.pins.recompute_every.unwrap_or(1)
+                                                }
+                                                _ => 1,
+                                            },
+                                            sequence_parallel,
+                                            schedule,
+                                            virtual_stages,
+                                        });
+                                    }
                                 }
                             }
                         }
@@ -285,46 +327,53 @@ pub fn count_layouts(model: &Model, cluster: &Cluster, pins: &Pins) -> SpaceSize
     let (mut layouts, mut pairs, mut complete) = (0u64, 0u64, true);
     let mut most = [0u64; 4]; // PP, micro-batch, schedule, hybrid
     let mut any_tp_above_1 = false;
+    let mut most_cp = 1u64;
     'count: for &tp in &tps {
-        let Some(pps) = lists.pps(tp) else {
-            complete = false;
-            break;
-        };
-        most[0] = most[0].max(pps.len() as u64);
-        for pp in pps {
-            pairs += 1;
-            if pairs > MAX_PAIRS {
-                complete = false;
-                break 'count;
-            }
-            let dp = lists.dp(tp, pp);
-            let Some(mbs) = lists.mb_count(dp) else {
+        let cps = lists.cps(tp);
+        most_cp = most_cp.max(cps.len() as u64);
+        for cp in cps {
+            let tcp = tp.saturating_mul(cp);
+            let Some(pps) = lists.pps(tcp) else {
                 complete = false;
                 break 'count;
             };
-            let schedules = schedules(layers, pp, pins).len() as u64;
-            let hybrids: Vec<u64> = zeros
+            most[0] = most[0].max(pps.len() as u64);
+            for pp in pps {
+                pairs += 1;
+                if pairs > MAX_PAIRS {
+                    complete = false;
+                    break 'count;
+                }
+                let dp = lists.dp(tcp, pp);
+                let Some(mbs) = lists.mb_count(dp) else {
+                    complete = false;
+                    break 'count;
+                };
+                let schedules = schedules(layers, pp, pins).len() as u64;
+                let hybrids: Vec<u64> = zeros
+                    .iter()
+                    .map(|z| lists.hybrids(*z, dp).len() as u64)
+                    .collect();
+                most[1] = most[1].max(mbs);
+                most[2] = most[2].max(schedules);
+                most[3] = most[3].max(hybrids.iter().copied().max().unwrap_or(1));
+                any_tp_above_1 |= tp > 1;
+                let here = [
+                    schedules,
+                    hybrids.iter().sum(),
+                    recomputes,
+                    lists.sps(tp).len() as u64,
+                ]
                 .iter()
-                .map(|z| lists.hybrids(*z, dp).len() as u64)
-                .collect();
-            most[1] = most[1].max(mbs);
-            most[2] = most[2].max(schedules);
-            most[3] = most[3].max(hybrids.iter().copied().max().unwrap_or(1));
-            any_tp_above_1 |= tp > 1;
-            let here = [
-                schedules,
-                hybrids.iter().sum(),
-                recomputes,
-                lists.sps(tp).len() as u64,
-            ]
-            .iter()
-            .fold(mbs, |a, x| a.saturating_mul(*x));
-            layouts = layouts.saturating_add(here);
+                .fold(mbs, |a, x| a.saturating_mul(*x));
+                layouts = layouts.saturating_add(here);
+            }
         }
     }
     let p = pins;
     let knobs = [
         ("--tp", p.tp.is_none(), tps.len() as u64),
+        ("--cp", p.cp.is_none(), most_cp),
         ("--pp", p.pp.is_none(), most[0]),
         ("--micro-batch", p.micro_batch.is_none(), most[1]),
         (
@@ -381,3 +430,9 @@ pub fn check_size(model: &Model, cluster: &Cluster, pins: &Pins) -> Result<Space
         narrow,
     })
 }
+
+/// The fewest tokens per rank the search leaves under context parallelism: Llama 3 trained at
+/// 131,072 tokens with CP 16, 8,192 per rank (Dubey et al. 2024, Table 4), and at 8,192
+/// tokens without CP. Shorter sequences are searched without CP; a pinned `--cp` is tried as
+/// given.
+pub const CP_MIN_TOKENS: u64 = 8192;

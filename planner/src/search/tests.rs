@@ -125,6 +125,7 @@ fn candidate(tp: u64, p: Prediction) -> Candidate {
     Candidate {
         layout: Layout {
             dp: 128 / tp,
+            cp: 1,
             pp: 1,
             tp,
             micro_batch: 1,

@@ -20,7 +20,7 @@ pub struct Problem {
 }
 
 impl Problem {
-    fn new(field: &str, problem: impl Into<String>, fix: impl Into<String>) -> Problem {
+    pub(crate) fn new(field: &str, problem: impl Into<String>, fix: impl Into<String>) -> Problem {
         Problem {
             field: field.to_string(),
             problem: problem.into(),
@@ -327,6 +327,8 @@ impl Model {
         ] {
             count(field, v)?;
         }
+        // Mixture of experts and MLA first: MLA's rules name its own keys (spec/moe.rs).
+        super::moe::check_architecture(a)?;
         if !a.heads.is_multiple_of(a.kv_heads) {
             return Err(Problem::new(
                 "architecture.kv_heads",

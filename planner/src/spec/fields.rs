@@ -92,6 +92,34 @@ impl<'a> Fields<'a> {
             .transpose()
     }
 
+    /// An optional integer that may be zero but not negative.
+    pub fn opt_nonneg_int(
+        &self,
+        table: &str,
+        field: &str,
+        v: &Field<i64>,
+    ) -> Result<Option<u64>, Diagnostic> {
+        v.as_ref()
+            .map(|s| {
+                let value = *s.get_ref();
+                if value < 0 {
+                    return Err(self.err(
+                        Some(s.span()),
+                        &dotted(table, field),
+                        format!("must be zero or a positive integer, found {value}"),
+                        format!("set `{field}` to 0 or more"),
+                    ));
+                }
+                Ok(value as u64)
+            })
+            .transpose()
+    }
+
+    /// An optional boolean.
+    pub fn opt_bool(&self, v: &Field<bool>) -> Option<bool> {
+        v.as_ref().map(|s| *s.get_ref())
+    }
+
     fn check_pos(&self, table: &str, field: &str, s: &Spanned<i64>) -> Result<u64, Diagnostic> {
         let value = *s.get_ref();
         if value <= 0 {

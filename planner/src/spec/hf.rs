@@ -1,10 +1,13 @@
-//! A Hugging Face `config.json` as a model spec (Llama, Mistral, Qwen2 and GPT-2 families).
+//! A Hugging Face `config.json` as a model spec (Llama, Mistral, Qwen2 and GPT-2 families, and
+//! the mixture-of-experts Mixtral, Qwen2-MoE, Qwen3-MoE and DeepSeek-V3, which are read and
+//! counted but not planned yet).
 //!
 //! The training settings are not in such a file; they come from `--seq-len` and
 //! `--global-batch`. Only the architecture keys that change the plan are read.
 
 use serde_json::Value;
 
+use super::check::Problem;
 use super::model::TrainingOverrides;
 use crate::error::Diagnostic;
 use crate::model::{AttentionImpl, Model, Training};
@@ -33,7 +36,7 @@ pub fn parse_hf_config(src: &Source, over: TrainingOverrides) -> Result<Model, D
             return Err(err(
                 "model_type",
                 format!("must be a string, found {other}"),
-                "set \"model_type\" to the family name: llama, mistral, qwen2 or gpt2".into(),
+                format!("set \"model_type\" to the family name: {}", keys::SUPPORTED),
             )
             .at(src.json_key("model_type")))
         }
@@ -41,28 +44,28 @@ pub fn parse_hf_config(src: &Source, over: TrainingOverrides) -> Result<Model, D
             return Err(err(
                 "model_type",
                 "required key `model_type` is missing: it names the model family".into(),
-                "add \"model_type\": \"llama\" (or mistral, qwen2, gpt2) to the config".into(),
+                format!(
+                    "add \"model_type\": \"llama\" (or another of {}) to the config",
+                    keys::SUPPORTED
+                ),
             ))
         }
     };
-    let family = match model_type.as_str() {
-        "llama" => Family::Llama,
-        "mistral" => Family::Mistral,
-        "qwen2" => Family::Qwen2,
-        "gpt2" => Family::Gpt2,
-        "mixtral" | "qwen2_moe" | "deepseek_v2" | "deepseek_v3" => {
+    let family = match Family::of(&model_type) {
+        Some(f) => f,
+        None if model_type == "deepseek_v2" => {
             return Err(err(
                 "model_type",
-                format!("\"{model_type}\" is a mixture-of-experts model, which is not supported yet: the memory and cost models, the search and the runtime are for dense layers"),
-                "plan a dense model (llama, mistral, qwen2, gpt2)".into(),
+                "\"deepseek_v2\" (DeepSeek-V2's MLA and mixture of experts) is not read: its router (softmax, group-limited greedy, no score bias) differs from DeepSeek-V3's, which is".into(),
+                "write a TOML model spec with [architecture.mla] and the MoE keys (specs/README.md)".into(),
             )
             .at(src.json_key("model_type")))
         }
-        other => {
+        None => {
             return Err(err(
                 "model_type",
-                format!("unsupported model_type \"{other}\""),
-                "use a llama, mistral, qwen2 or gpt2 config, or write a TOML model spec (specs/README.md)".into(),
+                format!("unsupported model_type \"{model_type}\""),
+                format!("use a config of model_type {}, or write a TOML model spec (specs/README.md)", keys::SUPPORTED),
             )
             .at(src.json_key("model_type")))
         }
@@ -133,4 +136,26 @@ pub fn parse_hf_config(src: &Source, over: TrainingOverrides) -> Result<Model, D
         }
     })?;
     Ok(model)
+}
+
+/// The diagnostic of a rule a config's resolved model breaks ([`Model::plannable`]), at the
+/// config key the field was read from.
+pub(super) fn locate(src: &Source, p: Problem) -> Diagnostic {
+    let v: Value = serde_json::from_str(&src.text).unwrap_or(Value::Null);
+    let model_type = v.get("model_type").and_then(Value::as_str).unwrap_or("");
+    let keys = Keys {
+        src,
+        v: &v,
+        model_type,
+    };
+    match Family::of(model_type).and_then(|f| keys.key_of(&p.field, f)) {
+        Some(key) => Diagnostic::new(
+            &src.path,
+            key,
+            p.problem,
+            format!("{} (in the config: \"{key}\")", p.fix),
+        )
+        .at(src.json_key(key)),
+        None => p.in_json(src, ""),
+    }
 }

@@ -8,6 +8,7 @@ mod cluster;
 mod fields;
 mod hf;
 mod model;
+mod moe;
 mod optim;
 
 pub use check::Problem;
@@ -17,6 +18,7 @@ pub use cluster::{
 };
 pub use hf::parse_hf_config;
 pub use model::{parse_model_toml, TrainingOverrides, DEFAULT_VOCAB_DIVISIBLE_BY};
+pub use moe::DEFAULT_ROUTER_AUX_LOSS_COEF;
 
 use std::path::Path;
 
@@ -24,13 +26,38 @@ use crate::error::Diagnostic;
 use crate::model::Model;
 use crate::source::Source;
 
-/// Loads a model spec: a TOML spec, or a Hugging Face `config.json` (by extension `.json`).
+/// Loads a model spec to plan or run: a TOML spec, or a Hugging Face `config.json` (by
+/// extension `.json`). A model that is read but cannot be planned yet (mixture-of-experts, MLA:
+/// [`Model::plannable`]) is refused here, naming the spec's key and giving its counts.
 pub fn load_model(path: &Path, over: TrainingOverrides) -> Result<Model, Diagnostic> {
     let src = Source::read(path)?;
-    if path.extension().is_some_and(|e| e == "json") {
-        parse_hf_config(&src, over)
+    let model = parse(path, &src, over)?;
+    if let Err(p) = model.plannable() {
+        return Err(if is_json(path) {
+            hf::locate(&src, p)
+        } else {
+            p.in_toml(&src)
+        });
+    }
+    Ok(model)
+}
+
+/// Reads a model spec as [`load_model`] does, mixture-of-experts and MLA models included: for
+/// their exact parameter counts, not for a plan.
+pub fn read_model(path: &Path, over: TrainingOverrides) -> Result<Model, Diagnostic> {
+    let src = Source::read(path)?;
+    parse(path, &src, over)
+}
+
+fn is_json(path: &Path) -> bool {
+    path.extension().is_some_and(|e| e == "json")
+}
+
+fn parse(path: &Path, src: &Source, over: TrainingOverrides) -> Result<Model, Diagnostic> {
+    if is_json(path) {
+        parse_hf_config(src, over)
     } else {
-        parse_model_toml(&src, over)
+        parse_model_toml(src, over)
     }
 }
 

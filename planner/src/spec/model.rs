@@ -43,9 +43,29 @@ pub(crate) struct RawArchitecture {
     /// Megatron-LM's `--make-vocab-size-divisible-by`: the vocabulary is padded to a multiple
     /// of this × TP.
     pub make_vocab_size_divisible_by: Field<i64>,
-    /// Mixture-of-experts: experts per MoE layer, and how many each token is routed to.
+    /// Mixture-of-experts: experts per MoE layer, how many each token is routed to, and the
+    /// other keys of spec/moe.rs (specs/README.md, "Mixture of experts").
     pub experts: Field<i64>,
     pub experts_per_token: Field<i64>,
+    pub moe_ffn_hidden: Field<i64>,
+    pub first_dense_layers: Field<i64>,
+    pub moe_layer_frequency: Field<i64>,
+    pub moe_layers: Field<Vec<Spanned<i64>>>,
+    pub shared_experts: Field<i64>,
+    pub shared_expert_ffn_hidden: Field<i64>,
+    pub shared_expert_gate: Field<bool>,
+    pub capacity_factor: Field<Num>,
+    pub router_aux_loss_coef: Field<Num>,
+    pub router_scoring: Field<String>,
+    pub router_score_bias: Field<bool>,
+    pub normalize_top_k: Field<bool>,
+    pub routed_scaling_factor: Field<Num>,
+    pub expert_groups: Field<i64>,
+    pub expert_groups_per_token: Field<i64>,
+    /// Multi-head Latent Attention (DeepSeek-V2/V3).
+    pub mla: Option<Spanned<super::moe::RawMla>>,
+    /// A norm over each query and key head (Qwen3).
+    pub qk_norm: Field<bool>,
     /// RoPE base θ (default 10000); only with `position = "rope"`.
     pub rope_theta: Field<Num>,
     /// RoPE frequency scaling (Llama 3.1's `llama3` type); only with `position = "rope"`.
@@ -100,6 +120,28 @@ pub const MODEL_KEYS: &[&str] = &[
     "make_vocab_size_divisible_by",
     "experts",
     "experts_per_token",
+    "moe_ffn_hidden",
+    "first_dense_layers",
+    "moe_layer_frequency",
+    "moe_layers",
+    "shared_experts",
+    "shared_expert_ffn_hidden",
+    "shared_expert_gate",
+    "capacity_factor",
+    "router_aux_loss_coef",
+    "router_scoring",
+    "router_score_bias",
+    "normalize_top_k",
+    "routed_scaling_factor",
+    "expert_groups",
+    "expert_groups_per_token",
+    "mla",
+    "q_lora_rank",
+    "kv_lora_rank",
+    "qk_nope_head_dim",
+    "qk_rope_head_dim",
+    "v_head_dim",
+    "qk_norm",
     "rope_theta",
     "rope_scaling",
     "norm_eps",
@@ -213,15 +255,6 @@ pub(crate) fn resolve_architecture(
     a: &RawArchitecture,
 ) -> Result<Architecture, Diagnostic> {
     const T: &str = "architecture";
-    if let Some(experts) = f.opt_pos_int(T, "experts", &a.experts)?.filter(|e| *e > 1) {
-        return Err(f.err(
-            a.experts.as_ref().map(|s| s.span()),
-            "architecture.experts",
-            format!("mixture-of-experts layers ({experts} experts) are not supported yet: the memory and cost models, the search and the runtime are for dense layers"),
-            "plan a dense model; MoE needs expert parallelism, which comes with the wider coverage after the one executor (README)",
-        ));
-    }
-    f.opt_pos_int(T, "experts_per_token", &a.experts_per_token)?;
     let layers = f.pos_int(T, "layers", &a.layers, "24")?;
     let hidden = f.pos_int(T, "hidden", &a.hidden, "2048")?;
     let heads = f.pos_int(T, "heads", &a.heads, "16")?;
@@ -237,9 +270,12 @@ pub(crate) fn resolve_architecture(
             format!("set kv_heads to a divisor of {heads}: {divisors}"),
         ));
     }
-    let head_dim = match f.opt_pos_int(T, "head_dim", &a.head_dim)? {
-        Some(d) => d,
-        None => {
+    let mla = super::moe::resolve_mla(f, a)?;
+    let head_dim = match (f.opt_pos_int(T, "head_dim", &a.head_dim)?, mla) {
+        (Some(d), _) => d,
+        // MLA's query and key heads: the channels without and with RoPE.
+        (None, Some(m)) => m.qk_nope_head_dim + m.qk_rope_head_dim,
+        (None, None) => {
             if hidden % heads != 0 {
                 return Err(f.err(
                     a.heads.as_ref().map(|s| s.span()),
@@ -324,6 +360,7 @@ pub(crate) fn resolve_architecture(
         .opt_pos_num(T, "norm_eps", &a.norm_eps)?
         .unwrap_or(DEFAULT_NORM_EPS);
     let sliding_window = f.opt_pos_int(T, "sliding_window", &a.sliding_window)?;
+    let moe = super::moe::resolve_moe(f, a, ffn_hidden)?;
     Ok(Architecture {
         layers,
         hidden,
@@ -344,6 +381,9 @@ pub(crate) fn resolve_architecture(
         rope_scaling,
         norm_eps,
         sliding_window,
+        moe,
+        mla,
+        qk_norm: f.opt_bool(&a.qk_norm).unwrap_or(false),
     })
 }
 

@@ -11,6 +11,7 @@
 //! resolved presets; `report` renders docs/validation.md.
 
 pub mod caveats;
+pub mod features;
 pub mod fit;
 pub mod layer;
 pub mod report;
@@ -242,6 +243,9 @@ fn resolve(r: &Value, a100: &Cluster, h100: &Cluster) -> Result<Run, String> {
             rope_scaling: None,
             norm_eps: crate::model::DEFAULT_NORM_EPS,
             sliding_window: None,
+            moe: None,
+            mla: None,
+            qk_norm: false,
         },
         training: Training {
             seq_len,
@@ -294,6 +298,7 @@ fn resolve(r: &Value, a100: &Cluster, h100: &Cluster) -> Result<Run, String> {
         .or(megatron.then_some(0));
     let pins = Pins {
         dp: int(r, "parallel.dp"),
+        cp: Some(int(r, "parallel.cp").unwrap_or(1)),
         pp,
         tp,
         micro_batch: int(r, "parallel.micro_batch"),
@@ -304,6 +309,10 @@ fn resolve(r: &Value, a100: &Cluster, h100: &Cluster) -> Result<Run, String> {
         sp,
         schedule,
         virtual_stages: v.or((!pipelined || schedule == Some(ScheduleKind::OneFOneB)).then_some(1)),
+        stage_layers: crate::search::StageLayers {
+            first: int(r, "parallel.first_stage_layers"),
+            last: int(r, "parallel.last_stage_layers"),
+        },
     };
     let mut open = Vec::new();
     for (name, missing) in [
@@ -442,6 +451,8 @@ pub struct Validation {
     /// Leave one source out: per source, the A100 constants fitted on the others, scored on it
     /// (filled by [`document`]).
     pub loso: Vec<fit::HeldOut>,
+    /// Features against a published figure outside runs.toml (filled by [`document`]).
+    pub features: Vec<features::FeatureRow>,
 }
 
 impl Validation {
@@ -511,6 +522,7 @@ fn replay_all(runs: &[Run], mut skipped: Vec<Skipped>) -> Validation {
         unscored,
         skipped,
         loso: Vec::new(),
+        features: Vec::new(),
     }
 }
 
@@ -527,6 +539,7 @@ pub fn document(
     let mut v = replay_all(&runs, skipped);
     let scored: Vec<Run> = runs.into_iter().filter(Run::has_time).collect();
     v.loso = fit::leave_one_source_out(&scored, &fit::kernel_start(&a100.calibration));
+    v.features = features::feature_rows(h100);
     let layer = layer::layer_benchmark(runs_toml, a100, h100);
     let md = report::markdown(&v, &layer, &[a100, h100], COMMAND);
     Ok((v, md))

@@ -274,6 +274,40 @@ pub fn markdown(v: &Validation, layer: &[LayerRow], presets: &[&Cluster], comman
             );
         }
     }
+    if !v.features.is_empty() {
+        out.push_str("\n## Features against a published figure\n\nLayouts that a feature of the planner exists to express, replayed with the H100 preset as their source states them (the search chooses what it leaves open) and compared with the throughput it publishes. Not in the scores above: each is one published figure, outside runs.toml. The published step time is this planner's model FLOPs per step at the published TFLOP/s per GPU; the published MFU is the source's own (its FLOP convention is not stated: ../shared/groundtruth/README.md §7).\n\n| feature | run | source | layout (search's choice for open knobs) | layers per stage | open knobs | TFLOP/s/GPU published | MFU published | predicted | step s published | predicted | error |\n|---|---|---|---|---|---|---:|---:|---:|---:|---:|---:|\n");
+        for f in &v.features {
+            let per = &f.stage_layers;
+            let stages = if per.len() > 2 && per[1..per.len() - 1].windows(2).all(|w| w[0] == w[1])
+            {
+                format!(
+                    "{}, {} × {}, {}",
+                    per[0],
+                    per.len() - 2,
+                    per[1],
+                    per[per.len() - 1]
+                )
+            } else {
+                format!("{per:?}")
+            };
+            let _ = writeln!(
+                out,
+                "| {} | {} | {} | {} | {} | {} | {:.0} | {:.0}% | {:.1}% | {:.2} | {:.2} | {} |",
+                f.feature,
+                f.run,
+                f.source,
+                f.layout,
+                stages,
+                f.open,
+                f.published_tflops,
+                100.0 * f.published_mfu,
+                100.0 * f.predicted_mfu,
+                f.published_step_s,
+                f.predicted_step_s,
+                pct(f.error())
+            );
+        }
+    }
     if !v.unscored.is_empty() {
         out.push_str("\n## Not scored: runs that give only TFLOP/s\n\nThese runs publish neither an iteration time nor tokens/s, so they are outside the targets above. Their step time is derived here the way runs.toml derives Table 1's (Eq. 3 FLOPs over GPUs × TFLOP/s) and compared all the same.\n\n");
         rows_table(&mut out, &v.unscored);

@@ -226,6 +226,15 @@ pub fn check_supported(plan: &Plan) -> Result<(), RunError> {
             fix: "set a smaller make_vocab_size_divisible_by under [architecture] (1 pads only to a multiple of TP), or plan with a smaller TP".into(),
         });
     }
+    if p.cp > 1 {
+        return Err(RunError::Unsupported {
+            what: format!(
+                "parallel.cp {}: the runtime does not execute context parallelism yet",
+                p.cp
+            ),
+            fix: "re-plan without context parallelism (CP 1)".into(),
+        });
+    }
     if p.hybrid_shard {
         // The executor shards ZeRO state over the whole DP group; hybrid sharding (shard inside
         // a node, replicate across) would be a plan it runs differently than written.

@@ -22,7 +22,17 @@ pub(super) fn no_fit(
         // No layout could even be built: the pins (or the cluster size) rule everything out.
         // A pin that cannot take effect says most about what to change: its reasons first.
         let mut groups: Vec<_> = result.rejected.iter().collect();
-        groups.sort_by_key(|(rule, _)| !search::pins::RULES.contains(&rule.as_str()));
+        // Then the rule deepest in `Layout::check`: its layouts passed every earlier rule.
+        groups.sort_by_key(|(rule, _)| {
+            (
+                !search::pins::RULES.contains(&rule.as_str()),
+                std::cmp::Reverse(
+                    tessera_planner::layout::CHECK_ORDER
+                        .iter()
+                        .position(|r| r == rule),
+                ),
+            )
+        });
         let reasons: Vec<String> = groups
             .iter()
             .map(|(_, g)| g.example.clone())
@@ -35,11 +45,11 @@ pub(super) fn no_fit(
             reasons.join("; ")
         );
         if pinned {
-            return Err(cli_error(
-                &pins::pinned_flags(args).join(" "),
-                problem,
-                "change or drop the pinned values so that DP × PP × TP equals the device count and each degree divides what it splits (heads, layers, batch)".into(),
-            ));
+            // The first reason's own fix names the values that would pass, where it knows.
+            let fix = groups.first().and_then(|(_, g)| g.fix.clone()).unwrap_or_else(|| {
+                "change or drop the pinned values so that DP × PP × TP equals the device count and each degree divides what it splits (heads, layers, batch)".into()
+            });
+            return Err(cli_error(&pins::pinned_flags(args).join(" "), problem, fix));
         }
         if args.nodes.is_some() || args.devices.is_some() {
             return Err(cli_error(

@@ -16,6 +16,7 @@ pub(super) fn pinned_flags(args: &PlanArgs) -> Vec<&'static str> {
     [
         ("--tp", p.tp.is_some()),
         ("--pp", p.pp.is_some()),
+        ("--cp", p.cp.is_some()),
         ("--dp", p.dp.is_some()),
         ("--micro-batch", p.micro_batch.is_some()),
         ("--zero", p.zero.is_some()),
@@ -27,6 +28,8 @@ pub(super) fn pinned_flags(args: &PlanArgs) -> Vec<&'static str> {
         ("--no-sp", p.sp == Some(false)),
         ("--schedule", p.schedule.is_some()),
         ("--virtual-stages", p.virtual_stages.is_some()),
+        ("--first-stage-layers", p.stage_layers.first.is_some()),
+        ("--last-stage-layers", p.stage_layers.last.is_some()),
     ]
     .into_iter()
     .filter(|(_, given)| *given)

@@ -30,6 +30,12 @@ use crate::model::{
 };
 use crate::source::Source;
 
+mod moe;
+
+/// The `model_type` values read, as messages list them.
+pub(super) const SUPPORTED: &str =
+    "llama, mistral, qwen2, gpt2, mixtral, qwen2_moe, qwen3_moe or deepseek_v3";
+
 // Every top-level key of a config is one of: read (it sets a value of the resolved model, or is
 // checked to hold the only value the runtime computes), listed below as changing nothing Tessera
 // computes, or refused (exit 2, naming the key). A key set to `null` is absent.
@@ -215,6 +221,42 @@ pub(super) enum Family {
     Mistral,
     Qwen2,
     Gpt2,
+    /// The mixture-of-experts families (keys/moe.rs): read and counted, not planned yet.
+    Mixtral,
+    Qwen2Moe,
+    Qwen3Moe,
+    DeepseekV3,
+}
+
+impl Family {
+    /// The family of a `model_type`, `None` for one not read.
+    pub(super) fn of(model_type: &str) -> Option<Family> {
+        Some(match model_type {
+            "llama" => Family::Llama,
+            "mistral" => Family::Mistral,
+            "qwen2" => Family::Qwen2,
+            "gpt2" => Family::Gpt2,
+            "mixtral" => Family::Mixtral,
+            "qwen2_moe" => Family::Qwen2Moe,
+            "qwen3_moe" => Family::Qwen3Moe,
+            "deepseek_v3" => Family::DeepseekV3,
+            _ => return None,
+        })
+    }
+
+    /// The transformers class that builds the family's causal LM.
+    fn class(self) -> &'static str {
+        match self {
+            Family::Llama => "LlamaForCausalLM",
+            Family::Mistral => "MistralForCausalLM",
+            Family::Qwen2 => "Qwen2ForCausalLM",
+            Family::Gpt2 => "GPT2LMHeadModel",
+            Family::Mixtral => "MixtralForCausalLM",
+            Family::Qwen2Moe => "Qwen2MoeForCausalLM",
+            Family::Qwen3Moe => "Qwen3MoeForCausalLM",
+            Family::DeepseekV3 => "DeepseekV3ForCausalLM",
+        }
+    }
 }
 
 /// Typed access to the top-level keys of one config.
@@ -267,7 +309,7 @@ impl<'a> Keys<'a> {
                 "required key `{key}` is missing (model_type \"{}\")",
                 self.model_type
             ),
-            format!("add \"{key}\" to the config; supported families: llama, mistral, qwen2, gpt2"),
+            format!("add \"{key}\" to the config; supported families: {SUPPORTED}"),
         )
     }
 
@@ -409,6 +451,10 @@ impl<'a> Keys<'a> {
                 "mlp_bias",
                 "attention_bias",
             ],
+            Family::Mixtral => moe::MIXTRAL_READ,
+            Family::Qwen2Moe => moe::QWEN2_MOE_READ,
+            Family::Qwen3Moe => moe::QWEN3_MOE_READ,
+            Family::DeepseekV3 => moe::DEEPSEEK_V3_READ,
         };
         let llama = family != Family::Gpt2;
         for (key, x) in obj {
@@ -420,12 +466,7 @@ impl<'a> Keys<'a> {
             if known || x.is_null() {
                 continue;
             }
-            let class = match family {
-                Family::Llama => "LlamaForCausalLM",
-                Family::Mistral => "MistralForCausalLM",
-                Family::Qwen2 => "Qwen2ForCausalLM",
-                Family::Gpt2 => "GPT2LMHeadModel",
-            };
+            let class = family.class();
             let problem = match UNSUPPORTED.iter().find(|(u, _)| *u == k) {
                 Some((_, what)) => format!("\"{k}\" {what}, which neither {class} nor Tessera's runtime computes"),
                 None => format!("unknown key \"{k}\" for model_type \"{}\": Tessera reads the keys that change a {class}'s computation and ignores a known list of those that do not (specs/README.md); it cannot tell what this one does", self.model_type),
@@ -598,6 +639,9 @@ impl<'a> Keys<'a> {
         };
         match family {
             Family::Mistral => window(),
+            // MixtralConfig's sliding_window defaults to None, Mistral's to 4096.
+            Family::Mixtral => self.int(&["sliding_window"], false, true),
+            Family::Qwen2Moe | Family::Qwen3Moe => self.moe_family_window(family, layers),
             Family::Qwen2 => {
                 let window = window()?;
                 if !self.boolean("use_sliding_window", false)? {
@@ -636,8 +680,10 @@ impl<'a> Keys<'a> {
         let hidden = self.count(&["hidden_size"])?;
         let heads = self.count(&["num_attention_heads"])?;
         let kv_default = match family {
-            Family::Mistral => 8,
+            Family::Mistral | Family::Mixtral => 8,
             Family::Qwen2 => 32,
+            Family::Qwen2Moe => 16,
+            Family::Qwen3Moe => 4,
             _ => heads,
         };
         let kv_heads = match self.v.get("num_key_value_heads") {
@@ -705,6 +751,7 @@ impl<'a> Keys<'a> {
                 (mlp, mlp)
             }
             Family::Qwen2 => (false, true),
+            Family::Qwen2Moe | Family::Qwen3Moe => self.moe_family_biases(family)?,
             _ => (false, false),
         };
         let layers = self.count(&["num_hidden_layers"])?;
@@ -732,6 +779,9 @@ impl<'a> Keys<'a> {
             rope_scaling,
             norm_eps,
             sliding_window,
+            moe: None,
+            mla: None,
+            qk_norm: false,
         })
     }
 
@@ -793,11 +843,17 @@ impl<'a> Keys<'a> {
             rope_scaling: None,
             norm_eps,
             sliding_window: None,
+            moe: None,
+            mla: None,
+            qk_norm: false,
         })
     }
 
     /// The config key a resolved field was read from (for a rule of `Model::check`).
     pub fn key_of(&self, field: &str, family: Family) -> Option<&'static str> {
+        if let Some(key) = moe::key_of(field, family) {
+            return Some(key);
+        }
         let gpt2 = family == Family::Gpt2;
         Some(match field.strip_prefix("architecture.")? {
             "layers" if gpt2 => "n_layer",
@@ -826,6 +882,13 @@ impl<'a> Keys<'a> {
         self.known_keys(family)?;
         match family {
             Family::Gpt2 => self.gpt2(),
+            Family::DeepseekV3 => self.deepseek_v3(),
+            f @ (Family::Mixtral | Family::Qwen2Moe | Family::Qwen3Moe) => {
+                let mut a = self.llama(f)?;
+                a.moe = Some(self.routed_experts(f, a.layers, a.ffn_hidden)?);
+                a.qk_norm = f == Family::Qwen3Moe;
+                Ok(a)
+            }
             f => self.llama(f),
         }
     }

@@ -19,6 +19,7 @@ pub mod crossentropy;
 pub mod embedding;
 pub mod matmul;
 pub mod norm;
+pub mod ring_attention;
 pub mod rope;
 pub mod vmath;
 
