@@ -81,7 +81,7 @@ fn plan(layout: &Layout) -> Plan {
         &root.join("specs/clusters/cpu-8.toml"),
         ClusterOverrides {
             nodes: None,
-            devices: Some(layout.dp * layout.pp * layout.tp),
+            devices: Some(layout.dp * layout.cp * layout.pp * layout.tp),
         },
     )
     .expect("preset loads");
@@ -91,7 +91,7 @@ fn plan(layout: &Layout) -> Plan {
 /// Every rank's layout and optimizer ranges, built as `Rank::new` builds them.
 fn setup(name: &'static str, plan: Plan) -> Setup {
     let p = &plan.parallel;
-    let mesh = Mesh::new(p.dp, p.pp, p.tp, plan.job.cluster.gpus_per_node);
+    let mesh = Mesh::with_cp(p.dp, p.cp, p.pp, p.tp, plan.job.cluster.gpus_per_node);
     let parts = (0..mesh.world())
         .map(|r| {
             let c = mesh.coord(r);
@@ -103,7 +103,11 @@ fn setup(name: &'static str, plan: Plan) -> Setup {
                 model
                     .chunks
                     .iter()
-                    .map(|ch| shard_of(&ch.region, p.dp as usize, c.dp as usize))
+                    // ZeRO shards over DP × CP, in (dp, cp) order (`Mesh::dp_cp_group`).
+                    .map(|ch| {
+                        let (n, at) = (p.dp * p.cp, c.dp * p.cp + c.cp);
+                        shard_of(&ch.region, n as usize, at as usize)
+                    })
                     .collect()
             };
             RankPart {

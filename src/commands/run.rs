@@ -170,12 +170,18 @@ fn host_bytes_needed(plan: &Plan) -> f64 {
     let p = &plan.parallel;
     let a = &plan.job.model.architecture;
     let t = &plan.job.model.training;
-    let shard = if p.zero_stage >= 1 { p.dp as f64 } else { 1.0 };
-    let scores_per_layer = if t.attention == tessera_planner::model::AttentionImpl::Flash {
-        4.0 * p.micro_batch as f64 * (a.heads / p.tp) as f64 * (t.seq_len as f64).powi(2)
+    // ZeRO shards over DP × CP; a CP rank's ring attention keeps no s×s scores.
+    let shard = if p.zero_stage >= 1 {
+        (p.dp * p.cp) as f64
     } else {
-        0.0
+        1.0
     };
+    let scores_per_layer =
+        if t.attention == tessera_planner::model::AttentionImpl::Flash && p.cp <= 1 {
+            4.0 * p.micro_batch as f64 * (a.heads / p.tp) as f64 * (t.seq_len as f64).powi(2)
+        } else {
+            0.0
+        };
     plan.predicted
         .memory
         .per_stage
@@ -189,7 +195,7 @@ fn host_bytes_needed(plan: &Plan) -> f64 {
                 .sum();
             let scores = scores_per_layer * s.layers as f64 * s.in_flight as f64;
             let states = s.params_per_rank as f64 * (8.0 + 8.0 / shard);
-            (states + 2.0 * act + scores) * (p.dp * p.tp) as f64
+            (states + 2.0 * act + scores) * (p.dp * p.cp * p.tp) as f64
         })
         .sum()
 }
@@ -838,10 +844,14 @@ fn train_with(
     }
     let p = &plan.parallel;
     println!(
-        "{}: {} parameters, dp {} × tp {} × pp {} on {} {} ranks, micro-batch {} × {} micro-batches, ZeRO-{}, {} recompute, schedule {}",
+        "{}: {} parameters, dp {}{} × tp {} × pp {} on {} {} ranks, micro-batch {} × {} micro-batches, ZeRO-{}, {} recompute, schedule {}",
         plan.job.model.name,
         plan.job.parameters,
         p.dp,
+        match p.cp {
+            0 | 1 => String::new(),
+            cp => format!(" × cp {cp} (ring attention)"),
+        },
         p.tp,
         p.pp,
         p.world,

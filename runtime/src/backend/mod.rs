@@ -84,6 +84,22 @@ pub trait Backend: Sized + Sync + 'static {
     fn freeze<'a>(v: Self::Mut<'a>) -> Self::Ref<'a>
     where
         Self: 'a;
+    /// The host f32 memory behind a read view, on a backend whose buffers are host f32 slices
+    /// (the CPU's, where `Storage::Bf16` is f32 too); `None` on a device. Context parallelism's
+    /// ring attention (`layers::context_parallel`) runs on these, so only where they exist.
+    fn host<'a>(_v: Self::Ref<'a>) -> Option<&'a [f32]>
+    where
+        Self: 'a,
+    {
+        None
+    }
+    /// [`Backend::host`] for a write view.
+    fn host_mut<'a>(_v: Self::Mut<'a>) -> Option<&'a mut [f32]>
+    where
+        Self: 'a,
+    {
+        None
+    }
 
     // ---- element-wise -------------------------------------------------------------------
     fn fill(&self, x: Self::Mut<'_>, value: f32) -> Result<(), BackendError>;

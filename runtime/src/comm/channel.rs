@@ -341,31 +341,32 @@ impl<C: Carrier> Comm for ChannelComm<C> {
     }
 }
 
-/// TP, DP and PP handles for every world rank of `mesh` (as [`super::local_groups`] builds
+/// TP, DP (× CP), PP and CP handles for every world rank of `mesh` (as [`super::local_groups`] builds
 /// them, asking the mesh which ranks form each group); `carrier(w)` makes rank w's carriers.
 pub fn channel_groups<C: Carrier>(
     mesh: &Mesh,
     carrier: &dyn Fn(usize) -> C,
 ) -> Result<Vec<RankGroups<ChannelComm<C>>>, CommError> {
     let world = mesh.world() as usize;
-    let partition = |group_of: &dyn Fn(u64) -> Vec<u64>| -> Vec<Vec<usize>> {
-        let mut groups: Vec<Vec<usize>> = Vec::new();
-        for r in 0..world as u64 {
-            let g: Vec<usize> = group_of(r).into_iter().map(|x| x as usize).collect();
-            if !groups.contains(&g) {
-                groups.push(g);
-            }
-        }
-        groups
+    let groups = |group_of: &dyn Fn(u64) -> Vec<u64>| {
+        ChannelComm::from_groups(world, &super::groups::partition(world, group_of), carrier)
     };
-    let tp = ChannelComm::from_groups(world, &partition(&|r| mesh.tp_group(r)), carrier)?;
-    let dp = ChannelComm::from_groups(world, &partition(&|r| mesh.dp_group(r)), carrier)?;
-    let pp = ChannelComm::from_groups(world, &partition(&|r| mesh.pp_group(r)), carrier)?;
+    let tp = groups(&|r| mesh.tp_group(r))?;
+    let dp = groups(&|r| mesh.dp_cp_group(r))?;
+    let pp = groups(&|r| mesh.pp_group(r))?;
+    let cp: Vec<Option<ChannelComm<C>>> = match mesh.cp > 1 {
+        true => groups(&|r| mesh.cp_group(r))?
+            .into_iter()
+            .map(Some)
+            .collect(),
+        false => (0..world).map(|_| None).collect(),
+    };
     Ok(tp
         .into_iter()
         .zip(dp)
         .zip(pp)
-        .map(|((tp, dp), pp)| RankGroups { tp, dp, pp })
+        .zip(cp)
+        .map(|(((tp, dp), pp), cp)| RankGroups { tp, dp, pp, cp })
         .collect())
 }
 

@@ -1,7 +1,8 @@
 //! Which NCCL unique id each rank uses. NCCL needs one id per communicator, shared by its
 //! members; rank 0 creates one for every group — every TP group, then every DP group, then
 //! every PP group, each kind in the order its groups first appear over world ranks 0, 1, … —
-//! and sends them all in one rendezvous blob. Each rank picks the three ids of its groups.
+//! and sends them all in one rendezvous blob. Each rank picks the three ids of its groups. The
+//! DP groups are DP × CP (`Mesh::dp_cp_group`, the same as DP without context parallelism).
 //!
 //! Pure layout arithmetic (no NCCL), so it is tested without a GPU. Group membership comes from
 //! the mesh, as in `groups.rs`.
@@ -37,7 +38,7 @@ fn partitions(mesh: &Mesh) -> [Vec<Vec<u64>>; 3] {
     let w = mesh.world();
     [
         partition(w, &|r| mesh.tp_group(r)),
-        partition(w, &|r| mesh.dp_group(r)),
+        partition(w, &|r| mesh.dp_cp_group(r)),
         partition(w, &|r| mesh.pp_group(r)),
     ]
 }

@@ -1,5 +1,5 @@
-//! A rank's TP, DP and PP group handles, built from the planner's [`Mesh`] (the one place that
-//! decides which world ranks form a group; `rank = tp + TP·(dp + DP·pp)`).
+//! A rank's TP, DP, PP and CP group handles, built from the planner's [`Mesh`] (the one place
+//! that decides which world ranks form a group; `rank = tp + TP·(cp + CP·(dp + DP·pp))`).
 //!
 //! This module must not compute rank arithmetic itself: it only asks the mesh.
 
@@ -7,38 +7,53 @@ use tessera_planner::Mesh;
 
 use super::{CommError, LocalComm};
 
-/// The three groups one rank belongs to.
+/// The groups one rank belongs to.
 pub struct RankGroups<C> {
-    /// Ranks with the same (dp, pp): tensor parallelism.
+    /// Ranks with the same (cp, dp, pp): tensor parallelism.
     pub tp: C,
-    /// Ranks with the same (tp, pp): data parallelism (gradient all-reduce / ZeRO).
+    /// The ranks holding the same weights, with the same (tp, pp): data parallelism, times
+    /// context parallelism when CP > 1 (`Mesh::dp_cp_group`, Megatron-Core's
+    /// `data_parallel_group_with_cp`): gradient all-reduce / ZeRO shards span DP × CP.
     pub dp: C,
-    /// Ranks with the same (tp, dp), one per stage: pipeline send/recv.
+    /// Ranks with the same (tp, cp, dp), one per stage: pipeline send/recv.
     pub pp: C,
+    /// Ranks with the same (tp, dp, pp), in CP order: the ring of ring attention. `None`
+    /// without context parallelism (CP 1).
+    pub cp: Option<C>,
+}
+
+/// Every distinct group `group_of` gives over the world's ranks, in order of first appearance.
+pub(crate) fn partition(world: usize, group_of: &dyn Fn(u64) -> Vec<u64>) -> Vec<Vec<usize>> {
+    let mut groups: Vec<Vec<usize>> = Vec::new();
+    for r in 0..world as u64 {
+        let g: Vec<usize> = group_of(r).into_iter().map(|x| x as usize).collect();
+        if !groups.contains(&g) {
+            groups.push(g);
+        }
+    }
+    groups
 }
 
 /// Thread-backed group handles for every world rank of `mesh`, indexed by world rank; move
 /// entry `r` into rank r's thread.
 pub fn local_groups(mesh: &Mesh) -> Result<Vec<RankGroups<LocalComm>>, CommError> {
     let world = mesh.world() as usize;
-    let partition = |group_of: &dyn Fn(u64) -> Vec<u64>| -> Vec<Vec<usize>> {
-        let mut groups: Vec<Vec<usize>> = Vec::new();
-        for r in 0..world as u64 {
-            let g: Vec<usize> = group_of(r).into_iter().map(|x| x as usize).collect();
-            if !groups.contains(&g) {
-                groups.push(g);
-            }
-        }
-        groups
+    let tp = LocalComm::from_groups(world, &partition(world, &|r| mesh.tp_group(r)))?;
+    let dp = LocalComm::from_groups(world, &partition(world, &|r| mesh.dp_cp_group(r)))?;
+    let pp = LocalComm::from_groups(world, &partition(world, &|r| mesh.pp_group(r)))?;
+    let cp: Vec<Option<LocalComm>> = match mesh.cp > 1 {
+        true => LocalComm::from_groups(world, &partition(world, &|r| mesh.cp_group(r)))?
+            .into_iter()
+            .map(Some)
+            .collect(),
+        false => (0..world).map(|_| None).collect(),
     };
-    let tp = LocalComm::from_groups(world, &partition(&|r| mesh.tp_group(r)))?;
-    let dp = LocalComm::from_groups(world, &partition(&|r| mesh.dp_group(r)))?;
-    let pp = LocalComm::from_groups(world, &partition(&|r| mesh.pp_group(r)))?;
     Ok(tp
         .into_iter()
         .zip(dp)
         .zip(pp)
-        .map(|((tp, dp), pp)| RankGroups { tp, dp, pp })
+        .zip(cp)
+        .map(|(((tp, dp), pp), cp)| RankGroups { tp, dp, pp, cp })
         .collect())
 }
 
@@ -57,6 +72,25 @@ mod tests {
             assert_eq!((g.tp.rank(), g.tp.size()), (c.tp as usize, 2));
             assert_eq!((g.dp.rank(), g.dp.size()), (c.dp as usize, 2));
             assert_eq!((g.pp.rank(), g.pp.size()), (c.pp as usize, 3));
+            assert!(g.cp.is_none());
+        }
+    }
+
+    #[test]
+    fn context_parallel_groups_follow_the_mesh() {
+        // DP 2, CP 2, PP 2, TP 2: the gradient group spans DP × CP.
+        let mesh = Mesh::with_cp(2, 2, 2, 2, 8);
+        let groups = local_groups(&mesh).unwrap();
+        assert_eq!(groups.len(), 16);
+        for (r, g) in groups.iter().enumerate() {
+            let c = mesh.coord(r as u64);
+            let cp = g.cp.as_ref().unwrap();
+            assert_eq!((cp.rank(), cp.size()), (c.cp as usize, 2));
+            let dp_cp = mesh.dp_cp_group(r as u64);
+            let at = dp_cp.iter().position(|&x| x == r as u64).unwrap();
+            assert_eq!((g.dp.rank(), g.dp.size()), (at, 4));
+            assert_eq!((g.tp.rank(), g.tp.size()), (c.tp as usize, 2));
+            assert_eq!((g.pp.rank(), g.pp.size()), (c.pp as usize, 2));
         }
     }
 }

@@ -95,24 +95,33 @@ impl<B: Backend, C: Collective<B>> Rank<'_, B, C> {
         let total = self.ctx.dp.all_reduce_f64(sum)?;
         let c = self.ctx.mesh.coord(self.ctx.rank as u64);
         let mean = total / (batches * batch * seq) as f64;
-        Ok((c.dp == 0 && c.tp == 0).then_some(mean))
+        Ok((c.dp == 0 && c.cp == 0 && c.tp == 0).then_some(mean))
     }
 
     /// The input and target ids of micro-batch `mb`: the sampler's at `step`, or the eval
-    /// set's while [`Self::evaluate`] runs.
+    /// set's while [`Self::evaluate`] runs. Each DP replica takes its own whole sequences (the
+    /// CP ranks of a replica the same ones), and a CP rank keeps its two chunks of each.
     pub(super) fn tokens(&self, step: u64, mb: usize) -> (Vec<u32>, Vec<u32>) {
-        let first = self
-            .sampler
-            .first_sequence(self.dp, self.dp_rank, self.dims.b, mb);
-        match (self.eval_batch, &self.ctx.opts.eval) {
+        let coord = self.ctx.mesh.coord(self.ctx.rank as u64);
+        let (dp, dp_rank) = (self.ctx.mesh.dp as usize, coord.dp as usize);
+        let first = self.sampler.first_sequence(dp, dp_rank, self.dims.b, mb);
+        let t = &self.ctx.plan.job.model.training;
+        let seq = t.seq_len as usize;
+        let (inputs, targets) = match (self.eval_batch, &self.ctx.opts.eval) {
             (Some(b), Some(set)) => {
-                let t = &self.ctx.plan.job.model.training;
                 let global = b * t.global_batch as usize + first;
-                set.slice(self.dims.t, global, self.dims.b)
+                set.slice(seq, global, self.dims.b)
             }
             _ => self
                 .sampler
                 .sequences(self.ctx.data, step, first, self.dims.b),
+        };
+        match &self.cp {
+            Some(cp) => (
+                cp.split(&inputs, self.dims.b, seq),
+                cp.split(&targets, self.dims.b, seq),
+            ),
+            None => (inputs, targets),
         }
     }
 }

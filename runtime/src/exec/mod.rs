@@ -3,7 +3,8 @@
 //!
 //! Every rank builds its share of the model from plan.json (`model`), then runs the planner's
 //! own schedule op lists (`tessera_planner::schedule::build`) literally (`rank`): it never
-//! re-decides the layout. Data parallelism syncs gradients by all-reduce or ZeRO-1/2/3.
+//! re-decides the layout. Data parallelism syncs gradients by all-reduce or ZeRO-1/2/3 (over
+//! DP × CP with context parallelism, whose ranks run ring attention: `rank/cp.rs`).
 //! The oracle: every layout's losses and parameters equal the single-rank run's.
 
 mod fault;
@@ -198,12 +199,14 @@ pub fn check_supported(plan: &Plan) -> Result<(), RunError> {
             fix: "plan for fewer devices (--devices N)".into(),
         });
     }
-    let rows = p.micro_batch * plan.job.model.training.seq_len;
+    // A rank holds seq_len / CP tokens of each sequence.
+    let rows = p.micro_batch * plan.job.model.training.seq_len / p.cp.max(1);
     if p.sequence_parallel && !rows.is_multiple_of(p.tp) {
+        let cp = if p.cp > 1 { " / CP" } else { "" };
         return Err(RunError::Unsupported {
             what: format!(
                 "sequence parallelism splits the {rows} tokens of a micro-batch \
-                 (micro_batch × seq_len) over TP {}, which does not divide them",
+                 (micro_batch × seq_len{cp}) over TP {}, which does not divide them",
                 p.tp
             ),
             fix: "re-plan with a micro-batch or sequence length that TP divides, or with --no-sp"
@@ -226,13 +229,14 @@ pub fn check_supported(plan: &Plan) -> Result<(), RunError> {
             fix: "set a smaller make_vocab_size_divisible_by under [architecture] (1 pads only to a multiple of TP), or plan with a smaller TP".into(),
         });
     }
-    if p.cp > 1 {
+    let seq = plan.job.model.training.seq_len;
+    if p.cp > 1 && !seq.is_multiple_of(2 * p.cp) {
         return Err(RunError::Unsupported {
             what: format!(
-                "parallel.cp {}: the runtime does not execute context parallelism yet",
-                p.cp
+                "context parallelism cuts each sequence into 2·CP = {} chunks, and seq_len {seq} does not divide into them",
+                2 * p.cp
             ),
-            fix: "re-plan without context parallelism (CP 1)".into(),
+            fix: "re-plan with a CP degree whose 2·CP divides the sequence length".into(),
         });
     }
     if p.hybrid_shard {
@@ -294,7 +298,7 @@ where
         check_eval(e, plan)?;
     }
     let p = &plan.parallel;
-    let mesh = Mesh::new(p.dp, p.pp, p.tp, plan.job.cluster.gpus_per_node);
+    let mesh = Mesh::with_cp(p.dp, p.cp, p.pp, p.tp, plan.job.cluster.gpus_per_node);
     let world = mesh.world() as usize;
     if let Some(ck) = &opts.resume {
         ck.check_compatible(plan, data)?;
@@ -325,6 +329,9 @@ where
                         let be = backend(r)?;
                         let group = |c| collective(&be, c);
                         let (tp, dp, pp) = (group(g.tp)?, group(g.dp)?, group(g.pp)?);
+                        // The ring moves host f32 slices: the CP group stays a thread comm.
+                        let cp =
+                            g.cp.map(|c| Box::new(c) as Box<dyn crate::comm::Comm + Send>);
                         let embedding = emb.map(group).transpose()?;
                         let ctx = rank::RankCtx {
                             plan,
@@ -341,7 +348,7 @@ where
                             metrics: &tx,
                             saver,
                         };
-                        rank::run(&ctx)
+                        rank::run(&ctx, cp)
                     })();
                     crate::alloc::set_rank(usize::MAX);
                     out

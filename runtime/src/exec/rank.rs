@@ -19,6 +19,7 @@ use super::trace::TraceEvent;
 use super::{RunError, StepMetrics, TrainOptions};
 use crate::backend::{Backend, Collective, Storage};
 use crate::checkpoint::Saver;
+use crate::comm::Comm;
 use crate::data::{Sampler, Tokens};
 use crate::layers::tp::{gather_rows, scatter_rows};
 use crate::layers::{
@@ -82,9 +83,12 @@ struct ChunkActs<B: Backend> {
 
 type Key = (usize, usize);
 
-/// Runs the whole training on this rank.
-pub fn run<B: Backend, C: Collective<B>>(ctx: &RankCtx<'_, B, C>) -> Result<RankResult, RunError> {
-    let mut r = Rank::new(ctx)?;
+/// Runs the whole training on this rank; `cp`: its CP group when the plan has CP > 1.
+pub fn run<B: Backend, C: Collective<B>>(
+    ctx: &RankCtx<'_, B, C>,
+    cp: Option<Box<dyn Comm + Send>>,
+) -> Result<RankResult, RunError> {
+    let mut r = Rank::new(ctx, cp)?;
     // The measured peak is the training steps': the setup's transients (initial weights built
     // whole, a checkpoint's tensors read) are not what a step holds.
     crate::alloc::reset_peak(ctx.rank);
@@ -172,10 +176,15 @@ struct Rank<'a, B: Backend, C: Collective<B>> {
     model: StageModel,
     tp: TpShard,
     stage: usize,
+    /// This rank's index in, and the size of, the group holding the same weights (DP, or
+    /// DP × CP under context parallelism): gradient sync and ZeRO shards.
     dp_rank: usize,
     dp: usize,
     zero: u8,
+    /// A micro-batch on this rank: `T/CP` tokens of each sequence under context parallelism.
     dims: Dims,
+    /// This rank's place in its CP group (CP > 1).
+    cp: Option<cp::CpRank>,
     ops: Vec<Op>,
     /// The weights the kernels read (working precision).
     params: B::Buf,
@@ -211,18 +220,19 @@ struct Rank<'a, B: Backend, C: Collective<B>> {
 }
 
 impl<'a, B: Backend, C: Collective<B>> Rank<'a, B, C> {
-    fn new(ctx: &'a RankCtx<'a, B, C>) -> Result<Self, RunError> {
+    fn new(ctx: &'a RankCtx<'a, B, C>, cp: Option<Box<dyn Comm + Send>>) -> Result<Self, RunError> {
         let (plan, be) = (ctx.plan, ctx.be);
         let p = &plan.parallel;
         let coord = ctx.mesh.coord(ctx.rank as u64);
         let stage = coord.pp as usize;
         let tp = TpShard::new(ctx.tp.rank(), ctx.tp.size());
-        let model = StageModel::build(plan, stage, tp)?;
+        let mut model = StageModel::build(plan, stage, tp)?;
         let t = &plan.job.model.training;
         let dims = Dims {
             b: p.micro_batch as usize,
-            t: t.seq_len as usize,
+            t: t.seq_len as usize / p.cp.max(1) as usize,
         };
+        let (ws, cp) = cp::stage_workspace(be, &mut model, dims, stage, cp)?;
         let schedule = schedule::build(
             p.schedule,
             p.pp as usize,
@@ -234,7 +244,7 @@ impl<'a, B: Backend, C: Collective<B>> Rank<'a, B, C> {
             fix: "re-create the plan with `tessera plan`".into(),
         })?;
         let ops = schedule.stages[stage].clone();
-        let (dp, dp_rank, zero) = (p.dp as usize, coord.dp as usize, p.zero_stage);
+        let (dp, dp_rank, zero) = (ctx.dp.size(), ctx.dp.rank(), p.zero_stage);
         let ranges: Vec<Range<usize>> = if zero == 0 {
             std::iter::once(0..model.layout.len()).collect()
         } else {
@@ -248,16 +258,6 @@ impl<'a, B: Backend, C: Collective<B>> Rank<'a, B, C> {
         let cfg = ctx.opts.adamw(plan);
         let (params, master, optimizers) =
             ckpt::initial_state(be, ctx.opts, &model.layout, ranges, cfg)?;
-        let first_block = model
-            .chunks
-            .iter()
-            .flat_map(|c| c.blocks.first())
-            .next()
-            .ok_or_else(|| RunError::Unsupported {
-                what: format!("stage {stage} holds no transformer layer"),
-                fix: "re-plan with fewer pipeline stages".into(),
-            })?;
-        let ws = BlockWorkspace::new(be, first_block, dims)?;
         let chunks = model.chunks.len();
         let mut last_backward = vec![None; chunks];
         for (i, op) in ops.iter().enumerate() {
@@ -276,6 +276,7 @@ impl<'a, B: Backend, C: Collective<B>> Rank<'a, B, C> {
             dp,
             zero,
             dims,
+            cp,
             ops,
             params,
             master,
@@ -373,7 +374,7 @@ impl<'a, B: Backend, C: Collective<B>> Rank<'a, B, C> {
                 value: mean,
             });
         }
-        Ok((c.dp == 0 && c.tp == 0).then_some(mean))
+        Ok((c.dp == 0 && c.cp == 0 && c.tp == 0).then_some(mean))
     }
 
     /// Rows of the activations this rank holds between layers (all `B·T`, or its share
@@ -456,7 +457,8 @@ impl<'a, B: Backend, C: Collective<B>> Rank<'a, B, C> {
                     e.wte.forward(be, p, &inputs, m(&mut x), tp)?;
                 }
                 if let Some(wpe) = &e.wpe {
-                    wpe.forward(be, p, m(&mut x), self.dims.t, first)?;
+                    let cp = self.cp.as_ref();
+                    cp::add_positions(be, wpe, p, m(&mut x), self.dims.t, first, cp)?;
                 }
                 acts.inputs = Some(inputs);
                 x
@@ -622,7 +624,8 @@ impl<'a, B: Backend, C: Collective<B>> Rank<'a, B, C> {
                 })?;
                 e.wte.backward(be, B::rb(&mut g), &inputs, v(&dx))?;
                 if let Some(wpe) = &e.wpe {
-                    wpe.backward(be, B::rb(&mut g), v(&dx), self.dims.t)?;
+                    let (gg, cp) = (B::rb(&mut g), self.cp.as_ref());
+                    cp::positions_backward(be, wpe, gg, v(&dx), self.dims.t, cp)?;
                 }
             }
             None => {
@@ -648,6 +651,9 @@ fn schedule_bug(what: String) -> RunError {
 
 #[path = "sync.rs"]
 mod sync;
+
+#[path = "cp.rs"]
+mod cp;
 
 #[path = "eval.rs"]
 pub(super) mod eval;

@@ -5,12 +5,16 @@
 //! and runs causal GQA attention on them with no communication; the output projection `o` is
 //! row-parallel and all-reduces. RoPE, when on, rotates q and k after the projection.
 //! Both H and KV must be divisible by t (no kv-head replication for MQA with t > KV).
+//! With context parallelism (`context_parallel`), the rank holds `T/CP` tokens of each sequence
+//! and the attention itself is ring attention over the CP group ([`CpRing`]), which keeps the
+//! log-sum-exp as its saved state.
 //! This module must not own activations or allocate in forward/backward.
 
 use crate::backend::cpu::kernels::{self as cpu, AttnShape};
 use crate::backend::{Backend, Collective, RopeShape, Storage};
 use crate::params::{ParamLayout, ParamRef};
 
+use super::context_parallel::CpRing;
 use super::linear::{ColumnParallelLinear, RowParallelLinear};
 use super::tp::{copy_to_tp_backward, reduce_from_tp_forward, TpShard};
 use super::{BlockConfig, Dims, LayerError};
@@ -43,6 +47,32 @@ impl<B: Backend> RopeTables<B> {
             cos: be.upload(Storage::F32, &cos)?,
             sin: be.upload(Storage::F32, &sin)?,
             t,
+            hd,
+        })
+    }
+
+    /// Tables whose row `i` is global position `positions[i]` (a context-parallel rank's
+    /// tokens, `context_parallel::cp_positions`), for sequences of `positions.len()` tokens.
+    pub fn at_positions(
+        be: &B,
+        positions: &[usize],
+        hd: usize,
+        theta: f64,
+        scaling: Option<&tessera_planner::model::RopeScaling>,
+    ) -> Result<Self, LayerError> {
+        let full = positions.iter().max().map_or(0, |m| m + 1);
+        let (cos, sin) = cpu::rope_tables_scaled(full, hd, theta, scaling);
+        let h = hd / 2;
+        let pick = |table: &[f32]| -> Vec<f32> {
+            positions
+                .iter()
+                .flat_map(|&p| table[p * h..(p + 1) * h].iter().copied())
+                .collect()
+        };
+        Ok(Self {
+            cos: be.upload(Storage::F32, &pick(&cos))?,
+            sin: be.upload(Storage::F32, &pick(&sin))?,
+            t: positions.len(),
             hd,
         })
     }
@@ -87,6 +117,10 @@ pub struct ParallelAttention {
     /// (softmax ignores a per-query constant `q·b_k`), so backward writes zero instead of
     /// rounding noise, which AdamW would otherwise blow up into ±lr steps that differ by layout.
     k_bias: Option<ParamRef>,
+    /// Context parallelism: the tokens are this rank's share of each sequence and attention
+    /// runs as ring attention over the CP group (the [`CpRing`] its callers pass); set by the
+    /// executor for CP > 1.
+    pub context_parallel: bool,
 }
 
 impl ParallelAttention {
@@ -145,6 +179,7 @@ impl ParallelAttention {
             hd,
             rope,
             k_bias,
+            context_parallel: false,
         })
     }
 
@@ -155,6 +190,31 @@ impl ParallelAttention {
             hq: self.hq,
             hkv: self.hkv,
             hd: self.hd,
+        }
+    }
+
+    /// Elements attention keeps for its backward: the backend's (`Backend::attention_saved_len`),
+    /// or under context parallelism the ring's log-sum-exp `(b, hq, t)`.
+    pub fn saved_len<B: Backend>(&self, be: &B, d: Dims) -> usize {
+        match self.context_parallel {
+            true => d.b * self.hq * d.t,
+            false => be.attention_saved_len(&self.shape(d)),
+        }
+    }
+
+    /// Whether selective recompute keeps the saved state (a log-sum-exp is small).
+    pub fn keeps_saved<B: Backend>(&self, be: &B) -> bool {
+        self.context_parallel || be.attention_keeps_saved()
+    }
+
+    fn ring<'r>(&self, ring: Option<&'r mut CpRing>) -> Result<Option<&'r mut CpRing>, LayerError> {
+        match (self.context_parallel, ring) {
+            (false, _) => Ok(None),
+            (true, Some(r)) => Ok(Some(r)),
+            (true, None) => Err(LayerError::Config(
+                "context-parallel attention needs its CP group (a CpRing in the block workspace)"
+                    .into(),
+            )),
         }
     }
 
@@ -199,13 +259,14 @@ impl ParallelAttention {
         d: Dims,
         comm: &C,
     ) -> Result<(), LayerError> {
-        self.forward_partial(be, p, x, qkv, saved, y, B::rb(&mut out), rope, d)?;
+        self.forward_partial(be, p, x, qkv, saved, y, B::rb(&mut out), rope, None, d)?;
         reduce_from_tp_forward(comm, B::rb(&mut out))?;
         self.proj.add_bias(be, p, out)
     }
 
     /// [`forward`](Self::forward) up to the output projection's partial sum: `out` is
-    /// `y · Wo_localᵀ` before the TP reduction and the bias (sequence parallelism).
+    /// `y · Wo_localᵀ` before the TP reduction and the bias (sequence parallelism). `ring`: the
+    /// CP group's ring when the layer is context-parallel.
     pub fn forward_partial<B: Backend>(
         &self,
         be: &B,
@@ -216,6 +277,7 @@ impl ParallelAttention {
         mut y: B::Mut<'_>,
         out: B::Mut<'_>,
         rope: Option<&RopeTables<B>>,
+        ring: Option<&mut CpRing>,
         d: Dims,
     ) -> Result<(), LayerError> {
         self.qkv.forward(be, p, x, B::rb(&mut qkv))?;
@@ -223,7 +285,10 @@ impl ParallelAttention {
             let (cos, sin) = (B::view(&r.cos), B::view(&r.sin));
             be.rope(B::rb(&mut qkv), self.rope_shape(d), cos, sin, false)?;
         }
-        be.attention_forward(B::rb(&mut y), saved, B::ro(&qkv), self.shape(d))?;
+        match self.ring(ring)? {
+            Some(r) => r.forward::<B>(B::rb(&mut y), saved, B::ro(&qkv), self.shape(d))?,
+            None => be.attention_forward(B::rb(&mut y), saved, B::ro(&qkv), self.shape(d))?,
+        }
         self.proj.forward_partial(be, p, B::ro(&y), out)
     }
 
@@ -235,6 +300,12 @@ impl ParallelAttention {
         saved: B::Mut<'_>,
         d: Dims,
     ) -> Result<(), LayerError> {
+        if self.context_parallel {
+            // The ring's saved state is its log-sum-exp, which selective recompute keeps.
+            return Err(LayerError::Config(
+                "context-parallel attention keeps its log-sum-exp; there is nothing to recompute alone".into(),
+            ));
+        }
         be.attention_recompute(saved, qkv, self.shape(d))?;
         Ok(())
     }
@@ -269,6 +340,7 @@ impl ParallelAttention {
             B::rb(&mut dx),
             gr,
             rope,
+            None,
             d,
         )?;
         copy_to_tp_backward(comm, dx)?;
@@ -276,7 +348,8 @@ impl ParallelAttention {
     }
 
     /// [`backward`](Self::backward) without the final all-reduce: `dx` is this rank's
-    /// partial sum (sequence parallelism reduce-scatters it instead).
+    /// partial sum (sequence parallelism reduce-scatters it instead, the block all-reduces it
+    /// otherwise). `ring` as in [`forward_partial`](Self::forward_partial).
     pub fn backward_partial<B: Backend>(
         &self,
         be: &B,
@@ -290,20 +363,26 @@ impl ParallelAttention {
         dx: B::Mut<'_>,
         gr: &mut AttnGrads<B>,
         rope: Option<&RopeTables<B>>,
+        ring: Option<&mut CpRing>,
         d: Dims,
     ) -> Result<(), LayerError> {
         let s = self.shape(d);
         self.proj
             .backward(be, p, B::rb(&mut g), y, dout, B::view_mut(&mut gr.dy))?;
-        be.attention_backward(
-            B::view_mut(&mut gr.dqkv),
-            B::view_mut(&mut gr.scratch),
-            B::view(&gr.dy),
-            qkv,
-            y,
-            saved,
-            s,
-        )?;
+        match self.ring(ring)? {
+            Some(r) => {
+                r.backward::<B>(B::view_mut(&mut gr.dqkv), B::view(&gr.dy), qkv, y, saved, s)?
+            }
+            None => be.attention_backward(
+                B::view_mut(&mut gr.dqkv),
+                B::view_mut(&mut gr.scratch),
+                B::view(&gr.dy),
+                qkv,
+                y,
+                saved,
+                s,
+            )?,
+        }
         if let Some(r) = self.rope_check(rope, d)? {
             let (cos, sin) = (B::view(&r.cos), B::view(&r.sin));
             be.rope(

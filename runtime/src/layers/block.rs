@@ -27,9 +27,10 @@ use crate::params::ParamLayout;
 use super::attention::{ParallelAttention, RopeTables};
 use super::block_bufs::{saved_in, Grads, Saved, SpScratch};
 pub use super::block_bufs::{BlockActs, BlockWorkspace};
+use super::context_parallel::CpRing;
 use super::mlp::ParallelMlp;
 use super::norm::Norm;
-use super::tp::{gather_rows, reduce_from_tp_forward, scatter_rows, TpShard};
+use super::tp::{copy_to_tp_backward, gather_rows, reduce_from_tp_forward, scatter_rows, TpShard};
 use super::{BlockConfig, Dims, LayerError};
 
 /// A pre-norm transformer block on one TP rank.
@@ -97,13 +98,14 @@ impl TransformerBlock {
         s: &mut Saved<B>,
         att: B::Mut<'_>,
         rope: Option<&RopeTables<B>>,
+        ring: Option<&mut CpRing>,
         d: Dims,
         comm: &C,
         sp: Option<&mut SpScratch<B>>,
         out: Option<B::Mut<'_>>,
     ) -> Result<(), LayerError> {
         if let Some(sp) = sp {
-            return self.forward_core_sp(be, p, x, s, att, rope, d, comm, sp, out);
+            return self.forward_core_sp(be, p, x, s, att, rope, ring, d, comm, sp, out);
         }
         let m = B::view_mut;
         self.ln1.forward(
@@ -125,6 +127,7 @@ impl TransformerBlock {
             m(&mut s.y),
             m(&mut s.x2),
             rope,
+            ring,
             d,
         )?;
         reduce_from_tp_forward(comm, m(&mut s.x2))?;
@@ -162,6 +165,7 @@ impl TransformerBlock {
         s: &mut Saved<B>,
         att: B::Mut<'_>,
         rope: Option<&RopeTables<B>>,
+        ring: Option<&mut CpRing>,
         d: Dims,
         comm: &C,
         sp: &mut SpScratch<B>,
@@ -186,6 +190,7 @@ impl TransformerBlock {
             m(&mut s.y),
             m(&mut sp.partial),
             rope,
+            ring,
             d,
         )?;
         scatter_rows(comm, v(&sp.partial), m(&mut s.x2))?;
@@ -232,9 +237,10 @@ impl TransformerBlock {
             att: ws_att,
             saved: ws_saved,
             sp,
+            ring,
             ..
         } = ws;
-        let att_len = be.attention_saved_len(&self.attn.shape(d));
+        let att_len = self.attn.saved_len(be, d);
         let att = match &mut acts.att {
             Some(a) => B::view_mut(a),
             None => scratch(be, ws_att, Storage::F32, att_len)?,
@@ -250,6 +256,7 @@ impl TransformerBlock {
             s,
             att,
             rope.as_ref(),
+            ring.as_mut(),
             d,
             comm,
             sp.as_mut(),
@@ -277,10 +284,11 @@ impl TransformerBlock {
             saved: ws_saved,
             grads: gr,
             sp,
+            ring,
             ..
         } = ws;
         let rope = rope.as_ref();
-        let att_len = be.attention_saved_len(&self.attn.shape(d));
+        let att_len = self.attn.saved_len(be, d);
         let (s, att): (&Saved<B>, B::Ref<'_>) = match (&acts.att, acts.saved.as_ref()) {
             (Some(att), Some(s)) => (s, B::view(att)),
             (None, Some(s)) => {
@@ -300,6 +308,7 @@ impl TransformerBlock {
                     s,
                     B::rb(&mut att),
                     rope,
+                    ring.as_mut(),
                     d,
                     comm,
                     sp.as_mut(),
@@ -309,7 +318,10 @@ impl TransformerBlock {
             }
         };
         if let Some(sp) = sp.as_mut() {
-            return self.backward_sp(be, p, g, dout, dx, acts, s, att, gr, sp, rope, d, comm);
+            let ring = ring.as_mut();
+            return self.backward_sp(
+                be, p, g, dout, dx, acts, s, att, gr, sp, rope, ring, d, comm,
+            );
         }
         let (m, v) = (B::view_mut, B::view);
         self.mlp.backward(
@@ -336,7 +348,7 @@ impl TransformerBlock {
             v(&s.ln2_rstd),
             m(&mut gr.dx2),
         )?;
-        self.attn.backward(
+        self.attn.backward_partial(
             be,
             p,
             B::rb(&mut g),
@@ -348,9 +360,10 @@ impl TransformerBlock {
             m(&mut gr.dln),
             &mut gr.attn,
             rope,
+            ring.as_mut(),
             d,
-            comm,
         )?;
+        copy_to_tp_backward(comm, m(&mut gr.dln))?;
         be.copy(B::rb(&mut dx), v(&gr.dx2))?;
         self.ln1.backward(
             be,
@@ -385,6 +398,7 @@ impl TransformerBlock {
         gr: &mut Grads<B>,
         sp: &mut SpScratch<B>,
         rope: Option<&RopeTables<B>>,
+        ring: Option<&mut CpRing>,
         d: Dims,
         comm: &C,
     ) -> Result<(), LayerError> {
@@ -429,6 +443,7 @@ impl TransformerBlock {
             m(&mut sp.partial),
             &mut gr.attn,
             rope,
+            ring,
             d,
         )?;
         scatter_rows(comm, v(&sp.partial), m(&mut gr.dln))?;

@@ -6,6 +6,7 @@ use crate::backend::{Backend, Storage};
 
 use super::attention::{AttnGrads, RopeTables};
 use super::block::TransformerBlock;
+use super::context_parallel::CpRing;
 use super::{Dims, LayerError, Recompute};
 
 /// The intermediate tensors of one block forward (local TP shapes, `N = B·T`).
@@ -92,8 +93,8 @@ impl<B: Backend> BlockActs<B> {
             _ => Some(Saved::new(be, block, dims)?),
         };
         let keep_att = recompute == Recompute::None
-            || (recompute == Recompute::Selective && be.attention_keeps_saved());
-        let att_len = be.attention_saved_len(&block.attn.shape(dims));
+            || (recompute == Recompute::Selective && block.attn.keeps_saved(be));
+        let att_len = block.attn.saved_len(be, dims);
         let att = match keep_att {
             true => Some(be.alloc(Storage::F32, att_len)?),
             false => None,
@@ -128,7 +129,7 @@ pub(super) struct Grads<B: Backend> {
 }
 
 /// Scratch shared by the blocks of a stage (one micro-batch geometry).
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub struct BlockWorkspace<B: Backend> {
     pub dims: Dims,
     pub(super) rope: Option<RopeTables<B>>,
@@ -139,6 +140,9 @@ pub struct BlockWorkspace<B: Backend> {
     pub(super) grads: Grads<B>,
     /// Sequence parallelism only: full-row buffers for gathers and partial sums.
     pub(super) sp: Option<SpScratch<B>>,
+    /// Context parallelism only: the CP group's ring, which the attention of a
+    /// context-parallel block runs on.
+    pub(super) ring: Option<CpRing>,
 }
 
 /// Buffers of the sequence-parallel path, all `(N, C)`: a gathered norm output (a TP region's
@@ -152,17 +156,40 @@ pub(super) struct SpScratch<B: Backend> {
 
 impl<B: Backend> BlockWorkspace<B> {
     pub fn new(be: &B, block: &TransformerBlock, dims: Dims) -> Result<Self, LayerError> {
+        Self::build(be, block, dims, None)
+    }
+
+    /// The workspace of a context-parallel stage: `dims.t` is this rank's share of each
+    /// sequence, RoPE's tables are at its tokens' global positions, and attention runs on
+    /// `ring`.
+    pub fn with_ring(
+        be: &B,
+        block: &TransformerBlock,
+        dims: Dims,
+        ring: CpRing,
+    ) -> Result<Self, LayerError> {
+        Self::build(be, block, dims, Some(ring))
+    }
+
+    fn build(
+        be: &B,
+        block: &TransformerBlock,
+        dims: Dims,
+        ring: Option<CpRing>,
+    ) -> Result<Self, LayerError> {
         let (n, c, rows) = (dims.n(), block.cfg.hidden, block.rows(dims));
         let act = |len| be.alloc(Storage::Bf16, len);
-        let rope = match block.cfg.rope_theta {
-            Some(th) => Some(RopeTables::scaled(
+        let scaling = block.cfg.rope_scaling.as_ref();
+        let rope = match (block.cfg.rope_theta, &ring) {
+            (Some(th), Some(r)) => Some(RopeTables::at_positions(
                 be,
-                dims.t,
+                &r.positions(dims.t),
                 block.attn.hd,
                 th,
-                block.cfg.rope_scaling.as_ref(),
+                scaling,
             )?),
-            None => None,
+            (Some(th), None) => Some(RopeTables::scaled(be, dims.t, block.attn.hd, th, scaling)?),
+            (None, _) => None,
         };
         let sp = match block.sequence_parallel {
             true => Some(SpScratch {
@@ -178,6 +205,7 @@ impl<B: Backend> BlockWorkspace<B> {
             att: None,
             saved: None,
             sp,
+            ring,
             grads: Grads {
                 dln: act(rows * c)?,
                 dx2: act(rows * c)?,

@@ -141,6 +141,65 @@ impl PositionEmbedding {
         Ok(())
     }
 
+    /// [`forward`](Self::forward) for tokens at arbitrary global positions (a context-parallel
+    /// rank's): local token `j` of each sequence of `positions.len()` tokens sits at position
+    /// `positions[j]`; `out` holds rows `first..first + rows` of the flattened tokens. Runs of
+    /// consecutive positions (a CP rank's two chunks) take one kernel call each.
+    pub fn forward_at<B: Backend>(
+        &self,
+        be: &B,
+        p: B::Ref<'_>,
+        mut out: B::Mut<'_>,
+        positions: &[usize],
+        first: usize,
+    ) -> Result<(), LayerError> {
+        self.check_positions(positions)?;
+        let rows = B::len_mut(&out) / self.c;
+        let w = self.w.view::<B>(p);
+        for (r, pos, len) in runs(positions, first, rows) {
+            let o = B::sub_mut(
+                B::rb(&mut out),
+                (r - first) * self.c..(r - first + len) * self.c,
+            );
+            let src = B::sub(w, pos * self.c..(pos + len) * self.c);
+            be.pos_embedding_forward(o, src, len, self.c, 0)?;
+        }
+        Ok(())
+    }
+
+    /// [`backward`](Self::backward) for tokens at `positions` (as [`forward_at`](Self::forward_at),
+    /// over all rows of `dout`): `dwpe[positions[j]] += Σ_b dout[b, j]`.
+    pub fn backward_at<B: Backend>(
+        &self,
+        be: &B,
+        mut g: B::Mut<'_>,
+        dout: B::Ref<'_>,
+        positions: &[usize],
+    ) -> Result<(), LayerError> {
+        self.check_positions(positions)?;
+        let rows = B::len(dout) / self.c;
+        for (r, pos, len) in runs(positions, 0, rows) {
+            let dw = B::sub_mut(
+                self.w.view_mut::<B>(B::rb(&mut g)),
+                pos * self.c..(pos + len) * self.c,
+            );
+            let d = B::sub(dout, r * self.c..(r + len) * self.c);
+            be.pos_embedding_backward(dw, d, len, self.c)?;
+        }
+        Ok(())
+    }
+
+    fn check_positions(&self, positions: &[usize]) -> Result<(), LayerError> {
+        match positions.iter().max() {
+            Some(&m) if m < self.max_t => Ok(()),
+            Some(&m) => Err(LayerError::Config(format!(
+                "position {m} exceeds the position table ({})",
+                self.max_t
+            ))),
+            None => Err(LayerError::Config("no token positions".into())),
+        }
+    }
+
     /// `dwpe[t] += Σ_b dout[b, t]`.
     pub fn backward<B: Backend>(
         &self,
@@ -152,6 +211,24 @@ impl PositionEmbedding {
         be.pos_embedding_backward(self.w.view_mut::<B>(g), dout, t, self.c)?;
         Ok(())
     }
+}
+
+/// The runs of rows `first..first + rows` (flattened `(b, positions.len())` tokens) whose
+/// positions are consecutive: `(row, first position, length)`.
+fn runs(positions: &[usize], first: usize, rows: usize) -> Vec<(usize, usize, usize)> {
+    let t = positions.len();
+    let mut out = Vec::new();
+    let mut r = first;
+    while r < first + rows {
+        let j = r % t;
+        let mut len = 1;
+        while r + len < first + rows && j + len < t && positions[j + len] == positions[j] + len {
+            len += 1;
+        }
+        out.push((r, positions[j], len));
+        r += len;
+    }
+    out
 }
 
 #[cfg(test)]
@@ -197,5 +274,42 @@ mod tests {
             let g = gather(&ranks.iter().map(|r| (&r.0, &r.1[..])).collect::<Vec<_>>());
             assert_globals_close(&g, &want_g, 1e-6, "embedding grads");
         }
+    }
+
+    #[test]
+    fn positions_at_match_the_contiguous_table() {
+        let c = 3;
+        let mut layout = ParamLayout::new();
+        let pos = PositionEmbedding::new(&mut layout, "wpe", 8, c, 1.0).unwrap();
+        let p = layout.init(5);
+        // Two sequences of 8 tokens; CP 2 rank 1 holds positions 2, 3, 4, 5.
+        let full = randn(2 * 8 * c, 7, 1.0);
+        let mut want = full.clone();
+        pos.forward(&Cpu, &p, &mut want, 8, 0).unwrap();
+        let positions = crate::layers::context_parallel::cp_positions(8, 2, 1);
+        assert_eq!(positions, vec![2, 3, 4, 5]);
+        let mine = crate::layers::context_parallel::cp_split(&full, 2, 8, 2, 1);
+        let mut got = mine.clone();
+        pos.forward_at(&Cpu, &p, &mut got, &positions, 0).unwrap();
+        assert_eq!(
+            got,
+            crate::layers::context_parallel::cp_split(&want, 2, 8, 2, 1)
+        );
+        // A row range (sequence parallelism): rows 3..7 of the 8 local rows.
+        let mut part = mine[3 * c..7 * c].to_vec();
+        pos.forward_at(&Cpu, &p, &mut part, &positions, 3).unwrap();
+        assert_eq!(part, got[3 * c..7 * c]);
+        // Backward: the gradient lands on the rank's positions only.
+        let mut g = layout.zeros();
+        pos.backward_at(&Cpu, &mut g, &mine, &positions).unwrap();
+        let mut g_full = layout.zeros();
+        let mut masked = vec![0.0; full.len()];
+        for (i, row) in full.chunks_exact(c).enumerate() {
+            if (2..6).contains(&(i % 8)) {
+                masked[i * c..(i + 1) * c].copy_from_slice(row);
+            }
+        }
+        pos.backward(&Cpu, &mut g_full, &masked, 8).unwrap();
+        assert_eq!(g, g_full);
     }
 }

@@ -17,6 +17,7 @@ pub mod attention;
 pub mod block;
 mod block_bufs;
 pub mod config;
+pub mod context_parallel;
 pub mod embedding;
 pub mod linear;
 pub mod loss;

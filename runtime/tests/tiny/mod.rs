@@ -59,7 +59,7 @@ pub fn layout(
 
 /// The plan of `layout` for `model` (checked first).
 pub fn plan(model: &Model, layout: &Layout) -> Plan {
-    let cluster = cluster(layout.dp * layout.pp * layout.tp);
+    let cluster = cluster(layout.dp * layout.cp * layout.pp * layout.tp);
     layout
         .check(model, &cluster)
         .unwrap_or_else(|e| panic!("{}: {e}", layout.label()));

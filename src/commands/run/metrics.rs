@@ -203,7 +203,7 @@ pub fn memory_report(plan: &Plan, peak_bytes: &[u64], on_gpus: bool, gpus_per_no
         ],
         &[0, 1, 2, 3, 4],
     );
-    let mesh = tessera_planner::Mesh::new(p.dp, p.pp, p.tp, gpus_per_node);
+    let mesh = tessera_planner::Mesh::with_cp(p.dp, p.cp, p.pp, p.tp, gpus_per_node);
     let mut off = Vec::new();
     for (r, &bytes) in peak_bytes.iter().enumerate() {
         let stage = mesh.coord(r as u64).pp as usize;

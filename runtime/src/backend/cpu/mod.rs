@@ -47,6 +47,18 @@ impl Backend for Cpu {
     fn view_mut(buf: &mut Vec<f32>) -> &mut [f32] {
         buf
     }
+    fn host<'a>(v: &'a [f32]) -> Option<&'a [f32]>
+    where
+        Self: 'a,
+    {
+        Some(v)
+    }
+    fn host_mut<'a>(v: &'a mut [f32]) -> Option<&'a mut [f32]>
+    where
+        Self: 'a,
+    {
+        Some(v)
+    }
     fn len(v: &[f32]) -> usize {
         v.len()
     }

@@ -356,7 +356,14 @@ pub fn nccl_groups(
         NcclComm::new(stream.clone(), member(group), size, &id)
     };
     let tp = make(slots.tp, mesh.tp_group(r))?;
-    let dp = make(slots.dp, mesh.dp_group(r))?;
+    let dp = make(slots.dp, mesh.dp_cp_group(r))?;
     let pp = make(slots.pp, mesh.pp_group(r))?;
-    Ok(RankGroups { tp, dp, pp })
+    // No CP communicator: context parallelism runs on the CPU backend only (the executor
+    // refuses CP > 1 on a device backend before any group is used).
+    Ok(RankGroups {
+        tp,
+        dp,
+        pp,
+        cp: None,
+    })
 }
