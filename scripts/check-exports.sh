@@ -78,6 +78,10 @@ PLAN[llama-interleaved-uneven-fsdp]="${LLAMA[*]} --nodes 1 --tp 2 --pp 2 --dp 2 
 # --context-parallel-size) and ZeRO-3 (torchtitan: context_parallel_degree).
 PLAN[llama-cp]="${LLAMA[*]} --nodes 1 --seq-len 16384 --global-batch 64 --tp 2 --cp 2 --pp 1 --dp 2 --micro-batch 1 --sp --zero 1 --recompute full"
 PLAN[llama-cp-fsdp]="${LLAMA[*]} --nodes 1 --seq-len 16384 --global-batch 64 --tp 2 --cp 2 --pp 1 --dp 2 --micro-batch 1 --sp --zero 3 --no-hybrid-shard --recompute full"
+# The same with K and V all-gathered (Llama 3's CP: Megatron --cp-comm-type all_gather,
+# torchtitan context_parallel_rotate_method = "allgather").
+PLAN[llama-cp-ag]="${LLAMA[*]} --nodes 1 --seq-len 16384 --global-batch 64 --tp 2 --cp 2 --cp-comm all-gather --pp 1 --dp 2 --micro-batch 1 --sp --zero 1 --recompute full"
+PLAN[llama-cp-ag-fsdp]="${LLAMA[*]} --nodes 1 --seq-len 16384 --global-batch 64 --tp 2 --cp 2 --cp-comm all-gather --pp 1 --dp 2 --micro-batch 1 --sp --zero 3 --no-hybrid-shard --recompute full"
 PLAN[llama-ends-short]="${LLAMA[*]} --nodes 1 --tp 2 --pp 2 --dp 2 --micro-batch 1 --sp --zero 1 --recompute full --schedule interleaved --virtual-stages 17 --first-stage-layers 16 --last-stage-layers 16"
 # ZeRO-3 over 2 nodes (DP 16), and (e) HSDP: the same sharded within each node, replicated across.
 PLAN[llama-zero3-2-nodes]="${LLAMA[*]} --nodes 2 --dp 16 --tp 1 --pp 1 --zero 3 --no-hybrid-shard --micro-batch 1 --recompute full"
@@ -111,6 +115,8 @@ llama-interleaved-uneven-fsdp  refuse:ZeRO-3       refuse:interleaved  ok       
 llama-ends-short               ok                  refuse:interleaved  refuse:ZeRO-1       ok                ok
 llama-cp                       ok                  refuse:context      refuse:ZeRO-1       ok                ok
 llama-cp-fsdp                  refuse:ZeRO-3       refuse:context      ok                  ok                ok
+llama-cp-ag                    ok                  refuse:context      refuse:ZeRO-1       ok                ok
+llama-cp-ag-fsdp               refuse:ZeRO-3       refuse:context      ok                  ok                ok
 llama-zero3-2-nodes            refuse:ZeRO-3       ok                  ok                  ok                ok
 llama-hsdp                     refuse:ZeRO-3       refuse:hybrid       ok                  ok                ok
 llama-every4                   ok                  refuse:some_layers  refuse:ZeRO-1       ok                ok

@@ -140,6 +140,9 @@ def check(name, plan, plan_path, path):
     }
     if a["position"] == "learned":
         want["max_position_embeddings"] = a["max_positions"]
+    want["context_parallel_size"] = p.get("cp", 1)
+    if p.get("cp", 1) > 1:
+        want["cp_comm_type"] = [p.get("cp_comm", "p2p")]  # one type for every layer
     got = {k: getattr(args, k, None) for k in want}
     if not args.group_query_attention:  # Megatron ignores num_query_groups: one group per head
         got["num_query_groups"] = args.num_attention_heads

@@ -122,6 +122,9 @@ def check(name, plan, plan_path, config_path):
         "context_parallel_degree": p.get("cp", 1),
         "seq_len": tr["seq_len"],
     }
+    if p.get("cp", 1) > 1:
+        # torchtitan's names: a ring of K/V passes is "alltoall", gathering them "allgather".
+        want["context_parallel_rotate_method"] = {"p2p": "alltoall", "all_gather": "allgather"}[p.get("cp_comm", "p2p")]
     got = {k: getattr(par, k) for k in want if hasattr(par, k)}
     got["seq_len"] = c.training.seq_len
     if p["pp"] > 1:

@@ -232,7 +232,7 @@ fn plans(dir: &Scratch) -> Vec<Value> {
     let mut args = vec!["tests/fixtures/tiny-llama-rope.toml"];
     args.extend_from_slice(&README_TINY_LAYOUT[1..]);
     let rope = plan_file(dir, "rope.json", &args);
-    // Context parallelism: CP 2 × PP 2 × TP 2, on a GPU cluster.
+    // Context parallelism (K and V all-gathered): CP 2 × PP 2 × TP 2, on a GPU cluster.
     let cp = plan_file(
         dir,
         "cp.json",
@@ -245,6 +245,8 @@ fn plans(dir: &Scratch) -> Vec<Value> {
             "1",
             "--cp",
             "2",
+            "--cp-comm",
+            "all-gather",
             "--pp",
             "2",
             "--tp",

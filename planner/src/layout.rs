@@ -75,6 +75,43 @@ pub const CHECK_ORDER: [&str; 15] = [
     "the step has no micro-batch",
 ];
 
+/// How context parallelism exchanges keys and values.
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    Hash,
+    PartialOrd,
+    Ord,
+    Default,
+    Serialize,
+    Deserialize,
+    JsonSchema,
+)]
+#[serde(rename_all = "snake_case")]
+pub enum CpComm {
+    /// Ring attention: K and V passed rank to rank in CP − 1 steps, each overlapped with the
+    /// attention of the block in hand (Megatron-Core's `--cp-comm-type p2p`, the default).
+    #[default]
+    P2p,
+    /// K and V all-gathered over the CP group before the attention of the local queries, the
+    /// gradients reduce-scattered after it; not overlapped (Llama 3's choice, Dubey et al. 2024
+    /// §3.3.2: GQA makes K and V small; Megatron-Core's `--cp-comm-type all_gather`).
+    AllGather,
+}
+
+impl CpComm {
+    pub const ALL: [CpComm; 2] = [CpComm::P2p, CpComm::AllGather];
+    pub fn name(self) -> &'static str {
+        match self {
+            CpComm::P2p => "p2p",
+            CpComm::AllGather => "all_gather",
+        }
+    }
+}
+
 /// ZeRO sharding of model states over the data-parallel group.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
 pub struct Sharding {
@@ -93,6 +130,9 @@ pub struct Layout {
     /// Context parallelism: each sequence is split over CP ranks (1: none).
     #[serde(default = "one")]
     pub cp: u64,
+    /// How CP exchanges keys and values (ignored at CP 1, where it is `P2p`).
+    #[serde(default)]
+    pub cp_comm: CpComm,
     /// Sequences per micro-batch.
     pub micro_batch: u64,
     pub sharding: Sharding,
@@ -116,6 +156,7 @@ impl Layout {
             pp: 1,
             tp,
             cp: 1,
+            cp_comm: CpComm::P2p,
             micro_batch,
             sharding: Sharding {
                 zero_stage,
@@ -166,10 +207,10 @@ impl Layout {
 
     /// A short label such as `dp16·tp8·pp8 mb1 zero1 full sp 1f1b`.
     pub fn label(&self) -> String {
-        let cp = if self.cp > 1 {
-            format!("·cp{}", self.cp)
-        } else {
-            String::new()
+        let cp = match (self.cp > 1, self.cp_comm) {
+            (false, _) => String::new(),
+            (true, CpComm::P2p) => format!("·cp{}", self.cp),
+            (true, CpComm::AllGather) => format!("·cp{}ag", self.cp),
         };
         let mut s = format!(
             "dp{}{cp}·tp{}·pp{} mb{}",

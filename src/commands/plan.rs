@@ -32,6 +32,12 @@ enum RecomputeArg {
 }
 
 #[derive(Clone, Copy, ValueEnum)]
+enum CpCommArg {
+    P2p,
+    AllGather,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
 enum ScheduleArg {
     Gpipe,
     #[value(name = "1f1b")]
@@ -93,6 +99,10 @@ pub struct PlanArgs {
     /// Pin the model chunks per stage (interleaved schedule).
     #[arg(long)]
     virtual_stages: Option<u64>,
+    /// Pin how context parallelism exchanges keys and values: `p2p` (ring attention, overlapped)
+    /// or `all-gather` (Llama 3's, exposed).
+    #[arg(long, value_enum)]
+    cp_comm: Option<CpCommArg>,
     /// Pin the layers of the first pipeline stage; the middle stages share the rest evenly
     /// (Megatron-Core's `--decoder-first-pipeline-num-layers`). Interleaved, a stage one layer
     /// per chunk short leaves its first chunk only the embedding (Llama 3's layout).
@@ -180,6 +190,10 @@ impl PlanArgs {
                 ScheduleArg::Interleaved => ScheduleKind::Interleaved,
             }),
             virtual_stages: self.virtual_stages,
+            cp_comm: self.cp_comm.map(|c| match c {
+                CpCommArg::P2p => tessera_planner::layout::CpComm::P2p,
+                CpCommArg::AllGather => tessera_planner::layout::CpComm::AllGather,
+            }),
             stage_layers: tessera_planner::search::StageLayers {
                 first: self.first_stage_layers,
                 last: self.last_stage_layers,
@@ -225,6 +239,7 @@ pub fn run(args: PlanArgs) -> anyhow::Result<ExitCode> {
         ("--tp", pins.tp),
         ("--pp", pins.pp),
         ("--dp", pins.dp),
+        ("--cp", pins.cp),
         ("--micro-batch", pins.micro_batch),
         ("--virtual-stages", pins.virtual_stages),
     ] {
@@ -237,12 +252,17 @@ pub fn run(args: PlanArgs) -> anyhow::Result<ExitCode> {
         }
     }
     let n = cluster.devices;
-    for (flag, v) in [("--tp", pins.tp), ("--pp", pins.pp), ("--dp", pins.dp)] {
+    for (flag, v) in [
+        ("--tp", pins.tp),
+        ("--pp", pins.pp),
+        ("--dp", pins.dp),
+        ("--cp", pins.cp),
+    ] {
         if let Some(v) = v.filter(|v| n % v != 0) {
             let divisors = tessera_planner::search::divisors::listed(n);
             return Err(cli_error(
                 flag,
-                format!("{flag} {v} does not divide the {n} devices of the plan (DP × PP × TP must equal the device count)"),
+                format!("{flag} {v} does not divide the {n} devices of the plan (DP × CP × PP × TP must equal the device count)"),
                 format!("pass {flag} as a divisor of {n}: {divisors}, or change --nodes/--devices"),
             ));
         }
@@ -343,7 +363,11 @@ pub fn run(args: PlanArgs) -> anyhow::Result<ExitCode> {
             };
             let mut row = vec![(i + 1).to_string(), l.dp.to_string()];
             if with_cp {
-                row.push(l.cp.to_string());
+                row.push(match (l.cp, l.cp_comm) {
+                    (1, _) => "1".into(),
+                    (cp, tessera_planner::layout::CpComm::P2p) => cp.to_string(),
+                    (cp, tessera_planner::layout::CpComm::AllGather) => format!("{cp} ag"),
+                });
             }
             row.extend([
                 l.tp.to_string(),

@@ -257,6 +257,14 @@ fn ring_exposed(
     let w = crate::memory::activations::element_bytes(model);
     // K and V of this rank's tokens and its KV heads.
     let kv = 2.0 * tokens * (a.kv_dim() as f64 / layout.tp as f64) * w;
+    if layout.cp_comm == crate::layout::CpComm::AllGather {
+        // Llama 3's: K and V of the whole sequence all-gathered before the attention, on the
+        // critical path (Dubey et al. 2024 §3.3.2: "the all-gather communication latency is
+        // exposed"); the backward gathers them again and reduce-scatters their gradients.
+        let full = kv * cp as f64;
+        let g = links.cp.all_gather(full);
+        return (g, g + links.cp.reduce_scatter(full));
+    }
     let steps = (cp - 1) as f64;
     let fwd_step = links.cp.p2p(kv);
     let bwd_step = links.cp.p2p(2.0 * kv);
@@ -492,6 +500,13 @@ fn recompute_reason(layout: &Layout, attention: AttentionImpl) -> String {
 }
 
 fn cp_reason(layout: &Layout, links: &Links) -> String {
+    if layout.cp_comm == crate::layout::CpComm::AllGather {
+        return format!(
+            "K and V all-gathered over CP {} before each layer's attention (and again in the backward, with their gradients reduce-scattered), {}, not overlapped",
+            layout.cp,
+            link_words(&links.cp)
+        );
+    }
     format!(
         "ring attention: K and V passed around CP {} in {} steps per layer and micro-batch (with their gradients in the backward), {}, beyond what each step's attention block hides",
         layout.cp,

@@ -28,6 +28,7 @@ fn layout(dp: u64, pp: u64, tp: u64, zero: u8, kind: ScheduleKind, v: u64) -> La
     Layout {
         dp,
         cp: 1,
+        cp_comm: crate::layout::CpComm::P2p,
         pp,
         tp,
         micro_batch: 1,

@@ -121,6 +121,9 @@ pub(super) fn megatron(plan: &Plan, launch: &Launch) -> Result<String, ExportErr
     if p.cp > 1 {
         // Megatron-Core's ring attention (TE's `attn_func_with_cp`, p2p K/V exchange).
         args.push(arg("--context-parallel-size", p.cp));
+        if p.cp_comm == crate::layout::CpComm::AllGather {
+            args.push(arg("--cp-comm-type", "all_gather"));
+        }
     }
     let chunks = chunk_layers(plan);
     if p.virtual_stages > 1 {

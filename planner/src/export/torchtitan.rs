@@ -132,6 +132,17 @@ pub(super) fn torchtitan(plan: &Plan) -> Result<String, ExportError> {
     );
     // Ring attention over the CP group (torchtitan's `context_parallel`, load-balanced chunks).
     par.insert("context_parallel_degree".into(), int(p.cp));
+    if p.cp > 1 {
+        // How torchtitan's context_parallel passes K and V: a ring ("alltoall") or all-gathered.
+        let method = match p.cp_comm {
+            crate::layout::CpComm::P2p => "alltoall",
+            crate::layout::CpComm::AllGather => "allgather",
+        };
+        par.insert(
+            "context_parallel_rotate_method".into(),
+            toml::Value::String(method.into()),
+        );
+    }
     if p.pp > 1 {
         // The plan's exact split, as the modules of each model part in pipeline order (the
         // names of torchtitan's Llama-family models): torchtitan's own split would differ.

@@ -259,7 +259,10 @@ impl<'a> Ctx<'a> {
         let ring = cp_ring_bytes(model, layout);
         if ring > 0.0 {
             add(sink, "cp_ring_buffers", "activations", ring, &|| {
-                format!("ring attention over CP {}: K and V of the block in hand and of the one arriving, and their gradients in the backward (4 × 2·b·(s/CP)·kv_dim/TP elements)", layout.cp)
+                match layout.cp_comm {
+                crate::layout::CpComm::P2p => format!("ring attention over CP {}: K and V of the block in hand and of the one arriving, and their gradients in the backward (4 × 2·b·(s/CP)·kv_dim/TP elements)", layout.cp),
+                crate::layout::CpComm::AllGather => format!("K and V all-gathered over CP {}: the whole sequence's, and their gradients in the backward (2·CP × 2·b·(s/CP)·kv_dim/TP elements)", layout.cp),
+            }
             });
         }
         let local = local_tokens(model, layout);
@@ -365,9 +368,10 @@ fn local_tokens<'m>(model: &'m Model, layout: &Layout) -> std::borrow::Cow<'m, M
     std::borrow::Cow::Owned(m)
 }
 
-/// Bytes of context parallelism's ring buffers on a rank: K and V of the block in hand and of
-/// the one arriving, and in the backward their gradients beside them (four blocks of
-/// 2·b·(s/CP)·kv_dim/TP elements). 0 without CP.
+/// Bytes of context parallelism's K/V buffers on a rank. Ring (p2p): K and V of the block in
+/// hand and of the one arriving, and in the backward their gradients beside them (four blocks
+/// of 2·b·(s/CP)·kv_dim/TP elements). All-gather: the whole sequence's K and V and, in the
+/// backward, their gradients (2·CP such blocks). 0 without CP.
 pub fn cp_ring_bytes(model: &Model, layout: &Layout) -> f64 {
     if layout.cp <= 1 {
         return 0.0;
@@ -375,7 +379,12 @@ pub fn cp_ring_bytes(model: &Model, layout: &Layout) -> f64 {
     let a = &model.architecture;
     let tokens = layout.micro_batch as f64 * (model.training.seq_len / layout.cp) as f64;
     let block = 2.0 * tokens * a.kv_dim() as f64 / layout.tp.max(1) as f64;
-    4.0 * block * activations::element_bytes(model)
+    let blocks = match layout.cp_comm {
+        crate::layout::CpComm::P2p => 4.0,
+        // The whole sequence's K and V, gathered, and their gradients before the scatter.
+        crate::layout::CpComm::AllGather => 2.0 * layout.cp as f64,
+    };
+    blocks * block * activations::element_bytes(model)
 }
 
 /// The largest per-device total over all stages, without building the breakdown, for the
@@ -600,6 +609,7 @@ mod tests {
                         let l = Layout {
                             dp: 128 / (8 * pp),
                             cp: 1,
+                            cp_comm: crate::layout::CpComm::P2p,
                             pp,
                             tp: 8,
                             micro_batch: 1,

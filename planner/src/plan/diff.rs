@@ -82,6 +82,7 @@ const PARALLEL_ORDER: &[&str] = &[
     "tp",
     "pp",
     "cp",
+    "cp_comm",
     "mesh_order",
     "micro_batch",
     "microbatches",
@@ -242,11 +243,13 @@ pub fn diff(a: &Plan, b: &Plan) -> PlanDiff {
         b.job.parameters,
     );
 
-    // plan.json leaves `recompute_every` and `cp` out when 1; their rows show the value, not "-".
+    // plan.json leaves `recompute_every`, `cp` and `cp_comm` out at their defaults; their rows
+    // show the value, not "-".
     let layout = |p: &super::Parallel| {
         let mut v = json(p);
         v["recompute_every"] = p.recompute_every.into();
         v["cp"] = p.cp.into();
+        v["cp_comm"] = p.cp_comm.name().into();
         v
     };
     let (pa, pb) = (layout(&a.parallel), layout(&b.parallel));

@@ -68,6 +68,10 @@ pub struct Parallel {
     /// chunks i and 2·CP−1−i (Megatron-Core's ring attention). Absent means 1.
     #[serde(default = "one", skip_serializing_if = "is_one")]
     pub cp: u64,
+    /// How CP exchanges keys and values: `p2p` (ring attention) or `all_gather` (Llama 3's).
+    /// Absent means `p2p`.
+    #[serde(default, skip_serializing_if = "is_p2p")]
+    pub cp_comm: crate::layout::CpComm,
     /// Rank order, fastest-varying first: `tp-dp-pp`, i.e. rank = tp + TP·(dp + DP·pp), or
     /// with context parallelism `tp-cp-dp-pp`, rank = tp + TP·(cp + CP·(dp + DP·pp)).
     pub mesh_order: String,
@@ -96,6 +100,10 @@ fn one() -> u64 {
 
 fn is_one(x: &u64) -> bool {
     *x == 1
+}
+
+fn is_p2p(x: &crate::layout::CpComm) -> bool {
+    *x == crate::layout::CpComm::P2p
 }
 
 /// The padded vocabulary of a plan, and why.
@@ -269,6 +277,7 @@ impl Parallel {
             tp: l.tp,
             pp: l.pp,
             cp: l.cp,
+            cp_comm: l.cp_comm,
             mesh_order: if l.cp > 1 {
                 crate::mesh::MESH_ORDER_CP.to_string()
             } else {
@@ -293,6 +302,7 @@ impl Parallel {
             pp: self.pp,
             tp: self.tp,
             cp: self.cp,
+            cp_comm: self.cp_comm,
             micro_batch: self.micro_batch,
             sharding: Sharding {
                 zero_stage: self.zero_stage,

@@ -45,6 +45,8 @@ pub struct Pins {
     pub tp: Option<u64>,
     /// Context parallelism (unpinned: 1, or more where the sequence is long).
     pub cp: Option<u64>,
+    /// How CP exchanges K and V (unpinned: both are tried where CP > 1).
+    pub cp_comm: Option<crate::layout::CpComm>,
     pub micro_batch: Option<u64>,
     pub zero: Option<u8>,
     pub hybrid: Option<bool>,
@@ -155,6 +157,7 @@ fn complexity(l: &Layout, cluster: &Cluster) -> impl Ord {
         crosses,
         l.tp,
         l.cp,
+        l.cp_comm,
         l.sharding.zero_stage,
         l.sharding.hybrid,
         l.recompute,

@@ -13,12 +13,14 @@ use crate::spec::Cluster;
 /// Rule names (the search groups rejections by them).
 pub const HYBRID_WITHOUT_ZERO: &str = "hybrid sharding needs ZeRO stage 1, 2 or 3";
 pub const HYBRID_IN_ONE_NODE: &str = "hybrid sharding needs a DP group that spans nodes";
+pub const CP_COMM_WITHOUT_CP: &str = "a CP exchange needs CP > 1";
 pub const RECOMPUTE_EVERY_SPLIT: &str =
     "recompute of every N-th layer needs every model chunk to hold a multiple of N layers";
 
 /// Every rule of [`effective`].
-pub const RULES: [&str; 4] = [
+pub const RULES: [&str; 5] = [
     HYBRID_WITHOUT_ZERO,
+    CP_COMM_WITHOUT_CP,
     HYBRID_IN_ONE_NODE,
     RECOMPUTE_EVERY_SPLIT,
     STAGE_LAYERS,
@@ -28,6 +30,17 @@ pub const RULES: [&str; 4] = [
 /// rule otherwise. `layout` is assumed to pass [`Layout::check`].
 pub fn effective(layout: &Layout, model: &Model, cluster: &Cluster) -> Result<(), Rejection> {
     let l = layout;
+    if l.cp <= 1 && l.cp_comm != crate::layout::CpComm::P2p {
+        return Err(Rejection::new(
+            CP_COMM_WITHOUT_CP,
+            format!(
+                "the CP exchange {} all-gathers K and V over the CP group, and CP {} has one rank: it would run exactly as without it",
+                l.cp_comm.name(),
+                l.cp
+            ),
+        )
+        .with_fix("pin --cp 2 or more with --cp-comm, or drop --cp-comm"));
+    }
     if l.sharding.hybrid {
         if l.sharding.zero_stage == 0 {
             return Err(Rejection::new(

@@ -12,7 +12,7 @@ use std::collections::HashMap;
 
 use super::divisors::{self, Factors};
 use super::Pins;
-use crate::layout::{Layout, Recompute, Sharding};
+use crate::layout::{CpComm, Layout, Recompute, Sharding};
 use crate::model::Model;
 use crate::schedule::ScheduleKind;
 use crate::spec::Cluster;
@@ -180,6 +180,15 @@ impl<'a> Lists<'a> {
             .collect()
     }
 
+    /// How CP exchanges K and V: both ways where there is CP (unless pinned), else the ring.
+    fn cp_comms(&self, cp: u64) -> Vec<CpComm> {
+        // A pinned exchange is kept even at CP 1, where `pins::effective` refuses it by name.
+        if cp <= 1 && self.pins.cp_comm.is_none() {
+            return vec![CpComm::P2p];
+        }
+        pick(self.pins.cp_comm, CpComm::ALL.to_vec())
+    }
+
     fn pps(&mut self, tp: u64) -> Option<Vec<u64>> {
         if let Some(pp) = self.pins.pp {
             return Some(vec![pp]);
@@ -261,6 +270,7 @@ pub(super) fn for_each_layout(
     for tp in lists.tps() {
         for cp in lists.cps(tp) {
             let tcp = tp.saturating_mul(cp);
+            let comms = lists.cp_comms(cp);
             for pp in lists.pps(tcp).unwrap_or_default() {
                 let schedules = schedules(layers, pp, pins);
                 if schedules.is_empty() {
@@ -274,10 +284,13 @@ pub(super) fn for_each_layout(
                         for &zero_stage in &zeros {
                             for hybrid in lists.hybrids(zero_stage, dp) {
                                 for &recompute in &recomputes {
-                                    for &sequence_parallel in &sps {
+                                    for (&sequence_parallel, &cp_comm) in
+                                        sps.iter().flat_map(|s| comms.iter().map(move |c| (s, c)))
+                                    {
                                         f(Layout {
                                             dp,
                                             cp,
+                                            cp_comm,
                                             pp,
                                             tp,
                                             micro_batch,
@@ -332,6 +345,7 @@ pub fn count_layouts(model: &Model, cluster: &Cluster, pins: &Pins) -> SpaceSize
         let cps = lists.cps(tp);
         most_cp = most_cp.max(cps.len() as u64);
         for cp in cps {
+            let comms = lists.cp_comms(cp).len() as u64;
             let tcp = tp.saturating_mul(cp);
             let Some(pps) = lists.pps(tcp) else {
                 complete = false;
@@ -365,7 +379,7 @@ pub fn count_layouts(model: &Model, cluster: &Cluster, pins: &Pins) -> SpaceSize
                     lists.sps(tp).len() as u64,
                 ]
                 .iter()
-                .fold(mbs, |a, x| a.saturating_mul(*x));
+                .fold(mbs.saturating_mul(comms), |a, x| a.saturating_mul(*x));
                 layouts = layouts.saturating_add(here);
             }
         }

@@ -126,6 +126,7 @@ fn candidate(tp: u64, p: Prediction) -> Candidate {
         layout: Layout {
             dp: 128 / tp,
             cp: 1,
+            cp_comm: crate::layout::CpComm::P2p,
             pp: 1,
             tp,
             micro_batch: 1,

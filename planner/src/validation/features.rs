@@ -10,8 +10,9 @@
 //!   projection and loss calculation": 128 chunks of one layer for 126 layers, so 8 virtual
 //!   stages, the end stages pinned to 7 layers.
 //! - Llama 3.1 405B at 131,072 tokens (the same Table 4): TP 8 × CP 16 × PP 16 × DP 8, the
-//!   sequence split over 16 context-parallel ranks.
+//!   sequence split over 16 context-parallel ranks, K and V all-gathered (§3.3.2).
 
+use crate::layout::CpComm;
 use crate::model::Model;
 use crate::schedule::ScheduleKind;
 use crate::search::{self, Pins, SearchOptions, StageLayers};
@@ -53,6 +54,7 @@ struct Figure {
     gpus: u64,
     dp: u64,
     cp: u64,
+    cp_comm: CpComm,
     /// Sequence length and global batch (sequences), where they differ from the preset's.
     seq_len: u64,
     global_batch: u64,
@@ -71,6 +73,7 @@ const FIGURES: [Figure; 3] = [
         gpus: 8192,
         dp: 64,
         cp: 1,
+        cp_comm: CpComm::P2p,
         seq_len: 8192,
         global_batch: 2048,
         open: "micro-batch, ZeRO stage, recompute, SP",
@@ -84,6 +87,7 @@ const FIGURES: [Figure; 3] = [
         gpus: 16384,
         dp: 128,
         cp: 1,
+        cp_comm: CpComm::P2p,
         seq_len: 8192,
         global_batch: 2048,
         open: "micro-batch, ZeRO stage, recompute, SP",
@@ -91,15 +95,16 @@ const FIGURES: [Figure; 3] = [
         mfu: 0.41,
     },
     // Table 4's long-context row: 16M tokens per step as 128 sequences of 131,072 tokens
-    // (DP 8 × 16 per replica), the sequence split over CP 16. The pipeline as at 8k (§3.3.2
-    // describes one pipeline design).
+    // (DP 8 × 16 per replica), the sequence split over CP 16 with K and V all-gathered
+    // (§3.3.2). The pipeline as at 8k (§3.3.2 describes one pipeline design).
     Figure {
-        feature: "context parallelism (ring attention)",
+        feature: "context parallelism (all-gather)",
         run: "llama3.1-405b 16,384 H100 seq 131,072",
         source: LLAMA3_SOURCE,
         gpus: 16384,
         dp: 8,
         cp: 16,
+        cp_comm: CpComm::AllGather,
         seq_len: 131072,
         global_batch: 128,
         open: "micro-batch, ZeRO stage, recompute, SP",
@@ -139,6 +144,7 @@ fn replay(f: &Figure, model: &Model, h100: &Cluster) -> Option<FeatureRow> {
     let pins = Pins {
         dp: Some(f.dp),
         cp: Some(f.cp),
+        cp_comm: Some(f.cp_comm),
         pp: Some(16),
         tp: Some(8),
         schedule: Some(ScheduleKind::Interleaved),

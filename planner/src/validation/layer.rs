@@ -71,6 +71,7 @@ pub fn layer_benchmark(runs_toml: &str, a100: &Cluster, h100: &Cluster) -> Vec<L
         let layout = crate::layout::Layout {
             dp: 1,
             cp: 1,
+            cp_comm: crate::layout::CpComm::P2p,
             pp: 1,
             tp,
             micro_batch: mb,

@@ -239,6 +239,15 @@ pub fn check_supported(plan: &Plan) -> Result<(), RunError> {
             fix: "re-plan with a CP degree whose 2·CP divides the sequence length".into(),
         });
     }
+    if p.cp > 1 && p.cp_comm != tessera_planner::layout::CpComm::P2p {
+        return Err(RunError::Unsupported {
+            what: format!(
+                "parallel.cp_comm {}: the runtime runs context parallelism as ring attention (p2p) only",
+                p.cp_comm.name()
+            ),
+            fix: "re-plan with --cp-comm p2p".into(),
+        });
+    }
     if p.hybrid_shard {
         // The executor shards ZeRO state over the whole DP group; hybrid sharding (shard inside
         // a node, replicate across) would be a plan it runs differently than written.

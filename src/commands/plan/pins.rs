@@ -17,6 +17,7 @@ pub(super) fn pinned_flags(args: &PlanArgs) -> Vec<&'static str> {
         ("--tp", p.tp.is_some()),
         ("--pp", p.pp.is_some()),
         ("--cp", p.cp.is_some()),
+        ("--cp-comm", p.cp_comm.is_some()),
         ("--dp", p.dp.is_some()),
         ("--micro-batch", p.micro_batch.is_some()),
         ("--zero", p.zero.is_some()),

@@ -1,0 +1,115 @@
+//! Context parallelism at the command line: the search splits long sequences, an impossible
+//! CP names what it fails to divide, an exchange pinned without CP is refused, and the CPU
+//! runtime refuses the all-gather exchange it does not run.
+
+use std::path::Path;
+use std::process::{Command, Output};
+
+fn plan(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_tessera"))
+        .current_dir(Path::new(env!("CARGO_MANIFEST_DIR")))
+        .arg("plan")
+        .args(args)
+        .output()
+        .expect("the tessera binary runs")
+}
+
+const LLAMA405: [&str; 4] = [
+    "specs/models/llama3.1-405b.toml",
+    "specs/clusters/dgx-h100-80g.toml",
+    "--nodes",
+    "2048",
+];
+
+/// Refused with exit 2, no panic, and a message holding every one of `named`.
+fn refused(args: &[&str], named: &[&str]) {
+    let o = plan(args);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(2), "{args:?}: {err}");
+    assert!(!err.contains("panicked"), "{err}");
+    for n in named {
+        assert!(err.contains(n), "{args:?}: `{n}` missing from: {err}");
+    }
+}
+
+#[test]
+fn llama3_405b_at_131k_tokens_plans_with_context_parallelism() {
+    let mut args = LLAMA405.to_vec();
+    args.extend([
+        "--seq-len",
+        "131072",
+        "--global-batch",
+        "128",
+        "--format",
+        "json",
+    ]);
+    let o = plan(&args);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let p: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let cp = p["parallel"]["cp"].as_u64().unwrap();
+    assert!(cp > 1, "CP {cp}");
+    assert_eq!(p["parallel"]["mesh_order"], "tp-cp-dp-pp");
+    let world = ["dp", "cp", "tp", "pp"]
+        .iter()
+        .map(|k| p["parallel"][k].as_u64().unwrap())
+        .product::<u64>();
+    assert_eq!(world, 16384);
+    // At 8,192 tokens the search keeps CP 1 and plan.json leaves the key out.
+    let mut args = LLAMA405.to_vec();
+    args.extend(["--format", "json"]);
+    let o = plan(&args);
+    let p: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert!(p["parallel"].get("cp").is_none(), "{}", p["parallel"]);
+}
+
+#[test]
+fn impossible_context_parallel_pins_are_refused_by_name() {
+    // A CP that divides the devices but not the sequence into 2·CP chunks (24 GPUs).
+    refused(
+        &[
+            "specs/models/llama3-8b.toml",
+            "specs/clusters/dgx-h100-80g.toml",
+            "--nodes",
+            "3",
+            "--cp",
+            "3",
+        ],
+        &[
+            "CP 3 needs seq_len 8192 to split into 2 × CP = 6 equal chunks",
+            "fix: use a CP with 2 × CP dividing seq_len 8192",
+        ],
+    );
+    // One that does not divide the devices.
+    let mut args = LLAMA405.to_vec();
+    args.extend(["--cp", "3"]);
+    refused(&args, &["--cp 3 does not divide the 16384 devices"]);
+    let mut args = LLAMA405.to_vec();
+    args.extend(["--cp", "1", "--cp-comm", "all-gather"]);
+    refused(
+        &args,
+        &["--cp-comm", "CP 1 has one rank", "fix: pin --cp 2 or more"],
+    );
+}
+
+#[test]
+fn the_cpu_runtime_refuses_the_all_gather_exchange() {
+    refused(
+        &[
+            "specs/models/tiny.toml",
+            "specs/clusters/cpu-8.toml",
+            "--dp",
+            "1",
+            "--cp",
+            "2",
+            "--cp-comm",
+            "all-gather",
+            "--tp",
+            "1",
+            "--pp",
+            "1",
+            "--devices",
+            "2",
+        ],
+        &["parallel.cp_comm all_gather", "ring attention (p2p) only"],
+    );
+}
