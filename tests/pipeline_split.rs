@@ -230,3 +230,41 @@ fn impossible_pins_name_the_degree_and_what_it_fails_to_divide() {
         &["PP 1 has no first and last stage"],
     );
 }
+
+#[test]
+fn pinned_end_stages_are_the_split_plan_json_writes() {
+    // 1F1B, PP 4 on Llama-3 8B's 32 layers: the balanced split would be near 8 per stage;
+    // the pins must be what the plan runs.
+    let o = Command::new(env!("CARGO_BIN_EXE_tessera"))
+        .current_dir(Path::new(env!("CARGO_MANIFEST_DIR")))
+        .args([
+            "plan",
+            "specs/models/llama3-8b.toml",
+            "specs/clusters/dgx-h100-80g.toml",
+            "--devices",
+            "8",
+            "--tp",
+            "2",
+            "--pp",
+            "4",
+            "--dp",
+            "1",
+            "--schedule",
+            "1f1b",
+            "--first-stage-layers",
+            "5",
+            "--last-stage-layers",
+            "9",
+            "--format",
+            "json",
+        ])
+        .output()
+        .expect("the tessera binary runs");
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let p: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let per: Vec<u64> = chunks(&p)
+        .iter()
+        .map(|s| s.iter().map(|[a, b]| b - a).sum())
+        .collect();
+    assert_eq!(per, vec![5, 9, 9, 9]);
+}

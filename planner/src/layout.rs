@@ -7,9 +7,14 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use crate::mesh::Mesh;
+
+mod rejection;
+
 use crate::model::Model;
 use crate::schedule::ScheduleKind;
 use crate::spec::Cluster;
+use rejection::{divisor_list, gcd};
+pub use rejection::{Rejection, CHECK_ORDER};
 
 /// Activation recomputation.
 #[derive(
@@ -54,26 +59,6 @@ pub const MAX_SIMULATED_PASSES: u64 = 1 << 19;
 
 /// The rule name of layouts above [`MAX_SIMULATED_PASSES`].
 pub const TOO_MANY_MICROBATCHES: &str = "too many micro-batches per step to simulate";
-
-/// The rules of [`Layout::check`] in the order it tests them: a layout rejected by a later
-/// rule passed the earlier ones, so its reason is the more specific (an error shows it first).
-pub const CHECK_ORDER: [&str; 15] = [
-    "degrees do not multiply to the device count",
-    "CP does not divide the sequence",
-    "TP does not divide the heads",
-    "TP does not divide the FFN width",
-    "sequence parallelism needs TP > 1 dividing seq_len",
-    "more pipeline chunks than layers",
-    "DP does not divide the global batch",
-    "micro-batch does not divide the per-replica batch",
-    "recompute every N-th layer needs full recompute",
-    "recompute every N-th layer needs N ≥ 1",
-    "no such ZeRO stage",
-    "interleaving needs PP ≥ 2 and v ≥ 2",
-    "interleaving needs micro-batches divisible by PP",
-    "virtual stages need the interleaved schedule",
-    "the step has no micro-batch",
-];
 
 /// How context parallelism exchanges keys and values.
 #[derive(
@@ -498,6 +483,27 @@ impl Layout {
         Ok(())
     }
 
+    /// The model as one rank of a context-parallel group sees its tokens: the sequence cut to
+    /// its 1/CP share (the model itself where CP is 1). For what scales with the rank's tokens:
+    /// linear and element-wise work, the embedding's and the head's activations, TP and PP
+    /// messages, the CPU runtime's backward workspace.
+    pub fn rank_tokens<'m>(&self, model: &'m Model) -> std::borrow::Cow<'m, Model> {
+        if self.cp <= 1 {
+            return std::borrow::Cow::Borrowed(model);
+        }
+        let mut m = model.clone();
+        m.training.seq_len = model.training.seq_len / self.cp;
+        std::borrow::Cow::Owned(m)
+    }
+
+    /// Bytes of one K/V block under context parallelism: K and V of this rank's tokens, its
+    /// TP share of the KV heads (2·b·(s/CP)·kv_dim/TP elements of `element_bytes`). What the
+    /// ring passes per step, and the unit of the exchange's buffers.
+    pub fn cp_kv_block_bytes(&self, model: &Model, element_bytes: f64) -> f64 {
+        let tokens = self.micro_batch as f64 * (model.training.seq_len / self.cp.max(1)) as f64;
+        2.0 * tokens * model.architecture.kv_dim() as f64 / self.tp.max(1) as f64 * element_bytes
+    }
+
     /// Layers per virtual stage, in pipeline order: an even split, the remainder given to the
     /// later chunks (the first stage already carries the embedding and the most activations).
     /// Interleaved with layers that do not divide into the chunks, the stages are evened
@@ -564,71 +570,4 @@ impl Layout {
 
 fn one() -> u64 {
     1
-}
-
-/// Greatest common divisor.
-fn gcd(a: u64, b: u64) -> u64 {
-    if b == 0 {
-        a
-    } else {
-        gcd(b, a % b)
-    }
-}
-
-/// `" (1, 2, 4, 8)"`: the divisors of `n` for a fix's text, when `n` has few and is small
-/// enough to list them quickly (empty otherwise).
-fn divisor_list(n: u64) -> String {
-    if n == 0 || n > 1 << 40 {
-        return String::new();
-    }
-    let mut small = Vec::new();
-    let mut large = Vec::new();
-    let mut d = 1u64;
-    while d * d <= n {
-        if n.is_multiple_of(d) {
-            small.push(d);
-            if d * d != n {
-                large.push(n / d);
-            }
-        }
-        d += 1;
-    }
-    small.extend(large.into_iter().rev());
-    if small.len() > 16 {
-        return String::new();
-    }
-    let list: Vec<String> = small.iter().map(u64::to_string).collect();
-    format!(" ({})", list.join(", "))
-}
-
-/// Why a layout cannot be built: the rule it breaks, and the details.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Rejection {
-    /// A short, stable name of the rule (used to group rejections).
-    pub rule: &'static str,
-    pub detail: String,
-    /// What to change, where the rule knows which pin and which values would pass.
-    pub fix: Option<String>,
-}
-
-impl Rejection {
-    pub fn new(rule: &'static str, detail: String) -> Self {
-        Rejection {
-            rule,
-            detail,
-            fix: None,
-        }
-    }
-
-    /// The same rejection with the change that would pass it.
-    pub fn with_fix(mut self, fix: impl Into<String>) -> Self {
-        self.fix = Some(fix.into());
-        self
-    }
-}
-
-impl std::fmt::Display for Rejection {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.detail)
-    }
 }

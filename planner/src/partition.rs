@@ -112,6 +112,26 @@ pub fn balance(p: &Problem) -> Option<Vec<u64>> {
     Some(split)
 }
 
+/// [`balance`] with at least `least[s]` layers on stage `s` (every entry ≥ 1):
+/// stage `s` is given `least[s] − 1` layers up front, as extra time, and the balance places
+/// the rest with at least one each.
+pub fn balance_at_least(p: &Problem, least: &[u64]) -> Option<Vec<u64>> {
+    let upfront: Vec<u64> = least.iter().map(|n| n.saturating_sub(1)).collect();
+    let given = upfront.iter().try_fold(0u64, |a, n| a.checked_add(*n))?;
+    let q = Problem {
+        layers: p.layers.checked_sub(given)?,
+        layer_time: p.layer_time.clone(),
+        extra_time: (0..least.len())
+            .map(|s| p.extra_time[s] + upfront[s] as f64 * p.layer_time[s])
+            .collect(),
+        max_layers: (0..least.len())
+            .map(|s| p.max_layers[s].saturating_sub(upfront[s]))
+            .collect(),
+    };
+    let split = balance(&q)?;
+    Some(split.iter().zip(&upfront).map(|(n, u)| n + u).collect())
+}
+
 /// A surplus above this many layers (only with layer counts beyond f64's precision) is first
 /// cut in bulk by [`lower_to_level`]; normal jobs never get there.
 const BULK_SURPLUS: u64 = 1 << 16;

@@ -446,7 +446,13 @@ pub(crate) fn chosen_plan(
         fitting: result.fits.len() as u64,
         alternatives: top,
     };
-    Some(Plan::new(model, cluster, &best.layout, summary))
+    Some(Plan::with_split(
+        model,
+        cluster,
+        &best.layout,
+        &best.split,
+        summary,
+    ))
 }
 
 /// Why the chosen layout (rank 1) is chosen.

@@ -139,15 +139,7 @@ pub fn layer_times(
     let lc = ops::layer_cp(model, &dev, tp, sp, b, cp);
     // Under context parallelism a rank holds 1/CP of every sequence's tokens: what the
     // embedding, the head and the TP collectives move (`local`).
-    let local_model;
-    let local = if cp > 1 {
-        let mut m = model.clone();
-        m.training.seq_len = model.training.seq_len / cp;
-        local_model = m;
-        &local_model
-    } else {
-        model
-    };
+    let local = &*layout.rank_tokens(model);
     let a = &model.architecture;
     let act = b as f64 * local.training.seq_len as f64 * a.hidden as f64 * 2.0;
     let t = &links.tp;
@@ -252,11 +244,8 @@ fn ring_exposed(
     if cp <= 1 {
         return (0.0, 0.0);
     }
-    let a = &model.architecture;
-    let tokens = layout.micro_batch as f64 * (model.training.seq_len / cp) as f64;
-    let w = crate::memory::activations::element_bytes(model);
     // K and V of this rank's tokens and its KV heads.
-    let kv = 2.0 * tokens * (a.kv_dim() as f64 / layout.tp as f64) * w;
+    let kv = layout.cp_kv_block_bytes(model, crate::memory::activations::element_bytes(model));
     if layout.cp_comm == crate::layout::CpComm::AllGather {
         // Llama 3's: K and V of the whole sequence all-gathered before the attention, on the
         // critical path (Dubey et al. 2024 §3.3.2: "the all-gather communication latency is

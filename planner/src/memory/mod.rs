@@ -265,7 +265,7 @@ impl<'a> Ctx<'a> {
             }
             });
         }
-        let local = local_tokens(model, layout);
+        let local = layout.rank_tokens(model);
         let cpu = self.cluster.device.kind == DeviceKind::Cpu;
         if cpu {
             let ws = cpu_runtime::workspace_bytes(&local, cpu, b, tp, sp);
@@ -356,18 +356,6 @@ pub fn per_layer_act(model: &Model, layout: &Layout) -> f64 {
     whole / layout.cp.max(1) as f64
 }
 
-/// The model as one rank of a context-parallel group sees its tokens: the sequence cut to its
-/// 1/CP share (the model itself where CP is 1). For what scales with the rank's tokens only:
-/// the embedding's and the head's activations, the CPU runtime's backward workspace.
-fn local_tokens<'m>(model: &'m Model, layout: &Layout) -> std::borrow::Cow<'m, Model> {
-    if layout.cp <= 1 {
-        return std::borrow::Cow::Borrowed(model);
-    }
-    let mut m = model.clone();
-    m.training.seq_len = model.training.seq_len / layout.cp;
-    std::borrow::Cow::Owned(m)
-}
-
 /// Bytes of context parallelism's K/V buffers on a rank. Ring (p2p): K and V of the block in
 /// hand and of the one arriving, and in the backward their gradients beside them (four blocks
 /// of 2·b·(s/CP)·kv_dim/TP elements). All-gather: the whole sequence's K and V and, in the
@@ -376,15 +364,13 @@ pub fn cp_ring_bytes(model: &Model, layout: &Layout) -> f64 {
     if layout.cp <= 1 {
         return 0.0;
     }
-    let a = &model.architecture;
-    let tokens = layout.micro_batch as f64 * (model.training.seq_len / layout.cp) as f64;
-    let block = 2.0 * tokens * a.kv_dim() as f64 / layout.tp.max(1) as f64;
+    let block = layout.cp_kv_block_bytes(model, activations::element_bytes(model));
     let blocks = match layout.cp_comm {
         crate::layout::CpComm::P2p => 4.0,
         // The whole sequence's K and V, gathered, and their gradients before the scatter.
         crate::layout::CpComm::AllGather => 2.0 * layout.cp as f64,
     };
-    blocks * block * activations::element_bytes(model)
+    blocks * block
 }
 
 /// The largest per-device total over all stages, without building the breakdown, for the
@@ -489,7 +475,7 @@ impl StageBytes {
         let act = per_layer_act(model, layout);
         let grow = 1.0 + cluster.overhead.fragmentation;
         let cpu = cluster.device.kind == DeviceKind::Cpu;
-        let local = local_tokens(model, layout);
+        let local = layout.rank_tokens(model);
         let mut fixed_all =
             cpu_runtime::workspace_bytes(&local, cpu, b, tp, sp) + cp_ring_bytes(model, layout);
         // The CPU runtime's ZeRO buffers and DP messages, per parameter a rank holds.

@@ -357,11 +357,25 @@ impl Plan {
     /// Builds the plan document of a layout: the balanced split of its layers (the search's),
     /// its memory and its predicted step time under the default framework options.
     pub fn new(model: &Model, cluster: &Cluster, layout: &Layout, search: SearchSummary) -> Plan {
-        let model = &*crate::precision::for_device(model, cluster);
-        // The search's split; `derive` then costs and simulates it once.
+        let device_model = crate::precision::for_device(model, cluster);
         let links = Links::new(cluster, &layout.mesh(cluster));
-        let split = crate::search::assess(model, cluster, layout, &links, Options::default()).split;
-        let predicted = Predicted::derive(model, cluster, layout, &split);
+        let split =
+            crate::search::assess(&device_model, cluster, layout, &links, Options::default()).split;
+        Plan::with_split(model, cluster, layout, &split, search)
+    }
+
+    /// [`Plan::new`] with the split (layers per virtual stage) the search already chose for
+    /// the layout (`Candidate::split`, which honours pinned end stages), costed and simulated
+    /// once by `derive`.
+    pub fn with_split(
+        model: &Model,
+        cluster: &Cluster,
+        layout: &Layout,
+        split: &[u64],
+        search: SearchSummary,
+    ) -> Plan {
+        let model = &*crate::precision::for_device(model, cluster);
+        let predicted = Predicted::derive(model, cluster, layout, split);
         Plan {
             format: FORMAT.to_string(),
             generator: format!("tessera {}", env!("CARGO_PKG_VERSION")),
@@ -372,7 +386,7 @@ impl Plan {
                 parameters: model.architecture.param_count(),
             },
             parallel: Parallel::from_layout(layout, model),
-            stages: stages_for_split(layout, &split),
+            stages: stages_for_split(layout, split),
             predicted,
             search,
         }

@@ -267,7 +267,7 @@ pub fn assess_pinned(
             })
             .collect();
         let layer_time = times.per_layer() * unit as f64;
-        balance_at_least(
+        partition::balance_at_least(
             &partition::Problem {
                 layers: layers / unit,
                 layer_time: vec![layer_time; pp],
@@ -305,26 +305,6 @@ pub fn assess_pinned(
             }
         }
     }
-}
-
-/// [`partition::balance`] with at least `least[s]` layers on stage `s` (every entry ≥ 1):
-/// stage `s` is given `least[s] − 1` layers up front, as extra time, and the balance places
-/// the rest with at least one each.
-fn balance_at_least(p: &partition::Problem, least: &[u64]) -> Option<Vec<u64>> {
-    let upfront: Vec<u64> = least.iter().map(|n| n.saturating_sub(1)).collect();
-    let given = upfront.iter().try_fold(0u64, |a, n| a.checked_add(*n))?;
-    let q = partition::Problem {
-        layers: p.layers.checked_sub(given)?,
-        layer_time: p.layer_time.clone(),
-        extra_time: (0..least.len())
-            .map(|s| p.extra_time[s] + upfront[s] as f64 * p.layer_time[s])
-            .collect(),
-        max_layers: (0..least.len())
-            .map(|s| p.max_layers[s].saturating_sub(upfront[s]))
-            .collect(),
-    };
-    let split = partition::balance(&q)?;
-    Some(split.iter().zip(&upfront).map(|(n, u)| n + u).collect())
 }
 
 /// A layout's split, peak memory and simulated prediction, whether or not it fits (a layout
@@ -456,9 +436,12 @@ pub fn search_checked(
         if let Err(why) = layout
             .check(model, cluster)
             .and_then(|()| pins::effective(&layout, model, cluster))
-            .and_then(|()| match pins.stage_layers.is_pinned() {
-                true => pins::stage_layers(model, &layout, pins.stage_layers).map(|_| ()),
-                false => Ok(()),
+            .and_then(|()| {
+                if pins.stage_layers.is_pinned() {
+                    pins::stage_layers(model, &layout, pins.stage_layers).map(|_| ())
+                } else {
+                    Ok(())
+                }
             })
         {
             reject(

@@ -80,10 +80,11 @@ pub(super) fn no_fit(
     let fully_pinned = result.evaluated == 1;
     if fully_pinned {
         if args.force {
-            let plan = Plan::new(
+            let plan = Plan::with_split(
                 model,
                 cluster,
                 &miss.layout,
+                &miss.split,
                 SearchSummary {
                     ordering: ORDERING.into(),
                     evaluated: result.evaluated,

@@ -647,21 +647,9 @@ impl<'a> Keys<'a> {
                 if !self.boolean("use_sliding_window", false)? {
                     return Ok(None);
                 }
-                let sliding_layers = match self.get("layer_types") {
-                    Some(x) => {
-                        let types = x.as_array().filter(|t| t.len() as u64 == layers);
-                        let bad = |t: &Value| {
-                            !matches!(t.as_str(), Some("full_attention" | "sliding_attention"))
-                        };
-                        let Some(types) = types.filter(|t| !t.iter().any(bad)) else {
-                            return Err(self.err(
-                                "layer_types",
-                                format!("must be a list of {layers} \"full_attention\" or \"sliding_attention\", found {}", describe(x)),
-                                "give one entry per layer, or remove \"layer_types\"".into(),
-                            ));
-                        };
-                        types.iter().any(|t| t == "sliding_attention")
-                    }
+                // Qwen2Config makes the layers from `max_window_layers` on sliding.
+                let sliding_layers = match self.layer_types_slide(layers)? {
+                    Some(slides) => slides,
                     None => {
                         let from = self
                             .int(&["max_window_layers"], false, false)?
@@ -673,6 +661,27 @@ impl<'a> Keys<'a> {
             }
             _ => Ok(None),
         }
+    }
+
+    /// Whether the config's `layer_types` (one entry per layer, `"full_attention"` or
+    /// `"sliding_attention"`) make any layer sliding; `None` without the key.
+    pub(super) fn layer_types_slide(&self, layers: u64) -> Result<Option<bool>, Diagnostic> {
+        let Some(x) = self.get("layer_types") else {
+            return Ok(None);
+        };
+        let types = x.as_array().filter(|t| t.len() as u64 == layers);
+        let ok = |t: &Value| matches!(t.as_str(), Some("full_attention" | "sliding_attention"));
+        let Some(types) = types.filter(|t| t.iter().all(ok)) else {
+            return Err(self.err(
+                "layer_types",
+                format!(
+                    "must be a list of {layers} \"full_attention\" or \"sliding_attention\", found {}",
+                    describe(x)
+                ),
+                "give one entry per layer, or remove \"layer_types\"".into(),
+            ));
+        };
+        Ok(Some(types.iter().any(|t| t == "sliding_attention")))
     }
 
     /// The architecture of a Llama, Mistral or Qwen2 config.

@@ -227,20 +227,8 @@ impl Keys<'_> {
         if family == Family::Qwen3Moe {
             return Ok(window);
         }
-        let slides = match self.get("layer_types") {
-            Some(x) => {
-                let types = x.as_array().filter(|t| t.len() as u64 == layers);
-                let ok =
-                    |t: &Value| matches!(t.as_str(), Some("full_attention" | "sliding_attention"));
-                let Some(types) = types.filter(|t| t.iter().all(ok)) else {
-                    return Err(self.err(
-                        "layer_types",
-                        format!("must be a list of {layers} \"full_attention\" or \"sliding_attention\", found {}", describe(x)),
-                        "give one entry per layer, or remove \"layer_types\"".into(),
-                    ));
-                };
-                types.iter().any(|t| t == "sliding_attention")
-            }
+        let slides = match self.layer_types_slide(layers)? {
+            Some(slides) => slides,
             None => {
                 self.int(&["max_window_layers"], false, false)?
                     .unwrap_or(28)
