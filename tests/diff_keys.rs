@@ -85,15 +85,6 @@ const NOT_SHOWN: &[(&str, &str)] = &[
     ("search.alternatives[].why", SEARCH),
 ];
 
-/// Keys no plan can hold: a model with mixture-of-experts layers, MLA or per-head q/k norms is
-/// read for its counts but refused by `plan` and on load (`Model::plannable`), so no test plan
-/// sets them. diff compares every key of `job.model` alike, these included.
-const UNPLANNABLE: &[&str] = &[
-    "job.model.architecture.moe",
-    "job.model.architecture.mla",
-    "job.model.architecture.qk_norm",
-];
-
 /// `a.b[3].c` as `a.b[].c`.
 fn pattern(path: &str) -> String {
     let mut out = String::new();
@@ -260,7 +251,25 @@ fn plans(dir: &Scratch) -> Vec<Value> {
             "1",
         ],
     );
-    [readme, every, rope, cp]
+    // Mixture of experts with every MoE and MLA key set, EP 2 × TP 2 with SP.
+    let moe = plan_file(
+        dir,
+        "moe.json",
+        &[
+            "tests/fixtures/tiny-moe-every-key.toml",
+            "specs/clusters/dgx-h100-80g.toml",
+            "--devices",
+            "8",
+            "--dp",
+            "4",
+            "--ep",
+            "2",
+            "--tp",
+            "2",
+            "--sp",
+        ],
+    );
+    [readme, every, rope, cp, moe]
         .iter()
         .map(|p| {
             Plan::load(p).unwrap_or_else(|e| panic!("{e}"));
@@ -367,7 +376,6 @@ fn diff_names_every_plan_key_that_changes_what_runs() {
     let unwalked: Vec<&String> = schema_keys
         .iter()
         .filter(|k| !walked.contains(*k) && !not_shown.contains(k.as_str()))
-        .filter(|k| !UNPLANNABLE.iter().any(|u| names(u, k)))
         .collect();
     assert!(
         unwalked.is_empty(),

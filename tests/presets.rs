@@ -113,21 +113,12 @@ fn dense_presets_have_no_idle_parameters() {
     }
 }
 
-/// The MoE presets are read (their counts above) but not planned: loading one to plan it is
-/// refused at `experts`, with its line, the counts and a fix.
+/// The MoE presets load to plan (their counts above): `Model::plannable` refuses none of them.
 #[test]
-fn moe_presets_are_refused_for_planning_at_experts() {
-    for (name, line, total) in [
-        ("mixtral-8x7b", 21, "46702792704 (46.70B)"),
-        ("mixtral-8x22b", 21, "140620634112 (140.62B)"),
-        ("deepseek-v3", 20, "671026419200 (671.03B)"),
-    ] {
-        let e = load_model(&preset(name), TrainingOverrides::default()).unwrap_err();
-        assert_eq!(e.field, "architecture.experts", "{name}: {e}");
-        assert_eq!(e.location.map(|(l, _)| l), Some(line), "{name}: {e}");
-        assert!(e.problem.contains(total), "{name}: {e}");
-        assert!(e.problem.contains("active per token"), "{name}: {e}");
-        assert!(e.problem.contains("not built yet"), "{name}: {e}");
-        assert!(!e.fix.is_empty());
+fn moe_presets_load_to_plan() {
+    for name in ["mixtral-8x7b", "mixtral-8x22b", "deepseek-v3"] {
+        let m = load_model(&preset(name), TrainingOverrides::default())
+            .unwrap_or_else(|e| panic!("{name}: {e}"));
+        assert!(m.architecture.moe.is_some(), "{name}");
     }
 }

@@ -168,3 +168,28 @@ snapshot!(
     "--top",
     "5"
 );
+// Mixtral-8x7B on 64 H100s at the batch of Megatron-Core's MoE benchmark (global batch 256 ×
+// 4096 tokens; docs/moe-figures.md row 3): the search picks EP with the rest.
+snapshot!(
+    mixtral_8x7b_on_8_dgx_h100,
+    "specs/models/mixtral-8x7b.toml",
+    "specs/clusters/dgx-h100-80g.toml",
+    "--nodes",
+    "8",
+    "--seq-len",
+    "4096",
+    "--global-batch",
+    "256",
+    "--top",
+    "5"
+);
+// DeepSeek-V3 on its own cluster, 2,048 H800s (arXiv 2412.19437 §3.1; the preset's 256 nodes),
+// at its pre-training batch (15,360 × 4096): MLA, 256 routed experts and a shared one, the
+// first three layers dense.
+snapshot!(
+    deepseek_v3_on_2048_h800,
+    "specs/models/deepseek-v3.toml",
+    "specs/clusters/h800-deepseek.toml",
+    "--top",
+    "5"
+);

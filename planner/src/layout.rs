@@ -118,6 +118,12 @@ pub struct Layout {
     /// How CP exchanges keys and values (ignored at CP 1, where it is `P2p`).
     #[serde(default)]
     pub cp_comm: CpComm,
+    /// Expert parallelism (MoE models only; 1: none): each MoE layer's routed experts are
+    /// split over EP ranks, which exchange tokens by all-to-all. EP ranks are taken from the
+    /// DP × CP ranks that hold the same dense weights, as Megatron-Core forms them (expert TP
+    /// equal to TP): the expert-data-parallel group is DP × CP / EP ([`crate::mesh::Mesh`]).
+    #[serde(default = "one")]
+    pub ep: u64,
     /// Sequences per micro-batch.
     pub micro_batch: u64,
     pub sharding: Sharding,
@@ -142,6 +148,7 @@ impl Layout {
             tp,
             cp: 1,
             cp_comm: CpComm::P2p,
+            ep: 1,
             micro_batch,
             sharding: Sharding {
                 zero_stage,
@@ -170,7 +177,7 @@ impl Layout {
     }
 
     pub fn mesh(&self, cluster: &Cluster) -> Mesh {
-        Mesh::with_cp(self.dp, self.cp, self.pp, self.tp, cluster.gpus_per_node)
+        Mesh::with_cp(self.dp, self.cp, self.pp, self.tp, cluster.gpus_per_node).with_ep(self.ep)
     }
 
     /// DP ranks a ZeRO shard is spread over: the whole DP group (DP × CP with context
@@ -197,8 +204,13 @@ impl Layout {
             (true, CpComm::P2p) => format!("·cp{}", self.cp),
             (true, CpComm::AllGather) => format!("·cp{}ag", self.cp),
         };
+        let ep = if self.ep > 1 {
+            format!("·ep{}", self.ep)
+        } else {
+            String::new()
+        };
         let mut s = format!(
-            "dp{}{cp}·tp{}·pp{} mb{}",
+            "dp{}{cp}{ep}·tp{}·pp{} mb{}",
             self.dp, self.tp, self.pp, self.micro_batch
         );
         if self.sharding.zero_stage > 0 {
@@ -271,6 +283,9 @@ impl Layout {
                 t.seq_len,
                 divisor_list(t.seq_len / 2)
             )));
+        }
+        if self.ep != 1 || a.moe.is_some() {
+            self.check_moe(model)?;
         }
         if !a.heads.is_multiple_of(self.tp) || !a.kv_heads.is_multiple_of(self.tp) {
             return Err(Rejection::new(
@@ -483,6 +498,93 @@ impl Layout {
         Ok(())
     }
 
+    /// Megatron-Core's rules for expert parallelism: EP only for an MoE model, dividing its
+    /// routed experts (each EP rank holds E/EP whole experts) and the DP × CP ranks it is cut
+    /// from (expert TP equal to TP: `world % (TP·EP·PP) == 0` with the CP ranks counted).
+    /// And with expert TP equal to TP, TP divides each expert's FFN width.
+    fn check_moe(&self, model: &Model) -> Result<(), Rejection> {
+        let Some(moe) = &model.architecture.moe else {
+            return Err(Rejection::new(
+                "EP needs a mixture-of-experts model",
+                format!(
+                    "EP {} splits routed experts, and {} is dense (no `experts` key)",
+                    self.ep, model.name
+                ),
+            )
+            .with_fix("use --ep 1 (or leave it out) for a dense model".to_string()));
+        };
+        if self.ep == 0 || !moe.experts.is_multiple_of(self.ep) {
+            return Err(Rejection::new(
+                "EP does not divide the experts",
+                format!(
+                    "EP {} does not divide the {} routed experts of each MoE layer",
+                    self.ep, moe.experts
+                ),
+            )
+            .with_fix(format!(
+                "use an EP that divides {}{}",
+                moe.experts,
+                divisor_list(moe.experts)
+            )));
+        }
+        for (key, width) in [
+            ("moe_ffn_hidden", moe.moe_ffn_hidden),
+            ("shared_expert_ffn_hidden", moe.shared_expert_ffn_hidden),
+        ] {
+            if (key == "moe_ffn_hidden" || moe.shared_experts > 0) && !width.is_multiple_of(self.tp)
+            {
+                return Err(Rejection::new(
+                    "TP does not divide the expert FFN width",
+                    format!(
+                        "TP {} (the experts' TP too) does not divide {key} {width}",
+                        self.tp
+                    ),
+                )
+                .with_fix(format!(
+                    "use a TP that divides {key} {width}{}",
+                    divisor_list(gcd(
+                        width,
+                        gcd(model.architecture.heads, model.architecture.kv_heads)
+                    ))
+                )));
+            }
+        }
+        // Megatron-LM's arguments.py: "When using expert parallelism and tensor parallelism,
+        // sequence parallelism must be used" (the dispatcher routes each TP rank's 1/TP of
+        // the tokens).
+        if self.ep > 1 && self.tp > 1 && !self.sequence_parallel {
+            return Err(Rejection::new(
+                "EP with TP needs sequence parallelism",
+                format!(
+                    "EP {} with TP {} routes each TP rank's share of the tokens, which needs sequence parallelism (Megatron-LM requires it)",
+                    self.ep, self.tp
+                ),
+            )
+            .with_fix("add --sp, or use --tp 1 or --ep 1".to_string()));
+        }
+        let group = self.dp.saturating_mul(self.cp.max(1));
+        if !group.is_multiple_of(self.ep) {
+            let cp = if self.cp > 1 {
+                format!(" × CP {}", self.cp)
+            } else {
+                String::new()
+            };
+            return Err(Rejection::new(
+                "EP does not divide DP × CP",
+                format!(
+                    "EP {} is cut from the DP {}{cp} = {group} ranks that hold the same dense weights, and does not divide them",
+                    self.ep, self.dp
+                ),
+            )
+            .with_fix(format!(
+                "use an EP that divides both {} experts and DP × CP {group}{}",
+                moe.experts,
+                divisor_list(gcd(moe.experts, group))
+            )));
+        }
+        Ok(())
+    }
+
     /// The model as one rank of a context-parallel group sees its tokens: the sequence cut to
     /// its 1/CP share (the model itself where CP is 1). For what scales with the rank's tokens:
     /// linear and element-wise work, the embedding's and the head's activations, TP and PP
@@ -501,7 +603,10 @@ impl Layout {
     /// ring passes per step, and the unit of the exchange's buffers.
     pub fn cp_kv_block_bytes(&self, model: &Model, element_bytes: f64) -> f64 {
         let tokens = self.micro_batch as f64 * (model.training.seq_len / self.cp.max(1)) as f64;
-        2.0 * tokens * model.architecture.kv_dim() as f64 / self.tp.max(1) as f64 * element_bytes
+        // K and V as attention reads them (under MLA, K of heads × (nope + rope) and V of
+        // heads × v_head_dim; else kv_dim each).
+        let w = crate::memory::activations::AttentionWidths::of(&model.architecture);
+        tokens * (w.k + w.v) / self.tp.max(1) as f64 * element_bytes
     }
 
     /// Layers per virtual stage, in pipeline order: an even split, the remainder given to the

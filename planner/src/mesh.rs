@@ -38,6 +38,10 @@ pub struct Mesh {
     /// Context-parallel degree (1: none).
     #[serde(default = "one")]
     pub cp: u64,
+    /// Expert-parallel degree (1: none). It does not change the rank order: EP groups are
+    /// cut from the DP × CP ranks that share a TP and PP coordinate (see [`Mesh::ep_group`]).
+    #[serde(default = "one")]
+    pub ep: u64,
 }
 
 fn one() -> u64 {
@@ -64,7 +68,58 @@ impl Mesh {
             tp,
             gpus_per_node: gpus_per_node.max(1),
             cp: cp.max(1),
+            ep: 1,
         }
+    }
+
+    /// This mesh with expert parallelism `ep`, which must divide DP × CP.
+    pub fn with_ep(self, ep: u64) -> Mesh {
+        Mesh {
+            ep: ep.max(1),
+            ..self
+        }
+    }
+
+    /// The index of `rank` among the DP × CP ranks of its TP and PP coordinate: `cp + CP·dp`
+    /// (the order of [`Mesh::dp_cp_group`]).
+    fn dp_cp_index(&self, c: Coord) -> u64 {
+        c.cp + self.cp * c.dp
+    }
+
+    /// The rank of DP × CP index `j` at the TP and PP coordinate of `c`.
+    fn at_dp_cp_index(&self, c: Coord, j: u64) -> u64 {
+        self.rank(Coord {
+            cp: j % self.cp,
+            dp: j / self.cp,
+            ..c
+        })
+    }
+
+    /// The expert-parallel coordinate of `rank`: which 1/EP of each MoE layer's routed
+    /// experts it holds (experts `ep·E/EP .. (ep+1)·E/EP`).
+    pub fn ep_rank(&self, rank: u64) -> u64 {
+        self.dp_cp_index(self.coord(rank)) % self.ep
+    }
+
+    /// The EP group of `rank`, in EP order: consecutive DP × CP indices, the ranks its tokens
+    /// are exchanged with by all-to-all. Megatron-Core's expert rank order `tp-ep-dp-pp` with
+    /// expert TP equal to TP: EP varies right after TP (and CP).
+    pub fn ep_group(&self, rank: u64) -> Vec<u64> {
+        let c = self.coord(rank);
+        let base = self.dp_cp_index(c) / self.ep * self.ep;
+        (0..self.ep)
+            .map(|e| self.at_dp_cp_index(c, base + e))
+            .collect()
+    }
+
+    /// The expert-data-parallel group of `rank`: the DP × CP / EP ranks that hold the same
+    /// experts and sum their gradients, in order.
+    pub fn expert_dp_group(&self, rank: u64) -> Vec<u64> {
+        let c = self.coord(rank);
+        let e = self.dp_cp_index(c) % self.ep;
+        (0..self.dp * self.cp / self.ep)
+            .map(|k| self.at_dp_cp_index(c, e + k * self.ep))
+            .collect()
     }
 
     /// The rank order as plan.json states it.
@@ -209,6 +264,33 @@ mod tests {
         assert_eq!(Mesh::with_cp(2, 1, 2, 2, 8), plain);
         assert_eq!(plain.dp_cp_group(3), plain.dp_group(3));
         assert_eq!(plain.order(), MESH_ORDER);
+    }
+
+    #[test]
+    fn expert_groups_cut_the_dp_cp_ranks() {
+        // TP 2, CP 2, DP 4, PP 1 on 16 ranks, EP 4: the DP × CP ranks of TP coordinate 0 are
+        // 0, 2, 4, …, 14 (index j = cp + 2·dp); EP groups are j in 0..4 and 4..8.
+        let m = Mesh::with_cp(4, 2, 1, 2, 8).with_ep(4);
+        assert_eq!(m.ep_group(0), vec![0, 2, 4, 6]);
+        assert_eq!(m.ep_group(6), vec![0, 2, 4, 6]);
+        assert_eq!(m.ep_group(9), vec![9, 11, 13, 15]);
+        assert_eq!(m.expert_dp_group(0), vec![0, 8]);
+        assert_eq!(m.expert_dp_group(11), vec![3, 11]);
+        assert_eq!(m.ep_rank(11), 1);
+        for r in 0..m.world() {
+            let (ep, edp) = (m.ep_group(r), m.expert_dp_group(r));
+            assert_eq!(ep.len() * edp.len(), (m.dp * m.cp) as usize);
+            assert!(ep.contains(&r) && edp.contains(&r));
+            // An EP group holds each expert shard once; the expert-DP group one shard only.
+            let mut shards: Vec<u64> = ep.iter().map(|x| m.ep_rank(*x)).collect();
+            shards.sort_unstable();
+            assert_eq!(shards, (0..4).collect::<Vec<_>>());
+            assert!(edp.iter().all(|x| m.ep_rank(*x) == m.ep_rank(r)));
+        }
+        // EP 1: one-rank EP groups, and the expert-DP group is DP × CP.
+        let plain = Mesh::with_cp(4, 2, 1, 2, 8);
+        assert_eq!(plain.ep_group(3), vec![3]);
+        assert_eq!(plain.expert_dp_group(3), plain.dp_cp_group(3));
     }
 
     #[test]

@@ -133,15 +133,15 @@ pub struct Architecture {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sliding_window: Option<u64>,
     /// Mixture-of-experts MLPs (spec keys `experts`, `experts_per_token`, …); absent: every
-    /// MLP is dense. Read and counted, not planned yet (`Model::plannable`).
+    /// MLP is dense. Planned with expert parallelism (`Layout::ep`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub moe: Option<Moe>,
     /// Multi-head Latent Attention (spec table `[architecture.mla]`, DeepSeek-V2/V3); absent:
-    /// standard attention. Read and counted, not planned yet.
+    /// standard attention. Planned; the runtime refuses it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mla: Option<Mla>,
     /// A norm over each query and key head before RoPE (spec key `qk_norm`; Qwen3's `q_norm`
-    /// and `k_norm`). Read and counted, not planned yet.
+    /// and `k_norm`). Planned; the runtime refuses it.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub qk_norm: bool,
 }

@@ -135,6 +135,11 @@ pub(crate) struct DegreePins {
     /// (Megatron-Core's `--context-parallel-size`).
     #[arg(long)]
     pub cp: Option<u64>,
+    /// Pin the expert-parallel degree of an MoE model: each MoE layer's routed experts split
+    /// over EP ranks cut from the DP × CP ranks (Megatron-Core's
+    /// `--expert-model-parallel-size`).
+    #[arg(long)]
+    pub ep: Option<u64>,
     /// Pin the data-parallel degree.
     #[arg(long)]
     pub dp: Option<u64>,
@@ -154,6 +159,7 @@ impl DegreePins {
             pp: self.pp,
             tp: self.tp,
             cp: self.cp,
+            ep: self.ep,
             micro_batch: self.micro_batch,
             zero: self.zero,
             ..Pins::default()
@@ -240,6 +246,7 @@ pub fn run(args: PlanArgs) -> anyhow::Result<ExitCode> {
         ("--pp", pins.pp),
         ("--dp", pins.dp),
         ("--cp", pins.cp),
+        ("--ep", pins.ep),
         ("--micro-batch", pins.micro_batch),
         ("--virtual-stages", pins.virtual_stages),
     ] {
@@ -326,9 +333,14 @@ pub fn run(args: PlanArgs) -> anyhow::Result<ExitCode> {
         let shown = &result.fits[..result.fits.len().min(args.top.max(1))];
         // A CP column only where a shown layout has context parallelism.
         let with_cp = shown.iter().any(|c| c.layout.cp > 1);
+        // An EP column only for a mixture-of-experts model.
+        let with_ep = model.architecture.moe.is_some();
         let mut head = vec!["#", "dp"];
         if with_cp {
             head.push("cp");
+        }
+        if with_ep {
+            head.push("ep");
         }
         head.extend([
             "tp",
@@ -345,11 +357,9 @@ pub fn run(args: PlanArgs) -> anyhow::Result<ExitCode> {
             "peak GiB",
             "% of mem",
         ]);
-        let right: Vec<usize> = if with_cp {
-            vec![0, 1, 2, 3, 4, 5, 6, 7, 11, 12, 13, 14, 15]
-        } else {
-            vec![0, 1, 2, 3, 4, 5, 6, 10, 11, 12, 13, 14]
-        };
+        let right: Vec<usize> = (0..head.len())
+            .filter(|&i| !matches!(head[i], "recompute" | "sp" | "schedule"))
+            .collect();
         let mut t = table(&head, &right);
         for (i, c) in shown.iter().enumerate() {
             let l = &c.layout;
@@ -368,6 +378,9 @@ pub fn run(args: PlanArgs) -> anyhow::Result<ExitCode> {
                     (cp, tessera_planner::layout::CpComm::P2p) => cp.to_string(),
                     (cp, tessera_planner::layout::CpComm::AllGather) => format!("{cp} ag"),
                 });
+            }
+            if with_ep {
+                row.push(l.ep.to_string());
             }
             row.extend([
                 l.tp.to_string(),

@@ -72,8 +72,7 @@ fn check(path: &Path) -> anyhow::Result<String> {
     } else {
         TrainingOverrides::default()
     };
-    // Read, not loaded to plan: a mixture-of-experts or MLA spec is valid and counted, and the
-    // line says that `plan` does not plan it yet.
+    // Read and checked the way `plan` loads it; an MoE model also gets its active count.
     let m = spec::read_model(path, over)?;
     let a = &m.architecture;
     let mut what = format!("model {}: {} parameters", m.name, a.param_count());
@@ -81,10 +80,7 @@ fn check(path: &Path) -> anyhow::Result<String> {
         what += &format!(", {} active per token", a.active_param_count());
     }
     if let Err(p) = m.plannable() {
-        what += &format!(
-            " (read and counted; `plan` refuses it at `{}`: not built yet)",
-            p.field
-        );
+        what += &format!(" (`plan` refuses it at `{}`)", p.field);
     }
     Ok(what)
 }

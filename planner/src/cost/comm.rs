@@ -123,6 +123,75 @@ impl GroupLink {
     }
 }
 
+/// An all-to-all over a group (expert parallelism's token dispatch and combine): each rank
+/// sends an equal share of its buffer to every member, all at once. The shares bound for the
+/// rank's own node go over the intra-node link, those for other nodes through the rank's own
+/// NIC, concurrently; the slower of the two sets the time, plus one hop's latency (NCCL runs
+/// the all-to-all as grouped point-to-point sends, `ncclGroupStart` … `ncclSend`/`ncclRecv` …
+/// `ncclGroupEnd`, which proceed in parallel; on GPUs the hop is NCCL's Simple-protocol hop,
+/// as in [`GroupLink::p2p`]).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct AllToAll {
+    pub ranks: u64,
+    pub nodes: u64,
+    /// Members in the rank's own node (itself included).
+    pub per_node: u64,
+    /// The intra-node link's and one NIC's bandwidth per rank, bytes/s.
+    pub intra: f64,
+    pub nic: f64,
+    /// One hop's latency inside a node and across nodes, s.
+    pub intra_latency: f64,
+    pub inter_latency: f64,
+}
+
+impl AllToAll {
+    /// A group of one rank: nothing moves.
+    pub const SOLO: AllToAll = AllToAll {
+        ranks: 1,
+        nodes: 1,
+        per_node: 1,
+        intra: f64::INFINITY,
+        nic: f64::INFINITY,
+        intra_latency: 0.0,
+        inter_latency: 0.0,
+    };
+
+    /// The all-to-all of `ranks` ranks over `nodes` nodes with `per_node` in the rank's node.
+    pub fn new(cluster: &Cluster, ranks: u64, nodes: u64, per_node: u64) -> AllToAll {
+        let c = &cluster.calibration;
+        let gpu = cluster.device.kind == DeviceKind::Gpu;
+        // NCCL's Simple-protocol hop (µs) besides the spec's own latency, on GPUs.
+        let (nvlink_hop, net_hop) = if gpu { (3.4e-6, 14e-6) } else { (0.0, 0.0) };
+        AllToAll {
+            ranks,
+            nodes,
+            per_node: per_node.clamp(1, ranks.max(1)),
+            intra: cluster.intra_node.bandwidth_gbps * 1e9 * c.intra_node_efficiency,
+            nic: cluster.inter_node.bandwidth_gbps * 1e9 * c.inter_node_efficiency,
+            intra_latency: cluster.intra_node.latency_us * 1e-6 + nvlink_hop,
+            inter_latency: cluster.inter_node.latency_us * 1e-6 + net_hop,
+        }
+    }
+
+    /// Seconds to exchange a buffer of `bytes` per rank (its own share included, which does
+    /// not move): `(g − 1)/n` of it over the intra-node link and `(n − g)/n` through the NIC,
+    /// with `g` members in the rank's node.
+    pub fn time(&self, bytes: f64) -> f64 {
+        if self.ranks <= 1 {
+            return 0.0;
+        }
+        let (n, g) = (self.ranks as f64, self.per_node as f64);
+        let inside = bytes * (g - 1.0) / n / self.intra;
+        let outside = bytes * (n - g) / n / self.nic;
+        let latency = if self.nodes > 1 {
+            self.inter_latency
+        } else {
+            self.intra_latency
+        };
+        inside.max(outside) + latency
+    }
+}
+
 /// Seconds for one point-to-point message of `bytes` between two ranks.
 pub fn p2p(cluster: &Cluster, mesh: &Mesh, from: u64, to: u64, bytes: f64) -> f64 {
     GroupLink::of_group(cluster, mesh, &[from, to]).p2p(bytes)
@@ -143,6 +212,13 @@ pub struct Links {
     pub dp_across_nodes: GroupLink,
     /// Between the first and the last pipeline stage (tied embeddings' gradient).
     pub first_last: GroupLink,
+    /// The expert-parallel group's all-to-all (MoE token dispatch and combine).
+    pub ep: AllToAll,
+    /// The expert-data-parallel group: the ranks that hold the same experts and sum their
+    /// gradients (DP × CP / EP of them).
+    pub expert_dp: GroupLink,
+    /// Its members inside one node (hybrid sharding of the expert states).
+    pub expert_dp_in_node: GroupLink,
     /// `pp_next[s]`: between stage `s` and stage `(s + 1) % pp`, as (bandwidth, latency).
     pub pp_next: Vec<GroupLink>,
 }
@@ -225,6 +301,17 @@ impl Links {
                 GroupLink::of_group(cluster, mesh, &[stages[s], to])
             })
             .collect();
+        // EP groups are consecutive DP × CP indices (stride TP in ranks); the expert-DP group
+        // strides over TP·EP (`Mesh::ep_group`, `Mesh::expert_dp_group`).
+        let ep = {
+            let (nodes, most) = progression(mesh.ep, mesh.tp, mesh.gpus_per_node);
+            AllToAll::new(cluster, mesh.ep, nodes, most)
+        };
+        let edp = (grads / mesh.ep.max(1)).max(1);
+        let stride = mesh.tp.saturating_mul(mesh.ep.max(1));
+        let expert_dp = progression_link(cluster, mesh, edp, stride);
+        let (_, most) = progression(edp, stride, mesh.gpus_per_node);
+        let expert_dp_in_node = GroupLink::new(cluster, most, 1, most);
         Links {
             tp,
             cp,
@@ -232,6 +319,9 @@ impl Links {
             dp_in_node,
             dp_across_nodes,
             first_last,
+            ep,
+            expert_dp,
+            expert_dp_in_node,
             pp_next,
         }
     }
@@ -369,6 +459,31 @@ mod tests {
             (4, 250_000_000_000)
         );
         assert_eq!((l.tp.ranks, l.tp.nodes), (2, 1));
+    }
+
+    /// The all-to-all, written out: EP 16 over two nodes of 8 (TP 1), a 64 MB buffer: 7/16 of
+    /// it over NVLink at 150 GB/s (0.1867 ms), 8/16 through one NIC at 20 GB/s
+    /// (1.6 ms), plus the network hop (NCCL's 14 µs + the spec's 5 µs).
+    #[test]
+    fn cost_all_to_all_splits_its_traffic_between_nvlink_and_the_nic() {
+        let c = cluster();
+        let m = Mesh::new(32, 1, 1, 8).with_ep(16);
+        let l = Links::new(&c, &m);
+        assert_eq!((l.ep.ranks, l.ep.nodes, l.ep.per_node), (16, 2, 8));
+        let want = (64e6 * 8.0 / 16.0 / 20e9) + 14e-6 + 5e-6;
+        assert!(
+            (l.ep.time(64e6) - want).abs() < 1e-12,
+            "{}",
+            l.ep.time(64e6)
+        );
+        // Inside one node (EP 8): 7/8 over NVLink, NVLink's hop.
+        let m = Mesh::new(32, 1, 1, 8).with_ep(8);
+        let l = Links::new(&c, &m);
+        let want = 64e6 * 7.0 / 8.0 / 150e9 + 3.4e-6 + 2e-6;
+        assert!((l.ep.time(64e6) - want).abs() < 1e-12);
+        // Expert-DP: DP 32 / EP 8 = 4 ranks, stride 8: one per node.
+        assert_eq!((l.expert_dp.ranks, l.expert_dp.nodes), (4, 4));
+        assert_eq!(AllToAll::SOLO.time(1e9), 0.0);
     }
 
     #[test]

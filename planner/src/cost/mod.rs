@@ -10,22 +10,28 @@
 
 pub mod comm;
 pub mod gemm;
+mod layer_times;
+pub mod moe;
 pub mod nccl;
 pub mod ops;
 pub mod pipeline;
+mod reasons;
 #[cfg(test)]
 mod tests;
 
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use crate::layout::{Layout, Recompute};
+use crate::layout::Layout;
 use crate::model::{AttentionImpl, Model};
-use crate::precision::{Policy, StateClass};
 use crate::spec::{Cluster, DeviceKind};
 use comm::Links;
 use ops::Device;
 use pipeline::{ChunkTime, Parts, Pipeline, Simulated};
+
+use layer_times::dtype_bytes;
+pub use layer_times::layer_times;
+use reasons::{cp_reason, dp_reason, ep_reason, recompute_reason, tp_reason};
 
 /// The FLOP convention of `mfu`, stated in the output and in plan.json.
 pub const FLOP_CONVENTION: &str = "model FLOPs (Korthikanti et al. 2022 Eq. 7, PaLM's MFU): 3 × forward FLOPs of every matmul, the attention scores and their product with V over the full sequence (no causal halving) and the logits; recompute excluded; MFU = model FLOPs per step / (step time × devices × peak_tflops)";
@@ -57,8 +63,8 @@ impl Default for Options {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct TimeTerm {
-    /// `compute`, `recompute`, `tp_comm`, `cp_comm`, `pipeline_bubble`, `dp_exposed` or
-    /// `optimizer`.
+    /// `compute`, `recompute`, `tp_comm`, `cp_comm`, `ep_comm`, `pipeline_bubble`,
+    /// `dp_exposed` or `optimizer`.
     pub name: String,
     pub seconds: f64,
     /// What the term is and how it was sized.
@@ -94,7 +100,12 @@ impl Prediction {
 /// Per micro-batch: one transformer layer, the embedding, the head.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct LayerTimes {
+    /// A layer with the dense MLP.
     pub layer: ChunkTime,
+    /// An MoE layer (router, experts, all-to-all), for an MoE model.
+    pub moe_layer: Option<ChunkTime>,
+    /// The share of the model's layers that are MoE layers (0 for a dense model).
+    pub moe_share: f64,
     pub embedding: ChunkTime,
     pub head: ChunkTime,
     /// The first layer's ZeRO-3 gather, which nothing hides, per micro-batch per stage.
@@ -102,167 +113,30 @@ pub struct LayerTimes {
 }
 
 impl LayerTimes {
-    /// Forward plus backward of one layer, for the partitioner.
+    /// Forward plus backward of the mean layer (dense and MoE layers in the model's
+    /// proportion), for the partitioner.
     pub fn per_layer(&self) -> f64 {
-        self.layer.fwd.total() + self.layer.bwd.total()
-    }
-}
-
-/// Bytes per parameter of the gradient that DP reduces and of the weights ZeRO gathers.
-fn dtype_bytes(model: &Model) -> (f64, f64, f64) {
-    let policy = Policy::by_name(&model.training.precision)
-        .expect("the precision policy is validated when the spec is resolved");
-    let grad = policy
-        .states
-        .iter()
-        .filter(|s| s.class == StateClass::Grad)
-        .map(|s| s.bytes)
-        .max()
-        .unwrap_or(2) as f64;
-    let weight = policy.class_bytes(StateClass::Param) as f64;
-    // Adam reads and writes master, m and v, reads the gradient, writes the 16-bit weight.
-    let update = 2.0 * policy.class_bytes(StateClass::Optim) as f64 + grad + weight;
-    (grad, weight, update)
-}
-
-/// The per-micro-batch times of a layout's parts.
-pub fn layer_times(
-    model: &Model,
-    cluster: &Cluster,
-    layout: &Layout,
-    links: &Links,
-    options: Options,
-) -> LayerTimes {
-    let dev = Device::of(cluster);
-    let (tp, sp, b) = (layout.tp, layout.sequence_parallel, layout.micro_batch);
-    let cp = layout.cp.max(1);
-    let lc = ops::layer_cp(model, &dev, tp, sp, b, cp);
-    // Under context parallelism a rank holds 1/CP of every sequence's tokens: what the
-    // embedding, the head and the TP collectives move (`local`).
-    let local = &*layout.rank_tokens(model);
-    let a = &model.architecture;
-    let act = b as f64 * local.training.seq_len as f64 * a.hidden as f64 * 2.0;
-    let t = &links.tp;
-    // Two collectives per layer each way: all-reduces, or all-gather + reduce-scatter with SP.
-    let per_pass = if sp {
-        2.0 * (t.all_gather(act) + t.reduce_scatter(act))
-    } else {
-        2.0 * t.all_reduce(act)
-    };
-    let (ring_f, ring_b) = ring_exposed(model, layout, links, &lc);
-    let mut layer = ChunkTime {
-        fwd: Parts {
-            compute: lc.fwd,
-            tp: per_pass,
-            cp: ring_f,
-            ..Parts::default()
-        },
-        bwd: Parts {
-            compute: lc.bwd,
-            tp: per_pass,
-            cp: ring_b,
-            ..Parts::default()
-        },
-    };
-    match layout.recompute {
-        Recompute::None => {}
-        // Under flash attention, selective is per-op checkpointing (torchtitan's op SAC): every
-        // second matmul and every element-wise kernel run again (`memory::activations::Keep`).
-        Recompute::Selective if model.training.attention == AttentionImpl::Flash => {
-            layer.bwd.recompute = 0.5 * lc.linear_fwd + lc.elementwise_fwd
-        }
-        Recompute::Selective => layer.bwd.recompute = lc.attention_core_fwd,
-        Recompute::Full => {
-            // Every N-th layer: the average layer re-runs 1/N of a forward.
-            let share = 1.0 / layout.recompute_every.max(1) as f64;
-            layer.bwd.recompute = lc.fwd * share;
-            layer.bwd.tp += per_pass * share;
-            layer.bwd.cp += ring_f * share;
+        let dense = self.layer.fwd.total() + self.layer.bwd.total();
+        match &self.moe_layer {
+            Some(m) => {
+                (1.0 - self.moe_share) * dense + self.moe_share * (m.fwd.total() + m.bwd.total())
+            }
+            None => dense,
         }
     }
-    let mut zero3_first_gather = 0.0;
-    if layout.sharding.zero_stage == 3 && layout.shard_degree(cluster) > 1 {
-        let (grad, weight, _) = dtype_bytes(model);
-        let group = if layout.sharding.hybrid {
-            &links.dp_in_node
-        } else {
-            &links.dp
+
+    /// One chunk's layers: `dense` layers with the dense MLP and `moe` MoE layers.
+    pub fn layers(&self, dense: u64, moe: u64) -> ChunkTime {
+        let mut c = ChunkTime {
+            fwd: self.layer.fwd.scale(dense as f64),
+            bwd: self.layer.bwd.scale(dense as f64),
         };
-        let params = a.layer_params().per_tp_rank(tp);
-        let gather = group.all_gather(params * weight);
-        let scatter = group.reduce_scatter(params * grad);
-        layer.fwd.zero3 = (gather - layer.fwd.total()).max(0.0);
-        layer.bwd.zero3 = (gather + scatter - layer.bwd.total()).max(0.0);
-        zero3_first_gather = gather;
+        if let Some(m) = &self.moe_layer {
+            c.fwd = c.fwd.add(&m.fwd.scale(moe as f64));
+            c.bwd = c.bwd.add(&m.bwd.scale(moe as f64));
+        }
+        c
     }
-    let (ef, eb) = ops::embedding(local, &dev, tp, sp, b);
-    let (hf, hb) = ops::head(local, &dev, tp, sp, b, options.fused_loss);
-    let (emb_tp_f, emb_tp_b, head_tp_f, head_tp_b) = if sp {
-        (
-            t.reduce_scatter(act),
-            t.all_gather(act),
-            t.all_gather(act),
-            t.reduce_scatter(act),
-        )
-    } else {
-        (t.all_reduce(act), 0.0, 0.0, 0.0)
-    };
-    // Vocabulary-parallel cross-entropy all-reduces the max, the sum and the target logit.
-    let ce = 3.0 * t.all_reduce(4.0 * (b as f64 * local.training.seq_len as f64));
-    let part = |compute, tp| Parts {
-        compute,
-        tp,
-        ..Parts::default()
-    };
-    LayerTimes {
-        layer,
-        embedding: ChunkTime {
-            fwd: part(ef, emb_tp_f),
-            bwd: part(eb, emb_tp_b),
-        },
-        head: ChunkTime {
-            fwd: part(hf, head_tp_f + ce),
-            bwd: part(hb, head_tp_b),
-        },
-        zero3_first_gather,
-    }
-}
-
-/// Seconds of one layer's ring-attention exchange (forward, backward) that its attention does
-/// not hide, for one micro-batch. Megatron-Core's CP (Transformer Engine's
-/// `AttnFuncWithCPAndKVP2P`) passes each rank's K and V around the CP ring in CP − 1 steps,
-/// each overlapped with the attention of the block in hand; the backward passes K, V and their
-/// gradients. A step's exposed time is what its transfer takes beyond its share of the
-/// attention core (1/CP of the rank's).
-fn ring_exposed(
-    model: &Model,
-    layout: &Layout,
-    links: &Links,
-    lc: &ops::LayerCompute,
-) -> (f64, f64) {
-    let cp = layout.cp;
-    if cp <= 1 {
-        return (0.0, 0.0);
-    }
-    // K and V of this rank's tokens and its KV heads.
-    let kv = layout.cp_kv_block_bytes(model, crate::memory::activations::element_bytes(model));
-    if layout.cp_comm == crate::layout::CpComm::AllGather {
-        // Llama 3's: K and V of the whole sequence all-gathered before the attention, on the
-        // critical path (Dubey et al. 2024 §3.3.2: "the all-gather communication latency is
-        // exposed"); the backward gathers them again and reduce-scatters their gradients.
-        let full = kv * cp as f64;
-        let g = links.cp.all_gather(full);
-        return (g, g + links.cp.reduce_scatter(full));
-    }
-    let steps = (cp - 1) as f64;
-    let fwd_step = links.cp.p2p(kv);
-    let bwd_step = links.cp.p2p(2.0 * kv);
-    let core_f = lc.attention_core_fwd / cp as f64;
-    let core_b = 2.5 * core_f;
-    (
-        steps * (fwd_step - core_f).max(0.0),
-        steps * (bwd_step - core_b).max(0.0),
-    )
 }
 
 /// A layout with its split, costed up to the pipeline simulation.
@@ -285,6 +159,7 @@ pub struct Evaluation {
     dp_reason: String,
     tp_reason: String,
     cp_reason: String,
+    ep_reason: String,
     attention: AttentionImpl,
     update_bytes: f64,
     layout: Layout,
@@ -308,13 +183,18 @@ pub fn evaluate(
     let (pp, v) = (layout.pp as usize, layout.virtual_stages as usize);
     let m = layout.microbatches(model);
     let last = pp * v - 1;
+    let starts: Vec<u64> = split
+        .iter()
+        .scan(0, |acc, n| {
+            let s = *acc;
+            *acc += n;
+            Some(s)
+        })
+        .collect();
     let chunks: Vec<ChunkTime> = (0..pp * v)
         .map(|vs| {
-            let n = split[vs] as f64;
-            let mut c = ChunkTime {
-                fwd: times.layer.fwd.scale(n),
-                bwd: times.layer.bwd.scale(n),
-            };
+            let (dense, moe) = crate::memory::moe::layer_mix(model, starts[vs], split[vs]);
+            let mut c = times.layers(dense, moe);
             if vs == 0 {
                 c.fwd = c.fwd.add(&times.embedding.fwd);
                 c.bwd = c.bwd.add(&times.embedding.bwd);
@@ -357,13 +237,20 @@ pub fn evaluate(
         chunks,
         p2p_next: if pp > 1 { p2p_next } else { vec![0.0] },
     };
-    // Parameters per stage, as the memory model counts them.
+    // Parameters per stage, as the memory model counts them: the dense weights, and apart
+    // the routed experts, whose gradients the expert-data-parallel group sums.
     let layers: Vec<u64> = (0..pp)
         .map(|s| (0..v).map(|c| split[c * pp + s]).sum())
         .collect();
+    let (moe_common, moe_experts) = crate::memory::moe::moe_layer_params_per_rank(model, layout);
+    let mixes: Vec<(u64, u64)> = (0..pp as u64)
+        .map(|s| crate::memory::moe::stage_mix(model, layout, split, s))
+        .collect();
+    let expert_params: Vec<f64> = mixes.iter().map(|m| moe_experts * m.1 as f64).collect();
     let params: Vec<f64> = (0..pp)
         .map(|s| {
-            let mut p = a.layer_params().per_tp_rank(tp) * layers[s] as f64;
+            let (dense, moe) = mixes[s];
+            let mut p = a.layer_params().per_tp_rank(tp) * dense as f64 + moe_common * moe as f64;
             if s == 0 {
                 p += a.embedding_params_at(tp).per_tp_rank(tp);
             }
@@ -381,9 +268,10 @@ pub fn evaluate(
     let hybrid = layout.sharding.hybrid;
     let (grad_sync, after_step): (Vec<f64>, Vec<f64>) = params
         .iter()
-        .map(|&p| {
+        .zip(&expert_params)
+        .map(|(&p, &x)| {
             let (g, w) = (p * grad, p * weight);
-            match (zero, hybrid) {
+            let (dense_sync, dense_after) = match (zero, hybrid) {
                 (0, _) => (links.dp.all_reduce(g), 0.0),
                 (1 | 2, false) => (links.dp.reduce_scatter(g), links.dp.all_gather(w)),
                 (1 | 2, true) => (
@@ -395,7 +283,22 @@ pub fn evaluate(
                 // hybrid sharding also all-reduces the shards across nodes once per step.
                 (_, true) => (links.dp_across_nodes.all_reduce(g / shard), 0.0),
                 (_, false) => (0.0, 0.0),
-            }
+            };
+            // The experts' gradients over the expert-data-parallel group (hybrid: inside the
+            // node, the rest of the group's cross-node reduction is not modelled apart).
+            let (xg, xw) = (x * grad, x * weight);
+            let group = if hybrid {
+                &links.expert_dp_in_node
+            } else {
+                &links.expert_dp
+            };
+            let (expert_sync, expert_after) = match zero {
+                _ if x == 0.0 => (0.0, 0.0),
+                0 => (group.all_reduce(xg), 0.0),
+                1 | 2 => (group.reduce_scatter(xg), group.all_gather(xw)),
+                _ => (0.0, 0.0),
+            };
+            (dense_sync + expert_sync, dense_after + expert_after)
         })
         .unzip();
     let mut sync: Vec<f64> = (0..pp)
@@ -423,7 +326,16 @@ pub fn evaluate(
     }
     let dev = Device::of(cluster);
     let per_rank = if zero >= 1 { shard } else { 1.0 };
-    let updated: Vec<f64> = params.iter().map(|p| p / per_rank).collect();
+    let expert_per_rank = if zero >= 1 {
+        crate::memory::moe::expert_shard_degree(layout, cluster) as f64
+    } else {
+        1.0
+    };
+    let updated: Vec<f64> = params
+        .iter()
+        .zip(&expert_params)
+        .map(|(p, x)| p / per_rank + x / expert_per_rank)
+        .collect();
     let optimizer: Vec<f64> = updated.iter().map(|p| dev.memory(p * update)).collect();
     let tokens_per_step = model.training.global_batch as f64 * model.training.seq_len as f64;
     let ranks_per_node = cluster.gpus_per_node.min(cluster.devices) as f64;
@@ -444,6 +356,7 @@ pub fn evaluate(
         dp_reason: dp_reason(layout, links),
         tp_reason: tp_reason(layout, links, sp),
         cp_reason: cp_reason(layout, links),
+        ep_reason: ep_reason(model, layout, links),
         attention: model.training.attention,
         update_bytes: update,
         layout: *layout,
@@ -461,87 +374,6 @@ pub fn evaluate(
 
 fn mean(x: &[f64]) -> f64 {
     x.iter().sum::<f64>() / x.len().max(1) as f64
-}
-
-fn link_words(l: &comm::GroupLink) -> String {
-    if l.crosses_nodes() {
-        format!(
-            "across {} nodes at {:.0} GB/s per rank",
-            l.nodes,
-            l.bandwidth / 1e9
-        )
-    } else {
-        format!("inside a node at {:.0} GB/s per rank", l.bandwidth / 1e9)
-    }
-}
-
-fn recompute_reason(layout: &Layout, attention: AttentionImpl) -> String {
-    match (layout.recompute, attention) {
-        (Recompute::None, _) => "no activation recompute".into(),
-        (Recompute::Selective, AttentionImpl::Flash) => "per-op selective checkpointing (torchtitan's op SAC) re-runs every second matmul and the element-wise kernels in the backward".into(),
-        (Recompute::Selective, AttentionImpl::Eager) => "selective recompute re-runs the attention core in the backward".into(),
-        (Recompute::Full, _) if layout.recompute_every > 1 => format!(
-            "full recompute of every {}th layer re-runs its forward in the backward",
-            layout.recompute_every
-        ),
-        (Recompute::Full, _) => "full recompute re-runs each layer's forward in the backward".into(),
-    }
-}
-
-fn cp_reason(layout: &Layout, links: &Links) -> String {
-    if layout.cp_comm == crate::layout::CpComm::AllGather {
-        return format!(
-            "K and V all-gathered over CP {} before each layer's attention (and again in the backward, with their gradients reduce-scattered), {}, not overlapped",
-            layout.cp,
-            link_words(&links.cp)
-        );
-    }
-    format!(
-        "ring attention: K and V passed around CP {} in {} steps per layer and micro-batch (with their gradients in the backward), {}, beyond what each step's attention block hides",
-        layout.cp,
-        layout.cp.saturating_sub(1),
-        link_words(&links.cp)
-    )
-}
-
-fn tp_reason(layout: &Layout, links: &Links, sp: bool) -> String {
-    if layout.tp == 1 {
-        return "no tensor parallelism".into();
-    }
-    let what = if sp {
-        "2 all-gathers + 2 reduce-scatters (sequence parallel)"
-    } else {
-        "2 all-reduces"
-    };
-    let extra = if layout.recompute == Recompute::Full {
-        ", again in the recomputed forward"
-    } else {
-        ""
-    };
-    format!(
-        "{what} of the layer's activations per layer in forward and in backward{extra}, over TP {} {}",
-        layout.tp,
-        link_words(&links.tp)
-    )
-}
-
-fn dp_reason(layout: &Layout, links: &Links) -> String {
-    if layout.dp == 1 && layout.cp == 1 {
-        return "no data parallelism".into();
-    }
-    let what = match (layout.sharding.zero_stage, layout.sharding.hybrid) {
-        (0, _) => "gradient all-reduce",
-        (1 | 2, false) => "gradient reduce-scatter + parameter all-gather (ZeRO)",
-        (1 | 2, true) => "gradient reduce-scatter in the node + all-reduce across nodes + parameter all-gather (hybrid ZeRO)",
-        (_, false) => "ZeRO-3 per-micro-batch parameter all-gathers and gradient reduce-scatters",
-        (_, true) => "hybrid ZeRO-3 in-node gathers and scatters + cross-node gradient all-reduce",
-    };
-    let over = if layout.cp > 1 {
-        format!("DP {} × CP {}", layout.dp, layout.cp)
-    } else {
-        format!("DP {}", layout.dp)
-    };
-    format!("{what} over {over} {}", link_words(&links.dp))
 }
 
 impl Evaluation {
@@ -634,6 +466,7 @@ impl Evaluation {
             ),
             ("tp_comm", sum.tp, self.tp_reason.clone()),
             ("cp_comm", sum.cp, self.cp_reason.clone()),
+            ("ep_comm", sum.ep, self.ep_reason.clone()),
             (
                 "pipeline_bubble",
                 bubble,

@@ -13,6 +13,7 @@
 //! no schedules (`pipeline`), no I/O.
 
 use super::gemm::Gemm;
+use crate::memory::activations::AttentionWidths;
 use crate::model::{Activation, AttentionImpl, Model, Position};
 use crate::spec::{Calibration, Cluster};
 
@@ -118,9 +119,10 @@ struct Shapes {
     /// Tokens a replicated op (norm, residual) touches: all, or 1/TP with sequence parallelism.
     t_rep: f64,
     h: f64,
-    /// Per-rank widths: query, key/value, MLP.
-    q: f64,
-    kv: f64,
+    /// Per-rank widths of the attention core's Q, K, V and output ([`AttentionWidths`], its
+    /// heads' share), and its per-head sizes (`d_qk`, `d_v`).
+    att: AttentionWidths,
+    /// Per-rank MLP width.
     f: f64,
     /// Query rows per sequence on this rank: the sequence, or its 1/CP share.
     s: f64,
@@ -129,7 +131,6 @@ struct Shapes {
     s_kv: f64,
     b: f64,
     heads: f64,
-    d: f64,
 }
 
 fn shapes(model: &Model, tp: u64, sp: bool, b: u64, cp: u64) -> Shapes {
@@ -138,25 +139,68 @@ fn shapes(model: &Model, tp: u64, sp: bool, b: u64, cp: u64) -> Shapes {
     let s = s_kv / cp.max(1) as f64;
     let t = b as f64 * s;
     let tp = tp as f64;
+    let w = AttentionWidths::of(a);
     Shapes {
         t,
         t_rep: if sp { t / tp } else { t },
         h: a.hidden as f64,
-        q: a.q_dim() as f64 / tp,
-        kv: a.kv_dim() as f64 / tp,
+        att: AttentionWidths {
+            q: w.q / tp,
+            k: w.k / tp,
+            v: w.v / tp,
+            o: w.o / tp,
+            ..w
+        },
         f: a.ffn_hidden as f64 / tp,
         s,
         s_kv,
         b: b as f64,
         heads: a.heads as f64 / tp,
-        d: a.head_dim as f64,
     }
 }
 
-/// One transformer layer: QKV, attention core, output projection, MLP, two norms, two
-/// residual adds (with bias and dropout fused in, as in Megatron), the MLP activation, RoPE.
+/// One transformer layer: QKV (or MLA's projections), attention core, output projection, MLP,
+/// two norms, two residual adds (with bias and dropout fused in, as in Megatron), the MLP
+/// activation, RoPE; MLA's latent norms and the per-head query/key norms where the model has
+/// them.
 pub fn layer(model: &Model, dev: &Device, tp: u64, sp: bool, b: u64) -> LayerCompute {
     layer_cp(model, dev, tp, sp, b, 1)
+}
+
+/// The attention block's linear layers on one TP rank: (forward, backward) of each, and how
+/// many of it the block has. Standard attention: the fused QKV projection (column-parallel)
+/// and the output projection (row-parallel). MLA, as Megatron-Core's `MLASelfAttention` builds
+/// it: the query's down projection (`hidden → q_lora_rank`) and up projection (`q_lora_rank →
+/// heads·(qk_nope + qk_rope)`), or without `q_lora_rank` its direct projection (`hidden →
+/// heads·(qk_nope + qk_rope)`); the key-value down projection (`hidden → kv_lora_rank +
+/// qk_rope`, the latent and the shared RoPE key); its up projection (`kv_lora_rank →
+/// heads·(qk_nope + v_head_dim)`); the output projection (`heads·v_head_dim → hidden`). The
+/// down projections are replicated over TP (`TELinear`, `parallel_mode = "duplicated"`): every
+/// rank runs them whole over the tokens it holds, all of them, or its 1/TP under sequence
+/// parallelism (they run before the gather: `t_rep` rows); the others are split by heads.
+fn attention_linears(model: &Model, dev: &Device, x: &Shapes) -> Vec<((f64, f64), f64)> {
+    let att = &x.att;
+    let Some(m) = &model.architecture.mla else {
+        return vec![
+            (dev.linear(x.t, x.h, att.q + att.k + att.v), 1.0),
+            (dev.linear(x.t, att.o, x.h), 1.0),
+        ];
+    };
+    let mut v = Vec::with_capacity(5);
+    match m.q_lora_rank {
+        Some(r) => {
+            let r = r as f64;
+            v.push((dev.linear(x.t_rep, x.h, r), 1.0));
+            v.push((dev.linear(x.t, r, att.q), 1.0));
+        }
+        None => v.push((dev.linear(x.t, x.h, att.q), 1.0)),
+    }
+    let latent = m.kv_lora_rank as f64;
+    let (nope, rope) = (m.qk_nope_head_dim as f64, m.qk_rope_head_dim as f64);
+    v.push((dev.linear(x.t_rep, x.h, latent + rope), 1.0));
+    v.push((dev.linear(x.t, latent, x.heads * (nope + att.d_v)), 1.0));
+    v.push((dev.linear(x.t, att.o, x.h), 1.0));
+    v
 }
 
 /// [`layer`] on one rank of a context-parallel group of `cp`: the rank's 1/CP of the tokens
@@ -166,6 +210,7 @@ pub fn layer(model: &Model, dev: &Device, tp: u64, sp: bool, b: u64) -> LayerCom
 pub fn layer_cp(model: &Model, dev: &Device, tp: u64, sp: bool, b: u64, cp: u64) -> LayerCompute {
     let x = shapes(model, tp, sp, b, cp);
     let a = &model.architecture;
+    let att = x.att;
     let dropout = model.training.dropout > 0.0;
     let mut fwd = 0.0;
     let mut bwd = 0.0;
@@ -179,27 +224,27 @@ pub fn layer_cp(model: &Model, dev: &Device, tp: u64, sp: bool, b: u64, cp: u64)
         Activation::Swiglu => 2.0,
     };
     // (forward, backward) of each linear layer, and how many of it a layer has.
-    let linears = [
-        (dev.linear(x.t, x.h, x.q + 2.0 * x.kv), 1.0),
-        (dev.linear(x.t, x.q, x.h), 1.0),
-        (dev.linear(x.t, x.h, x.f), mlp_in),
-        (dev.linear(x.t, x.f, x.h), 1.0),
-    ];
+    let mut linears = attention_linears(model, dev, &x);
+    linears.push((dev.linear(x.t, x.h, x.f), mlp_in));
+    linears.push((dev.linear(x.t, x.f, x.h), 1.0));
     let linear_fwd: f64 = linears.iter().map(|((f, _), n)| f * n).sum();
     for ((f, b), n) in linears {
         add((f * n, b * n));
     }
-    // Attention core.
+    // Attention core. Scores take the query/key head size (`d_qk`), P·V the value head size
+    // (`d_v`): equal in standard attention, qk_nope + qk_rope and v_head_dim under MLA.
+    let (d_qk, d_v) = (att.d_qk, att.d_v);
     let core = match model.training.attention {
         AttentionImpl::Eager => {
             let bh = x.b * x.heads;
-            // scores = Q·Kᵀ (s×d by d×s), out = P·V (s×s by s×d); backward: two each. Under
-            // CP, the rank's s/CP query rows against all s keys.
+            // scores = Q·Kᵀ (s×d_qk by d_qk×s), out = P·V (s×s by s×d_v); backward: dQ = dS·K,
+            // dK = dSᵀ·Q, dP = dO·Vᵀ, dV = Pᵀ·dO. Under CP, the rank's s/CP query rows
+            // against all s keys.
             let (sq, sk) = (x.s, x.s_kv);
-            let scores = dev.matmul(sq, x.d, sk, bh);
-            let pv = dev.matmul(sq, sk, x.d, bh);
-            let scores_b = dev.matmul(sq, sk, x.d, bh) + dev.matmul(sk, sq, x.d, bh);
-            let pv_b = dev.matmul(sq, x.d, sk, bh) + dev.matmul(sk, sq, x.d, bh);
+            let scores = dev.matmul(sq, d_qk, sk, bh);
+            let pv = dev.matmul(sq, sk, d_v, bh);
+            let scores_b = dev.matmul(sq, sk, d_qk, bh) + dev.matmul(sk, sq, d_qk, bh);
+            let pv_b = dev.matmul(sq, d_v, sk, bh) + dev.matmul(sk, sq, d_v, bh);
             let elems = bh * sq * sk;
             // Fused scale-mask-softmax: read 2 + write 2 B/element; backward reads the output
             // and its gradient and writes one (6). Dropout: read 2, write 2 + a 1-byte mask;
@@ -218,14 +263,15 @@ pub fn layer_cp(model: &Model, dev: &Device, tp: u64, sp: bool, b: u64, cp: u64)
             f
         }
         AttentionImpl::Flash => {
-            // Causal: half of the 4·b·s²·d FLOPs per head (under CP, the rank's s/CP queries
-            // against all s keys: 1/CP of it); reads Q, K, V and writes O.
-            let flops = 0.5 * 4.0 * x.b * x.heads * x.s * x.s_kv * x.d;
+            // Causal: half of the 2·b·s²·(d_qk + d_v) FLOPs per head (scores and P·V; under
+            // CP, the rank's s/CP queries against all s keys: 1/CP of it); reads Q, K, V and
+            // writes O.
+            let flops = 0.5 * 2.0 * x.b * x.heads * x.s * x.s_kv * (d_qk + d_v);
             // The calibrated efficiency is FlashAttention-2's; older kernels take longer by
             // the factor the FlashAttention-2 paper measured (`FlashKernel::slowdown`).
             let eff = dev.peak * dev.cal.flash_attention_efficiency
                 / model.training.flash_kernel.slowdown();
-            let io = dev.memory(2.0 * x.t * (2.0 * x.q + 2.0 * x.kv));
+            let io = dev.memory(2.0 * x.t * (att.q + att.k + att.v + att.o));
             // One forward kernel; the backward's three (FlashAttention-2: the `rowsum(dO ∘ O)`
             // pre-pass, the main kernel, the dQ conversion).
             let f = (flops / eff).max(io) + dev.launches(1.0);
@@ -240,6 +286,26 @@ pub fn layer_cp(model: &Model, dev: &Device, tp: u64, sp: bool, b: u64, cp: u64)
     let drop = if dropout { 1.0 } else { 0.0 };
     let mut ew_f = x.t_rep * x.h * (2.0 * 4.0 + 2.0 * (6.0 + drop));
     let mut ew_b = x.t_rep * x.h * (2.0 * 6.0 + 2.0 * (6.0 + drop));
+    // Kernels: forward two norms, two residual adds, the activation; backward each norm twice
+    // (input gradient, then the weight gradient's reduction), the adds, the activation.
+    let (mut kernels_f, mut kernels_b) = (5.0, 7.0);
+    // More norms, costed as the layer's: MLA's on the query latent (with a q_lora_rank) and on
+    // the key-value latent, replicated over TP like the layer's own (on `t_rep` tokens);
+    // per-head norms on Q and K (`qk_norm`), on the rank's heads.
+    let mut norm = |elems: f64, kernels: f64| {
+        ew_f += elems * 4.0;
+        ew_b += elems * 6.0;
+        kernels_f += kernels;
+        kernels_b += 2.0 * kernels;
+    };
+    if let Some(m) = &a.mla {
+        let q_latent = m.q_lora_rank.map_or(0.0, |r| r as f64);
+        let latent_norms = if m.q_lora_rank.is_some() { 2.0 } else { 1.0 };
+        norm(x.t_rep * (q_latent + m.kv_lora_rank as f64), latent_norms);
+    }
+    if a.qk_norm {
+        norm(x.t * (att.q + att.k), 2.0);
+    }
     let (act_f, act_b) = match a.activation {
         Activation::Gelu => (4.0, 6.0),
         Activation::Swiglu => (6.0, 10.0),
@@ -250,20 +316,31 @@ pub fn layer_cp(model: &Model, dev: &Device, tp: u64, sp: bool, b: u64, cp: u64)
         dev.elementwise(x.t * x.f * act_b, x.t * x.f),
     );
     if a.position == Position::Rope {
-        ew_f += x.t * (x.q + x.kv) * 4.0;
-        ew_b += x.t * (x.q + x.kv) * 4.0;
+        let (bytes, kernels) = match &a.mla {
+            None => (x.t * (att.q + att.k) * 4.0, 1.0),
+            // MLA, as Megatron-Core's fused kernels run it (`fused_apply_mla_rope_for_q`,
+            // `fused_apply_mla_rope_for_kv`, megatron/core/fusions/fused_mla_yarn_rope_apply.py):
+            // the query's qk_rope channels of each head rotated in place (4 B per element); the
+            // key-value kernel reads the up projection's heads·(qk_nope + v_head_dim) and the
+            // shared RoPE key (qk_rope), and writes K (heads·(qk_nope + qk_rope), the rotated
+            // key copied into every head) and V (heads·v_head_dim), 2 B each. The backward
+            // moves the same bytes the other way.
+            Some(m) => {
+                let (nope, rope) = (m.qk_nope_head_dim as f64, m.qk_rope_head_dim as f64);
+                let q = x.heads * rope * 4.0;
+                let kv = 2.0 * (x.heads * (nope + d_v) + rope + att.k + att.v);
+                (x.t * (q + kv), 2.0)
+            }
+        };
+        ew_f += bytes;
+        ew_b += bytes;
+        kernels_f += kernels;
+        kernels_b += kernels;
     }
-    // Element-wise kernels: forward two norms, two residual adds, the activation (and RoPE);
-    // backward each norm twice (input gradient, then the weight gradient's reduction).
-    let rope = if a.position == Position::Rope {
-        1.0
-    } else {
-        0.0
-    };
-    let elementwise_fwd = dev.memory(ew_f) + act.0 + dev.launches(5.0 + rope);
+    let elementwise_fwd = dev.memory(ew_f) + act.0 + dev.launches(kernels_f);
     add((
         elementwise_fwd,
-        dev.memory(ew_b) + act.1 + dev.launches(7.0 + rope),
+        dev.memory(ew_b) + act.1 + dev.launches(kernels_b),
     ));
     LayerCompute {
         fwd,
@@ -328,7 +405,9 @@ pub fn head(
 /// multiply-add), the attention scores and their product with V over the full sequence (no
 /// causal halving), and the output layer. Training counts 3× this, without recompute: the
 /// convention of Korthikanti et al. 2022 (Eq. 7) and PaLM's MFU, which for a GPT layer is
-/// `24·h² + 4·s·h` per token, plus `2·h·V` for the logits.
+/// `24·h² + 4·s·h` per token, plus `2·h·V` for the logits. Under MLA the attention term is its
+/// five (or four) projections and `2·s·heads·(d_qk + d_v)` for the scores and P·V, the same
+/// conventions; per-head q/k norms and RoPE are element-wise and add no model FLOPs.
 pub fn model_flops_per_token(model: &Model) -> f64 {
     let a = &model.architecture;
     let (h, q, kv, f) = (
@@ -342,14 +421,66 @@ pub fn model_flops_per_token(model: &Model) -> f64 {
         Activation::Swiglu => 3.0,
     };
     let s = model.training.seq_len as f64;
-    let layer = 2.0 * (h * (q + 2.0 * kv) + q * h + mlp * h * f) + 4.0 * s * q;
-    a.layers as f64 * layer + 2.0 * h * a.vocab as f64
+    let attention = match &a.mla {
+        None => 2.0 * (h * (q + 2.0 * kv) + q * h) + 4.0 * s * q,
+        // MLA: each projection's 2·in·out (the query's down and up projections, or its direct
+        // one; the key-value down and up projections; the output projection), and the scores
+        // and P·V over the full sequence with their own head sizes: 2·s·heads·(d_qk + d_v).
+        Some(m) => {
+            let heads = a.heads as f64;
+            let (nope, rope, d_v) = (
+                m.qk_nope_head_dim as f64,
+                m.qk_rope_head_dim as f64,
+                m.v_head_dim as f64,
+            );
+            let latent = m.kv_lora_rank as f64;
+            let q_up = heads * (nope + rope);
+            let q_proj = match m.q_lora_rank {
+                Some(r) => h * r as f64 + r as f64 * q_up,
+                None => h * q_up,
+            };
+            let kv_proj = h * (latent + rope) + latent * heads * (nope + d_v);
+            let out = heads * d_v * h;
+            2.0 * (q_proj + kv_proj + out) + 2.0 * s * heads * (nope + rope + d_v)
+        }
+    };
+    let dense_mlp = 2.0 * mlp * h * f;
+    let moe_layers = a.moe_layer_count() as f64;
+    a.layers as f64 * attention
+        + (a.layers as f64 - moe_layers) * dense_mlp
+        + moe_layers * moe_mlp_flops_per_token(model)
+        + 2.0 * h * a.vocab as f64
+}
+
+/// Model FLOPs of one token's forward through an MoE layer's MLP part: the router (`h × E`),
+/// the `experts_per_token` routed experts it goes through and the shared experts (and their
+/// gate), each `2 · matrices · h · width`. Tokens dropped by a capacity factor are not
+/// subtracted: model FLOPs count the model's arithmetic, as Megatron-Core's MoE MFU does
+/// (its `num_floating_point_operations` counts top-k experts per token). 0 for a dense model.
+pub fn moe_mlp_flops_per_token(model: &Model) -> f64 {
+    let a = &model.architecture;
+    let Some(m) = &a.moe else {
+        return 0.0;
+    };
+    let h = a.hidden as f64;
+    let matrices = match a.activation {
+        Activation::Gelu => 2.0,
+        Activation::Swiglu => 3.0,
+    };
+    let routed = m.experts_per_token as f64 * matrices * h * m.moe_ffn_hidden as f64;
+    let shared = m.shared_experts as f64 * matrices * h * m.shared_expert_ffn_hidden as f64;
+    let gate = if m.shared_expert_gate && m.shared_experts > 0 {
+        h
+    } else {
+        0.0
+    };
+    2.0 * (h * m.experts as f64 + routed + shared + gate)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::{Architecture, Norm, Training};
+    use crate::model::{Architecture, Mla, Norm, Training};
 
     fn cal(eff: f64) -> Calibration {
         Calibration {
@@ -517,5 +648,151 @@ mod tests {
         let t = 512.0 * 1024.0;
         let saved = t * 20.0 * (1.0 - 0.25) / 1e12;
         assert!((plain.fwd - sp.fwd - saved).abs() < 1e-12);
+    }
+
+    /// DeepSeek-V3's attention dimensions (its config.json: hidden 7168, 128 heads,
+    /// q_lora_rank 1536, kv_lora_rank 512, qk_nope 128, qk_rope 64, v_head_dim 128) in a
+    /// model of one layer with a dense SwiGLU MLP of 18432 (its `intermediate_size`) and its
+    /// vocabulary of 129280, s = 4096.
+    fn deepseek_v3_attention() -> Model {
+        let mut m = gpt(7168, 128, 4096, 129280);
+        let a = &mut m.architecture;
+        a.layers = 1;
+        a.head_dim = 192;
+        a.ffn_hidden = 18432;
+        a.activation = Activation::Swiglu;
+        a.norm = Norm::Rmsnorm;
+        a.position = Position::Rope;
+        a.max_positions = 0;
+        a.tied_embeddings = false;
+        (a.bias, a.qkv_bias) = (false, false);
+        a.mla = Some(Mla {
+            q_lora_rank: Some(1536),
+            kv_lora_rank: 512,
+            qk_nope_head_dim: 128,
+            qk_rope_head_dim: 64,
+            v_head_dim: 128,
+        });
+        m
+    }
+
+    #[test]
+    fn cost_mla_model_flops_count_its_projections_and_head_sizes() {
+        // Per token, by hand (2 FLOPs per multiply-add):
+        //   q down   7168 × 1536          =  11,010,048
+        //   q up     1536 × 128·192       =  37,748,736
+        //   kv down  7168 × (512 + 64)    =   4,128,768
+        //   kv up    512 × 128·(128 + 128) = 16,777,216
+        //   out      128·128 × 7168       = 117,440,512
+        //   sum                             187,105,280 multiply-adds → 374,210,560 FLOPs
+        //   scores and P·V: 2 · 4096 · 128 · (192 + 128) = 335,544,320
+        //   attention: 709,754,880
+        //   dense MLP 2 · 3 · 7168 · 18432 = 792,723,456; logits 2 · 7168 · 129280 =
+        //   1,853,358,080. Total 3,355,836,416.
+        let m = deepseek_v3_attention();
+        assert_eq!(model_flops_per_token(&m), 3_355_836_416.0);
+        // DeepSeek-V2-Lite's attention (no q_lora_rank, hidden 2048, 16 heads, the same
+        // head sizes; MLP 10944, vocabulary 102400): q 2048 × 16·192 = 6,291,456, kv down
+        // 2048 × 576 = 1,179,648, kv up 512 × 16·256 = 2,097,152, out 16·128 × 2048 =
+        // 4,194,304: 13,762,560 → 27,525,120 FLOPs; scores and P·V 2 · 4096 · 16 · 320 =
+        // 41,943,040; MLP 2 · 3 · 2048 · 10944 = 134,479,872; logits 2 · 2048 · 102400 =
+        // 419,430,400. Total 623,378,432.
+        let mut lite = m.clone();
+        let a = &mut lite.architecture;
+        (a.hidden, a.heads, a.kv_heads) = (2048, 16, 16);
+        (a.ffn_hidden, a.vocab) = (10944, 102400);
+        a.mla.as_mut().unwrap().q_lora_rank = None;
+        assert_eq!(model_flops_per_token(&lite), 623_378_432.0);
+    }
+
+    /// A small MLA layer, DeepSeek-V3's shape scaled down: hidden 64, 4 heads, q_lora_rank 24,
+    /// kv_lora_rank 16, qk_nope 16 + qk_rope 8 (head_dim 24), v_head_dim 12; a GeLU MLP of
+    /// 256; s = 32.
+    fn small_mla() -> Model {
+        let mut m = gpt(64, 4, 32, 1000);
+        let a = &mut m.architecture;
+        a.head_dim = 24;
+        a.position = Position::Rope;
+        a.max_positions = 0;
+        (a.bias, a.qkv_bias) = (false, false);
+        a.mla = Some(Mla {
+            q_lora_rank: Some(24),
+            kv_lora_rank: 16,
+            qk_nope_head_dim: 16,
+            qk_rope_head_dim: 8,
+            v_head_dim: 12,
+        });
+        m
+    }
+
+    #[test]
+    fn cost_mla_layer_at_full_efficiency_is_its_flop_count() {
+        // b = 2, s = 32: T = 64 tokens. Forward FLOPs, by hand:
+        //   q down  2 · 64 · 64 · 24          = 196,608
+        //   q up    2 · 64 · 24 · 4·24        = 294,912
+        //   kv down 2 · 64 · 64 · (16 + 8)    = 196,608
+        //   kv up   2 · 64 · 16 · 4·(16 + 12) = 229,376
+        //   out     2 · 64 · 4·12 · 64        = 393,216
+        //   MLP     2 · 2 · 64 · 64 · 256     = 4,194,304
+        //   scores  2 · 2 · 4 · 32 · 32 · 24  = 393,216
+        //   P·V     2 · 2 · 4 · 32 · 32 · 12  = 196,608
+        //   total 6,094,848; the backward twice each.
+        let c = cal(1.0);
+        let dev = curve_device(1e15, f64::INFINITY, &c);
+        let m = small_mla();
+        let l = layer(&m, &dev, 1, false, 2);
+        let close = |got: f64, flops: f64| {
+            let want = flops / 1e15;
+            assert!((got - want).abs() <= 1e-9 * want, "{got} vs {want}");
+        };
+        close(l.fwd, 6_094_848.0);
+        close(l.bwd, 2.0 * 6_094_848.0);
+        close(l.attention_core_fwd, 393_216.0 + 196_608.0);
+        // TP 4 without SP: the down projections are replicated, every rank runs them on all 64
+        // tokens (196,608 · 2 = 393,216); the rest is split by heads: (6,094,848 − 393,216) / 4
+        // = 1,425,408. With SP they run on the rank's 16 tokens: 6,094,848 / 4 = 1,523,712.
+        close(layer(&m, &dev, 4, false, 2).fwd, 1_818_624.0);
+        close(layer(&m, &dev, 4, true, 2).fwd, 1_523_712.0);
+        // Flash attention (efficiency 0.5): causal half of the scores and P·V,
+        // 0.5 · (393,216 + 196,608) = 294,912 FLOPs at 0.5 PFLOP/s.
+        let mut flash = m.clone();
+        flash.training.attention = AttentionImpl::Flash;
+        close(
+            layer(&flash, &dev, 1, false, 2).attention_core_fwd,
+            294_912.0 / 0.5,
+        );
+    }
+
+    #[test]
+    fn cost_mla_and_qk_norm_element_wise_bytes() {
+        // 1 TB/s, infinite peak, no launches: `elementwise_fwd` is bytes / 1e12. The small MLA
+        // layer over T = 64 tokens, per token:
+        //   two norms and two residual adds   64 · (2·4 + 2·6)              = 1,280
+        //   the query and key-value latent norms (24 + 16) · 4              =   160
+        //   GeLU on 256 (read 2, write 2)      256 · 4                       = 1,024
+        //   RoPE on Q's rope channels in place  4 heads · 8 · 4              =   128
+        //   the key-value kernel: reads 4·(16 + 12) + 8, writes K 4·24 and V 4·12, 2 B each:
+        //                                      2 · (112 + 8 + 96 + 48)       =   528
+        //   3,120 B per token, 199,680 in all.
+        let c = cal(1.0);
+        let dev = curve_device(f64::INFINITY, 1e12, &c);
+        let m = small_mla();
+        let l = layer(&m, &dev, 1, false, 2);
+        assert!(
+            (l.elementwise_fwd - 199_680.0 / 1e12).abs() < 1e-18,
+            "{}",
+            l.elementwise_fwd * 1e12
+        );
+        // Per-head q/k norms on a GQA layer (4 heads and 2 KV heads of 16, RoPE): Q 64 and
+        // K 32 wide over 64 tokens, 4 B per element forward (64 · 96 · 4 = 24,576), 6 backward
+        // (36,864).
+        let mut g = gpt(64, 4, 32, 1000);
+        g.architecture.kv_heads = 2;
+        g.architecture.position = Position::Rope;
+        let plain = layer(&g, &dev, 1, false, 2);
+        g.architecture.qk_norm = true;
+        let normed = layer(&g, &dev, 1, false, 2);
+        assert!((normed.elementwise_fwd - plain.elementwise_fwd - 24_576.0 / 1e12).abs() < 1e-18);
+        assert!((normed.bwd - plain.bwd - 36_864.0 / 1e12).abs() < 1e-18);
     }
 }

@@ -26,11 +26,13 @@ pub struct Parts {
     pub zero3: f64,
     /// Context parallelism's ring exchange that the attention does not hide.
     pub cp: f64,
+    /// Expert parallelism's all-to-all token dispatch and combine.
+    pub ep: f64,
 }
 
 impl Parts {
     pub fn total(&self) -> f64 {
-        self.compute + self.recompute + self.tp + self.zero3 + self.cp
+        self.compute + self.recompute + self.tp + self.zero3 + self.cp + self.ep
     }
 
     pub fn add(&self, o: &Parts) -> Parts {
@@ -40,6 +42,7 @@ impl Parts {
             tp: self.tp + o.tp,
             zero3: self.zero3 + o.zero3,
             cp: self.cp + o.cp,
+            ep: self.ep + o.ep,
         }
     }
 
@@ -50,6 +53,7 @@ impl Parts {
             tp: self.tp * k,
             zero3: self.zero3 * k,
             cp: self.cp * k,
+            ep: self.ep * k,
         }
     }
 }

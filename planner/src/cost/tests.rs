@@ -1,7 +1,7 @@
 //! The cost model's terms against formulas written out by hand.
 
 use super::*;
-use crate::layout::Sharding;
+use crate::layout::{Recompute, Sharding};
 use crate::schedule::ScheduleKind;
 use crate::spec::{self as specs, ClusterOverrides, TrainingOverrides};
 use std::path::Path;
@@ -29,6 +29,7 @@ fn layout(dp: u64, pp: u64, tp: u64, zero: u8, kind: ScheduleKind, v: u64) -> La
         dp,
         cp: 1,
         cp_comm: crate::layout::CpComm::P2p,
+        ep: 1,
         pp,
         tp,
         micro_batch: 1,

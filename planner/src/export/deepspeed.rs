@@ -10,6 +10,20 @@ use crate::schedule::ScheduleKind;
 pub(super) fn deepspeed(plan: &Plan) -> Result<String, ExportError> {
     let t = Target::DeepSpeed;
     let p = &plan.parallel;
+    if plan.job.model.architecture.mla.is_some() || plan.job.model.architecture.qk_norm {
+        return Err(refuse(
+            t,
+            "Multi-head Latent Attention or per-head query/key norms (the export writes a standard attention model)",
+            "export to megatron (--multi-latent-attention, --qk-layernorm)",
+        ));
+    }
+    if plan.job.model.architecture.moe.is_some() {
+        return Err(refuse(
+            t,
+            "a mixture-of-experts model (DeepSpeed-MoE's layer and its expert groups are not what the plan costs: Megatron-Core's all-to-all dispatcher with EP cut from DP × CP)",
+            "export to megatron (--num-experts, --expert-model-parallel-size)",
+        ));
+    }
     if p.cp > 1 {
         return Err(refuse(
             t,

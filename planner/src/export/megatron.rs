@@ -17,6 +17,89 @@ fn flag(flag: &str) -> Vec<String> {
     vec![flag.to_string()]
 }
 
+/// Megatron-Core's MoE arguments for the plan's model and EP (megatron/training/arguments.py,
+/// `_add_moe_args`): the all-to-all token dispatcher the plan costs, the router as the model
+/// spec states it, and the layer pattern (`--moe-layer-freq` takes an integer or a Python list
+/// expression of 0/1 per layer).
+fn moe_args(plan: &Plan, m: &crate::model::Moe) -> Result<Vec<Vec<String>>, ExportError> {
+    let t = Target::Megatron;
+    let a = &plan.job.model.architecture;
+    if m.shared_experts > 0 && m.shared_expert_gate {
+        return Err(refuse(
+            t,
+            "a sigmoid gate on the shared experts (Qwen2-MoE's `shared_expert_gate`)",
+            "export the plan's parallel layout by hand, or plan the model without the gate",
+        ));
+    }
+    if let Some(layers) = &m.moe_layers {
+        if layers.iter().any(|l| *l >= a.layers) {
+            return Err(refuse(
+                t,
+                "an MoE layer list naming layers past the model's last",
+                "fix architecture.moe_layers",
+            ));
+        }
+    }
+    let mut out = vec![
+        arg("--num-experts", m.experts),
+        arg("--moe-router-topk", m.experts_per_token),
+        arg("--moe-ffn-hidden-size", m.moe_ffn_hidden),
+        arg("--moe-token-dispatcher-type", "alltoall"),
+        arg("--moe-router-load-balancing-type", "aux_loss"),
+        arg("--moe-aux-loss-coeff", m.router_aux_loss_coef),
+    ];
+    if plan.parallel.ep > 1 {
+        out.push(arg("--expert-model-parallel-size", plan.parallel.ep));
+    }
+    let every_layer = m.moe_layers.is_none() && m.first_dense_layers == 0;
+    if every_layer {
+        if m.moe_layer_frequency > 1 {
+            out.push(arg("--moe-layer-freq", m.moe_layer_frequency));
+        }
+    } else {
+        let pattern: Vec<&str> = (0..a.layers)
+            .map(|l| if m.is_moe_layer(l) { "1" } else { "0" })
+            .collect();
+        out.push(arg("--moe-layer-freq", format!("[{}]", pattern.join(","))));
+    }
+    if m.shared_experts > 0 {
+        out.push(arg(
+            "--moe-shared-expert-intermediate-size",
+            m.shared_experts * m.shared_expert_ffn_hidden,
+        ));
+    }
+    if let Some(cf) = m.capacity_factor {
+        out.push(arg("--moe-expert-capacity-factor", cf));
+    }
+    match m.router_scoring {
+        crate::model::RouterScoring::Softmax => {
+            // Megatron's default takes the top-k of the logits and softmaxes them, which is
+            // the softmax's top-k renormalised; without renormalisation the softmax comes
+            // first.
+            if !m.normalize_top_k {
+                out.push(flag("--moe-router-pre-softmax"));
+            }
+        }
+        crate::model::RouterScoring::Sigmoid => {
+            out.push(arg("--moe-router-score-function", "sigmoid"));
+        }
+    }
+    if m.router_score_bias {
+        out.push(flag("--moe-router-enable-expert-bias"));
+    }
+    if m.routed_scaling_factor != 1.0 {
+        out.push(arg(
+            "--moe-router-topk-scaling-factor",
+            m.routed_scaling_factor,
+        ));
+    }
+    if m.expert_groups > 1 {
+        out.push(arg("--moe-router-num-groups", m.expert_groups));
+        out.push(arg("--moe-router-group-topk", m.expert_groups_per_token));
+    }
+    Ok(out)
+}
+
 /// Megatron-LM's `--pipeline-model-parallel-layout`: every virtual stage in pipeline order
 /// (virtual stage v·PP + p is model chunk v of stage p, as the plan numbers them), separated by
 /// `|`; `E` the embedding, `t` a decoder layer, `L` the output layer and loss
@@ -82,7 +165,22 @@ pub(super) fn megatron(plan: &Plan, launch: &Launch) -> Result<String, ExportErr
     if a.head_dim * a.heads != a.hidden {
         args.push(arg("--kv-channels", a.head_dim));
     }
-    if a.kv_heads != a.heads {
+    if let Some(mla) = &a.mla {
+        // Megatron-Core's MLA (megatron/core/transformer/multi_latent_attention.py), its
+        // latent norms switched on by --qk-layernorm, as DeepSeek-V3's Megatron recipes do.
+        args.push(flag("--multi-latent-attention"));
+        if let Some(r) = mla.q_lora_rank {
+            args.push(arg("--q-lora-rank", r));
+        }
+        args.push(arg("--kv-lora-rank", mla.kv_lora_rank));
+        args.push(arg("--qk-head-dim", mla.qk_nope_head_dim));
+        args.push(arg("--qk-pos-emb-head-dim", mla.qk_rope_head_dim));
+        args.push(arg("--v-head-dim", mla.v_head_dim));
+        args.push(flag("--qk-layernorm"));
+    } else if a.qk_norm {
+        args.push(flag("--qk-layernorm"));
+    }
+    if a.kv_heads != a.heads && a.mla.is_none() {
         args.push(flag("--group-query-attention"));
         args.push(arg("--num-query-groups", a.kv_heads));
     }
@@ -124,6 +222,9 @@ pub(super) fn megatron(plan: &Plan, launch: &Launch) -> Result<String, ExportErr
         if p.cp_comm == crate::layout::CpComm::AllGather {
             args.push(arg("--cp-comm-type", "all_gather"));
         }
+    }
+    if let Some(m) = &a.moe {
+        args.extend(moe_args(plan, m)?);
     }
     let chunks = chunk_layers(plan);
     if p.virtual_stages > 1 {

@@ -3,9 +3,14 @@
 
 /// The rules of [`Layout::check`](super::Layout::check) in the order it tests them: a layout rejected by a later
 /// rule passed the earlier ones, so its reason is the more specific (an error shows it first).
-pub const CHECK_ORDER: [&str; 15] = [
+pub const CHECK_ORDER: [&str; 20] = [
     "degrees do not multiply to the device count",
     "CP does not divide the sequence",
+    "EP needs a mixture-of-experts model",
+    "EP does not divide the experts",
+    "TP does not divide the expert FFN width",
+    "EP with TP needs sequence parallelism",
+    "EP does not divide DP × CP",
     "TP does not divide the heads",
     "TP does not divide the FFN width",
     "sequence parallelism needs TP > 1 dividing seq_len",

@@ -8,7 +8,60 @@
 //! This module counts bytes only; it knows nothing of stages or schedules.
 
 use crate::layout::Recompute;
-use crate::model::{Activation, AttentionImpl, Model};
+use crate::model::{Activation, Architecture, AttentionImpl, Mla, Model};
+
+/// Per-token widths (elements, before TP) of the tensors the attention core reads and writes,
+/// and the per-head sizes of its two products. Standard attention: Q and the output are
+/// `heads × head_dim`, K and V `kv_heads × head_dim`. MLA (DeepSeek-V2 §2.1; Megatron-Core's
+/// `MLASelfAttention`, `k_channels = qk_head_dim + qk_pos_emb_head_dim`, `v_channels =
+/// v_head_dim`): Q and K are `heads × (qk_nope + qk_rope)` (the shared RoPE key is expanded to
+/// every head before the kernel), V and the output `heads × v_head_dim`. The memory and cost
+/// models take them from here, never from `q_dim()`/`kv_dim()`, which describe only standard
+/// attention (under MLA `kv_dim()` is K's width, not V's).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct AttentionWidths {
+    pub q: f64,
+    pub k: f64,
+    pub v: f64,
+    /// The attention output: the output projection's input.
+    pub o: f64,
+    /// Channels per head of Q·Kᵀ (the scores' inner dimension) and of P·V (the output's).
+    pub d_qk: f64,
+    pub d_v: f64,
+}
+
+impl AttentionWidths {
+    pub fn of(a: &Architecture) -> AttentionWidths {
+        let heads = a.heads as f64;
+        match &a.mla {
+            None => AttentionWidths {
+                q: a.q_dim() as f64,
+                k: a.kv_dim() as f64,
+                v: a.kv_dim() as f64,
+                o: a.q_dim() as f64,
+                d_qk: a.head_dim as f64,
+                d_v: a.head_dim as f64,
+            },
+            Some(m) => {
+                let d_qk = mla_qk(m);
+                let d_v = m.v_head_dim as f64;
+                AttentionWidths {
+                    q: heads * d_qk,
+                    k: heads * d_qk,
+                    v: heads * d_v,
+                    o: heads * d_v,
+                    d_qk,
+                    d_v,
+                }
+            }
+        }
+    }
+}
+
+/// MLA's query/key head: `qk_nope_head_dim + qk_rope_head_dim` channels.
+pub(crate) fn mla_qk(m: &Mla) -> f64 {
+    m.qk_nope_head_dim as f64 + m.qk_rope_head_dim as f64
+}
 
 /// How tensor parallelism treats a stored tensor.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -82,8 +135,7 @@ pub fn layer_tensors(model: &Model, b: u64) -> Vec<Stored> {
     let sb = s * b;
     let h = a.hidden as f64;
     let heads = a.heads as f64;
-    let q = a.q_dim() as f64;
-    let kv = a.kv_dim() as f64;
+    let aw = AttentionWidths::of(a);
     let f = a.ffn_hidden as f64;
     let w = element_bytes(model);
     let dropout = t.dropout > 0.0;
@@ -103,12 +155,51 @@ pub fn layer_tensors(model: &Model, b: u64) -> Vec<Stored> {
         }
     };
     use Split::*;
-    // Attention block.
+    // Attention block. `qkv_input` is the first norm's output, the input of the QKV projection
+    // (of MLA's down projections, or its direct query projection).
     push("norm1_input", w * sb * h, Replicated, false, true);
     push("qkv_input", w * sb * h, Replicated, false, false);
-    push("q", w * sb * q, Sharded, false, false);
-    push("k", w * sb * kv, Sharded, false, false);
-    push("v", w * sb * kv, Sharded, false, false);
+    if let Some(m) = &a.mla {
+        // MLA, as Megatron-Core's `MLASelfAttention` runs it (transformers' `DeepseekV3Attention`
+        // keeps the same tensors, but under flash-attention-2 pads V and the output to the
+        // query/key head size; Transformer Engine's kernels take V as it is). The down projections are replicated over TP (`TELinear`,
+        // `parallel_mode = "duplicated"`), run on the sequence-parallel shard under SP: their
+        // outputs are `Replicated`, as the block's input is. The query latent (`q_a_proj`'s
+        // output) is `q_layernorm`'s input, its output `q_up_proj`'s input; without a
+        // `q_lora_rank` the query is projected from `qkv_input` directly.
+        if let Some(r) = m.q_lora_rank {
+            let r = r as f64;
+            push("q_latent", w * sb * r, Replicated, false, false);
+            push("q_up_input", w * sb * r, Replicated, false, false);
+        }
+        // `kv_a_proj_with_mqa`'s output, kv_lora_rank + qk_rope_head_dim wide: split (views,
+        // one storage) into the latent, `kv_layernorm`'s input, and the shared RoPE key, which
+        // RoPE's backward does not need (it keeps only cos and sin).
+        let latent = m.kv_lora_rank as f64;
+        let rope = m.qk_rope_head_dim as f64;
+        push(
+            "kv_latent",
+            w * sb * (latent + rope),
+            Replicated,
+            false,
+            false,
+        );
+        push("kv_up_input", w * sb * latent, Replicated, false, false);
+        // The up projections' outputs are split, roped and concatenated into Q, K and V (new
+        // tensors, column-parallel: each TP rank its heads); the attention keeps those.
+    }
+    // Per-head query and key norms (Qwen3's `q_norm`, `k_norm`; Megatron-Core's
+    // `qk_layernorm`): unfused, as transformers, Megatron-Core and torchtitan run them, each
+    // norm keeps its input (the projection's Q or K, before RoPE) beside the Q and K the
+    // attention keeps: two more Q- and K-wide tensors. A fused norm+RoPE kernel could recompute
+    // them; none of those three frameworks has one in its training path.
+    if a.qk_norm {
+        push("q_norm_input", w * sb * aw.q, Sharded, false, false);
+        push("k_norm_input", w * sb * aw.k, Sharded, false, false);
+    }
+    push("q", w * sb * aw.q, Sharded, false, false);
+    push("k", w * sb * aw.k, Sharded, false, false);
+    push("v", w * sb * aw.v, Sharded, false, false);
     match t.attention {
         AttentionImpl::Eager => {
             push("softmax_output", w * heads * s * sb, Sharded, true, false);
@@ -126,7 +217,7 @@ pub fn layer_tensors(model: &Model, b: u64) -> Vec<Stored> {
         // Flash attention keeps one fp32 log-sum-exp per row and regenerates dropout masks.
         AttentionImpl::Flash => push("softmax_lse_fp32", 4.0 * heads * sb, Sharded, false, false),
     }
-    push("attn_proj_input", w * sb * q, Sharded, false, false);
+    push("attn_proj_input", w * sb * aw.o, Sharded, false, false);
     if dropout {
         push("attn_dropout_mask", sb * h, Replicated, false, false);
     }
@@ -160,11 +251,17 @@ pub fn layer_tensors(model: &Model, b: u64) -> Vec<Stored> {
             op_sac_only: true,
         });
     }
+    // Matrix multiplies' outputs, for op SAC. Q, K and V stand for the QKV (or MLA's up)
+    // projections' outputs, the same sizes; with per-head norms the projection's Q and K are
+    // the norms' inputs, and the normed, roped Q and K are element-wise results op SAC
+    // recomputes. MLA's down projections' outputs are the two latents.
     for x in &mut v {
-        x.mm_output |= matches!(
-            x.name,
-            "q" | "k" | "v" | "gelu_input" | "gate_output" | "up_output"
-        );
+        x.mm_output |= match x.name {
+            "q" | "k" => !a.qk_norm,
+            "v" | "q_norm_input" | "k_norm_input" | "q_latent" | "kv_latent" => true,
+            "gelu_input" | "gate_output" | "up_output" => true,
+            _ => false,
+        };
         x.sdpa_output = matches!(x.name, "softmax_lse_fp32" | "attn_proj_input");
     }
     v
@@ -234,7 +331,7 @@ pub fn head_terms(model: &Model, b: u64, tp: u64, sp: bool) -> [(&'static str, f
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::{Architecture, Norm, Position, Training};
+    use crate::model::{Architecture, Mla, Norm, Position, Training};
 
     /// A GPT-3-style layer as in Korthikanti et al.: dropout, materialised softmax, 4h MLP.
     fn gpt3(a: u64, h: u64, s: u64) -> Model {
@@ -373,5 +470,120 @@ mod tests {
         // (attention output) + 2sbh (norm2 input) + 2sbh (MLP input) + 8sbh (GeLU input) +
         // 8sbh (down-projection input).
         close(none, 32.0 * sbh + 4.0 * a * s * b);
+    }
+
+    /// A small MLA layer, DeepSeek-V3's shape scaled down: hidden 64, 4 heads, q_lora_rank 24,
+    /// kv_lora_rank 16, qk_nope 16 + qk_rope 8 (head_dim 24), v_head_dim 12; a GeLU MLP of
+    /// 256; flash attention, no dropout, s = 32.
+    fn small_mla() -> Model {
+        let mut m = gpt3(4, 64, 32);
+        let a = &mut m.architecture;
+        a.head_dim = 24;
+        a.position = Position::Rope;
+        a.max_positions = 0;
+        (a.bias, a.qkv_bias) = (false, false);
+        a.mla = Some(Mla {
+            q_lora_rank: Some(24),
+            kv_lora_rank: 16,
+            qk_nope_head_dim: 16,
+            qk_rope_head_dim: 8,
+            v_head_dim: 12,
+        });
+        m.training.attention = AttentionImpl::Flash;
+        m.training.dropout = 0.0;
+        m
+    }
+
+    /// The MLA layer's stored tensors for b = 2 (s·b = 64 tokens, 2 B each), written out one
+    /// by one from Megatron-Core's `MLASelfAttention`:
+    ///   norm1_input      64 × 64 × 2                = 8192  (replicated; the layer input)
+    ///   qkv_input        64 × 64 × 2                = 8192  (replicated; down projections' input)
+    ///   q_latent         64 × 24 × 2                = 3072  (replicated; q_layernorm's input)
+    ///   q_up_input       64 × 24 × 2                = 3072  (replicated; q_up_proj's input)
+    ///   kv_latent        64 × (16 + 8) × 2          = 3072  (replicated; latent + shared RoPE key)
+    ///   kv_up_input      64 × 16 × 2                = 2048  (replicated; kv_up_proj's input)
+    ///   q                64 × 4·(16 + 8) × 2        = 12288 (sharded)
+    ///   k                64 × 4·(16 + 8) × 2        = 12288 (sharded)
+    ///   v                64 × 4·12 × 2              = 6144  (sharded)
+    ///   softmax_lse_fp32 64 × 4 × 4                 = 1024  (sharded)
+    ///   attn_proj_input  64 × 4·12 × 2              = 6144  (sharded; the attention output)
+    /// 65536 in all; the MLP adds norm2_input and mlp_input (8192 each, replicated) and the
+    /// GeLU's input and the down projection's (64 × 256 × 2 = 32768 each, sharded): 147456.
+    #[test]
+    fn mla_layer_stores_its_latents_and_its_own_head_sizes() {
+        use Split::*;
+        let m = small_mla();
+        let attention: Vec<(&str, f64, Split)> = layer_tensors(&m, 2)
+            .iter()
+            .take(11)
+            .map(|x| (x.name, x.bytes, x.split))
+            .collect();
+        assert_eq!(
+            attention,
+            [
+                ("norm1_input", 8192.0, Replicated),
+                ("qkv_input", 8192.0, Replicated),
+                ("q_latent", 3072.0, Replicated),
+                ("q_up_input", 3072.0, Replicated),
+                ("kv_latent", 3072.0, Replicated),
+                ("kv_up_input", 2048.0, Replicated),
+                ("q", 12288.0, Sharded),
+                ("k", 12288.0, Sharded),
+                ("v", 6144.0, Sharded),
+                ("softmax_lse_fp32", 1024.0, Sharded),
+                ("attn_proj_input", 6144.0, Sharded),
+            ]
+        );
+        close(layer_bytes(&m, 2, 1, false, Recompute::None), 147456.0);
+        // TP 2 without SP: the replicated tensors whole (8192·2 + 3072·3 + 2048 + 8192·2 =
+        // 44032), the sharded halved (12288·2 + 6144·2 + 1024 + 32768·2 = 103424, /2 = 51712).
+        close(layer_bytes(&m, 2, 2, false, Recompute::None), 95744.0);
+        // With SP every tensor is split: 147456 / 2.
+        close(layer_bytes(&m, 2, 2, true, Recompute::None), 73728.0);
+        // Op SAC (selective under flash): the layer input (8192), the LSE and attention output
+        // (1024 + 6144), and half of the matmul outputs: q_latent 3072, kv_latent 3072, Q 12288,
+        // K 12288, V 6144, GeLU input 32768, and the two projections' outputs 8192 each
+        // (86016 / 2 = 43008).
+        close(
+            layer_bytes(&m, 2, 1, false, Recompute::Selective),
+            8192.0 + 1024.0 + 6144.0 + 43008.0,
+        );
+        // Without q_lora_rank (DeepSeek-V2-Lite) the query is projected from qkv_input
+        // directly: no q_latent, no q_up_input (3072 each).
+        let mut lite = m.clone();
+        lite.architecture.mla.as_mut().unwrap().q_lora_rank = None;
+        close(
+            layer_bytes(&lite, 2, 1, false, Recompute::None),
+            147456.0 - 2.0 * 3072.0,
+        );
+    }
+
+    /// Per-head query/key norms keep their inputs (the projection's Q and K) beside the Q and K
+    /// the attention keeps. GQA layer: hidden 64, 4 heads and 2 KV heads of 16, s·b = 64:
+    /// q_norm_input 64 × 64 × 2 = 8192, k_norm_input 64 × 32 × 2 = 4096.
+    #[test]
+    fn qk_norm_keeps_the_norms_inputs() {
+        let mut m = gpt3(4, 64, 32);
+        m.training.attention = AttentionImpl::Flash;
+        m.training.dropout = 0.0;
+        m.architecture.kv_heads = 2;
+        let before = [Recompute::None, Recompute::Selective, Recompute::Full]
+            .map(|r| layer_bytes(&m, 2, 1, false, r));
+        m.architecture.qk_norm = true;
+        let after = [Recompute::None, Recompute::Selective, Recompute::Full]
+            .map(|r| layer_bytes(&m, 2, 1, false, r));
+        close(after[0] - before[0], 8192.0 + 4096.0);
+        // Op SAC keeps half of the matmul outputs: with the norms, the projection's outputs are
+        // the norms' inputs (the same sizes as Q and K), and the normed, roped Q and K are
+        // recomputed: nothing more is kept.
+        close(after[1], before[1]);
+        close(after[2], before[2]);
+        // TP 2 halves them (they are the heads' share).
+        let tp2 = layer_bytes(&m, 2, 2, false, Recompute::None);
+        m.architecture.qk_norm = false;
+        close(
+            tp2 - layer_bytes(&m, 2, 2, false, Recompute::None),
+            (8192.0 + 4096.0) / 2.0,
+        );
     }
 }

@@ -7,9 +7,12 @@
 
 pub mod activations;
 mod cpu_runtime;
+pub mod moe;
 mod overhead;
+mod stage_bytes;
 
 pub use overhead::{runtime_overhead_bytes, runtime_overheads};
+pub use stage_bytes::StageBytes;
 
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
@@ -151,6 +154,12 @@ struct Ctx<'a> {
     microbatches: u64,
     shard: u64,
     per_layer_act: f64,
+    /// The ZeRO shard degree of the expert states (the expert-data-parallel group).
+    expert_shard: u64,
+    /// One MoE layer's activations per micro-batch (0 for a dense model).
+    moe_act: f64,
+    /// One MoE layer's parameters on a rank: `(dense part, experts)`.
+    moe_params: (f64, f64),
 }
 
 impl<'a> Ctx<'a> {
@@ -166,7 +175,19 @@ impl<'a> Ctx<'a> {
             microbatches: layout.microbatches(model),
             shard: layout.shard_degree(cluster),
             per_layer_act: per_layer_act(model, layout),
+            expert_shard: moe::expert_shard_degree(layout, cluster),
+            moe_act: if model.architecture.moe.is_some() {
+                moe::moe_layer_act(model, layout)
+            } else {
+                0.0
+            },
+            moe_params: moe::moe_layer_params_per_rank(model, layout),
         }
+    }
+
+    /// Dense and MoE layers on `stage`.
+    fn mix(&self, stage: u64) -> (u64, u64) {
+        moe::stage_mix(self.model, self.layout, &self.split, stage)
     }
 
     fn layers(&self, stage: u64) -> u64 {
@@ -175,11 +196,21 @@ impl<'a> Ctx<'a> {
             .sum()
     }
 
-    /// Parameters one rank of `stage` holds after TP, before ZeRO.
+    /// Parameters one rank of `stage` holds after TP (and EP), before ZeRO.
     fn params(&self, stage: u64) -> f64 {
+        let (dense, experts) = self.param_parts(stage);
+        dense + experts
+    }
+
+    /// [`Ctx::params`] as `(dense weights, routed experts)`: ZeRO shards the first over DP × CP
+    /// and the second over the expert-data-parallel group.
+    fn param_parts(&self, stage: u64) -> (f64, f64) {
         let a = &self.model.architecture;
         let (pp, tp) = (self.layout.pp, self.layout.tp);
-        let mut params = times(a.layer_params().per_tp_rank(tp), self.layers(stage) as f64);
+        let (dense_layers, moe_layers) = self.mix(stage);
+        let (common, experts) = self.moe_params;
+        let mut params = times(a.layer_params().per_tp_rank(tp), dense_layers as f64)
+            + times(common, moe_layers as f64);
         if stage == 0 {
             params += a.embedding_params_at(tp).per_tp_rank(tp);
         }
@@ -189,7 +220,7 @@ impl<'a> Ctx<'a> {
                 .head_params_at(a.tied_embeddings && pp == 1, tp)
                 .per_tp_rank(tp);
         }
-        params
+        (params, times(experts, moe_layers as f64))
     }
 
     fn in_flight(&self, stage: u64) -> u64 {
@@ -209,6 +240,8 @@ impl<'a> Ctx<'a> {
         let zero = layout.sharding.zero_stage;
         let shard = self.shard;
         let params = self.params(stage);
+        let (dense_params, expert_params) = self.param_parts(stage);
+        let eshard = self.expert_shard;
         let mut tensors = 0.0;
         let mut add = |sink: &mut dyn Sink, name, kind, bytes: f64, reason: &dyn Fn() -> String| {
             tensors += bytes.round().max(0.0);
@@ -217,17 +250,34 @@ impl<'a> Ctx<'a> {
         for s in self.policy.states {
             let sharded = zero >= s.class.sharded_from_stage() && shard > 1;
             let bpp = per_param(s, zero, shard);
-            add(sink, s.name, "model_states", params * bpp, &|| {
+            let ebpp = per_param(s, zero, eshard);
+            let bytes = dense_params * bpp + expert_params * ebpp;
+            add(sink, s.name, "model_states", bytes, &|| {
                 let how = if sharded {
                     format!("{bpp:.3} B/param, sharded over {shard} DP ranks by ZeRO-{zero}")
                 } else {
                     format!("{bpp} B/param")
                 };
-                format!("{}; {how} × {params:.0} params", s.why)
+                if expert_params > 0.0 {
+                    let ehow = if zero >= s.class.sharded_from_stage() && eshard > 1 {
+                        format!("{ebpp:.3} B/param, sharded over the {eshard} expert-data-parallel ranks")
+                    } else {
+                        format!("{ebpp} B/param")
+                    };
+                    format!("{}; {how} × {dense_params:.0} dense params + {ehow} × {expert_params:.0} expert params ({} routed experts of each MoE layer on this rank)", s.why, self.model.architecture.moe.as_ref().map_or(0, |m| m.experts / layout.ep.max(1)))
+                } else {
+                    format!("{}; {how} × {params:.0} params", s.why)
+                }
             });
         }
         if zero == 3 && shard > 1 {
-            let full = self.model.architecture.layer_params().per_tp_rank(tp);
+            let (common, experts) = self.moe_params;
+            let full = self
+                .model
+                .architecture
+                .layer_params()
+                .per_tp_rank(tp)
+                .max(common + experts);
             let wb = self.policy.class_bytes(StateClass::Param) as f64;
             add(
                 sink,
@@ -241,21 +291,48 @@ impl<'a> Ctx<'a> {
         }
         let flight = self.in_flight(stage);
         let per_chunk = self.layers(stage) as f64 / v as f64;
+        let (dense_layers, moe_layers) = self.mix(stage);
+        let per_chunk_bytes = (times(self.per_layer_act, dense_layers as f64)
+            + times(self.moe_act, moe_layers as f64))
+            / v as f64;
         add(
             sink,
             "layer_activations",
             "activations",
-            times(self.per_layer_act, per_chunk) * flight as f64,
+            per_chunk_bytes * flight as f64,
             &|| {
+                let per_layer = if moe_layers > 0 {
+                    format!(
+                        "{:.0} B per dense layer and {:.0} B per MoE layer ({dense_layers} dense, {moe_layers} MoE on the stage)",
+                        self.per_layer_act, self.moe_act
+                    )
+                } else {
+                    format!("{:.0} B per layer", self.per_layer_act)
+                };
                 format!(
-                "{:.0} B per layer per micro-batch ({} recompute{}) × {per_chunk:.1} layers per chunk × {flight} micro-batch-chunks in flight under {}",
-                self.per_layer_act,
+                "{per_layer} per micro-batch ({} recompute{}) × {per_chunk:.1} layers per chunk × {flight} micro-batch-chunks in flight under {}",
                 layout.recompute.name(),
                 if sp { ", sequence parallel" } else { "" },
                 layout.schedule.name()
             )
             },
         );
+        if moe_layers > 0 {
+            let dispatch = moe::dispatch_buffer_bytes(model, layout);
+            add(
+                sink,
+                "moe_dispatch_buffers",
+                "activations",
+                dispatch,
+                &|| {
+                    format!(
+                    "the all-to-all's send and receive buffers of one MoE layer: {:.1} routed copies per token of the rank's tokens, hidden {} wide, each way",
+                    moe::routed_copies(model),
+                    model.architecture.hidden
+                )
+                },
+            );
+        }
         let ring = cp_ring_bytes(model, layout);
         if ring > 0.0 {
             add(sink, "cp_ring_buffers", "activations", ring, &|| {
@@ -439,201 +516,5 @@ pub fn estimate_split(
         peak_stage: peak.stage,
         capacity_bytes: cluster.memory_bytes() as u64,
         per_stage,
-    }
-}
-
-/// A stage's memory as an affine function of how many layers it holds:
-/// `bytes(stage, n) = per_layer[stage] · n + fixed[stage]`. The same terms as [`estimate`]
-/// (to rounding, which a test bounds), without building them, so that the search and the
-/// partitioner can ask "how many layers fit on this stage" in O(1).
-#[derive(Debug, Clone, PartialEq)]
-pub struct StageBytes {
-    pub per_layer: Vec<f64>,
-    pub fixed: Vec<f64>,
-}
-
-impl StageBytes {
-    pub fn new(model: &Model, cluster: &Cluster, layout: &Layout) -> StageBytes {
-        let a = &model.architecture;
-        let (pp, tp, v, b) = (
-            layout.pp,
-            layout.tp,
-            layout.virtual_stages,
-            layout.micro_batch,
-        );
-        let sp = layout.sequence_parallel;
-        let zero = layout.sharding.zero_stage;
-        let shard = layout.shard_degree(cluster);
-        let policy = Policy::by_name(&model.training.precision)
-            .expect("the precision policy is validated when the spec is resolved");
-        let m = layout.microbatches(model);
-        let bpp: f64 = policy
-            .states
-            .iter()
-            .map(|s| per_param(s, zero, shard))
-            .sum();
-        let act = per_layer_act(model, layout);
-        let grow = 1.0 + cluster.overhead.fragmentation;
-        let cpu = cluster.device.kind == DeviceKind::Cpu;
-        let local = layout.rank_tokens(model);
-        let mut fixed_all =
-            cpu_runtime::workspace_bytes(&local, cpu, b, tp, sp) + cp_ring_bytes(model, layout);
-        // The CPU runtime's ZeRO buffers and DP messages, per parameter a rank holds.
-        let per_param_bufs = if cpu {
-            cpu_runtime::zero_buffers(policy, 1.0, zero, shard, v)
-                + cpu_runtime::dp_messages(1.0, layout.dp, zero, v)
-        } else {
-            0.0
-        };
-        let bpp = bpp + per_param_bufs;
-        let layer_states = a.layer_params().per_tp_rank(tp) * bpp;
-        if zero == 3 && shard > 1 {
-            let wb = policy.class_bytes(StateClass::Param) as f64;
-            fixed_all += a.layer_params().per_tp_rank(tp) * (2.0 * wb + 2.0);
-        }
-        let held0 = in_flight(layout.schedule, pp, m, 1, 0).min(m) as f64;
-        let first = a.embedding_params_at(tp).per_tp_rank(tp) * bpp
-            + activations::embedding_bytes(&local, b, tp, sp) * held0;
-        let held_last = if layout.schedule == ScheduleKind::Gpipe {
-            m
-        } else {
-            1
-        } as f64;
-        let last = a
-            .head_params_at(a.tied_embeddings && pp == 1, tp)
-            .per_tp_rank(tp)
-            * bpp
-            + activations::head_terms(&local, b, tp, sp)
-                .iter()
-                .map(|(_, x)| x * held_last)
-                .sum::<f64>();
-        let (mut per_layer, mut fixed) = (Vec::new(), Vec::new());
-        for s in 0..pp {
-            let flight = in_flight(layout.schedule, pp, m, v, s) as f64;
-            per_layer.push(grow * (layer_states + act * flight / v as f64));
-            let mut f = fixed_all;
-            if cpu {
-                f += cpu_runtime::tied_messages(model, layout, s);
-            }
-            if s == 0 {
-                f += first;
-            }
-            if s == pp - 1 {
-                f += last;
-            }
-            fixed.push(grow * f + runtime_overhead_bytes(model, cluster, layout, s));
-        }
-        StageBytes { per_layer, fixed }
-    }
-
-    /// Bytes on `stage` when it holds `layers` layers.
-    pub fn bytes(&self, stage: usize, layers: u64) -> f64 {
-        times(self.per_layer[stage], layers as f64) + self.fixed[stage]
-    }
-
-    /// The most layers `stage` can hold within `capacity` bytes (0 if not even one).
-    pub fn max_layers(&self, stage: usize, capacity: f64) -> u64 {
-        let room = capacity - self.fixed[stage];
-        if room < self.per_layer[stage] {
-            return 0;
-        }
-        // A small slack for the rounding of the exact per-term report.
-        ((room - 64.0) / self.per_layer[stage]).floor().max(0.0) as u64
-    }
-
-    /// The peak over stages of a split given as layers per stage.
-    pub fn peak(&self, per_stage: &[u64]) -> f64 {
-        per_stage
-            .iter()
-            .enumerate()
-            .map(|(s, &n)| self.bytes(s, n))
-            .fold(0.0, f64::max)
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::layout::{Recompute, Sharding};
-    use crate::spec::{self, ClusterOverrides, TrainingOverrides};
-    use std::path::Path;
-
-    fn preset(kind: &str, name: &str) -> std::path::PathBuf {
-        Path::new(env!("CARGO_MANIFEST_DIR"))
-            .join("../specs")
-            .join(kind)
-            .join(name)
-    }
-
-    /// The affine per-stage model equals the per-term report, stage by stage, for uneven
-    /// splits, every schedule, ZeRO stage, recompute and sequence parallelism.
-    #[test]
-    fn stage_bytes_equal_the_report_for_any_split() {
-        let model = spec::load_model(
-            &preset("models", "gpt3-175b.toml"),
-            TrainingOverrides::default(),
-        )
-        .unwrap();
-        let cluster = spec::load_cluster(
-            &preset("clusters", "dgx-a100-80g.toml"),
-            ClusterOverrides {
-                nodes: Some(16),
-                devices: None,
-            },
-        )
-        .unwrap();
-        let mut checked = 0;
-        for (pp, v, kind) in [
-            (1, 1, ScheduleKind::OneFOneB),
-            (4, 1, ScheduleKind::OneFOneB),
-            (4, 1, ScheduleKind::Gpipe),
-            (8, 3, ScheduleKind::Interleaved),
-        ] {
-            for (zero, hybrid) in [(0, false), (1, false), (3, false), (3, true)] {
-                for recompute in Recompute::ALL {
-                    for sp in [false, true] {
-                        let l = Layout {
-                            dp: 128 / (8 * pp),
-                            cp: 1,
-                            cp_comm: crate::layout::CpComm::P2p,
-                            pp,
-                            tp: 8,
-                            micro_batch: 1,
-                            sharding: Sharding {
-                                zero_stage: zero,
-                                hybrid,
-                            },
-                            recompute,
-                            recompute_every: 1,
-                            sequence_parallel: sp,
-                            schedule: kind,
-                            virtual_stages: v,
-                        };
-                        let chunks = (pp * v) as usize;
-                        // An uneven split: one layer moved from the last chunk to the first.
-                        let mut split = l.split_layers(model.architecture.layers);
-                        if chunks > 1 {
-                            split[0] += 1;
-                            split[chunks - 1] -= 1;
-                        }
-                        let report = estimate_split(&model, &cluster, &l, &split);
-                        let fast = StageBytes::new(&model, &cluster, &l);
-                        for s in &report.per_stage {
-                            let got = fast.bytes(s.stage as usize, s.layers);
-                            let diff = (got - s.total_bytes as f64).abs();
-                            assert!(
-                                diff <= 64.0,
-                                "{} stage {}: {got} vs {}",
-                                l.label(),
-                                s.stage,
-                                s.total_bytes
-                            );
-                            checked += 1;
-                        }
-                    }
-                }
-            }
-        }
-        assert!(checked > 200);
     }
 }

@@ -1,11 +1,12 @@
 //! Mixture-of-experts MLPs and Multi-head Latent Attention: the resolved settings and their
 //! exact parameter counts.
 //!
-//! Both are read (TOML specs and Hugging Face configs) and counted, but not planned yet: the
-//! memory and cost models, the search and the runtime are for dense layers with standard
-//! attention, and `Model::plannable` refuses a model that has either (specs/README.md,
-//! "Mixture of experts"). The counts follow transformers' classes tensor by tensor (Mixtral,
-//! Qwen2-MoE, Qwen3-MoE, DeepSeek-V3), checked by scripts/check_moe_counts.py.
+//! Both are read (TOML specs and Hugging Face configs), counted and planned: the memory model
+//! holds each rank's E/EP experts and shards their states over the expert-data-parallel group
+//! (`memory::moe`), the cost model times the router, the experts and the all-to-all
+//! (`cost::moe`), and MLA's projections and head sizes (`memory::activations`, `cost::ops`).
+//! The counts follow transformers' classes tensor by tensor (Mixtral, Qwen2-MoE, Qwen3-MoE,
+//! DeepSeek-V3), checked by scripts/check_moe_counts.py.
 
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};

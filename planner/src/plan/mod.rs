@@ -72,6 +72,11 @@ pub struct Parallel {
     /// Absent means `p2p`.
     #[serde(default, skip_serializing_if = "is_p2p")]
     pub cp_comm: crate::layout::CpComm,
+    /// Expert-parallel degree of an MoE model: each MoE layer's routed experts are split over
+    /// EP ranks taken from the DP × CP ranks (expert-data-parallel group DP × CP / EP, as
+    /// Megatron-Core's `--expert-model-parallel-size` forms it). Absent means 1.
+    #[serde(default = "one", skip_serializing_if = "is_one")]
+    pub ep: u64,
     /// Rank order, fastest-varying first: `tp-dp-pp`, i.e. rank = tp + TP·(dp + DP·pp), or
     /// with context parallelism `tp-cp-dp-pp`, rank = tp + TP·(cp + CP·(dp + DP·pp)).
     pub mesh_order: String,
@@ -278,6 +283,7 @@ impl Parallel {
             pp: l.pp,
             cp: l.cp,
             cp_comm: l.cp_comm,
+            ep: l.ep,
             mesh_order: if l.cp > 1 {
                 crate::mesh::MESH_ORDER_CP.to_string()
             } else {
@@ -303,6 +309,7 @@ impl Parallel {
             tp: self.tp,
             cp: self.cp,
             cp_comm: self.cp_comm,
+            ep: self.ep,
             micro_batch: self.micro_batch,
             sharding: Sharding {
                 zero_stage: self.zero_stage,

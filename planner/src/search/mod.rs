@@ -32,7 +32,7 @@ use crate::schedule::ScheduleKind;
 use crate::spec::Cluster;
 
 /// The ordering rule, stated in the output and in plan.json.
-pub const ORDERING: &str = "fastest predicted step time first (simulated pipeline makespan + exposed DP sync + optimizer step); among layouts within 2% of the fastest, least-complex-first: PP=1 before PP>1, TP inside a node, smaller TP, smaller CP, lower ZeRO stage, less recompute, no SP, gpipe < 1f1b < interleaved, larger micro-batch";
+pub const ORDERING: &str = "fastest predicted step time first (simulated pipeline makespan + exposed DP sync + optimizer step); among layouts within 2% of the fastest, least-complex-first: PP=1 before PP>1, TP inside a node, smaller TP, smaller CP, smaller EP, lower ZeRO stage, less recompute, no SP, gpipe < 1f1b < interleaved, larger micro-batch";
 
 /// Layouts whose step time is within this fraction of the fastest count as a tie.
 pub const NEAR_TIE: f64 = 0.02;
@@ -47,6 +47,9 @@ pub struct Pins {
     pub cp: Option<u64>,
     /// How CP exchanges K and V (unpinned: both are tried where CP > 1).
     pub cp_comm: Option<crate::layout::CpComm>,
+    /// Expert parallelism (unpinned: every EP dividing both the experts and DP × CP for an
+    /// MoE model, 1 for a dense one).
+    pub ep: Option<u64>,
     pub micro_batch: Option<u64>,
     pub zero: Option<u8>,
     pub hybrid: Option<bool>,
@@ -156,8 +159,7 @@ fn complexity(l: &Layout, cluster: &Cluster) -> impl Ord {
         l.pp,
         crosses,
         l.tp,
-        l.cp,
-        l.cp_comm,
+        (l.cp, l.cp_comm, l.ep),
         l.sharding.zero_stage,
         l.sharding.hybrid,
         l.recompute,
@@ -420,7 +422,7 @@ pub fn search_checked(
     let mut rejected: BTreeMap<String, RejectionGroup> = BTreeMap::new();
     let mut evaluated = 0;
     let mut closest_miss: Option<Candidate> = None;
-    let mut links: HashMap<(u64, u64, u64), Links> = HashMap::new();
+    let mut links: HashMap<(u64, u64, u64, u64), Links> = HashMap::new();
     // The example is written only for the first layout of each group.
     let mut reject = |key: &str, example: &dyn Fn() -> String, fix: Option<&String>| {
         let g = rejected
@@ -453,7 +455,7 @@ pub fn search_checked(
         }
         evaluated += 1;
         let l = links
-            .entry((layout.dp, layout.pp, layout.tp))
+            .entry((layout.dp, layout.pp, layout.tp, layout.ep))
             .or_insert_with(|| Links::new(cluster, &layout.mesh(cluster)));
         let a = assess_pinned(model, cluster, &layout, l, options.cost, pins.stage_layers);
         let c = Candidate {
@@ -507,7 +509,7 @@ fn rank(
     model: &Model,
     cluster: &Cluster,
     fits: &mut [Candidate],
-    links: &mut HashMap<(u64, u64, u64), Links>,
+    links: &mut HashMap<(u64, u64, u64, u64), Links>,
     options: SearchOptions,
 ) -> u64 {
     fits.sort_by(|a, b| {
@@ -531,7 +533,7 @@ fn rank(
             }
         }
         let l = links
-            .entry((c.layout.dp, c.layout.pp, c.layout.tp))
+            .entry((c.layout.dp, c.layout.pp, c.layout.tp, c.layout.ep))
             .or_insert_with(|| Links::new(cluster, &c.layout.mesh(cluster)));
         let e = cost::evaluate(
             model,

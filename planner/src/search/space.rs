@@ -53,6 +53,14 @@ pub enum SearchError {
     },
 }
 
+fn gcd(a: u64, b: u64) -> u64 {
+    if b == 0 {
+        a
+    } else {
+        gcd(b, a % b)
+    }
+}
+
 fn pick<T: Copy>(pin: Option<T>, all: Vec<T>) -> Vec<T> {
     match pin {
         Some(v) => vec![v],
@@ -228,6 +236,34 @@ impl<'a> Lists<'a> {
         Some(divisors::count(&self.factors(b)?))
     }
 
+    /// Expert-parallel degrees for `dp` × `cp` ranks: for an MoE model every EP dividing both
+    /// its routed experts and DP × CP (Megatron-Core's rule, `Layout::check`); 1 for a dense
+    /// model. A pinned EP is tried as given.
+    fn eps(&mut self, dp: u64, cp: u64) -> Vec<u64> {
+        if let Some(ep) = self.pins.ep {
+            return vec![ep];
+        }
+        let Some(m) = &self.model.architecture.moe else {
+            return vec![1];
+        };
+        let group = dp.saturating_mul(cp.max(1));
+        let g = gcd(m.experts, group).max(1);
+        match self.factors(g) {
+            Some(f) => divisors::up_to(&f, g),
+            None => vec![1],
+        }
+    }
+
+    /// Sequence parallelism for `tp` under `ep`: EP with TP needs it (`Layout::check`), so
+    /// only SP is tried there.
+    fn sps_with_ep(&self, tp: u64, ep: u64) -> Vec<bool> {
+        let all = self.sps(tp);
+        if ep > 1 && tp > 1 && self.pins.sp.is_none() {
+            return vec![true];
+        }
+        all
+    }
+
     fn zeros(&self) -> Vec<u8> {
         pick(self.pins.zero, vec![0, 1, 2, 3])
     }
@@ -278,34 +314,38 @@ pub(super) fn for_each_layout(
                 }
                 let dp = lists.dp(tcp, pp);
                 let mbs = lists.mbs(dp).unwrap_or_default();
-                let sps = lists.sps(tp);
-                for &micro_batch in &mbs {
-                    for &(schedule, virtual_stages) in &schedules {
-                        for &zero_stage in &zeros {
-                            for hybrid in lists.hybrids(zero_stage, dp) {
-                                for &recompute in &recomputes {
-                                    for (&sequence_parallel, &cp_comm) in
-                                        sps.iter().flat_map(|s| comms.iter().map(move |c| (s, c)))
-                                    {
-                                        f(Layout {
-                                            dp,
-                                            cp,
-                                            cp_comm,
-                                            pp,
-                                            tp,
-                                            micro_batch,
-                                            sharding: Sharding { zero_stage, hybrid },
-                                            recompute,
-                                            recompute_every: match recompute {
-                                                Recompute::Full => {
-                                                    lists.pins.recompute_every.unwrap_or(1)
-                                                }
-                                                _ => 1,
-                                            },
-                                            sequence_parallel,
-                                            schedule,
-                                            virtual_stages,
-                                        });
+                for ep in lists.eps(dp, cp) {
+                    let sps = lists.sps_with_ep(tp, ep);
+                    for &micro_batch in &mbs {
+                        for &(schedule, virtual_stages) in &schedules {
+                            for &zero_stage in &zeros {
+                                for hybrid in lists.hybrids(zero_stage, dp) {
+                                    for &recompute in &recomputes {
+                                        for (&sequence_parallel, &cp_comm) in sps
+                                            .iter()
+                                            .flat_map(|s| comms.iter().map(move |c| (s, c)))
+                                        {
+                                            f(Layout {
+                                                dp,
+                                                cp,
+                                                cp_comm,
+                                                ep,
+                                                pp,
+                                                tp,
+                                                micro_batch,
+                                                sharding: Sharding { zero_stage, hybrid },
+                                                recompute,
+                                                recompute_every: match recompute {
+                                                    Recompute::Full => {
+                                                        lists.pins.recompute_every.unwrap_or(1)
+                                                    }
+                                                    _ => 1,
+                                                },
+                                                sequence_parallel,
+                                                schedule,
+                                                virtual_stages,
+                                            });
+                                        }
                                     }
                                 }
                             }
@@ -341,6 +381,7 @@ pub fn count_layouts(model: &Model, cluster: &Cluster, pins: &Pins) -> SpaceSize
     let mut most = [0u64; 4]; // PP, micro-batch, schedule, hybrid
     let mut any_tp_above_1 = false;
     let mut most_cp = 1u64;
+    let mut most_ep = 1u64;
     'count: for &tp in &tps {
         let cps = lists.cps(tp);
         most_cp = most_cp.max(cps.len() as u64);
@@ -368,18 +409,19 @@ pub fn count_layouts(model: &Model, cluster: &Cluster, pins: &Pins) -> SpaceSize
                     .iter()
                     .map(|z| lists.hybrids(*z, dp).len() as u64)
                     .collect();
+                let eps = lists.eps(dp, cp);
+                most_ep = most_ep.max(eps.len() as u64);
+                let ep_sps: u64 = eps
+                    .iter()
+                    .map(|&ep| lists.sps_with_ep(tp, ep).len() as u64)
+                    .sum();
                 most[1] = most[1].max(mbs);
                 most[2] = most[2].max(schedules);
                 most[3] = most[3].max(hybrids.iter().copied().max().unwrap_or(1));
                 any_tp_above_1 |= tp > 1;
-                let here = [
-                    schedules,
-                    hybrids.iter().sum(),
-                    recomputes,
-                    lists.sps(tp).len() as u64,
-                ]
-                .iter()
-                .fold(mbs.saturating_mul(comms), |a, x| a.saturating_mul(*x));
+                let here = [schedules, hybrids.iter().sum(), recomputes, ep_sps]
+                    .iter()
+                    .fold(mbs.saturating_mul(comms), |a, x| a.saturating_mul(*x));
                 layouts = layouts.saturating_add(here);
             }
         }
@@ -388,6 +430,7 @@ pub fn count_layouts(model: &Model, cluster: &Cluster, pins: &Pins) -> SpaceSize
     let knobs = [
         ("--tp", p.tp.is_none(), tps.len() as u64),
         ("--cp", p.cp.is_none(), most_cp),
+        ("--ep", p.ep.is_none(), most_ep),
         ("--pp", p.pp.is_none(), most[0]),
         ("--micro-batch", p.micro_batch.is_none(), most[1]),
         (

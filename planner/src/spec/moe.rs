@@ -1,11 +1,9 @@
-//! Mixture-of-experts and MLA keys of a TOML model spec, the rules every resolved MoE or MLA
-//! model obeys, and the refusal to plan one.
+//! Mixture-of-experts and MLA keys of a TOML model spec, and the rules every resolved MoE or MLA
+//! model obeys.
 //!
 //! The keys sit under `[architecture]` (`experts`, `experts_per_token`, `moe_ffn_hidden`, …)
 //! and in the `[architecture.mla]` table; specs/README.md documents each with its source. They
-//! are read and counted exactly, but no plan is made of such a model yet: the memory and cost
-//! models, the search and the runtime are for dense layers with standard attention
-//! ([`Model::plannable`]).
+//! are read, counted exactly and planned ([`Model::plannable`] refuses none of them).
 
 use serde::Deserialize;
 
@@ -442,52 +440,15 @@ fn check_mla(a: &Architecture, m: &Mla) -> Result<(), Problem> {
     Ok(())
 }
 
-/// A count as the plan's header prints it: `46702792704 (46.70B)`.
-fn billions(n: u64) -> String {
-    format!("{n} ({:.2}B)", n as f64 / 1e9)
-}
-
 impl Model {
-    /// Whether a plan can be made of the model: the memory and cost models, the search and the
-    /// runtime are for dense MLPs and standard attention, so an MoE model, MLA and per-head
-    /// query/key norms are read and counted but refused here, naming the key. Every command that
-    /// plans or runs calls it (`spec::load_model`, `Plan::load`); `spec::read_model` does not.
+    /// Whether a plan can be made of the model. Every command that plans or runs calls it
+    /// (`spec::load_model`, `Plan::load`); `spec::read_model` does not. MoE models are planned
+    /// (expert parallelism), and so are Multi-head Latent Attention and per-head query/key
+    /// norms: the memory model keeps their tensors (`memory::activations::layer_tensors`) and
+    /// the cost model times their projections, norms and attention core (`cost::ops::layer_cp`).
+    /// No architecture the spec rules accept is refused here now; the runtime refuses, when
+    /// it loads the plan, what it does not compute.
     pub fn plannable(&self) -> Result<(), Problem> {
-        let a = &self.architecture;
-        let total = billions(a.param_count());
-        if let Some(m) = &a.moe {
-            let shared = match m.shared_experts {
-                0 => String::new(),
-                n => format!(" and {n} shared"),
-            };
-            return Err(Problem::new(
-                "architecture.experts",
-                format!(
-                    "{} was read as a mixture-of-experts model: {total} parameters, {} active per token ({} routed experts, {} per token{shared}, in {} of {} layers); planning it is not built yet: the memory and cost models, the search and the runtime are for dense layers (expert parallelism, its memory and its all-to-all cost, is still to come)",
-                    self.name,
-                    billions(a.active_param_count()),
-                    m.experts,
-                    m.experts_per_token,
-                    a.moe_layer_count(),
-                    a.layers,
-                ),
-                "plan a dense model for now; an MoE spec is read for its exact counts (specs/README.md, \"Mixture of experts\")",
-            ));
-        }
-        if a.mla.is_some() {
-            return Err(Problem::new(
-                "architecture.mla.kv_lora_rank",
-                format!("{} was read with Multi-head Latent Attention ({total} parameters); planning it is not built yet: the memory and cost models and the runtime compute standard multi-head attention", self.name),
-                "plan a model with standard attention (remove [architecture.mla]); MLA specs are read for their exact counts",
-            ));
-        }
-        if a.qk_norm {
-            return Err(Problem::new(
-                "architecture.qk_norm",
-                format!("{} was read with per-head query and key norms ({total} parameters); planning them is not built yet: the runtime does not compute them", self.name),
-                "remove qk_norm to plan the model without them; specs with it are read for their exact counts",
-            ));
-        }
         Ok(())
     }
 }

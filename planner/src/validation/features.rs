@@ -11,8 +11,11 @@
 //!   stages, the end stages pinned to 7 layers.
 //! - Llama 3.1 405B at 131,072 tokens (the same Table 4): TP 8 × CP 16 × PP 16 × DP 8, the
 //!   sequence split over 16 context-parallel ranks, K and V all-gathered (§3.3.2).
+//! - Mixtral-8x7B with expert parallelism on 64 H100s (Megatron-Core's MoE README: TP 1, EP 8,
+//!   PP 4 interleaved × 8, micro-batch 1, global batch 256 × 4096 tokens, 468 TFLOP/s per GPU;
+//!   docs/moe-figures.md row 3).
 
-use crate::layout::CpComm;
+use crate::layout::{CpComm, Recompute};
 use crate::model::Model;
 use crate::schedule::ScheduleKind;
 use crate::search::{self, Pins, SearchOptions, StageLayers};
@@ -30,12 +33,15 @@ pub struct FeatureRow {
     /// Layers per stage of the replayed split.
     pub stage_layers: Vec<u64>,
     pub open: &'static str,
+    /// The published TFLOP/s per GPU, where the source gives it (else NaN).
     pub published_tflops: f64,
+    /// The published MFU, where the source gives it (else NaN).
     pub published_mfu: f64,
     pub predicted_step_s: f64,
     pub predicted_mfu: f64,
-    /// The published figure's step time: tokens per step at the published TFLOP/s, with this
-    /// planner's model FLOPs per step (the convention of `predicted_mfu`).
+    /// The published figure's step time: this planner's model FLOPs per step at the published
+    /// TFLOP/s (the convention of `predicted_mfu`), or the tokens per step at the published
+    /// tokens/s.
     pub published_step_s: f64,
 }
 
@@ -51,108 +57,233 @@ struct Figure {
     feature: &'static str,
     run: &'static str,
     source: &'static str,
+    /// The model preset: its path (for messages) and text.
+    model: (&'static str, &'static str),
+    /// The cluster preset, where it is not the H100 one.
+    cluster: Option<(&'static str, &'static str)>,
+    zero: Option<u8>,
     gpus: u64,
     dp: u64,
+    tp: u64,
+    pp: u64,
     cp: u64,
     cp_comm: CpComm,
+    ep: u64,
+    virtual_stages: u64,
+    schedule: ScheduleKind,
+    /// Pinned layers of the first and last stage.
+    ends: Option<u64>,
+    micro_batch: Option<u64>,
+    recompute: Option<Recompute>,
     /// Sequence length and global batch (sequences), where they differ from the preset's.
     seq_len: u64,
     global_batch: u64,
     open: &'static str,
-    tflops: f64,
-    mfu: f64,
+    published: Published,
+}
+
+/// What a source publishes of a run's speed.
+#[derive(Debug, Clone, Copy)]
+enum Published {
+    /// TFLOP/s per GPU and MFU (NaN where not given).
+    Tflops(f64, f64),
+    /// Tokens per second per GPU.
+    TokensPerGpu(f64),
+}
+
+const LLAMA405: (&str, &str) = (
+    "specs/models/llama3.1-405b.toml",
+    include_str!("../../../specs/models/llama3.1-405b.toml"),
+);
+const DEEPSEEK_V3: (&str, &str) = (
+    "specs/models/deepseek-v3.toml",
+    include_str!("../../../specs/models/deepseek-v3.toml"),
+);
+const H800: (&str, &str) = (
+    "specs/clusters/h800-deepseek.toml",
+    include_str!("../../../specs/clusters/h800-deepseek.toml"),
+);
+const MIXTRAL: (&str, &str) = (
+    "specs/models/mixtral-8x7b.toml",
+    include_str!("../../../specs/models/mixtral-8x7b.toml"),
+);
+
+/// Llama 3's pipeline (§3.3.2): TP 8 × PP 16, interleaved × 8, end stages 7 layers.
+const fn llama(
+    feature: &'static str,
+    run: &'static str,
+    gpus: u64,
+    dp: u64,
+    cp: (u64, CpComm),
+    batch: (u64, u64),
+    (tflops, mfu): (f64, f64),
+) -> Figure {
+    Figure {
+        feature,
+        run,
+        source: LLAMA3_SOURCE,
+        model: LLAMA405,
+        cluster: None,
+        zero: None,
+        gpus,
+        dp,
+        tp: 8,
+        pp: 16,
+        cp: cp.0,
+        cp_comm: cp.1,
+        ep: 1,
+        virtual_stages: 8,
+        schedule: ScheduleKind::Interleaved,
+        ends: Some(7),
+        micro_batch: None,
+        recompute: None,
+        seq_len: batch.0,
+        global_batch: batch.1,
+        open: "micro-batch, ZeRO stage, recompute, SP",
+        published: Published::Tflops(tflops, mfu),
+    }
 }
 
 const LLAMA3_SOURCE: &str = "Dubey et al. 2024, The Llama 3 Herd of Models, Table 4 and §3.3.2";
 
-const FIGURES: [Figure; 3] = [
-    Figure {
-        feature: "uneven interleaved pipeline",
-        run: "llama3.1-405b 8,192 H100 seq 8,192",
-        source: LLAMA3_SOURCE,
-        gpus: 8192,
-        dp: 64,
-        cp: 1,
-        cp_comm: CpComm::P2p,
-        seq_len: 8192,
-        global_batch: 2048,
-        open: "micro-batch, ZeRO stage, recompute, SP",
-        tflops: 430.0,
-        mfu: 0.43,
-    },
-    Figure {
-        feature: "uneven interleaved pipeline",
-        run: "llama3.1-405b 16,384 H100 seq 8,192",
-        source: LLAMA3_SOURCE,
-        gpus: 16384,
-        dp: 128,
-        cp: 1,
-        cp_comm: CpComm::P2p,
-        seq_len: 8192,
-        global_batch: 2048,
-        open: "micro-batch, ZeRO stage, recompute, SP",
-        tflops: 400.0,
-        mfu: 0.41,
-    },
+const FIGURES: [Figure; 5] = [
+    llama(
+        "uneven interleaved pipeline",
+        "llama3.1-405b 8,192 H100 seq 8,192",
+        8192,
+        64,
+        (1, CpComm::P2p),
+        (8192, 2048),
+        (430.0, 0.43),
+    ),
+    llama(
+        "uneven interleaved pipeline",
+        "llama3.1-405b 16,384 H100 seq 8,192",
+        16384,
+        128,
+        (1, CpComm::P2p),
+        (8192, 2048),
+        (400.0, 0.41),
+    ),
     // Table 4's long-context row: 16M tokens per step as 128 sequences of 131,072 tokens
     // (DP 8 × 16 per replica), the sequence split over CP 16 with K and V all-gathered
     // (§3.3.2). The pipeline as at 8k (§3.3.2 describes one pipeline design).
+    llama(
+        "context parallelism (all-gather)",
+        "llama3.1-405b 16,384 H100 seq 131,072",
+        16384,
+        8,
+        (16, CpComm::AllGather),
+        (131072, 128),
+        (380.0, 0.38),
+    ),
+    // Megatron-Core's MoE README (NVIDIA/Megatron-LM megatron/core/transformer/moe/README.md,
+    // v0.9): "Mixtral 8X7B … 64 … H100 … 468 TFLOPS", TP 1, EP 8, PP 4, VP 8, micro-batch 1,
+    // global batch 256, sequence 4096, dropless; no recompute (NVIDIA's Megatron-MoE-ModelZoo
+    // config). It states no MFU (468 of 989 is 47%).
     Figure {
-        feature: "context parallelism (all-gather)",
-        run: "llama3.1-405b 16,384 H100 seq 131,072",
-        source: LLAMA3_SOURCE,
-        gpus: 16384,
-        dp: 8,
-        cp: 16,
-        cp_comm: CpComm::AllGather,
-        seq_len: 131072,
-        global_batch: 128,
-        open: "micro-batch, ZeRO stage, recompute, SP",
-        tflops: 380.0,
-        mfu: 0.38,
+        feature: "expert parallelism (MoE)",
+        run: "mixtral-8x7b 64 H100 seq 4,096",
+        source:
+            "Megatron-Core MoE README (NVIDIA/Megatron-LM @ c230e0d), docs/moe-figures.md row 3",
+        model: MIXTRAL,
+        cluster: None,
+        zero: None,
+        gpus: 64,
+        dp: 16,
+        tp: 1,
+        pp: 4,
+        cp: 1,
+        cp_comm: CpComm::P2p,
+        ep: 8,
+        virtual_stages: 8,
+        schedule: ScheduleKind::Interleaved,
+        ends: None,
+        micro_batch: Some(1),
+        recompute: Some(Recompute::None),
+        seq_len: 4096,
+        global_batch: 256,
+        open: "ZeRO stage",
+        published: Published::Tflops(468.0, f64::NAN),
+    },
+    // DeepSeek-V3's pre-training (arXiv 2412.19437, §1: "each trillion tokens requires only
+    // 180K H800 GPU hours", 10^12 / (180,000 × 3600) = 1543 tokens/s per GPU; §3.2: PP 16, EP
+    // 64 over 8 nodes, ZeRO-1 DP, no TP; §4.2: sequence 4096, the batch raised to 15,360).
+    // Not what the planner models: FP8 GEMMs (planned in BF16) and DualPipe, which overlaps
+    // the all-to-all with compute (planned as 1F1B, the all-to-all exposed); DP 128 derived.
+    Figure {
+        feature: "expert parallelism (MoE), FP8 run planned in BF16",
+        run: "deepseek-v3 2,048 H800 seq 4,096",
+        source: "DeepSeek-V3 report (arXiv 2412.19437) §1, §3.2, §4.2; docs/moe-figures.md row 1",
+        model: DEEPSEEK_V3,
+        cluster: Some(H800),
+        zero: Some(1),
+        gpus: 2048,
+        dp: 128,
+        tp: 1,
+        pp: 16,
+        cp: 1,
+        cp_comm: CpComm::P2p,
+        ep: 64,
+        virtual_stages: 1,
+        schedule: ScheduleKind::OneFOneB,
+        ends: None,
+        micro_batch: None,
+        recompute: None,
+        seq_len: 4096,
+        global_batch: 15360,
+        open: "micro-batch, recompute (the report recomputes RMSNorm, MLA up-projections, SwiGLU)",
+        published: Published::TokensPerGpu(1543.2),
     },
 ];
 
-fn llama405() -> Option<Model> {
-    let src = Source::from_text(
-        "specs/models/llama3.1-405b.toml",
-        include_str!("../../../specs/models/llama3.1-405b.toml"),
-    );
+fn preset(model: (&str, &str)) -> Option<Model> {
+    let src = Source::from_text(model.0, model.1);
     spec::parse_model_toml(&src, TrainingOverrides::default()).ok()
 }
 
 /// Every figure replayed on `h100` (the H100 preset); a figure whose layout cannot be built
 /// is left out (the test of this module requires all of them).
 pub fn feature_rows(h100: &Cluster) -> Vec<FeatureRow> {
-    let Some(model) = llama405() else {
-        return Vec::new();
-    };
     FIGURES
         .iter()
-        .filter_map(|f| replay(f, &model, h100))
+        .filter_map(|f| {
+            let cluster = match f.cluster {
+                None => h100.clone(),
+                Some((path, text)) => {
+                    let src = Source::from_text(path, text);
+                    spec::parse_cluster_toml(&src, Default::default()).ok()?
+                }
+            };
+            replay(f, &preset(f.model)?, &cluster)
+        })
         .collect()
 }
 
-fn replay(f: &Figure, model: &Model, h100: &Cluster) -> Option<FeatureRow> {
+fn replay(f: &Figure, model: &Model, on: &Cluster) -> Option<FeatureRow> {
     let mut model = model.clone();
     model.training.seq_len = f.seq_len;
     model.training.global_batch = f.global_batch;
     let model = &model;
-    let mut cluster = h100.clone();
+    let mut cluster = on.clone();
     cluster.devices = f.gpus;
     cluster.nodes = f.gpus.div_ceil(cluster.gpus_per_node);
     let pins = Pins {
         dp: Some(f.dp),
         cp: Some(f.cp),
         cp_comm: Some(f.cp_comm),
-        pp: Some(16),
-        tp: Some(8),
-        schedule: Some(ScheduleKind::Interleaved),
-        virtual_stages: Some(8),
+        ep: Some(f.ep),
+        pp: Some(f.pp),
+        tp: Some(f.tp),
+        schedule: Some(f.schedule),
+        virtual_stages: Some(f.virtual_stages),
+        micro_batch: f.micro_batch,
+        recompute: f.recompute,
+        zero: f.zero,
         hybrid: Some(false),
         stage_layers: StageLayers {
-            first: Some(7),
-            last: Some(7),
+            first: f.ends,
+            last: f.ends,
         },
         ..Pins::default()
     };
@@ -167,7 +298,18 @@ fn replay(f: &Figure, model: &Model, h100: &Cluster) -> Option<FeatureRow> {
     let stage_layers = (0..pp)
         .map(|s| (0..v).map(|c| best.split[c * pp + s]).sum())
         .collect();
-    let published_step_s = p.model_flops_per_step / (f.tflops * 1e12 * cluster.devices as f64);
+    let (tflops, mfu, published_step_s) = match f.published {
+        Published::Tflops(t, m) => (
+            t,
+            m,
+            p.model_flops_per_step / (t * 1e12 * cluster.devices as f64),
+        ),
+        Published::TokensPerGpu(x) => (
+            f64::NAN,
+            f64::NAN,
+            (f.global_batch * f.seq_len) as f64 / (x * cluster.devices as f64),
+        ),
+    };
     Some(FeatureRow {
         feature: f.feature,
         run: f.run,
@@ -175,8 +317,8 @@ fn replay(f: &Figure, model: &Model, h100: &Cluster) -> Option<FeatureRow> {
         layout: best.layout.label(),
         stage_layers,
         open: f.open,
-        published_tflops: f.tflops,
-        published_mfu: f.mfu,
+        published_tflops: tflops,
+        published_mfu: mfu,
         predicted_step_s: p.step_time_s,
         predicted_mfu: p.mfu,
         published_step_s,
@@ -190,7 +332,7 @@ mod tests {
     use std::path::Path;
 
     #[test]
-    fn llama3_405b_replays_with_its_published_split() {
+    fn every_figure_replays_with_its_published_split() {
         let h100 = load_cluster(
             &Path::new(env!("CARGO_MANIFEST_DIR")).join("../specs/clusters/dgx-h100-80g.toml"),
             ClusterOverrides::default(),
@@ -198,7 +340,18 @@ mod tests {
         .unwrap();
         let rows = feature_rows(&h100);
         assert_eq!(rows.len(), FIGURES.len(), "every figure replays");
-        for r in &rows {
+        for r in rows.iter().filter(|r| r.run.starts_with("mixtral")) {
+            // Mixtral's 32 layers on PP 4 × 8 chunks of one layer each.
+            assert_eq!(r.stage_layers, vec![8; 4], "{}", r.run);
+            assert!(r.layout.contains("·ep8") && r.layout.contains("interleaved×8"));
+            assert!(r.predicted_mfu > 0.0 && r.predicted_step_s.is_finite());
+        }
+        for r in rows.iter().filter(|r| r.run.starts_with("deepseek")) {
+            // 61 layers on 16 stages: the even split gives the first three stages 3 layers.
+            assert_eq!(r.stage_layers.iter().sum::<u64>(), 61, "{}", r.run);
+            assert!(r.layout.contains("·ep64") && r.layout.contains("pp16"));
+        }
+        for r in rows.iter().filter(|r| r.run.starts_with("llama")) {
             // Llama 3's split: the end stages 7 layers, the others 8 (126 layers).
             let mut want = vec![8; 16];
             want[0] = 7;

@@ -72,6 +72,7 @@ pub fn layer_benchmark(runs_toml: &str, a100: &Cluster, h100: &Cluster) -> Vec<L
             dp: 1,
             cp: 1,
             cp_comm: crate::layout::CpComm::P2p,
+            ep: 1,
             pp: 1,
             tp,
             micro_batch: mb,

@@ -300,6 +300,7 @@ fn resolve(r: &Value, a100: &Cluster, h100: &Cluster) -> Result<Run, String> {
         dp: int(r, "parallel.dp"),
         cp: Some(int(r, "parallel.cp").unwrap_or(1)),
         cp_comm: Some(crate::layout::CpComm::P2p),
+        ep: int(r, "parallel.ep"),
         pp,
         tp,
         micro_batch: int(r, "parallel.micro_batch"),

@@ -275,7 +275,7 @@ pub fn markdown(v: &Validation, layer: &[LayerRow], presets: &[&Cluster], comman
         }
     }
     if !v.features.is_empty() {
-        out.push_str("\n## Features against a published figure\n\nLayouts that a feature of the planner exists to express, replayed with the H100 preset as their source states them (the search chooses what it leaves open) and compared with the throughput it publishes. Not in the scores above: each is one published figure, outside runs.toml. The published step time is this planner's model FLOPs per step at the published TFLOP/s per GPU; the published MFU is the source's own (its FLOP convention is not stated: ../shared/groundtruth/README.md §7).\n\n| feature | run | source | layout (search's choice for open knobs) | layers per stage | open knobs | TFLOP/s/GPU published | MFU published | predicted | step s published | predicted | error |\n|---|---|---|---|---|---|---:|---:|---:|---:|---:|---:|\n");
+        out.push_str("\n## Features against a published figure\n\nLayouts that a feature of the planner exists to express, replayed with the H100 preset (the H800 one for DeepSeek-V3) as their source states them (the search chooses what it leaves open) and compared with the throughput it publishes. Not in the scores above: each is one published figure, outside runs.toml. The published step time is this planner's model FLOPs per step at the published TFLOP/s per GPU, or the tokens per step at the published tokens/s per GPU; the published MFU is the source's own (its FLOP convention is not stated: ../shared/groundtruth/README.md §7).\n\n| feature | run | source | layout (search's choice for open knobs) | layers per stage | open knobs | TFLOP/s/GPU published | MFU published | predicted | step s published | predicted | error |\n|---|---|---|---|---|---|---:|---:|---:|---:|---:|---:|\n");
         for f in &v.features {
             let per = &f.stage_layers;
             let stages = if per.len() > 2 && per[1..per.len() - 1].windows(2).all(|w| w[0] == w[1])
@@ -292,15 +292,15 @@ pub fn markdown(v: &Validation, layer: &[LayerRow], presets: &[&Cluster], comman
             };
             let _ = writeln!(
                 out,
-                "| {} | {} | {} | {} | {} | {} | {:.0} | {:.0}% | {:.1}% | {:.2} | {:.2} | {} |",
+                "| {} | {} | {} | {} | {} | {} | {} | {} | {:.1}% | {:.2} | {:.2} | {} |",
                 f.feature,
                 f.run,
                 f.source,
                 f.layout,
                 stages,
                 f.open,
-                f.published_tflops,
-                100.0 * f.published_mfu,
+                published_tflops(f.published_tflops),
+                published_mfu(f.published_mfu),
                 100.0 * f.predicted_mfu,
                 f.published_step_s,
                 f.predicted_step_s,
@@ -325,4 +325,22 @@ pub fn markdown(v: &Validation, layer: &[LayerRow], presets: &[&Cluster], comman
         }
     }
     out
+}
+
+/// A published MFU as the table prints it: `-` where the source gives none.
+fn published_mfu(mfu: f64) -> String {
+    if mfu.is_nan() {
+        "-".into()
+    } else {
+        format!("{:.0}%", 100.0 * mfu)
+    }
+}
+
+/// A published TFLOP/s per GPU as the table prints it: `-` where the source gives none.
+fn published_tflops(tflops: f64) -> String {
+    if tflops.is_nan() {
+        "-".into()
+    } else {
+        format!("{tflops:.0}")
+    }
 }

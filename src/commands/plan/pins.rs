@@ -18,6 +18,7 @@ pub(super) fn pinned_flags(args: &PlanArgs) -> Vec<&'static str> {
         ("--pp", p.pp.is_some()),
         ("--cp", p.cp.is_some()),
         ("--cp-comm", p.cp_comm.is_some()),
+        ("--ep", p.ep.is_some()),
         ("--dp", p.dp.is_some()),
         ("--micro-batch", p.micro_batch.is_some()),
         ("--zero", p.zero.is_some()),

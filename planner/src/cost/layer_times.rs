@@ -1,0 +1,213 @@
+//! The per-micro-batch times of a layout's parts: one dense layer, one MoE layer, the
+//! embedding and the head, with their TP, CP and EP communication, recompute and ZeRO-3
+//! traffic (what `evaluate` scales by each chunk's layers).
+
+use super::comm::Links;
+use super::ops::{self, Device};
+use super::pipeline::{ChunkTime, Parts};
+use super::{moe, LayerTimes, Options};
+use crate::layout::{Layout, Recompute};
+use crate::model::{AttentionImpl, Model};
+use crate::precision::{Policy, StateClass};
+use crate::spec::Cluster;
+
+/// Bytes per parameter of the gradient that DP reduces and of the weights ZeRO gathers.
+pub(super) fn dtype_bytes(model: &Model) -> (f64, f64, f64) {
+    let policy = Policy::by_name(&model.training.precision)
+        .expect("the precision policy is validated when the spec is resolved");
+    let grad = policy
+        .states
+        .iter()
+        .filter(|s| s.class == StateClass::Grad)
+        .map(|s| s.bytes)
+        .max()
+        .unwrap_or(2) as f64;
+    let weight = policy.class_bytes(StateClass::Param) as f64;
+    // Adam reads and writes master, m and v, reads the gradient, writes the 16-bit weight.
+    let update = 2.0 * policy.class_bytes(StateClass::Optim) as f64 + grad + weight;
+    (grad, weight, update)
+}
+
+/// The per-micro-batch times of a layout's parts.
+pub fn layer_times(
+    model: &Model,
+    cluster: &Cluster,
+    layout: &Layout,
+    links: &Links,
+    options: Options,
+) -> LayerTimes {
+    let dev = Device::of(cluster);
+    let (tp, sp, b) = (layout.tp, layout.sequence_parallel, layout.micro_batch);
+    let cp = layout.cp.max(1);
+    let lc = ops::layer_cp(model, &dev, tp, sp, b, cp);
+    // Under context parallelism a rank holds 1/CP of every sequence's tokens: what the
+    // embedding, the head and the TP collectives move (`local`).
+    let local = &*layout.rank_tokens(model);
+    let a = &model.architecture;
+    let act = b as f64 * local.training.seq_len as f64 * a.hidden as f64 * 2.0;
+    let t = &links.tp;
+    // Two collectives per layer each way: all-reduces, or all-gather + reduce-scatter with SP.
+    let per_pass = if sp {
+        2.0 * (t.all_gather(act) + t.reduce_scatter(act))
+    } else {
+        2.0 * t.all_reduce(act)
+    };
+    let ring = ring_exposed(model, layout, links, &lc);
+    let zero3 = layout.sharding.zero_stage == 3 && layout.shard_degree(cluster) > 1;
+    let (grad, weight, _) = dtype_bytes(model);
+    let (dp_group, expert_group) = if layout.sharding.hybrid {
+        (&links.dp_in_node, &links.expert_dp_in_node)
+    } else {
+        (&links.dp, &links.expert_dp)
+    };
+    // ZeRO-3 gathers a layer's weights before its forward (and backward) and reduce-scatters
+    // its gradients after the backward: the dense weights over DP × CP, the experts over the
+    // expert-data-parallel group.
+    let gathers = |dense: f64, experts: f64| {
+        let (xg, xs) = if experts > 0.0 {
+            (
+                expert_group.all_gather(experts * weight),
+                expert_group.reduce_scatter(experts * grad),
+            )
+        } else {
+            (0.0, 0.0)
+        };
+        (
+            dp_group.all_gather(dense * weight) + xg,
+            dp_group.reduce_scatter(dense * grad) + xs,
+        )
+    };
+    let dense_params = a.layer_params().per_tp_rank(tp);
+    let chunk = |lc: &ops::LayerCompute, tp_pass: f64, ep_pass: f64, params: (f64, f64)| {
+        let mut layer = ChunkTime {
+            fwd: Parts {
+                compute: lc.fwd,
+                tp: tp_pass,
+                cp: ring.0,
+                ep: ep_pass,
+                ..Parts::default()
+            },
+            bwd: Parts {
+                compute: lc.bwd,
+                tp: tp_pass,
+                cp: ring.1,
+                ep: ep_pass,
+                ..Parts::default()
+            },
+        };
+        match layout.recompute {
+            Recompute::None => {}
+            // Under flash attention, selective is per-op checkpointing (torchtitan's op SAC):
+            // every second matmul and every element-wise kernel run again
+            // (`memory::activations::Keep`).
+            Recompute::Selective if model.training.attention == AttentionImpl::Flash => {
+                layer.bwd.recompute = 0.5 * lc.linear_fwd + lc.elementwise_fwd
+            }
+            Recompute::Selective => layer.bwd.recompute = lc.attention_core_fwd,
+            Recompute::Full => {
+                // Every N-th layer: the average layer re-runs 1/N of a forward.
+                let share = 1.0 / layout.recompute_every.max(1) as f64;
+                layer.bwd.recompute = lc.fwd * share;
+                layer.bwd.tp += tp_pass * share;
+                layer.bwd.cp += ring.0 * share;
+                layer.bwd.ep += ep_pass * share;
+            }
+        }
+        let mut first_gather = 0.0;
+        if zero3 {
+            let (gather, scatter) = gathers(params.0, params.1);
+            layer.fwd.zero3 = (gather - layer.fwd.total()).max(0.0);
+            layer.bwd.zero3 = (gather + scatter - layer.bwd.total()).max(0.0);
+            first_gather = gather;
+        }
+        (layer, first_gather)
+    };
+    let (layer, mut zero3_first_gather) = chunk(&lc, per_pass, 0.0, (dense_params, 0.0));
+    let pair = |bytes: f64| {
+        if sp {
+            t.all_gather(bytes) + t.reduce_scatter(bytes)
+        } else {
+            t.all_reduce(bytes)
+        }
+    };
+    let moe_layer = a.moe.is_some().then(|| {
+        let mc = moe::moe_layer_compute(model, &dev, layout, &lc);
+        let tp_pass = moe::tp_per_pass(model, layout, &pair, act);
+        let ep_pass = moe::all_to_all_per_pass(model, layout, links);
+        let params = crate::memory::moe::moe_layer_params_per_rank(model, layout);
+        let (c, gather) = chunk(&mc, tp_pass, ep_pass, params);
+        zero3_first_gather = zero3_first_gather.max(gather);
+        c
+    });
+    let moe_share = a.moe_layer_count() as f64 / a.layers.max(1) as f64;
+    let (ef, eb) = ops::embedding(local, &dev, tp, sp, b);
+    let (hf, hb) = ops::head(local, &dev, tp, sp, b, options.fused_loss);
+    let (emb_tp_f, emb_tp_b, head_tp_f, head_tp_b) = if sp {
+        (
+            t.reduce_scatter(act),
+            t.all_gather(act),
+            t.all_gather(act),
+            t.reduce_scatter(act),
+        )
+    } else {
+        (t.all_reduce(act), 0.0, 0.0, 0.0)
+    };
+    // Vocabulary-parallel cross-entropy all-reduces the max, the sum and the target logit.
+    let ce = 3.0 * t.all_reduce(4.0 * (b as f64 * local.training.seq_len as f64));
+    let part = |compute, tp| Parts {
+        compute,
+        tp,
+        ..Parts::default()
+    };
+    LayerTimes {
+        layer,
+        moe_layer,
+        moe_share,
+        embedding: ChunkTime {
+            fwd: part(ef, emb_tp_f),
+            bwd: part(eb, emb_tp_b),
+        },
+        head: ChunkTime {
+            fwd: part(hf, head_tp_f + ce),
+            bwd: part(hb, head_tp_b),
+        },
+        zero3_first_gather,
+    }
+}
+
+/// Seconds of one layer's ring-attention exchange (forward, backward) that its attention does
+/// not hide, for one micro-batch. Megatron-Core's CP (Transformer Engine's
+/// `AttnFuncWithCPAndKVP2P`) passes each rank's K and V around the CP ring in CP − 1 steps,
+/// each overlapped with the attention of the block in hand; the backward passes K, V and their
+/// gradients. A step's exposed time is what its transfer takes beyond its share of the
+/// attention core (1/CP of the rank's).
+fn ring_exposed(
+    model: &Model,
+    layout: &Layout,
+    links: &Links,
+    lc: &ops::LayerCompute,
+) -> (f64, f64) {
+    let cp = layout.cp;
+    if cp <= 1 {
+        return (0.0, 0.0);
+    }
+    // K and V of this rank's tokens and its KV heads.
+    let kv = layout.cp_kv_block_bytes(model, crate::memory::activations::element_bytes(model));
+    if layout.cp_comm == crate::layout::CpComm::AllGather {
+        // Llama 3's: K and V of the whole sequence all-gathered before the attention, on the
+        // critical path (Dubey et al. 2024 §3.3.2: "the all-gather communication latency is
+        // exposed"); the backward gathers them again and reduce-scatters their gradients.
+        let full = kv * cp as f64;
+        let g = links.cp.all_gather(full);
+        return (g, g + links.cp.reduce_scatter(full));
+    }
+    let steps = (cp - 1) as f64;
+    let fwd_step = links.cp.p2p(kv);
+    let bwd_step = links.cp.p2p(2.0 * kv);
+    let core_f = lc.attention_core_fwd / cp as f64;
+    let core_b = 2.5 * core_f;
+    (
+        steps * (fwd_step - core_f).max(0.0),
+        steps * (bwd_step - core_b).max(0.0),
+    )
+}

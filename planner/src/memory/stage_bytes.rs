@@ -1,0 +1,239 @@
+//! The memory of a stage as an affine function of its layers, for the search and the
+//! partitioner.
+
+use super::{
+    activations, cp_ring_bytes, cpu_runtime, in_flight, moe, per_layer_act, per_param,
+    runtime_overhead_bytes, times,
+};
+use crate::layout::Layout;
+use crate::model::Model;
+use crate::precision::{Policy, StateClass};
+use crate::schedule::ScheduleKind;
+use crate::spec::{Cluster, DeviceKind};
+
+/// A stage's memory as an affine function of how many layers it holds:
+/// `bytes(stage, n) = per_layer[stage] · n + fixed[stage]`. The same terms as [`estimate`]
+/// (to rounding, which a test bounds), without building them, so that the search and the
+/// partitioner can ask "how many layers fit on this stage" in O(1).
+#[derive(Debug, Clone, PartialEq)]
+pub struct StageBytes {
+    pub per_layer: Vec<f64>,
+    pub fixed: Vec<f64>,
+}
+
+impl StageBytes {
+    pub fn new(model: &Model, cluster: &Cluster, layout: &Layout) -> StageBytes {
+        let a = &model.architecture;
+        let (pp, tp, v, b) = (
+            layout.pp,
+            layout.tp,
+            layout.virtual_stages,
+            layout.micro_batch,
+        );
+        let sp = layout.sequence_parallel;
+        let zero = layout.sharding.zero_stage;
+        let shard = layout.shard_degree(cluster);
+        let policy = Policy::by_name(&model.training.precision)
+            .expect("the precision policy is validated when the spec is resolved");
+        let m = layout.microbatches(model);
+        let bpp: f64 = policy
+            .states
+            .iter()
+            .map(|s| per_param(s, zero, shard))
+            .sum();
+        let act = per_layer_act(model, layout);
+        let grow = 1.0 + cluster.overhead.fragmentation;
+        let cpu = cluster.device.kind == DeviceKind::Cpu;
+        let local = layout.rank_tokens(model);
+        let mut fixed_all =
+            cpu_runtime::workspace_bytes(&local, cpu, b, tp, sp) + cp_ring_bytes(model, layout);
+        // The CPU runtime's ZeRO buffers and DP messages, per parameter a rank holds.
+        let per_param_bufs = if cpu {
+            cpu_runtime::zero_buffers(policy, 1.0, zero, shard, v)
+                + cpu_runtime::dp_messages(1.0, layout.dp, zero, v)
+        } else {
+            0.0
+        };
+        let bpp = bpp + per_param_bufs;
+        let layer_states = a.layer_params().per_tp_rank(tp) * bpp;
+        // MoE layers: the dense part at the DP × CP shard, the experts at the expert-DP one.
+        let eshard = moe::expert_shard_degree(layout, cluster);
+        let ebpp: f64 = policy
+            .states
+            .iter()
+            .map(|s| per_param(s, zero, eshard))
+            .sum::<f64>()
+            + per_param_bufs;
+        let (common, experts) = moe::moe_layer_params_per_rank(model, layout);
+        let moe_states = common * bpp + experts * ebpp;
+        let moe_act = if a.moe.is_some() {
+            moe::moe_layer_act(model, layout)
+        } else {
+            0.0
+        };
+        let even = layout.split_layers(a.layers);
+        if zero == 3 && shard > 1 {
+            let wb = policy.class_bytes(StateClass::Param) as f64;
+            fixed_all += a.layer_params().per_tp_rank(tp).max(common + experts) * (2.0 * wb + 2.0);
+        }
+        let held0 = in_flight(layout.schedule, pp, m, 1, 0).min(m) as f64;
+        let first = a.embedding_params_at(tp).per_tp_rank(tp) * bpp
+            + activations::embedding_bytes(&local, b, tp, sp) * held0;
+        let held_last = if layout.schedule == ScheduleKind::Gpipe {
+            m
+        } else {
+            1
+        } as f64;
+        let last = a
+            .head_params_at(a.tied_embeddings && pp == 1, tp)
+            .per_tp_rank(tp)
+            * bpp
+            + activations::head_terms(&local, b, tp, sp)
+                .iter()
+                .map(|(_, x)| x * held_last)
+                .sum::<f64>();
+        let (mut per_layer, mut fixed) = (Vec::new(), Vec::new());
+        for s in 0..pp {
+            let flight = in_flight(layout.schedule, pp, m, v, s) as f64;
+            // A layer of this stage is dense or MoE in the proportion the even split gives it
+            // (exact for that split; the mean for others).
+            let (d, n_moe) = moe::stage_mix(model, layout, &even, s);
+            let moe_share = if d + n_moe == 0 {
+                0.0
+            } else {
+                n_moe as f64 / (d + n_moe) as f64
+            };
+            let dense = layer_states + act * flight / v as f64;
+            let moe_layer = moe_states + moe_act * flight / v as f64;
+            per_layer.push(grow * ((1.0 - moe_share) * dense + moe_share * moe_layer));
+            let mut f = fixed_all;
+            if n_moe > 0 {
+                f += moe::dispatch_buffer_bytes(model, layout);
+            }
+            if cpu {
+                f += cpu_runtime::tied_messages(model, layout, s);
+            }
+            if s == 0 {
+                f += first;
+            }
+            if s == pp - 1 {
+                f += last;
+            }
+            fixed.push(grow * f + runtime_overhead_bytes(model, cluster, layout, s));
+        }
+        StageBytes { per_layer, fixed }
+    }
+
+    /// Bytes on `stage` when it holds `layers` layers.
+    pub fn bytes(&self, stage: usize, layers: u64) -> f64 {
+        times(self.per_layer[stage], layers as f64) + self.fixed[stage]
+    }
+
+    /// The most layers `stage` can hold within `capacity` bytes (0 if not even one).
+    pub fn max_layers(&self, stage: usize, capacity: f64) -> u64 {
+        let room = capacity - self.fixed[stage];
+        if room < self.per_layer[stage] {
+            return 0;
+        }
+        // A small slack for the rounding of the exact per-term report.
+        ((room - 64.0) / self.per_layer[stage]).floor().max(0.0) as u64
+    }
+
+    /// The peak over stages of a split given as layers per stage.
+    pub fn peak(&self, per_stage: &[u64]) -> f64 {
+        per_stage
+            .iter()
+            .enumerate()
+            .map(|(s, &n)| self.bytes(s, n))
+            .fold(0.0, f64::max)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::layout::{Recompute, Sharding};
+    use crate::memory::estimate_split;
+    use crate::spec::{self, ClusterOverrides, TrainingOverrides};
+    use std::path::Path;
+
+    fn preset(kind: &str, name: &str) -> std::path::PathBuf {
+        Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../specs")
+            .join(kind)
+            .join(name)
+    }
+
+    /// The affine per-stage model equals the per-term report, stage by stage, for uneven
+    /// splits, every schedule, ZeRO stage, recompute and sequence parallelism.
+    #[test]
+    fn stage_bytes_equal_the_report_for_any_split() {
+        let model = spec::load_model(
+            &preset("models", "gpt3-175b.toml"),
+            TrainingOverrides::default(),
+        )
+        .unwrap();
+        let cluster = spec::load_cluster(
+            &preset("clusters", "dgx-a100-80g.toml"),
+            ClusterOverrides {
+                nodes: Some(16),
+                devices: None,
+            },
+        )
+        .unwrap();
+        let mut checked = 0;
+        for (pp, v, kind) in [
+            (1, 1, ScheduleKind::OneFOneB),
+            (4, 1, ScheduleKind::OneFOneB),
+            (4, 1, ScheduleKind::Gpipe),
+            (8, 3, ScheduleKind::Interleaved),
+        ] {
+            for (zero, hybrid) in [(0, false), (1, false), (3, false), (3, true)] {
+                for recompute in Recompute::ALL {
+                    for sp in [false, true] {
+                        let l = Layout {
+                            dp: 128 / (8 * pp),
+                            cp: 1,
+                            cp_comm: crate::layout::CpComm::P2p,
+                            ep: 1,
+                            pp,
+                            tp: 8,
+                            micro_batch: 1,
+                            sharding: Sharding {
+                                zero_stage: zero,
+                                hybrid,
+                            },
+                            recompute,
+                            recompute_every: 1,
+                            sequence_parallel: sp,
+                            schedule: kind,
+                            virtual_stages: v,
+                        };
+                        let chunks = (pp * v) as usize;
+                        // An uneven split: one layer moved from the last chunk to the first.
+                        let mut split = l.split_layers(model.architecture.layers);
+                        if chunks > 1 {
+                            split[0] += 1;
+                            split[chunks - 1] -= 1;
+                        }
+                        let report = estimate_split(&model, &cluster, &l, &split);
+                        let fast = StageBytes::new(&model, &cluster, &l);
+                        for s in &report.per_stage {
+                            let got = fast.bytes(s.stage as usize, s.layers);
+                            let diff = (got - s.total_bytes as f64).abs();
+                            assert!(
+                                diff <= 64.0,
+                                "{} stage {}: {got} vs {}",
+                                l.label(),
+                                s.stage,
+                                s.total_bytes
+                            );
+                            checked += 1;
+                        }
+                    }
+                }
+            }
+        }
+        assert!(checked > 200);
+    }
+}
