@@ -97,6 +97,12 @@ PLAN[gpt3-13b-every4-uneven-fsdp]="specs/models/gpt3-13b.toml specs/clusters/dgx
 PLAN[llama-12-gpus]="specs/models/llama3-8b.toml $TMP/dgx-h100-80g-2-nodes.toml --devices 12 --global-batch 768 --tp 4 --pp 1 --dp 3 --micro-batch 1 --sp --zero 0 --recompute full"
 # (h) The README's CPU plan: the tiny model on the 8-device CPU cluster, DP 2 × PP 2 × TP 2.
 PLAN[tiny-cpu]="specs/models/tiny.toml specs/clusters/cpu-8.toml --dp 2 --pp 2 --tp 2 --no-sp --micro-batch 2 --schedule 1f1b --zero 1"
+# (i) Mixture of experts: Mixtral-8x7B in Megatron-Core's MoE benchmark layout (TP 1, EP 8, PP 4
+# interleaved × 8, global batch 256 × 4096; docs/moe-figures.md row 3), and DeepSeek-V3 on its
+# 2048 H800s as its report describes it (PP 16, EP 64, ZeRO-1; MLA, sigmoid router with score
+# bias, group-limited top-8, a shared expert, the first 3 layers dense).
+PLAN[mixtral-ep]="specs/models/mixtral-8x7b.toml specs/clusters/dgx-h100-80g.toml --nodes 8 --seq-len 4096 --global-batch 256 --tp 1 --pp 4 --dp 16 --ep 8 --micro-batch 1 --zero 1 --recompute none --schedule interleaved --virtual-stages 8 --no-hybrid-shard"
+PLAN[deepseek-v3-ep]="specs/models/deepseek-v3.toml specs/clusters/h800-deepseek.toml --tp 1 --pp 16 --ep 64 --dp 128 --zero 1 --micro-batch 1 --schedule 1f1b --recompute full --no-hybrid-shard"
 # A layout that does not fit, written with --force ("feasible": false): refused by every target;
 # exported with `tessera export --force` it is an ordinary DDP plan every target takes.
 PLAN[llama-infeasible]="${LLAMA[*]} --nodes 1 --dp 8 --tp 1 --pp 1 --micro-batch 4 --zero 0 --recompute none --force"
@@ -124,6 +130,8 @@ llama-every4-pp2-fsdp          refuse:ZeRO-3       refuse:some_layers  ok       
 gpt3-13b-every4-uneven         refuse:every_4th    refuse:some_layers  refuse:ZeRO-1       ok                ok
 gpt3-13b-every4-uneven-fsdp    refuse:ZeRO-3       refuse:some_layers  ok                  ok                ok
 llama-12-gpus                  ok                  ok                  ok                  refuse:12_ranks   refuse:12_ranks
+mixtral-ep                     ok                  refuse:mixture      refuse:mixture      ok                ok
+deepseek-v3-ep                 ok                  refuse:Latent       refuse:Latent       ok                ok
 tiny-cpu                       refuse:CPU          refuse:CPU          refuse:CPU          ok                ok
 llama-infeasible               refuse:feasible     refuse:feasible     refuse:feasible     refuse:feasible   refuse:feasible
 llama-infeasible+force         ok                  ok                  ok                  ok                ok

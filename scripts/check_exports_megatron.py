@@ -92,7 +92,7 @@ def check(name, plan, plan_path, path):
     args = ma.parse_args(ignore_unknown_args=False)
     # validate_args asks the GPU for its architecture; there is none here: the plan's device's.
     device = plan["job"]["cluster"]["device"]["name"]
-    arch = next(v for k, v in {"A100": 8, "H100": 9, "H200": 9, "B200": 10}.items() if device.startswith(k))
+    arch = next(v for k, v in {"A100": 8, "H100": 9, "H800": 9, "H200": 9, "B200": 10}.items() if device.startswith(k))
     ma.get_device_arch_version = lambda: arch
     with contextlib.redirect_stdout(io.StringIO()) as log:  # all of args follows its own lines
         ma.validate_args(args)
@@ -143,7 +143,45 @@ def check(name, plan, plan_path, path):
     want["context_parallel_size"] = p.get("cp", 1)
     if p.get("cp", 1) > 1:
         want["cp_comm_type"] = [p.get("cp_comm", "p2p")]  # one type for every layer
+    # Mixture of experts and MLA: the values Megatron reads, and the MoE layers its
+    # TransformerConfig builds (moe_layer_freq: an int N, every N-th layer, or a 0/1 per layer).
+    moe = a.get("moe")
+    if moe:
+        def is_moe(layer):
+            if moe.get("moe_layers") is not None:
+                return layer in moe["moe_layers"]
+            first = moe["first_dense_layers"]
+            return layer >= first and (layer - first) % max(moe["moe_layer_frequency"], 1) == 0
+        want.update({
+            "num_experts": moe["experts"],
+            "moe_router_topk": moe["experts_per_token"],
+            "moe_ffn_hidden_size": moe["moe_ffn_hidden"],
+            "expert_model_parallel_size": p.get("ep", 1),
+            "moe_aux_loss_coeff": moe["router_aux_loss_coef"],
+            "moe_expert_capacity_factor": moe.get("capacity_factor"),
+            "moe_shared_expert_intermediate_size": moe["shared_experts"] * moe["shared_expert_ffn_hidden"] or None,
+            "moe_router_score_function": moe["router_scoring"],
+            "moe_router_enable_expert_bias": moe["router_score_bias"],
+            "moe_router_topk_scaling_factor": None if moe["routed_scaling_factor"] == 1 else moe["routed_scaling_factor"],
+            "moe_router_num_groups": moe["expert_groups"] if moe["expert_groups"] > 1 else None,
+            "moe_router_group_topk": moe["expert_groups_per_token"] if moe["expert_groups"] > 1 else None,
+            "MoE layers": [layer for layer in range(a["layers"]) if is_moe(layer)],
+        })
+    mla = a.get("mla")
+    if mla:
+        want.update({
+            "multi_latent_attention": True,
+            "q_lora_rank": mla.get("q_lora_rank"),
+            "kv_lora_rank": mla["kv_lora_rank"],
+            "qk_head_dim": mla["qk_nope_head_dim"],
+            "qk_pos_emb_head_dim": mla["qk_rope_head_dim"],
+            "v_head_dim": mla["v_head_dim"],
+        })
     got = {k: getattr(args, k, None) for k in want}
+    if moe:
+        freq = cfg.moe_layer_freq
+        got["MoE layers"] = ([layer for layer in range(a["layers"]) if layer % freq == 0]
+                             if isinstance(freq, int) else [i for i, x in enumerate(freq) if x])
     if not args.group_query_attention:  # Megatron ignores num_query_groups: one group per head
         got["num_query_groups"] = args.num_attention_heads
     got["qkv bias"] = args.add_bias_linear or args.add_qkv_bias

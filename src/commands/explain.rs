@@ -23,13 +23,23 @@ pub fn run(args: ExplainArgs) -> anyhow::Result<ExitCode> {
     let plan = Plan::load(&args.plan)?;
     let p = &plan.parallel;
     println!(
-        "{} on {} devices of {}: dp {} × tp {} × pp {}, micro-batch {} × {} micro-batches, ZeRO-{}, {} recompute, schedule {}{}",
+        "{} on {} devices of {}: dp {}{} × tp {} × pp {}{}, micro-batch {} × {} micro-batches, ZeRO-{}, {} recompute, schedule {}{}",
         plan.job.model.name,
         p.world,
         plan.job.cluster.name,
         p.dp,
+        if p.cp > 1 {
+            format!(" × cp {}", p.cp)
+        } else {
+            String::new()
+        },
         p.tp,
         p.pp,
+        if p.ep > 1 {
+            format!(" (ep {} over dp × cp)", p.ep)
+        } else {
+            String::new()
+        },
         p.micro_batch,
         p.microbatches,
         p.zero_stage,
