@@ -249,6 +249,21 @@ impl ParamLayout {
         Ok(r)
     }
 
+    /// Appends every tensor of `other` after this layout's, their offsets moved by this
+    /// layout's length, which is returned (where `other`'s flat buffer now starts).
+    pub fn append(&mut self, other: ParamLayout) -> Result<usize, ParamError> {
+        let base = self.len;
+        for mut e in other.entries {
+            if self.entries.iter().any(|x| x.name == e.name) {
+                return Err(ParamError::Duplicate { name: e.name });
+            }
+            e.offset += base;
+            self.entries.push(e);
+        }
+        self.len += other.len;
+        Ok(base)
+    }
+
     pub fn entries(&self) -> &[ParamInfo] {
         &self.entries
     }

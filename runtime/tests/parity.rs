@@ -308,3 +308,199 @@ fn sequence_parallel_needs_tp_to_divide_the_micro_batch_rows() {
         .to_string();
     assert!(err.contains("63") && err.contains("--no-sp"), "{err}");
 }
+
+/// A layout of the MoE tests: `ep` expert-parallel ranks cut from DP × CP, sequence
+/// parallelism with TP (Megatron-LM requires it with EP).
+fn moe_layout(
+    dp: u64,
+    cp: u64,
+    pp: u64,
+    tp: u64,
+    ep: u64,
+    zero: u8,
+    recompute: Recompute,
+) -> Layout {
+    Layout {
+        cp,
+        ep,
+        sequence_parallel: tp > 1,
+        ..layout(dp, pp, tp, zero, ScheduleKind::OneFOneB, 1, recompute)
+    }
+}
+
+/// Runs `model` under each layout against its own single-rank run.
+fn moe_parity(model: &tessera_planner::model::Model, what: &str, layouts: &[Layout]) {
+    let want = run(&tiny::plan(
+        model,
+        &moe_layout(1, 1, 1, 1, 1, 0, Recompute::None),
+    ));
+    let (first, last) = (want.steps[0].loss, want.steps[STEPS - 1].loss);
+    assert!(
+        last < first,
+        "{what}: the single-rank run learns: {first} → {last}"
+    );
+    for l in layouts {
+        let got = run(&tiny::plan(model, l));
+        let label = format!("{what} {}", l.label());
+        assert_same(&got, &want, &label);
+        // The margins, for the record (`--nocapture`): docs/moe.md quotes them.
+        let loss = got
+            .steps
+            .iter()
+            .zip(&want.steps)
+            .map(|(a, b)| ((a.loss - b.loss) / b.loss).abs())
+            .fold(0.0, f64::max);
+        let param = want
+            .params
+            .iter()
+            .map(|(name, w)| {
+                let g = &got.params[name];
+                let d: f64 = g.iter().zip(w).map(|(a, b)| f64::from(a - b).powi(2)).sum();
+                let n: f64 = w.iter().map(|b| f64::from(*b).powi(2)).sum();
+                (d / n.max(f64::MIN_POSITIVE)).sqrt()
+            })
+            .fold(0.0, f64::max);
+        eprintln!("{label}: loss rel diff {loss:.2e}, parameter rel diff {param:.2e}");
+    }
+}
+
+/// Mixture of experts with expert parallelism (tiny-moe: 4 experts, top-2, softmax, Switch
+/// load-balancing loss, a dense first layer): EP 2 and 4 over DP (and CP), with TP + SP, PP,
+/// ZeRO-1/2/3 and recompute, against the single-rank run.
+#[test]
+fn expert_parallel_layouts() {
+    let none = Recompute::None;
+    moe_parity(
+        &tiny::moe_model(),
+        "moe top-2",
+        &[
+            moe_layout(2, 1, 1, 1, 1, 0, none),
+            moe_layout(2, 1, 1, 1, 2, 0, none),
+            moe_layout(4, 1, 1, 1, 4, 0, none),
+            moe_layout(4, 1, 1, 1, 2, 0, none),
+            moe_layout(2, 1, 1, 2, 2, 0, none),
+            moe_layout(2, 1, 2, 1, 2, 0, none),
+            moe_layout(2, 1, 1, 1, 2, 1, none),
+            moe_layout(4, 1, 1, 1, 2, 2, none),
+            moe_layout(2, 1, 1, 1, 2, 3, none),
+            moe_layout(2, 1, 2, 2, 2, 3, none),
+            moe_layout(2, 1, 1, 1, 2, 0, Recompute::Full),
+            moe_layout(2, 1, 1, 2, 2, 0, Recompute::Selective),
+            moe_layout(1, 2, 1, 1, 2, 0, none),
+            moe_layout(2, 2, 1, 1, 4, 1, none),
+        ],
+    );
+}
+
+/// Top-1 routing (Switch) with a sigmoid-gated shared expert (Qwen2-MoE) and SwiGLU experts
+/// without biases, unnormalised weights: EP 2 and 4, with TP + SP and PP.
+#[test]
+fn expert_parallel_top1_with_a_shared_expert() {
+    let mut model = tiny::moe_model();
+    model.architecture.activation = tessera_planner::model::Activation::Swiglu;
+    model.architecture.bias = false;
+    model.architecture.qkv_bias = false;
+    let m = model.architecture.moe.as_mut().unwrap();
+    m.experts_per_token = 1;
+    m.shared_experts = 1;
+    m.shared_expert_ffn_hidden = 32;
+    m.shared_expert_gate = true;
+    m.normalize_top_k = false;
+    let none = Recompute::None;
+    moe_parity(
+        &model,
+        "moe top-1 shared",
+        &[
+            moe_layout(2, 1, 1, 1, 2, 0, none),
+            moe_layout(4, 1, 1, 1, 4, 1, none),
+            moe_layout(2, 1, 1, 2, 2, 0, none),
+            moe_layout(2, 1, 2, 1, 2, 0, none),
+        ],
+    );
+}
+
+/// DeepSeek-V3's router (sigmoid scores, the score bias choosing, 2 groups of which each token
+/// uses 1, scaled weights) on 4 experts, and token dropping at capacity factor 1.0: EP 2 and 4.
+#[test]
+fn expert_parallel_sigmoid_groups_and_capacity() {
+    let mut model = tiny::moe_model();
+    let m = model.architecture.moe.as_mut().unwrap();
+    m.router_scoring = tessera_planner::model::RouterScoring::Sigmoid;
+    m.router_score_bias = true;
+    m.expert_groups = 2;
+    m.expert_groups_per_token = 1;
+    m.routed_scaling_factor = 2.5;
+    m.capacity_factor = Some(1.0);
+    let none = Recompute::None;
+    moe_parity(
+        &model,
+        "moe sigmoid groups capacity",
+        &[
+            moe_layout(2, 1, 1, 1, 2, 0, none),
+            moe_layout(4, 1, 1, 1, 4, 3, none),
+            moe_layout(2, 1, 1, 2, 2, 0, Recompute::Full),
+        ],
+    );
+}
+
+/// What the runtime does not compute is refused before a run, naming the field.
+#[test]
+fn mla_qk_norm_and_dense_ep_are_refused() {
+    let base = plan(layout(
+        1,
+        1,
+        1,
+        0,
+        ScheduleKind::OneFOneB,
+        1,
+        Recompute::None,
+    ));
+    let mut p = base.clone();
+    p.job.model.architecture.qk_norm = true;
+    let err = tessera_runtime::exec::check_supported(&p)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("architecture.qk_norm") && err.contains("fix"),
+        "{err}"
+    );
+    let mut p = base.clone();
+    p.job.model.architecture.mla = Some(tessera_planner::model::Mla {
+        q_lora_rank: None,
+        kv_lora_rank: 32,
+        qk_nope_head_dim: 8,
+        qk_rope_head_dim: 8,
+        v_head_dim: 16,
+    });
+    let err = tessera_runtime::exec::check_supported(&p)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("architecture.mla") && err.contains("fix"),
+        "{err}"
+    );
+    let mut p = base.clone();
+    p.parallel.ep = 2;
+    let err = tessera_runtime::exec::check_supported(&p)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("parallel.ep") && err.contains("--ep 1"),
+        "{err}"
+    );
+    let mut p = tiny::plan(
+        &tiny::moe_model(),
+        &moe_layout(1, 2, 1, 1, 1, 0, Recompute::None),
+    );
+    p.job
+        .model
+        .architecture
+        .moe
+        .as_mut()
+        .unwrap()
+        .capacity_factor = Some(1.0);
+    let err = tessera_runtime::exec::check_supported(&p)
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("architecture.capacity_factor"), "{err}");
+}

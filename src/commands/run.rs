@@ -844,7 +844,7 @@ fn train_with(
     }
     let p = &plan.parallel;
     println!(
-        "{}: {} parameters, dp {}{} × tp {} × pp {} on {} {} ranks, micro-batch {} × {} micro-batches, ZeRO-{}, {} recompute, schedule {}",
+        "{}: {} parameters, dp {}{} × tp {} × pp {}{} on {} {} ranks, micro-batch {} × {} micro-batches, ZeRO-{}, {} recompute, schedule {}",
         plan.job.model.name,
         plan.job.parameters,
         p.dp,
@@ -854,6 +854,10 @@ fn train_with(
         },
         p.tp,
         p.pp,
+        match p.ep {
+            0 | 1 => String::new(),
+            ep => format!(" (ep {ep}: experts split over dp × cp, tokens by all-to-all)"),
+        },
         p.world,
         match gpus {
             None => "CPU".to_string(),

@@ -457,6 +457,22 @@ pub trait Collective<B: Backend> {
     fn recv(&self, buf: B::Mut<'_>, peer: usize) -> Result<(), CommError>;
     /// A host scalar summed over the group (same value on every rank).
     fn all_reduce_f64(&self, x: f64) -> Result<f64, CommError>;
+    /// All-to-all with per-peer sizes ([`Comm::all_to_all_v`]): `send_counts[p]` elements of
+    /// `input` to rank `p`, `recv_counts[p]` elements from rank `p` into `output`, rank order.
+    /// Expert parallelism's token exchange. A collective without one (the GPU backend's, which
+    /// refuses EP plans before they run) says so.
+    fn all_to_all_v(
+        &self,
+        _input: B::Ref<'_>,
+        _send_counts: &[usize],
+        _output: B::Mut<'_>,
+        _recv_counts: &[usize],
+    ) -> Result<(), CommError> {
+        Err(CommError::Transport {
+            op: "all_to_all_v",
+            message: "this backend's collectives have no all-to-all; expert parallelism runs on the CPU backend".into(),
+        })
+    }
 }
 
 /// Every host [`Comm`] is a collective on the CPU backend.
@@ -487,6 +503,15 @@ impl<C: Comm + ?Sized> Collective<Cpu> for C {
     }
     fn all_reduce_f64(&self, x: f64) -> Result<f64, CommError> {
         all_reduce_f64(&DynComm(self), x)
+    }
+    fn all_to_all_v(
+        &self,
+        input: &[f32],
+        send_counts: &[usize],
+        output: &mut [f32],
+        recv_counts: &[usize],
+    ) -> Result<(), CommError> {
+        Comm::all_to_all_v(self, input, send_counts, output, recv_counts)
     }
 }
 
@@ -520,6 +545,15 @@ impl<C: Comm + ?Sized> Comm for DynComm<'_, C> {
     }
     fn barrier(&self) -> Result<(), CommError> {
         self.0.barrier()
+    }
+    fn all_to_all_v(
+        &self,
+        input: &[f32],
+        send_counts: &[usize],
+        output: &mut [f32],
+        recv_counts: &[usize],
+    ) -> Result<(), CommError> {
+        self.0.all_to_all_v(input, send_counts, output, recv_counts)
     }
 }
 

@@ -57,6 +57,40 @@ pub fn local_groups(mesh: &Mesh) -> Result<Vec<RankGroups<LocalComm>>, CommError
         .collect())
 }
 
+/// The groups of a mixture-of-experts model's rank besides [`RankGroups`]: built only for MoE
+/// plans (an extra channel per pair of ranks in each).
+pub struct MoeGroups<C> {
+    /// `Mesh::ep_group`: the ranks exchanging tokens by all-to-all, in EP order (EP rank `e`
+    /// holds experts `e·E/EP ..`). One rank without expert parallelism.
+    pub ep: C,
+    /// `Mesh::expert_dp_group`: the ranks holding the same experts, which sum their gradients
+    /// (the DP × CP group itself with EP 1).
+    pub expert_dp: C,
+    /// `Mesh::cp_group`: the ranks holding the other tokens of the same micro-batch, over which
+    /// the load-balancing loss counts its tokens. `None` with CP 1.
+    pub cp: Option<C>,
+}
+
+/// Thread-backed [`MoeGroups`] for every world rank of `mesh`, indexed by world rank.
+pub fn local_moe_groups(mesh: &Mesh) -> Result<Vec<MoeGroups<LocalComm>>, CommError> {
+    let world = mesh.world() as usize;
+    let ep = LocalComm::from_groups(world, &partition(world, &|r| mesh.ep_group(r)))?;
+    let edp = LocalComm::from_groups(world, &partition(world, &|r| mesh.expert_dp_group(r)))?;
+    let cp: Vec<Option<LocalComm>> = match mesh.cp > 1 {
+        true => LocalComm::from_groups(world, &partition(world, &|r| mesh.cp_group(r)))?
+            .into_iter()
+            .map(Some)
+            .collect(),
+        false => (0..world).map(|_| None).collect(),
+    };
+    Ok(ep
+        .into_iter()
+        .zip(edp)
+        .zip(cp)
+        .map(|((ep, expert_dp), cp)| MoeGroups { ep, expert_dp, cp })
+        .collect())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -91,6 +125,21 @@ mod tests {
             assert_eq!((g.dp.rank(), g.dp.size()), (at, 4));
             assert_eq!((g.tp.rank(), g.tp.size()), (c.tp as usize, 2));
             assert_eq!((g.pp.rank(), g.pp.size()), (c.pp as usize, 2));
+        }
+    }
+
+    #[test]
+    fn expert_groups_follow_the_mesh() {
+        // DP 4, CP 1, TP 2, EP 2: EP groups of consecutive DP indices, expert-DP the others.
+        let mesh = Mesh::new(4, 1, 2, 8).with_ep(2);
+        let groups = local_moe_groups(&mesh).unwrap();
+        for (r, g) in groups.iter().enumerate() {
+            let ep = mesh.ep_group(r as u64);
+            assert_eq!(g.ep.size(), 2);
+            assert_eq!(ep[g.ep.rank()], r as u64);
+            assert_eq!(g.ep.rank() as u64, mesh.ep_rank(r as u64));
+            assert_eq!(g.expert_dp.size(), 2);
+            assert!(g.cp.is_none());
         }
     }
 }

@@ -22,7 +22,7 @@ mod groups;
 mod local;
 
 pub use channel::{channel_groups, Carrier, ChannelComm, HostCarrier};
-pub use groups::{local_groups, RankGroups};
+pub use groups::{local_groups, local_moe_groups, MoeGroups, RankGroups};
 pub use local::LocalComm;
 
 /// Why a collective or point-to-point operation failed.
@@ -89,6 +89,71 @@ pub trait Comm {
     fn recv(&self, buf: &mut [f32], peer: usize) -> Result<(), CommError>;
     /// Returns once every rank of the group has entered the barrier.
     fn barrier(&self) -> Result<(), CommError>;
+    /// All-to-all with per-peer sizes (MPI's `alltoallv`, the token exchange of expert
+    /// parallelism): `input` holds `send_counts[p]` elements for each rank `p`, in rank order,
+    /// and `output` receives `recv_counts[p]` elements from each rank `p`, in rank order. Rank
+    /// `p`'s `send_counts[self.rank()]` must equal this rank's `recv_counts[p]`. The default
+    /// posts every buffered send first and then receives in rank order, so no cycle of waits
+    /// can form; the own part is copied.
+    fn all_to_all_v(
+        &self,
+        input: &[f32],
+        send_counts: &[usize],
+        output: &mut [f32],
+        recv_counts: &[usize],
+    ) -> Result<(), CommError> {
+        let n = self.size();
+        check_counts("all_to_all_v", n, input.len(), send_counts)?;
+        check_counts("all_to_all_v", n, output.len(), recv_counts)?;
+        let me = self.rank();
+        if send_counts[me] != recv_counts[me] {
+            return Err(CommError::SizeMismatch {
+                op: "all_to_all_v (own part)",
+                expected: send_counts[me],
+                got: recv_counts[me],
+            });
+        }
+        let starts = |counts: &[usize]| -> Vec<usize> {
+            counts
+                .iter()
+                .scan(0, |at, &c| {
+                    let s = *at;
+                    *at += c;
+                    Some(s)
+                })
+                .collect()
+        };
+        let (from, to) = (starts(send_counts), starts(recv_counts));
+        for p in (0..n).filter(|&p| p != me) {
+            self.send(&input[from[p]..from[p] + send_counts[p]], p)?;
+        }
+        output[to[me]..to[me] + recv_counts[me]]
+            .copy_from_slice(&input[from[me]..from[me] + send_counts[me]]);
+        for p in (0..n).filter(|&p| p != me) {
+            self.recv(&mut output[to[p]..to[p] + recv_counts[p]], p)?;
+        }
+        Ok(())
+    }
+}
+
+/// `counts` has one entry per rank of a group of `n` and they add up to `len`.
+fn check_counts(op: &'static str, n: usize, len: usize, counts: &[usize]) -> Result<(), CommError> {
+    if counts.len() != n {
+        return Err(CommError::SizeMismatch {
+            op,
+            expected: n,
+            got: counts.len(),
+        });
+    }
+    let total: usize = counts.iter().sum();
+    if total != len {
+        return Err(CommError::SizeMismatch {
+            op,
+            expected: total,
+            got: len,
+        });
+    }
+    Ok(())
 }
 
 /// Sum one f64 over the group exactly (no f32 rounding): the values travel bit-split through an

@@ -96,10 +96,15 @@ impl<B: Backend, C: Collective<B>> Rank<'_, B, C> {
     /// weights and Adam moments.
     pub(super) fn save(&self, saver: &Saver, done: usize) -> Result<(), RunError> {
         let be = self.be;
-        let writes = self.zero > 0 || self.dp_rank == 0;
+        // Under ZeRO-0 one rank of each group writes: DP rank 0 the dense tensors, expert-DP
+        // rank 0 its routed experts.
+        let writes = |r: &Range<usize>| match self.is_expert(r) {
+            true => self.zero > 0 || self.edp_rank == 0,
+            false => self.zero > 0 || self.dp_rank == 0,
+        };
         let weights = be.download(B::view(self.master.as_ref().unwrap_or(&self.params)))?;
         let mut pieces = Vec::new();
-        for opt in self.optimizers.iter().filter(|_| writes) {
+        for opt in self.optimizers.iter().filter(|o| writes(&o.range)) {
             let (m, v) = (be.download(B::view(&opt.m))?, be.download(B::view(&opt.v))?);
             let base = opt.range.start;
             let skip = self.model.tied_copy.as_ref();

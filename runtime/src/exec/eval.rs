@@ -88,6 +88,11 @@ impl<B: Backend, C: Collective<B>> Rank<'_, B, C> {
             }
         }
         self.eval_batch = None;
+        // The validation loss is the cross-entropy alone: the forwards' load-balancing losses
+        // are dropped.
+        if let Some(m) = self.ws.moe.as_mut() {
+            m.take_aux();
+        }
         let sum = std::mem::replace(&mut self.loss_sum, train_sum);
         if self.stage + 1 != self.ctx.mesh.pp as usize {
             return Ok(None);

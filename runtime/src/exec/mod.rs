@@ -25,7 +25,7 @@ use tessera_planner::Mesh;
 
 use crate::backend::{Backend, Collective, Cpu};
 use crate::checkpoint::{Checkpoint, CheckpointError, SaveOptions, Saver};
-use crate::comm::{local_groups, CommError, LocalComm};
+use crate::comm::{local_groups, local_moe_groups, CommError, LocalComm, MoeGroups};
 use crate::data::{DataError, Tokens};
 use crate::layers::LayerError;
 use crate::params::ParamLayout;
@@ -256,6 +256,36 @@ pub fn check_supported(plan: &Plan) -> Result<(), RunError> {
             fix: "re-plan with --no-hybrid-shard".into(),
         });
     }
+    if a.mla.is_some() {
+        return Err(RunError::Unsupported {
+            what: "architecture.mla: the runtime does not compute Multi-head Latent Attention (its latent projections and shared RoPE key)".into(),
+            fix: "run a model with standard attention (remove [architecture.mla] from the model spec); plans of it are for the planner's numbers only".into(),
+        });
+    }
+    if a.qk_norm {
+        return Err(RunError::Unsupported {
+            what: "architecture.qk_norm: the runtime does not compute the per-head query and key norms".into(),
+            fix: "set qk_norm = false in the model spec to run it; plans of it are for the planner's numbers only".into(),
+        });
+    }
+    match &a.moe {
+        None if p.ep > 1 => {
+            return Err(RunError::Unsupported {
+                what: format!("parallel.ep {}: expert parallelism needs a mixture-of-experts model, and this one is dense", p.ep),
+                fix: "re-plan with --ep 1".into(),
+            });
+        }
+        Some(m) if m.capacity_factor.is_some() && p.cp > 1 => {
+            return Err(RunError::Unsupported {
+                what: format!(
+                    "architecture.capacity_factor with parallel.cp {}: the runtime drops tokens by their position in the micro-batch, which context parallelism splits over ranks",
+                    p.cp
+                ),
+                fix: "remove capacity_factor (dropless routing), or re-plan with --cp 1".into(),
+            });
+        }
+        _ => {}
+    }
     if plan.job.model.training.dropout > 0.0 {
         return Err(RunError::Unsupported {
             what: format!(
@@ -307,7 +337,8 @@ where
         check_eval(e, plan)?;
     }
     let p = &plan.parallel;
-    let mesh = Mesh::with_cp(p.dp, p.cp, p.pp, p.tp, plan.job.cluster.gpus_per_node);
+    let mesh =
+        Mesh::with_cp(p.dp, p.cp, p.pp, p.tp, plan.job.cluster.gpus_per_node).with_ep(p.ep.max(1));
     let world = mesh.world() as usize;
     if let Some(ck) = &opts.resume {
         ck.check_compatible(plan, data)?;
@@ -320,14 +351,19 @@ where
     let saver = saver.as_ref();
     let groups = local_groups(&mesh)?;
     let embedding_groups = tied_embedding_groups(plan, &mesh)?;
+    let moe_groups: Vec<Option<MoeGroups<LocalComm>>> = match plan.job.model.architecture.moe {
+        Some(_) => local_moe_groups(&mesh)?.into_iter().map(Some).collect(),
+        None => (0..world).map(|_| None).collect(),
+    };
     let (tx, rx) = mpsc::channel::<StepMetrics>();
     let epoch = Instant::now();
     let results: Vec<Result<rank::RankResult, RunError>> = std::thread::scope(|s| {
         let handles: Vec<_> = groups
             .into_iter()
             .zip(embedding_groups)
+            .zip(moe_groups)
             .enumerate()
-            .map(|(r, (g, emb))| {
+            .map(|(r, ((g, emb), moe))| {
                 let tx = tx.clone();
                 // Named, so that a panic's own line says which rank panicked.
                 let thread = std::thread::Builder::new().name(format!("rank {r}"));
@@ -342,6 +378,18 @@ where
                         let cp =
                             g.cp.map(|c| Box::new(c) as Box<dyn crate::comm::Comm + Send>);
                         let embedding = emb.map(group).transpose()?;
+                        let (expert_dp, moe) = match moe {
+                            Some(m) => {
+                                let host =
+                                    |c: LocalComm| Box::new(c) as Box<dyn crate::comm::Comm + Send>;
+                                let comms = rank::MoeComms {
+                                    ep: host(m.ep),
+                                    cp: m.cp.map(host),
+                                };
+                                (Some(group(m.expert_dp)?), Some(comms))
+                            }
+                            None => (None, None),
+                        };
                         let ctx = rank::RankCtx {
                             plan,
                             rank: r,
@@ -351,13 +399,14 @@ where
                             dp: &dp,
                             pp: &pp,
                             embedding: embedding.as_ref(),
+                            expert_dp: expert_dp.as_ref(),
                             data,
                             opts,
                             epoch,
                             metrics: &tx,
                             saver,
                         };
-                        rank::run(&ctx, cp)
+                        rank::run(&ctx, cp, moe)
                     })();
                     crate::alloc::set_rank(usize::MAX);
                     out

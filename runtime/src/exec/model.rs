@@ -12,7 +12,7 @@ use tessera_planner::model::Architecture;
 use tessera_planner::plan::Plan;
 
 use crate::layers::{
-    BlockConfig, ColumnParallelLinear, LayerError, Norm, PositionEmbedding, TpShard,
+    BlockConfig, ColumnParallelLinear, EpShard, LayerError, Norm, PositionEmbedding, TpShard,
     TransformerBlock, VocabParallelEmbedding,
 };
 use crate::params::ParamLayout;
@@ -35,8 +35,19 @@ pub struct Chunk {
     pub embedding: Option<Embedding>,
     pub blocks: Vec<TransformerBlock>,
     pub head: Option<Head>,
-    /// This chunk's parameters in the rank's flat buffer.
+    /// This chunk's parameters in the rank's flat buffer: its dense parameters, then its
+    /// routed experts' ([`Chunk::experts`]).
     pub region: Range<usize>,
+    /// The end of `region` that holds this rank's routed experts (empty in a dense chunk):
+    /// their gradients are summed over the expert-DP group, the rest over DP.
+    pub experts: Range<usize>,
+}
+
+impl Chunk {
+    /// The part of [`Chunk::region`] every DP × CP rank of the stage holds alike.
+    pub fn dense(&self) -> Range<usize> {
+        self.region.start..self.experts.start
+    }
 }
 
 /// Everything one rank holds of the model.
@@ -64,12 +75,27 @@ fn us(v: u64) -> usize {
 }
 
 impl StageModel {
-    /// Builds the chunks `stage` holds under `plan`, with `tp` its tensor-parallel shard.
+    /// Builds the chunks `stage` holds under `plan`, with `tp` its tensor-parallel shard (and
+    /// the first 1/EP of each MoE layer's experts).
     pub fn build(plan: &Plan, stage: usize, tp: TpShard) -> Result<StageModel, LayerError> {
+        let ep = EpShard {
+            rank: 0,
+            size: plan.parallel.ep.max(1) as usize,
+        };
+        Self::build_on(plan, stage, tp, ep)
+    }
+
+    /// [`build`](Self::build) for the rank holding the experts of `ep`.
+    pub fn build_on(
+        plan: &Plan,
+        stage: usize,
+        tp: TpShard,
+        ep: EpShard,
+    ) -> Result<StageModel, LayerError> {
         let p = &plan.parallel;
         let a = &plan.job.model.architecture;
         let chunks = &plan.stages[stage].chunks;
-        Self::build_chunks(a, chunks, p.pp as usize, p.sequence_parallel, tp)
+        Self::build_chunks(a, chunks, p.pp as usize, p.sequence_parallel, tp, ep)
     }
 
     /// The whole model on one rank (TP 1, one stage): what a checkpoint's forward runs.
@@ -81,7 +107,7 @@ impl StageModel {
             embedding: true,
             head: true,
         };
-        Self::build_chunks(a, &[chunk], 1, false, TpShard::new(0, 1))
+        Self::build_chunks(a, &[chunk], 1, false, TpShard::new(0, 1), EpShard::SINGLE)
     }
 
     /// Builds `chunks` of a model of `pp` stages, with `tp` its tensor-parallel shard.
@@ -91,6 +117,7 @@ impl StageModel {
         pp: usize,
         sequence_parallel: bool,
         tp: TpShard,
+        ep: EpShard,
     ) -> Result<StageModel, LayerError> {
         let cfg = BlockConfig::from_architecture(a)?;
         let (c, vocab) = (us(a.hidden), us(a.padded_vocab(tp.size as u64)));
@@ -117,9 +144,24 @@ impl StageModel {
             } else {
                 None
             };
-            let blocks = (ch.layers[0]..ch.layers[1])
+            // Routed experts go to a layout of their own, appended after the chunk's dense
+            // parameters.
+            let mut expert_layout = ParamLayout::new();
+            let mut blocks = (ch.layers[0]..ch.layers[1])
                 .map(|l| {
-                    let mut b = TransformerBlock::new(&mut layout, &format!("h.{l}"), &cfg, tp)?;
+                    let prefix = format!("h.{l}");
+                    let mut b = match &a.moe {
+                        Some(m) if m.is_moe_layer(l) => TransformerBlock::new_moe(
+                            &mut layout,
+                            &mut expert_layout,
+                            &prefix,
+                            &cfg,
+                            m,
+                            tp,
+                            ep,
+                        )?,
+                        _ => TransformerBlock::new(&mut layout, &prefix, &cfg, tp)?,
+                    };
                     b.sequence_parallel = sequence_parallel;
                     Ok(b)
                 })
@@ -147,12 +189,19 @@ impl StageModel {
             } else {
                 None
             };
+            let base = layout.append(expert_layout)?;
+            for b in &mut blocks {
+                if let Some(m) = b.mlp.moe_mut() {
+                    m.expert_base = base;
+                }
+            }
             chunks.push(Chunk {
                 virtual_stage: ch.virtual_stage as usize,
                 embedding,
                 blocks,
                 head,
                 region: start..layout.len(),
+                experts: base..layout.len(),
             });
         }
         Ok(StageModel {

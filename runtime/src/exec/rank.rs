@@ -24,7 +24,7 @@ use crate::data::{Sampler, Tokens};
 use crate::layers::tp::{gather_rows, scatter_rows};
 use crate::layers::{
     vocab_parallel_cross_entropy_backward, vocab_parallel_cross_entropy_forward, BlockActs,
-    BlockWorkspace, Dims, TpShard,
+    BlockWorkspace, Dims, EpShard, MoeWorkspace, TpShard,
 };
 use crate::optim::{AdamW, LrSchedule};
 use crate::params::ParamLayout;
@@ -40,6 +40,9 @@ pub struct RankCtx<'a, B: Backend, C: Collective<B>> {
     pub pp: &'a C,
     /// Stage 0 ↔ last stage, for a tied embedding table split over PP.
     pub embedding: Option<&'a C>,
+    /// The ranks holding the same routed experts (`Mesh::expert_dp_group`), for an MoE model:
+    /// they sum (or ZeRO-shard) the experts' gradients.
+    pub expert_dp: Option<&'a C>,
     pub data: &'a Tokens,
     pub opts: &'a TrainOptions,
     pub epoch: Instant,
@@ -83,12 +86,21 @@ struct ChunkActs<B: Backend> {
 
 type Key = (usize, usize);
 
-/// Runs the whole training on this rank; `cp`: its CP group when the plan has CP > 1.
+/// The host groups of an MoE model's rank: EP (the token all-to-all) and, with CP, the CP
+/// group its load-balancing statistics are summed over.
+pub struct MoeComms {
+    pub ep: Box<dyn Comm + Send>,
+    pub cp: Option<Box<dyn Comm + Send>>,
+}
+
+/// Runs the whole training on this rank; `cp`: its CP group when the plan has CP > 1; `moe`:
+/// its MoE groups when the model has MoE layers.
 pub fn run<B: Backend, C: Collective<B>>(
     ctx: &RankCtx<'_, B, C>,
     cp: Option<Box<dyn Comm + Send>>,
+    moe: Option<MoeComms>,
 ) -> Result<RankResult, RunError> {
-    let mut r = Rank::new(ctx, cp)?;
+    let mut r = Rank::new(ctx, cp, moe)?;
     // The measured peak is the training steps': the setup's transients (initial weights built
     // whole, a checkpoint's tensors read) are not what a step holds.
     crate::alloc::reset_peak(ctx.rank);
@@ -180,6 +192,9 @@ struct Rank<'a, B: Backend, C: Collective<B>> {
     /// DP × CP under context parallelism): gradient sync and ZeRO shards.
     dp_rank: usize,
     dp: usize,
+    /// The same for the routed experts: the expert-DP group (`dp`, `dp_rank` without EP).
+    edp_rank: usize,
+    edp: usize,
     zero: u8,
     /// A micro-batch on this rank: `T/CP` tokens of each sequence under context parallelism.
     dims: Dims,
@@ -215,24 +230,45 @@ struct Rank<'a, B: Backend, C: Collective<B>> {
     bucketed: Vec<bool>,
     trace: Vec<TraceEvent>,
     loss_sum: f64,
+    /// The load-balancing losses of this step's MoE forwards, summed over the stages
+    /// (`MoeWorkspace::take_aux`); the reported loss adds their mean over micro-batches.
+    aux_sum: f64,
     /// The eval batch being computed, while `evaluate` runs (`eval.rs`).
     eval_batch: Option<usize>,
 }
 
 impl<'a, B: Backend, C: Collective<B>> Rank<'a, B, C> {
-    fn new(ctx: &'a RankCtx<'a, B, C>, cp: Option<Box<dyn Comm + Send>>) -> Result<Self, RunError> {
+    fn new(
+        ctx: &'a RankCtx<'a, B, C>,
+        cp: Option<Box<dyn Comm + Send>>,
+        moe: Option<MoeComms>,
+    ) -> Result<Self, RunError> {
         let (plan, be) = (ctx.plan, ctx.be);
         let p = &plan.parallel;
         let coord = ctx.mesh.coord(ctx.rank as u64);
         let stage = coord.pp as usize;
         let tp = TpShard::new(ctx.tp.rank(), ctx.tp.size());
-        let mut model = StageModel::build(plan, stage, tp)?;
+        let ep = EpShard {
+            rank: ctx.mesh.ep_rank(ctx.rank as u64) as usize,
+            size: ctx.mesh.ep as usize,
+        };
+        let mut model = StageModel::build_on(plan, stage, tp, ep)?;
         let t = &plan.job.model.training;
+        // One micro-batch's load-balancing loss weighs 1 / (micro-batches per global batch).
+        let aux_scale = p.micro_batch as f64 / t.global_batch as f64;
+        for b in model.chunks.iter_mut().flat_map(|c| c.blocks.iter_mut()) {
+            if let Some(m) = b.mlp.moe_mut() {
+                m.aux_scale = aux_scale;
+            }
+        }
         let dims = Dims {
             b: p.micro_batch as usize,
             t: t.seq_len as usize / p.cp.max(1) as usize,
         };
-        let (ws, cp) = cp::stage_workspace(be, &mut model, dims, stage, cp)?;
+        let (mut ws, cp) = cp::stage_workspace(be, &mut model, dims, stage, cp)?;
+        if let Some(m) = moe {
+            ws.moe = Some(moe_workspace(be, m)?);
+        }
         let schedule = schedule::build(
             p.schedule,
             p.pp as usize,
@@ -245,14 +281,35 @@ impl<'a, B: Backend, C: Collective<B>> Rank<'a, B, C> {
         })?;
         let ops = schedule.stages[stage].clone();
         let (dp, dp_rank, zero) = (ctx.dp.size(), ctx.dp.rank(), p.zero_stage);
-        let ranges: Vec<Range<usize>> = if zero == 0 {
-            std::iter::once(0..model.layout.len()).collect()
-        } else {
-            model
+        let (edp, edp_rank) = ctx
+            .expert_dp
+            .map_or((dp, dp_rank), |c| (c.size(), c.rank()));
+        let has_experts = model.chunks.iter().any(|c| !c.experts.is_empty());
+        let ranges: Vec<Range<usize>> = match (zero, has_experts) {
+            (0, false) => std::iter::once(0..model.layout.len()).collect(),
+            // Dense and expert parameters are summed over different groups: one optimizer range
+            // each, so a checkpoint can tell which ranks write them.
+            (0, true) => model
+                .chunks
+                .iter()
+                .flat_map(|c| [c.dense(), c.experts.clone()])
+                .filter(|r| !r.is_empty())
+                .collect(),
+            (_, false) => model
                 .chunks
                 .iter()
                 .map(|c| shard_of(&c.region, dp, dp_rank))
-                .collect()
+                .collect(),
+            (_, true) => model
+                .chunks
+                .iter()
+                .flat_map(|c| {
+                    [
+                        shard_of(&c.dense(), dp, dp_rank),
+                        shard_of(&c.experts, edp, edp_rank),
+                    ]
+                })
+                .collect(),
         };
         let grads = be.alloc(Storage::F32, model.layout.len())?;
         let cfg = ctx.opts.adamw(plan);
@@ -274,6 +331,8 @@ impl<'a, B: Backend, C: Collective<B>> Rank<'a, B, C> {
             stage,
             dp_rank,
             dp,
+            edp_rank,
+            edp,
             zero,
             dims,
             cp,
@@ -309,6 +368,7 @@ impl<'a, B: Backend, C: Collective<B>> Rank<'a, B, C> {
             bucketed: vec![false; chunks],
             trace: Vec::new(),
             loss_sum: 0.0,
+            aux_sum: 0.0,
             eval_batch: None,
             model,
         };
@@ -347,6 +407,11 @@ impl<'a, B: Backend, C: Collective<B>> Rank<'a, B, C> {
         self.ops = ops;
         let start = self.ctx.epoch.elapsed();
         self.sync_and_update(step)?;
+        if let Some(m) = self.ws.moe.as_mut() {
+            // Every stage's MoE layers, summed where the loss is reported.
+            let aux = m.take_aux();
+            self.aux_sum = self.ctx.pp.all_reduce_f64(aux)?;
+        }
         if self.ctx.opts.trace {
             self.trace.push(TraceEvent::named(
                 self.ctx.rank,
@@ -364,7 +429,13 @@ impl<'a, B: Backend, C: Collective<B>> Rank<'a, B, C> {
         let total = self.ctx.dp.all_reduce_f64(self.loss_sum)?;
         let c = self.ctx.mesh.coord(self.ctx.rank as u64);
         let t = &self.ctx.plan.job.model.training;
-        let mean = total / (t.global_batch * t.seq_len) as f64;
+        let mut mean = total / (t.global_batch * t.seq_len) as f64;
+        if self.ws.moe.is_some() {
+            // Each micro-batch's load-balancing loss, averaged over the global batch's.
+            let aux = self.ctx.dp.all_reduce_f64(self.aux_sum)?;
+            let p = &self.ctx.plan.parallel;
+            mean += aux * p.micro_batch as f64 / t.global_batch as f64;
+        }
         // Every rank of the last stage holds the same sum; the other stages learn of the stop
         // when their next step's partner is gone.
         if !mean.is_finite() {
@@ -639,6 +710,22 @@ impl<'a, B: Backend, C: Collective<B>> Rank<'a, B, C> {
         }
         Ok(())
     }
+}
+
+/// The MoE workspace of a rank on `be`: MoE layers run on host memory, so only on a backend
+/// whose buffers are host f32 (the CPU's).
+fn moe_workspace<B: Backend>(be: &B, m: MoeComms) -> Result<MoeWorkspace, RunError> {
+    let probe = be.alloc(Storage::F32, 1)?;
+    if B::host(B::view(&probe)).is_none() {
+        return Err(RunError::Unsupported {
+            what: format!(
+                "architecture.experts: mixture-of-experts layers (routing, the EP all-to-all) run on the CPU backend only, not on {}",
+                be.name()
+            ),
+            fix: "run the plan on the CPU backend (--backend cpu)".into(),
+        });
+    }
+    Ok(MoeWorkspace::new(m.ep, m.cp))
 }
 
 /// The schedule's op list is inconsistent (a bug in `tessera_planner::schedule`).

@@ -30,7 +30,41 @@ fn without(region: Range<usize>, holes: &[Range<usize>]) -> Vec<Range<usize>> {
     out
 }
 
-impl<B: Backend, C: Collective<B>> Rank<'_, B, C> {
+/// Which group a part of a chunk's parameters is summed and sharded over.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Group {
+    /// DP (× CP): every parameter but the routed experts'.
+    Dense,
+    /// The expert-DP group: the routed experts'.
+    Expert,
+}
+
+impl<'a, B: Backend, C: Collective<B>> Rank<'a, B, C> {
+    /// A group's collective, size and this rank's index in it.
+    pub(super) fn group(&self, g: Group) -> (&'a C, usize, usize) {
+        match (g, self.ctx.expert_dp) {
+            (Group::Expert, Some(c)) => (c, self.edp, self.edp_rank),
+            _ => (self.ctx.dp, self.dp, self.dp_rank),
+        }
+    }
+
+    /// Chunk `c`'s dense and expert parts (either may be empty).
+    pub(super) fn parts(&self, c: usize) -> [(Range<usize>, Group); 2] {
+        let ch = &self.model.chunks[c];
+        [
+            (ch.dense(), Group::Dense),
+            (ch.experts.clone(), Group::Expert),
+        ]
+    }
+
+    /// Whether `r` (inside one chunk) holds routed experts' parameters.
+    pub(super) fn is_expert(&self, r: &Range<usize>) -> bool {
+        self.model
+            .chunks
+            .iter()
+            .any(|c| !c.experts.is_empty() && r.start >= c.experts.start && r.end <= c.experts.end)
+    }
+
     /// The tied embedding's gradient range on this rank, summed over the embedding group at
     /// the end of the step (stage 0's table, or the last stage's copy of it).
     fn tied_range(&self) -> Option<Range<usize>> {
@@ -58,9 +92,14 @@ impl<B: Backend, C: Collective<B>> Rank<'_, B, C> {
             self.ctx.tp.all_reduce_sum(g)?;
         }
         let holes: Vec<Range<usize>> = self.tied_range().into_iter().collect();
-        for piece in without(region, &holes) {
+        for piece in without(self.model.chunks[c].dense(), &holes) {
             let g = B::sub_mut(B::view_mut(&mut self.grads), piece);
             self.ctx.dp.all_reduce_sum_start(g)?;
+        }
+        let experts = self.model.chunks[c].experts.clone();
+        if !experts.is_empty() {
+            let (comm, ..) = self.group(Group::Expert);
+            comm.all_reduce_sum_start(B::sub_mut(B::view_mut(&mut self.grads), experts))?;
         }
         self.bucketed[c] = true;
         Ok(())
@@ -93,21 +132,27 @@ impl<B: Backend, C: Collective<B>> Rank<'_, B, C> {
             // What the chunk buckets did not cover: chunks without a backward this step (none
             // in a well-formed schedule) and the tied embedding's range.
             self.ctx.dp.wait_started()?;
-            for (region, &b) in regions.iter().zip(&self.bucketed) {
-                let rest = match b {
+            if let Some(e) = self.ctx.expert_dp {
+                e.wait_started()?;
+            }
+            for (c, region) in regions.iter().enumerate() {
+                let rest: Vec<(Range<usize>, Group)> = match self.bucketed[c] {
                     true => tied
                         .iter()
                         .filter_map(|t| {
                             let r = t.start.max(region.start)..t.end.min(region.end);
-                            (r.start < r.end).then_some(r)
+                            (r.start < r.end).then_some((r, Group::Dense))
                         })
                         .collect(),
-                    false => vec![region.clone()],
+                    false => self
+                        .parts(c)
+                        .into_iter()
+                        .filter(|(r, _)| !r.is_empty())
+                        .collect(),
                 };
-                for r in rest {
-                    self.ctx
-                        .dp
-                        .all_reduce_sum(B::sub_mut(B::view_mut(&mut self.grads), r))?;
+                for (r, group) in rest {
+                    let (comm, ..) = self.group(group);
+                    comm.all_reduce_sum(B::sub_mut(B::view_mut(&mut self.grads), r))?;
                 }
             }
         } else {
@@ -115,11 +160,21 @@ impl<B: Backend, C: Collective<B>> Rank<'_, B, C> {
                 self.reduce_scatter_region(c)?;
             }
         }
-        let mut parts = Vec::new();
+        let (mut parts, mut expert_parts) = (Vec::new(), Vec::new());
         for opt in &self.optimizers {
-            parts.push(self.owned_grad_sq(opt.range.clone())?);
+            let sq = self.owned_grad_sq(opt.range.clone())?;
+            match self.zero == 0 && self.is_expert(&opt.range) {
+                true => expert_parts.push(sq),
+                false => parts.push(sq),
+            }
         }
-        let sq: f64 = parts.iter().sum();
+        let mut sq: f64 = parts.iter().sum();
+        if let Some(m) = self.ws.moe.as_ref() {
+            // Without ZeRO every rank of the EP group holds other experts whole: their sum
+            // counts each expert once (ZeRO's shards are summed over DP × CP below).
+            let experts: f64 = expert_parts.iter().sum();
+            sq += crate::comm::all_reduce_f64(&*m.ep, experts)?;
+        }
         let mut sum = self.ctx.tp.all_reduce_f64(sq)?;
         sum = self.ctx.pp.all_reduce_f64(sum)?;
         if self.zero > 0 {
@@ -194,42 +249,58 @@ impl<B: Backend, C: Collective<B>> Rank<'_, B, C> {
         Ok(parts.iter().sum())
     }
 
-    /// Sums chunk `c`'s gradients over DP, leaving this rank's shard in place.
+    /// Sums chunk `c`'s gradients over DP (its experts' over expert-DP), leaving this rank's
+    /// shard in place.
     fn reduce_scatter_region(&mut self, c: usize) -> Result<(), RunError> {
+        for (region, group) in self.parts(c) {
+            if !region.is_empty() || group == Group::Dense {
+                self.reduce_scatter_part(region, group)?;
+            }
+        }
+        Ok(())
+    }
+
+    fn reduce_scatter_part(&mut self, region: Range<usize>, group: Group) -> Result<(), RunError> {
         let be = self.be;
-        let region = self.model.chunks[c].region.clone();
-        let s = region.len().div_ceil(self.dp);
+        let (comm, n, rank) = self.group(group);
+        let s = region.len().div_ceil(n);
         let mut shard_buf = scratch(be, &mut self.grad_bufs.shard, Storage::F32, s)?;
         let grads = B::view(&self.grads);
-        if region.len() == s * self.dp {
+        if region.len() == s * n {
             let input = B::sub(grads, region.clone());
-            self.ctx
-                .dp
-                .reduce_scatter_sum(input, B::rb(&mut shard_buf))?;
+            comm.reduce_scatter_sum(input, B::rb(&mut shard_buf))?;
         } else {
-            let mut padded = scratch(be, &mut self.grad_bufs.padded, Storage::F32, s * self.dp)?;
+            let mut padded = scratch(be, &mut self.grad_bufs.padded, Storage::F32, s * n)?;
             {
                 let (head, tail) = B::split_at_mut(B::rb(&mut padded), region.len());
                 be.copy(head, B::sub(grads, region.clone()))?;
                 be.fill(tail, 0.0)?;
             }
-            self.ctx
-                .dp
-                .reduce_scatter_sum(B::freeze(padded), B::rb(&mut shard_buf))?;
+            comm.reduce_scatter_sum(B::freeze(padded), B::rb(&mut shard_buf))?;
         }
-        let shard = shard_of(&region, self.dp, self.dp_rank);
+        let shard = shard_of(&region, n, rank);
         let len = shard.len();
         let dst = B::sub_mut(B::view_mut(&mut self.grads), shard);
         be.copy(dst, B::sub(B::freeze(shard_buf), 0..len))?;
         Ok(())
     }
 
-    /// Rebuilds chunk `c`'s full parameters from every DP rank's shard.
+    /// Rebuilds chunk `c`'s full parameters from every DP rank's shard (its experts' from the
+    /// expert-DP ranks').
     pub(super) fn gather_region(&mut self, c: usize) -> Result<(), RunError> {
+        for (region, group) in self.parts(c) {
+            if !region.is_empty() || group == Group::Dense {
+                self.gather_part(region, group)?;
+            }
+        }
+        Ok(())
+    }
+
+    fn gather_part(&mut self, region: Range<usize>, group: Group) -> Result<(), RunError> {
         let be = self.be;
-        let region = self.model.chunks[c].region.clone();
-        let s = region.len().div_ceil(self.dp);
-        let shard = shard_of(&region, self.dp, self.dp_rank);
+        let (comm, n, rank) = self.group(group);
+        let s = region.len().div_ceil(n);
+        let shard = shard_of(&region, n, rank);
         let mut shard_buf = scratch(be, &mut self.param_bufs.shard, Storage::Bf16, s)?;
         {
             let (head, tail) = B::split_at_mut(B::rb(&mut shard_buf), shard.len());
@@ -237,12 +308,12 @@ impl<B: Backend, C: Collective<B>> Rank<'_, B, C> {
             be.fill(tail, 0.0)?;
         }
         let shard_buf = B::freeze(shard_buf);
-        if region.len() == s * self.dp {
+        if region.len() == s * n {
             let dst = B::sub_mut(B::view_mut(&mut self.params), region);
-            self.ctx.dp.all_gather(shard_buf, dst)?;
+            comm.all_gather(shard_buf, dst)?;
         } else {
-            let mut full = scratch(be, &mut self.param_bufs.padded, Storage::Bf16, s * self.dp)?;
-            self.ctx.dp.all_gather(shard_buf, B::rb(&mut full))?;
+            let mut full = scratch(be, &mut self.param_bufs.padded, Storage::Bf16, s * n)?;
+            comm.all_gather(shard_buf, B::rb(&mut full))?;
             let len = region.len();
             let dst = B::sub_mut(B::view_mut(&mut self.params), region);
             be.copy(dst, B::sub(B::freeze(full), 0..len))?;
@@ -250,13 +321,20 @@ impl<B: Backend, C: Collective<B>> Rank<'_, B, C> {
         Ok(())
     }
 
-    /// ZeRO-3: drops the parameters of chunk `c` that other DP ranks own.
+    /// ZeRO-3: drops the parameters of chunk `c` that other DP (expert-DP) ranks own.
     pub(super) fn release_region(&mut self, c: usize) -> Result<(), RunError> {
-        if self.dp == 1 {
+        for (region, group) in self.parts(c) {
+            self.release_part(region, group)?;
+        }
+        Ok(())
+    }
+
+    fn release_part(&mut self, region: Range<usize>, group: Group) -> Result<(), RunError> {
+        let (_, n, rank) = self.group(group);
+        if n == 1 || region.is_empty() {
             return Ok(());
         }
-        let region = self.model.chunks[c].region.clone();
-        let shard = shard_of(&region, self.dp, self.dp_rank);
+        let shard = shard_of(&region, n, rank);
         let p = B::view_mut(&mut self.params);
         let (before, rest) = B::split_at_mut(p, shard.start);
         self.be

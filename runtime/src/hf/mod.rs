@@ -133,6 +133,14 @@ pub fn family(a: &Architecture) -> Result<Family, HfError> {
             fix: "export a GPT-2-like model (learned positions, layernorm, gelu, biases, tied embeddings) or a Llama-like one (rope, rmsnorm, swiglu, no biases)".into(),
         })
     };
+    if let Some(m) = &a.moe {
+        return Err(HfError::Inexpressible {
+            field: "experts".into(),
+            value: m.experts.to_string(),
+            why: "the export writes GPT2LMHeadModel or LlamaForCausalLM, which have no mixture-of-experts layers".into(),
+            fix: "keep the checkpoint in tessera's format (resume and `tessera sample` read it); an MoE export (Mixtral, Qwen2-MoE) is not built yet".into(),
+        });
+    }
     let fam = match a.position {
         Position::Learned => Family::Gpt2,
         Position::Rope => Family::Llama,

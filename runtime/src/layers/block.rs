@@ -27,8 +27,11 @@ use crate::params::ParamLayout;
 use super::attention::{ParallelAttention, RopeTables};
 use super::block_bufs::{saved_in, Grads, Saved, SpScratch};
 pub use super::block_bufs::{BlockActs, BlockWorkspace};
+pub use super::block_mlp::Mlp;
+use super::block_mlp::{host, host_mut, moe_forward, tp_sum_host};
 use super::context_parallel::CpRing;
 use super::mlp::ParallelMlp;
+use super::moe::{EpShard, MoeMlp, MoeWorkspace};
 use super::norm::Norm;
 use super::tp::{copy_to_tp_backward, gather_rows, reduce_from_tp_forward, scatter_rows, TpShard};
 use super::{BlockConfig, Dims, LayerError};
@@ -41,12 +44,56 @@ pub struct TransformerBlock {
     pub ln1: Norm,
     pub attn: ParallelAttention,
     pub ln2: Norm,
-    pub mlp: ParallelMlp,
+    pub mlp: Mlp,
     /// Megatron sequence parallelism: activations outside the TP regions are split by rows.
     pub sequence_parallel: bool,
 }
 
 impl TransformerBlock {
+    /// A block whose MLP is a mixture of experts (`MoeMlp::new`): its dense parameters in
+    /// `layout`, this rank's routed experts in `expert_layout`.
+    pub fn new_moe(
+        layout: &mut ParamLayout,
+        expert_layout: &mut ParamLayout,
+        prefix: &str,
+        cfg: &BlockConfig,
+        moe: &tessera_planner::model::Moe,
+        tp: TpShard,
+        ep: EpShard,
+    ) -> Result<Self, LayerError> {
+        let c = cfg.hidden;
+        let ln1 = Norm::new(layout, &format!("{prefix}.ln_1"), cfg.norm, c, cfg.norm_eps)?;
+        let attn = ParallelAttention::new(layout, &format!("{prefix}.attn"), cfg, tp)?;
+        let ln2 = Norm::new(layout, &format!("{prefix}.ln_2"), cfg.norm, c, cfg.norm_eps)?;
+        let m = MoeMlp::new(
+            layout,
+            expert_layout,
+            &format!("{prefix}.mlp"),
+            cfg,
+            moe,
+            tp,
+            ep,
+        )?;
+        let (_, f_local) = tp.split(cfg.ffn_hidden, "ffn_hidden")?;
+        let h_width = match cfg.activation {
+            super::Activation::Gelu => f_local,
+            super::Activation::SwiGlu => 2 * f_local,
+        };
+        Ok(Self {
+            cfg: cfg.clone(),
+            tp,
+            ln1,
+            attn,
+            ln2,
+            mlp: Mlp::Moe {
+                moe: Box::new(m),
+                h_width,
+                f_local,
+            },
+            sequence_parallel: false,
+        })
+    }
+
     /// Registers the block's parameters under `{prefix}.` (e.g. `h.3.`); `prefix` must carry the
     /// GLOBAL layer index so every pipeline layout names (and initialises) tensors alike.
     pub fn new(
@@ -77,7 +124,7 @@ impl TransformerBlock {
             ln1,
             attn,
             ln2,
-            mlp,
+            mlp: Mlp::Dense(mlp),
             sequence_parallel: false,
         })
     }
@@ -103,9 +150,10 @@ impl TransformerBlock {
         comm: &C,
         sp: Option<&mut SpScratch<B>>,
         out: Option<B::Mut<'_>>,
+        moe_ws: Option<&mut MoeWorkspace>,
     ) -> Result<(), LayerError> {
         if let Some(sp) = sp {
-            return self.forward_core_sp(be, p, x, s, att, rope, ring, d, comm, sp, out);
+            return self.forward_core_sp(be, p, x, s, att, rope, ring, d, comm, sp, out, moe_ws);
         }
         let m = B::view_mut;
         self.ln1.forward(
@@ -141,14 +189,25 @@ impl TransformerBlock {
             m(&mut s.ln2_mean),
             m(&mut s.ln2_rstd),
         )?;
-        self.mlp
-            .forward_hidden(be, p, B::view(&s.ln2), m(&mut s.h), m(&mut s.a))?;
+        let mlp = match &self.mlp {
+            Mlp::Dense(mlp) => mlp,
+            Mlp::Moe { moe, .. } => {
+                let Some(mut out) = out else {
+                    return moe_forward::<B>(moe, p, B::view(&s.ln2), &mut s.moe, None, moe_ws);
+                };
+                let o = Some(B::rb(&mut out));
+                moe_forward::<B>(moe, p, B::view(&s.ln2), &mut s.moe, o, moe_ws)?;
+                reduce_from_tp_forward(comm, B::rb(&mut out))?;
+                be.add_bias_residual(out, None, B::view(&s.x2))?;
+                return Ok(());
+            }
+        };
+        mlp.forward_hidden(be, p, B::view(&s.ln2), m(&mut s.h), m(&mut s.a))?;
         if let Some(mut out) = out {
-            self.mlp
-                .proj
+            mlp.proj
                 .forward_partial(be, p, B::view(&s.a), B::rb(&mut out))?;
             reduce_from_tp_forward(comm, B::rb(&mut out))?;
-            let bias = self.mlp.proj.b.map(|b| b.view::<B>(p));
+            let bias = mlp.proj.b.map(|b| b.view::<B>(p));
             be.add_bias_residual(out, bias, B::view(&s.x2))?;
         }
         Ok(())
@@ -170,6 +229,7 @@ impl TransformerBlock {
         comm: &C,
         sp: &mut SpScratch<B>,
         out: Option<B::Mut<'_>>,
+        moe_ws: Option<&mut MoeWorkspace>,
     ) -> Result<(), LayerError> {
         let (m, v) = (B::view_mut, B::view);
         self.ln1.forward(
@@ -205,14 +265,25 @@ impl TransformerBlock {
             m(&mut s.ln2_rstd),
         )?;
         gather_rows(comm, v(&s.ln2), m(&mut sp.ln))?;
-        self.mlp
-            .forward_hidden(be, p, v(&sp.ln), m(&mut s.h), m(&mut s.a))?;
+        let mlp = match &self.mlp {
+            Mlp::Dense(mlp) => mlp,
+            Mlp::Moe { moe, .. } => {
+                let Some(mut out) = out else {
+                    return moe_forward::<B>(moe, p, v(&sp.ln), &mut s.moe, None, moe_ws);
+                };
+                let partial = Some(m(&mut sp.partial));
+                moe_forward::<B>(moe, p, v(&sp.ln), &mut s.moe, partial, moe_ws)?;
+                scatter_rows(comm, v(&sp.partial), B::rb(&mut out))?;
+                be.add_bias_residual(out, None, v(&s.x2))?;
+                return Ok(());
+            }
+        };
+        mlp.forward_hidden(be, p, v(&sp.ln), m(&mut s.h), m(&mut s.a))?;
         if let Some(mut out) = out {
-            self.mlp
-                .proj
+            mlp.proj
                 .forward_partial(be, p, v(&s.a), m(&mut sp.partial))?;
             scatter_rows(comm, v(&sp.partial), B::rb(&mut out))?;
-            let bias = self.mlp.proj.b.map(|b| b.view::<B>(p));
+            let bias = mlp.proj.b.map(|b| b.view::<B>(p));
             be.add_bias_residual(out, bias, v(&s.x2))?;
         }
         Ok(())
@@ -238,8 +309,13 @@ impl TransformerBlock {
             saved: ws_saved,
             sp,
             ring,
+            moe,
             ..
         } = ws;
+        let moe_ws = match self.mlp {
+            Mlp::Moe { .. } => Some(moe.get_or_insert_with(MoeWorkspace::single)),
+            Mlp::Dense(_) => None,
+        };
         let att_len = self.attn.saved_len(be, d);
         let att = match &mut acts.att {
             Some(a) => B::view_mut(a),
@@ -261,7 +337,12 @@ impl TransformerBlock {
             comm,
             sp.as_mut(),
             Some(out),
-        )
+            moe_ws,
+        )?;
+        if let (Some(ws), Mlp::Moe { .. }) = (moe.as_mut(), &self.mlp) {
+            ws.record_aux(s.moe.aux);
+        }
+        Ok(())
     }
 
     /// Given `dout (N, C)`, writes `dx (N, C)` and accumulates parameter gradients into `g`.
@@ -285,8 +366,12 @@ impl TransformerBlock {
             grads: gr,
             sp,
             ring,
+            moe,
             ..
         } = ws;
+        if let Mlp::Moe { .. } = self.mlp {
+            moe.get_or_insert_with(MoeWorkspace::single);
+        }
         let rope = rope.as_ref();
         let att_len = self.attn.saved_len(be, d);
         let (s, att): (&Saved<B>, B::Ref<'_>) = match (&acts.att, acts.saved.as_ref()) {
@@ -313,6 +398,7 @@ impl TransformerBlock {
                     comm,
                     sp.as_mut(),
                     None,
+                    moe.as_mut(),
                 )?;
                 (&*s, B::freeze(att))
             }
@@ -320,23 +406,38 @@ impl TransformerBlock {
         if let Some(sp) = sp.as_mut() {
             let ring = ring.as_mut();
             return self.backward_sp(
-                be, p, g, dout, dx, acts, s, att, gr, sp, rope, ring, d, comm,
+                be,
+                p,
+                g,
+                dout,
+                dx,
+                acts,
+                s,
+                att,
+                gr,
+                sp,
+                rope,
+                ring,
+                d,
+                comm,
+                moe.as_mut(),
             );
         }
         let (m, v) = (B::view_mut, B::view);
-        self.mlp.backward(
+        self.mlp_backward_partial(
             be,
             p,
             B::rb(&mut g),
             v(&s.ln2),
-            v(&s.h),
-            v(&s.a),
+            s,
             dout,
             m(&mut gr.dln),
             m(&mut gr.dh),
             m(&mut gr.da),
             comm,
+            moe.as_mut(),
         )?;
+        copy_to_tp_backward(comm, m(&mut gr.dln))?;
         be.copy(m(&mut gr.dx2), dout)?;
         self.ln2.backward(
             be,
@@ -401,21 +502,23 @@ impl TransformerBlock {
         ring: Option<&mut CpRing>,
         d: Dims,
         comm: &C,
+        moe_ws: Option<&mut MoeWorkspace>,
     ) -> Result<(), LayerError> {
         let (m, v) = (B::view_mut, B::view);
         gather_rows(comm, dout, m(&mut sp.full_in))?;
         gather_rows(comm, v(&s.ln2), m(&mut sp.ln))?;
-        self.mlp.backward_partial(
+        self.mlp_backward_partial(
             be,
             p,
             B::rb(&mut g),
             v(&sp.ln),
-            v(&s.h),
-            v(&s.a),
+            s,
             v(&sp.full_in),
             m(&mut sp.partial),
             m(&mut gr.dh),
             m(&mut gr.da),
+            comm,
+            moe_ws,
         )?;
         scatter_rows(comm, v(&sp.partial), m(&mut gr.dln))?;
         be.copy(m(&mut gr.dx2), dout)?;
@@ -459,6 +562,48 @@ impl TransformerBlock {
             dx,
         )?;
         Ok(())
+    }
+}
+
+impl TransformerBlock {
+    /// The MLP's backward without the TP sum of `dx`: the dense MLP's, or the mixture of
+    /// experts' (whose router gradient sums a few numbers per token over TP itself).
+    fn mlp_backward_partial<B: Backend, C: Collective<B> + ?Sized>(
+        &self,
+        be: &B,
+        p: B::Ref<'_>,
+        g: B::Mut<'_>,
+        ln2: B::Ref<'_>,
+        s: &Saved<B>,
+        dout: B::Ref<'_>,
+        dx: B::Mut<'_>,
+        dh: B::Mut<'_>,
+        da: B::Mut<'_>,
+        comm: &C,
+        moe_ws: Option<&mut MoeWorkspace>,
+    ) -> Result<(), LayerError> {
+        match &self.mlp {
+            Mlp::Dense(mlp) => {
+                let (h, a) = (B::view(&s.h), B::view(&s.a));
+                mlp.backward_partial(be, p, g, ln2, h, a, dout, dx, dh, da)
+            }
+            Mlp::Moe { moe, .. } => {
+                let ws = moe_ws.ok_or_else(|| {
+                    LayerError::Config("an MoE block needs the stage's MoE workspace".into())
+                })?;
+                let mut tp_sum = |v: &mut [f32]| tp_sum_host(be, comm, v);
+                moe.backward(
+                    host::<B>(p)?,
+                    host_mut::<B>(g)?,
+                    host::<B>(ln2)?,
+                    &s.moe,
+                    host::<B>(dout)?,
+                    host_mut::<B>(dx)?,
+                    ws,
+                    &mut tp_sum,
+                )
+            }
+        }
     }
 }
 

@@ -7,6 +7,7 @@ use crate::backend::{Backend, Storage};
 use super::attention::{AttnGrads, RopeTables};
 use super::block::TransformerBlock;
 use super::context_parallel::CpRing;
+use super::moe::{MoeSaved, MoeWorkspace};
 use super::{Dims, LayerError, Recompute};
 
 /// The intermediate tensors of one block forward (local TP shapes, `N = B·T`).
@@ -23,6 +24,8 @@ pub(super) struct Saved<B: Backend> {
     pub(super) ln2_rstd: B::Buf, // (rows)
     pub(super) h: B::Buf,        // (N, f_local or 2·f_local) pre-activation
     pub(super) a: B::Buf,        // (N, f_local)
+    /// A mixture-of-experts MLP's state (host vectors; empty in a dense block).
+    pub(super) moe: MoeSaved,
     /// Elements held, for memory reports.
     pub(super) floats: usize,
 }
@@ -45,7 +48,7 @@ impl<B: Backend> Saved<B> {
             b.ln2.mean_len(rows),
             rows,
             n * b.mlp.h_width(),
-            n * b.mlp.f_local,
+            n * b.mlp.f_local(),
         ];
         let act = |len| be.alloc(Storage::Bf16, len);
         let stat = |len| be.alloc(Storage::F32, len);
@@ -61,6 +64,7 @@ impl<B: Backend> Saved<B> {
             ln2_rstd: stat(lens[8])?,
             h: act(lens[9])?,
             a: act(lens[10])?,
+            moe: MoeSaved::default(),
             floats: lens.iter().sum(),
         })
     }
@@ -143,6 +147,9 @@ pub struct BlockWorkspace<B: Backend> {
     /// Context parallelism only: the CP group's ring, which the attention of a
     /// context-parallel block runs on.
     pub(super) ring: Option<CpRing>,
+    /// Mixture-of-experts blocks only: the EP (and CP) groups their experts' tokens and
+    /// statistics travel over; a single-rank one is made on first use when none was set.
+    pub moe: Option<MoeWorkspace>,
 }
 
 /// Buffers of the sequence-parallel path, all `(N, C)`: a gathered norm output (a TP region's
@@ -206,11 +213,12 @@ impl<B: Backend> BlockWorkspace<B> {
             saved: None,
             sp,
             ring,
+            moe: None,
             grads: Grads {
                 dln: act(rows * c)?,
                 dx2: act(rows * c)?,
                 dh: act(n * block.mlp.h_width())?,
-                da: act(n * block.mlp.f_local)?,
+                da: act(n * block.mlp.f_local())?,
                 attn: AttnGrads::new(be, &block.attn.shape(dims))?,
             },
         })

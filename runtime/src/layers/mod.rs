@@ -16,12 +16,14 @@
 pub mod attention;
 pub mod block;
 mod block_bufs;
+mod block_mlp;
 pub mod config;
 pub mod context_parallel;
 pub mod embedding;
 pub mod linear;
 pub mod loss;
 pub mod mlp;
+pub mod moe;
 pub mod norm;
 pub mod tp;
 
@@ -33,12 +35,13 @@ mod modules_tests;
 pub(crate) mod testkit;
 
 pub use attention::ParallelAttention;
-pub use block::{BlockActs, BlockWorkspace, TransformerBlock};
+pub use block::{BlockActs, BlockWorkspace, Mlp, TransformerBlock};
 pub use config::BlockConfig;
 pub use embedding::{PositionEmbedding, VocabParallelEmbedding};
 pub use linear::{ColumnParallelLinear, RowParallelLinear};
 pub use loss::{vocab_parallel_cross_entropy_backward, vocab_parallel_cross_entropy_forward};
 pub use mlp::ParallelMlp;
+pub use moe::{EpShard, MoeMlp, MoeWorkspace};
 pub use norm::Norm;
 /// What a block keeps from forward to backward: the planner's own type, so the plan's choice
 /// reaches the runtime unchanged.

@@ -26,6 +26,15 @@ pub fn model() -> Model {
     .unwrap()
 }
 
+/// specs/models/tiny-moe.toml: the tiny model with 4 routed experts, top-2, in layers 1..3.
+pub fn moe_model() -> Model {
+    load_model(
+        &root().join("specs/models/tiny-moe.toml"),
+        TrainingOverrides::default(),
+    )
+    .unwrap()
+}
+
 /// `devices` devices of specs/clusters/cpu-8.toml.
 pub fn cluster(devices: u64) -> Cluster {
     load_cluster(

@@ -332,6 +332,23 @@ impl Comm for NcclComm {
         let mut one = [0.0f32];
         self.all_reduce_sum(&mut one)
     }
+
+    /// NCCL point-to-point sends are not buffered, so the default (every send, then every
+    /// receive) could wait forever; expert parallelism is refused before a GPU run starts.
+    fn all_to_all_v(
+        &self,
+        _input: &[f32],
+        _send_counts: &[usize],
+        _output: &mut [f32],
+        _recv_counts: &[usize],
+    ) -> Result<(), CommError> {
+        Err(CommError::Transport {
+            op: "all_to_all_v",
+            message:
+                "NCCL groups have no all-to-all here; expert parallelism runs on the CPU backend"
+                    .into(),
+        })
+    }
 }
 
 /// A rank's TP, DP and PP communicators, created in that order on the calling thread from the

@@ -1,0 +1,104 @@
+//! A transformer block's feed-forward part ([`Mlp`]: the dense MLP or a mixture of experts)
+//! and the glue that runs the host-memory MoE layer (`super::moe`) from the backend-generic
+//! block: host views of the backend's buffers, and a TP sum of host vectors through the
+//! block's collective. Split from `block.rs`; must not hold activations.
+
+use crate::backend::{Backend, Collective, Storage};
+
+use super::mlp::ParallelMlp;
+use super::moe::{MoeMlp, MoeSaved, MoeWorkspace};
+use super::LayerError;
+
+/// The block's feed-forward part: the dense MLP, or a mixture of experts.
+#[derive(Debug, Clone)]
+pub enum Mlp {
+    Dense(ParallelMlp),
+    Moe {
+        moe: Box<MoeMlp>,
+        /// The dense MLP's `h` and `a` widths on this TP rank: a stage's blocks share one
+        /// workspace (and recompute buffers), so an MoE block's are sized like a dense one's.
+        h_width: usize,
+        f_local: usize,
+    },
+}
+
+impl Mlp {
+    /// Row width of the dense pre-activation `h`.
+    pub fn h_width(&self) -> usize {
+        match self {
+            Mlp::Dense(m) => m.h_width(),
+            Mlp::Moe { h_width, .. } => *h_width,
+        }
+    }
+    /// Row width of the dense activation `a`.
+    pub fn f_local(&self) -> usize {
+        match self {
+            Mlp::Dense(m) => m.f_local,
+            Mlp::Moe { f_local, .. } => *f_local,
+        }
+    }
+    /// The dense MLP.
+    pub fn dense(&self) -> Option<&ParallelMlp> {
+        match self {
+            Mlp::Dense(m) => Some(m),
+            Mlp::Moe { .. } => None,
+        }
+    }
+    /// The mixture of experts.
+    pub fn moe(&self) -> Option<&MoeMlp> {
+        match self {
+            Mlp::Dense(_) => None,
+            Mlp::Moe { moe, .. } => Some(moe),
+        }
+    }
+    pub fn moe_mut(&mut self) -> Option<&mut MoeMlp> {
+        match self {
+            Mlp::Dense(_) => None,
+            Mlp::Moe { moe, .. } => Some(moe),
+        }
+    }
+}
+
+/// The host memory behind a view: mixture-of-experts layers run on the CPU backend only.
+pub(super) fn host<'a, B: Backend>(v: B::Ref<'a>) -> Result<&'a [f32], LayerError> {
+    B::host(v).ok_or_else(moe_off_host)
+}
+
+pub(super) fn host_mut<'a, B: Backend>(v: B::Mut<'a>) -> Result<&'a mut [f32], LayerError> {
+    B::host_mut(v).ok_or_else(moe_off_host)
+}
+
+fn moe_off_host() -> LayerError {
+    LayerError::Config("mixture-of-experts layers run on the CPU backend only (host memory)".into())
+}
+
+/// Sums a host vector over the TP group through the backend's collective.
+pub(super) fn tp_sum_host<B: Backend, C: Collective<B> + ?Sized>(
+    be: &B,
+    comm: &C,
+    v: &mut [f32],
+) -> Result<(), LayerError> {
+    if comm.size() == 1 {
+        return Ok(());
+    }
+    let mut buf = be.upload(Storage::F32, v)?;
+    comm.all_reduce_sum(B::view_mut(&mut buf))?;
+    v.copy_from_slice(&be.download(B::view(&buf))?);
+    Ok(())
+}
+
+/// The MoE MLP's forward on `x` (every row of the TP region), writing its partial output into
+/// `out` when given.
+pub(super) fn moe_forward<B: Backend>(
+    moe: &MoeMlp,
+    p: B::Ref<'_>,
+    x: B::Ref<'_>,
+    s: &mut MoeSaved,
+    out: Option<B::Mut<'_>>,
+    ws: Option<&mut MoeWorkspace>,
+) -> Result<(), LayerError> {
+    let ws = ws
+        .ok_or_else(|| LayerError::Config("an MoE block needs the stage's MoE workspace".into()))?;
+    let out = out.map(host_mut::<B>).transpose()?;
+    moe.forward(host::<B>(p)?, host::<B>(x)?, s, out, ws)
+}
