@@ -13,7 +13,8 @@ mod rejection;
 use crate::model::Model;
 use crate::schedule::ScheduleKind;
 use crate::spec::Cluster;
-use rejection::{divisor_list, gcd};
+use rejection::divisor_list;
+pub(crate) use rejection::gcd;
 pub use rejection::{Rejection, CHECK_ORDER};
 
 /// Activation recomputation.

@@ -243,9 +243,7 @@ pub fn evaluate(
         .map(|s| (0..v).map(|c| split[c * pp + s]).sum())
         .collect();
     let (moe_common, moe_experts) = crate::memory::moe::moe_layer_params_per_rank(model, layout);
-    let mixes: Vec<(u64, u64)> = (0..pp as u64)
-        .map(|s| crate::memory::moe::stage_mix(model, layout, split, s))
-        .collect();
+    let mixes = crate::memory::moe::stage_mixes(model, layout, split);
     let expert_params: Vec<f64> = mixes.iter().map(|m| moe_experts * m.1 as f64).collect();
     let params: Vec<f64> = (0..pp)
         .map(|s| {

@@ -116,13 +116,7 @@ pub fn moe_layer_compute(
 /// Bytes of one all-to-all per rank: the `k'` copies of each token the rank routes, `h` wide,
 /// 16-bit.
 pub fn dispatch_bytes(model: &Model, layout: &Layout) -> f64 {
-    let t = layout.micro_batch as f64 * (model.training.seq_len / layout.cp.max(1)) as f64;
-    let t_rep = if layout.sequence_parallel {
-        t / layout.tp.max(1) as f64
-    } else {
-        t
-    };
-    2.0 * t_rep * routed_copies(model) * model.architecture.hidden as f64
+    2.0 * crate::memory::moe::routed_elements(model, layout)
 }
 
 /// Seconds of one MoE layer's all-to-alls in one pass (forward: dispatch and combine;

@@ -1,7 +1,7 @@
 //! A DeepSpeed config (JSON, through serde_json). Megatron-DeepSpeed takes the TP and PP
 //! degrees as its own flags, which a JSON config cannot carry: [`deepspeed_flags`] prints them.
 
-use super::{refuse, stage_layers, ExportError, Target};
+use super::{refuse, refuse_moe_or_mla, stage_layers, ExportError, Target};
 use crate::layout::Recompute;
 use crate::optimizer::{DecayOn, DecayShape};
 use crate::plan::Plan;
@@ -10,20 +10,11 @@ use crate::schedule::ScheduleKind;
 pub(super) fn deepspeed(plan: &Plan) -> Result<String, ExportError> {
     let t = Target::DeepSpeed;
     let p = &plan.parallel;
-    if plan.job.model.architecture.mla.is_some() || plan.job.model.architecture.qk_norm {
-        return Err(refuse(
-            t,
-            "Multi-head Latent Attention or per-head query/key norms (the export writes a standard attention model)",
-            "export to megatron (--multi-latent-attention, --qk-layernorm)",
-        ));
-    }
-    if plan.job.model.architecture.moe.is_some() {
-        return Err(refuse(
-            t,
-            "a mixture-of-experts model (DeepSpeed-MoE's layer and its expert groups are not what the plan costs: Megatron-Core's all-to-all dispatcher with EP cut from DP × CP)",
-            "export to megatron (--num-experts, --expert-model-parallel-size)",
-        ));
-    }
+    refuse_moe_or_mla(
+        plan,
+        t,
+        "DeepSpeed-MoE's layer and its expert groups are not what the plan costs: Megatron-Core's all-to-all dispatcher with EP cut from DP × CP",
+    )?;
     if p.cp > 1 {
         return Err(refuse(
             t,

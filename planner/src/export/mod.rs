@@ -74,6 +74,28 @@ fn refuse(target: Target, what: impl Into<String>, fix: impl Into<String>) -> Ex
     }
 }
 
+/// The refusal of a target that writes a dense model with standard attention (DeepSpeed's and
+/// torchtitan's exports) for a plan with MLA, per-head q/k norms or MoE layers; `moe_why` says
+/// why the target's own MoE is not the plan's. Megatron's export writes all three.
+fn refuse_moe_or_mla(plan: &Plan, target: Target, moe_why: &str) -> Result<(), ExportError> {
+    let a = &plan.job.model.architecture;
+    if a.mla.is_some() || a.qk_norm {
+        return Err(refuse(
+            target,
+            "Multi-head Latent Attention or per-head query/key norms (the export writes a standard attention model)",
+            "export to megatron (--multi-latent-attention, --qk-layernorm)",
+        ));
+    }
+    if a.moe.is_some() {
+        return Err(refuse(
+            target,
+            format!("a mixture-of-experts model ({moe_why})"),
+            "export to megatron (--num-experts, --expert-model-parallel-size)",
+        ));
+    }
+    Ok(())
+}
+
 /// The plan in `target`'s language; a plan marked infeasible is refused.
 pub fn export(plan: &Plan, target: Target) -> Result<String, ExportError> {
     export_with(plan, target, false)

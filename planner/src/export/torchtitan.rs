@@ -2,7 +2,7 @@
 
 use toml::{Table, Value};
 
-use super::{comment_text, recomputed_layers, refuse, ExportError, Target};
+use super::{comment_text, recomputed_layers, refuse, refuse_moe_or_mla, ExportError, Target};
 use crate::layout::Recompute;
 use crate::model::AttentionImpl;
 use crate::optimizer::{DecayOn, DecayShape};
@@ -39,20 +39,11 @@ fn torchtitan_layer_sac(plan: &Plan, every: u64) -> Vec<u64> {
 pub(super) fn torchtitan(plan: &Plan) -> Result<String, ExportError> {
     let t = Target::Torchtitan;
     let p = &plan.parallel;
-    if plan.job.model.architecture.mla.is_some() || plan.job.model.architecture.qk_norm {
-        return Err(refuse(
-            t,
-            "Multi-head Latent Attention or per-head query/key norms (the export writes a standard attention model)",
-            "export to megatron (--multi-latent-attention, --qk-layernorm)",
-        ));
-    }
-    if plan.job.model.architecture.moe.is_some() {
-        return Err(refuse(
-            t,
-            "a mixture-of-experts model (the export writes torchtitan's dense Llama job; its MoE models are their own model code)",
-            "export to megatron (--num-experts, --expert-model-parallel-size)",
-        ));
-    }
+    refuse_moe_or_mla(
+        plan,
+        t,
+        "the export writes torchtitan's dense Llama job; its MoE models are their own model code",
+    )?;
     let (shard, replicate) = match (p.zero_stage, p.hybrid_shard) {
         (0, _) => (1, p.dp),
         (3, false) => (p.dp, 1),

@@ -27,7 +27,7 @@ pub const CHECK_ORDER: [&str; 20] = [
 ];
 
 /// Greatest common divisor.
-pub(super) fn gcd(a: u64, b: u64) -> u64 {
+pub(crate) fn gcd(a: u64, b: u64) -> u64 {
     if b == 0 {
         a
     } else {

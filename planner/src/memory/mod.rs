@@ -160,6 +160,8 @@ struct Ctx<'a> {
     moe_act: f64,
     /// One MoE layer's parameters on a rank: `(dense part, experts)`.
     moe_params: (f64, f64),
+    /// Dense and MoE layers of each stage.
+    mixes: Vec<(u64, u64)>,
 }
 
 impl<'a> Ctx<'a> {
@@ -182,12 +184,13 @@ impl<'a> Ctx<'a> {
                 0.0
             },
             moe_params: moe::moe_layer_params_per_rank(model, layout),
+            mixes: moe::stage_mixes(model, layout, split),
         }
     }
 
     /// Dense and MoE layers on `stage`.
     fn mix(&self, stage: u64) -> (u64, u64) {
-        moe::stage_mix(self.model, self.layout, &self.split, stage)
+        self.mixes[stage as usize]
     }
 
     fn layers(&self, stage: u64) -> u64 {
@@ -412,7 +415,7 @@ impl<'a> Ctx<'a> {
 /// Activation bytes of an average layer for one micro-batch on one TP rank: under full
 /// recompute of every N-th layer, one layer in N keeps its input only and the others keep all.
 pub fn per_layer_act(model: &Model, layout: &Layout) -> f64 {
-    let bytes = |r| {
+    layer_act_with(layout, &|r| {
         activations::layer_bytes(
             model,
             layout.micro_batch,
@@ -420,7 +423,13 @@ pub fn per_layer_act(model: &Model, layout: &Layout) -> f64 {
             layout.sequence_parallel,
             r,
         )
-    };
+    })
+}
+
+/// The activation bytes a rank keeps of a layer whose full list, under each recompute mode,
+/// `bytes` gives: the mix of full and no recompute under every-N-th-layer recompute, and the
+/// rank's 1/CP of it (dense layers here, MoE layers in [`moe::moe_layer_act`]).
+pub(crate) fn layer_act_with(layout: &Layout, bytes: &dyn Fn(Recompute) -> f64) -> f64 {
     let every = layout.recompute_every.max(1) as f64;
     let whole = match layout.recompute {
         Recompute::Full if every > 1.0 => {

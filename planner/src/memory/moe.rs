@@ -10,7 +10,7 @@
 //! shared experts) is a dense weight, replicated over DP × CP as before.
 
 use super::activations::{element_bytes, kept_bytes, layer_tensors, Keep, Split, Stored};
-use crate::layout::{Layout, Recompute};
+use crate::layout::Layout;
 use crate::model::{Activation, Model};
 use crate::spec::Cluster;
 
@@ -29,18 +29,24 @@ pub fn layer_mix(model: &Model, start: u64, n: u64) -> (u64, u64) {
 /// virtual stage in pipeline order (chunk `c` of stage `s` is `c·PP + s`, and the chunks hold
 /// consecutive layers in that order).
 pub fn stage_mix(model: &Model, layout: &Layout, split: &[u64], stage: u64) -> (u64, u64) {
+    stage_mixes(model, layout, split)
+        .get(stage as usize)
+        .copied()
+        .unwrap_or((0, 0))
+}
+
+/// [`stage_mix`] of every stage, in one pass over the split.
+pub fn stage_mixes(model: &Model, layout: &Layout, split: &[u64]) -> Vec<(u64, u64)> {
     let pp = layout.pp.max(1) as usize;
+    let mut mixes = vec![(0, 0); pp];
     let mut start = 0;
-    let (mut dense, mut moe) = (0, 0);
     for (vs, &n) in split.iter().enumerate() {
-        if vs % pp == stage as usize {
-            let (d, m) = layer_mix(model, start, n);
-            dense += d;
-            moe += m;
-        }
+        let (d, m) = layer_mix(model, start, n);
+        mixes[vs % pp].0 += d;
+        mixes[vs % pp].1 += m;
         start += n;
     }
-    (dense, moe)
+    mixes
 }
 
 /// Parameters of one MoE layer on one rank, after TP and EP: `(dense part, experts)`. The
@@ -200,21 +206,14 @@ pub fn moe_layer_act(model: &Model, layout: &Layout) -> f64 {
     if model.architecture.moe.is_none() {
         return super::per_layer_act(model, layout);
     }
-    let bytes = |r| {
+    let tensors = moe_layer_tensors(model, layout.micro_batch);
+    super::layer_act_with(layout, &|r| {
         let keep = Keep::of(r, model.training.attention);
-        moe_layer_tensors(model, layout.micro_batch)
+        tensors
             .iter()
             .map(|x| kept_bytes(x, layout.tp, layout.sequence_parallel, keep))
             .sum::<f64>()
-    };
-    let every = layout.recompute_every.max(1) as f64;
-    let whole = match layout.recompute {
-        Recompute::Full if every > 1.0 => {
-            bytes(Recompute::Full) / every + bytes(Recompute::None) * (1.0 - 1.0 / every)
-        }
-        r => bytes(r),
-    };
-    whole / layout.cp.max(1) as f64
+    })
 }
 
 /// Bytes of the all-to-all's buffers on a rank: the permuted token copies it sends and the
@@ -224,13 +223,19 @@ pub fn dispatch_buffer_bytes(model: &Model, layout: &Layout) -> f64 {
     if model.architecture.moe.is_none() || layout.ep <= 1 {
         return 0.0;
     }
+    2.0 * routed_elements(model, layout) * element_bytes(model)
+}
+
+/// Elements one all-to-all moves per rank: the `k'` copies ([`routed_copies`]) of each token
+/// the rank routes (its 1/CP of the micro-batch, 1/TP of that under SP), `hidden` wide.
+pub fn routed_elements(model: &Model, layout: &Layout) -> f64 {
     let tokens = layout.micro_batch as f64 * (model.training.seq_len / layout.cp.max(1)) as f64;
     let tokens = if layout.sequence_parallel {
         tokens / layout.tp.max(1) as f64
     } else {
         tokens
     };
-    2.0 * element_bytes(model) * tokens * routed_copies(model) * model.architecture.hidden as f64
+    tokens * routed_copies(model) * model.architecture.hidden as f64
 }
 
 #[cfg(test)]

@@ -71,7 +71,7 @@ impl StageBytes {
         } else {
             0.0
         };
-        let even = layout.split_layers(a.layers);
+        let mixes = moe::stage_mixes(model, layout, &layout.split_layers(a.layers));
         if zero == 3 && shard > 1 {
             let wb = policy.class_bytes(StateClass::Param) as f64;
             fixed_all += a.layer_params().per_tp_rank(tp).max(common + experts) * (2.0 * wb + 2.0);
@@ -97,7 +97,7 @@ impl StageBytes {
             let flight = in_flight(layout.schedule, pp, m, v, s) as f64;
             // A layer of this stage is dense or MoE in the proportion the even split gives it
             // (exact for that split; the mean for others).
-            let (d, n_moe) = moe::stage_mix(model, layout, &even, s);
+            let (d, n_moe) = mixes[s as usize];
             let moe_share = if d + n_moe == 0 {
                 0.0
             } else {

@@ -12,7 +12,7 @@ use std::collections::HashMap;
 
 use super::divisors::{self, Factors};
 use super::Pins;
-use crate::layout::{CpComm, Layout, Recompute, Sharding};
+use crate::layout::{gcd, CpComm, Layout, Recompute, Sharding};
 use crate::model::Model;
 use crate::schedule::ScheduleKind;
 use crate::spec::Cluster;
@@ -51,14 +51,6 @@ pub enum SearchError {
         /// `--tp (208 values)`.
         narrow: Vec<String>,
     },
-}
-
-fn gcd(a: u64, b: u64) -> u64 {
-    if b == 0 {
-        a
-    } else {
-        gcd(b, a % b)
-    }
 }
 
 fn pick<T: Copy>(pin: Option<T>, all: Vec<T>) -> Vec<T> {

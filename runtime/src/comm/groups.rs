@@ -41,13 +41,7 @@ pub fn local_groups(mesh: &Mesh) -> Result<Vec<RankGroups<LocalComm>>, CommError
     let tp = LocalComm::from_groups(world, &partition(world, &|r| mesh.tp_group(r)))?;
     let dp = LocalComm::from_groups(world, &partition(world, &|r| mesh.dp_cp_group(r)))?;
     let pp = LocalComm::from_groups(world, &partition(world, &|r| mesh.pp_group(r)))?;
-    let cp: Vec<Option<LocalComm>> = match mesh.cp > 1 {
-        true => LocalComm::from_groups(world, &partition(world, &|r| mesh.cp_group(r)))?
-            .into_iter()
-            .map(Some)
-            .collect(),
-        false => (0..world).map(|_| None).collect(),
-    };
+    let cp = cp_groups(mesh)?;
     Ok(tp
         .into_iter()
         .zip(dp)
@@ -55,6 +49,18 @@ pub fn local_groups(mesh: &Mesh) -> Result<Vec<RankGroups<LocalComm>>, CommError
         .zip(cp)
         .map(|(((tp, dp), pp), cp)| RankGroups { tp, dp, pp, cp })
         .collect())
+}
+
+/// Each world rank's CP group handle, `None` for every rank at CP 1.
+fn cp_groups(mesh: &Mesh) -> Result<Vec<Option<LocalComm>>, CommError> {
+    let world = mesh.world() as usize;
+    Ok(match mesh.cp > 1 {
+        true => LocalComm::from_groups(world, &partition(world, &|r| mesh.cp_group(r)))?
+            .into_iter()
+            .map(Some)
+            .collect(),
+        false => (0..world).map(|_| None).collect(),
+    })
 }
 
 /// The groups of a mixture-of-experts model's rank besides [`RankGroups`]: built only for MoE
@@ -76,13 +82,7 @@ pub fn local_moe_groups(mesh: &Mesh) -> Result<Vec<MoeGroups<LocalComm>>, CommEr
     let world = mesh.world() as usize;
     let ep = LocalComm::from_groups(world, &partition(world, &|r| mesh.ep_group(r)))?;
     let edp = LocalComm::from_groups(world, &partition(world, &|r| mesh.expert_dp_group(r)))?;
-    let cp: Vec<Option<LocalComm>> = match mesh.cp > 1 {
-        true => LocalComm::from_groups(world, &partition(world, &|r| mesh.cp_group(r)))?
-            .into_iter()
-            .map(Some)
-            .collect(),
-        false => (0..world).map(|_| None).collect(),
-    };
+    let cp = cp_groups(mesh)?;
     Ok(ep
         .into_iter()
         .zip(edp)
