@@ -81,6 +81,7 @@ fn gpt2(layers: u64, hidden: u64, heads: u64, vocab: u64, precision: &str) -> Mo
             attention: AttentionImpl::Flash,
             flash_kernel: Default::default(),
             dropout: 0.0,
+            framework: None,
         },
         optimizer: Default::default(),
         schedule: Default::default(),

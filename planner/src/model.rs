@@ -234,6 +234,11 @@ pub struct Training {
     pub flash_kernel: FlashKernel,
     /// Dropout probability; masks are stored only when it is above zero.
     pub dropout: f64,
+    /// The framework profile the run is predicted for (spec key `framework`, `--framework`;
+    /// `crate::framework`); absent: the planner's default for the device (`megatron-core` on
+    /// GPUs, `tessera` on CPUs). Plans written before the key existed read as absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub framework: Option<String>,
 }
 
 /// A model spec, resolved.

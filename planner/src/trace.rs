@@ -98,7 +98,7 @@ pub fn predicted(
     cluster: &Cluster,
     layout: &Layout,
 ) -> Result<Vec<TraceEvent>, ScheduleError> {
-    let (assessed, _) = predict_layout(model, cluster, layout, Options::default());
+    let (assessed, _) = predict_layout(model, cluster, layout, Options::for_model(model, cluster));
     let p = &assessed
         .evaluation
         .expect("predict_layout always evaluates")

@@ -74,6 +74,11 @@ pub struct PlanArgs {
     global_batch: Option<u64>,
     #[command(flatten)]
     degrees: DegreePins,
+    /// Predict for this framework (a profile of specs/frameworks/: megatron-core, torchtitan,
+    /// deepspeed, pytorch-eager, ...; overrides the spec's `training.framework`): the search
+    /// offers only what it can run, and its loss, host dispatch and memory are charged.
+    #[arg(long)]
+    framework: Option<String>,
     /// Pin hybrid sharding on: ZeRO states sharded within a node only (HYBRID_SHARD).
     #[arg(long, conflicts_with = "no_hybrid_shard")]
     hybrid_shard: bool,
@@ -239,7 +244,20 @@ pub fn run(args: PlanArgs) -> anyhow::Result<ExitCode> {
     )?;
     // A device that states its precision policy (the CPU backend's fp32) runs only that one:
     // every number below, the no-fit report's included, is the plan's own.
-    let model = tessera_planner::precision::for_device(&model, &cluster).into_owned();
+    let mut model = tessera_planner::precision::for_device(&model, &cluster).into_owned();
+    if let Some(name) = &args.framework {
+        if tessera_planner::framework::by_name(name).is_none() {
+            return Err(cli_error(
+                "--framework",
+                format!("unknown framework profile \"{name}\""),
+                format!(
+                    "pass one of: {} (specs/frameworks/)",
+                    tessera_planner::framework::names().join(" | ")
+                ),
+            ));
+        }
+        model.training.framework = Some(name.clone());
+    }
     let pins = args.pins();
     for (flag, v) in [
         ("--tp", pins.tp),
@@ -277,7 +295,7 @@ pub fn run(args: PlanArgs) -> anyhow::Result<ExitCode> {
     pins::check(&args, &model, &cluster)?;
     let options = SearchOptions {
         top: args.top.max(1),
-        ..SearchOptions::default()
+        cost: tessera_planner::cost::Options::for_model(&model, &cluster),
     };
     let result = search::search_checked(&model, &cluster, &pins, options).map_err(|e| {
         anyhow::anyhow!(
@@ -323,6 +341,17 @@ pub fn run(args: PlanArgs) -> anyhow::Result<ExitCode> {
             cluster.device.memory_gib
         );
         println!("precision policy \"{}\": {}", policy.name, policy.summary);
+        let profile = tessera_planner::framework::of(&model, &cluster);
+        println!(
+            "framework profile \"{}\" ({}): {}",
+            profile.name,
+            if tessera_planner::framework::stated(&model) {
+                "stated"
+            } else {
+                "the default; --framework or training.framework predicts another"
+            },
+            profile.summary
+        );
         println!(
             "{} layouts evaluated, {} fit, {} pipeline simulations; ranked {}\n",
             result.evaluated,

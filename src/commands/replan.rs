@@ -111,7 +111,7 @@ pub fn run(args: ReplanArgs) -> anyhow::Result<ExitCode> {
     }
     let options = SearchOptions {
         top: 3,
-        ..SearchOptions::default()
+        cost: tessera_planner::cost::Options::for_model(&model, &cluster),
     };
     let result = search::search_checked(&model, &cluster, &pins, options)
         .map_err(|e| anyhow::anyhow!("{}: {e}", args.plan.display()))?;

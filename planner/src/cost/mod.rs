@@ -50,6 +50,22 @@ pub struct Options {
     pub fused_loss: bool,
 }
 
+impl Options {
+    /// What a framework profile does (`crate::framework`).
+    pub fn of(profile: &crate::framework::Profile) -> Options {
+        Options {
+            overlap_dp: profile.runs.overlap_dp,
+            fused_loss: profile.runs.loss == crate::framework::LossKind::Fused,
+        }
+    }
+
+    /// What the model's framework profile does on `cluster` (its spec's `training.framework`,
+    /// else the device's default profile).
+    pub fn for_model(model: &Model, cluster: &Cluster) -> Options {
+        Options::of(crate::framework::of(model, cluster))
+    }
+}
+
 impl Default for Options {
     fn default() -> Self {
         Options {

@@ -59,6 +59,7 @@ fn gpt(h: u64, heads: u64, s: u64, v: u64) -> Model {
             attention: AttentionImpl::Eager,
             flash_kernel: Default::default(),
             dropout: 0.0,
+            framework: None,
         },
         optimizer: Default::default(),
         schedule: Default::default(),

@@ -368,6 +368,7 @@ mod tests {
                 attention: AttentionImpl::Eager,
                 flash_kernel: Default::default(),
                 dropout: 0.1,
+                framework: None,
             },
             optimizer: Default::default(),
             schedule: Default::default(),

@@ -208,7 +208,7 @@ impl Predicted {
     /// this; `Plan::load` recomputes it and refuses a plan whose stored copy differs.
     pub fn derive(model: &Model, cluster: &Cluster, layout: &Layout, split: &[u64]) -> Predicted {
         let memory = memory::estimate_split(model, cluster, layout, split);
-        let options = Options::default();
+        let options = Options::for_model(model, cluster);
         let links = Links::new(cluster, &layout.mesh(cluster));
         let times = cost::layer_times(model, cluster, layout, &links, options);
         let e = cost::evaluate(model, cluster, layout, split, &links, &times, options);
@@ -362,12 +362,18 @@ pub fn stages_for_split(layout: &Layout, split: &[u64]) -> Vec<Stage> {
 
 impl Plan {
     /// Builds the plan document of a layout: the balanced split of its layers (the search's),
-    /// its memory and its predicted step time under the default framework options.
+    /// its memory and its predicted step time under the model's framework profile.
     pub fn new(model: &Model, cluster: &Cluster, layout: &Layout, search: SearchSummary) -> Plan {
         let device_model = crate::precision::for_device(model, cluster);
         let links = Links::new(cluster, &layout.mesh(cluster));
-        let split =
-            crate::search::assess(&device_model, cluster, layout, &links, Options::default()).split;
+        let split = crate::search::assess(
+            &device_model,
+            cluster,
+            layout,
+            &links,
+            Options::for_model(model, cluster),
+        )
+        .split;
         Plan::with_split(model, cluster, layout, &split, search)
     }
 

@@ -434,10 +434,12 @@ pub fn search_checked(
             });
         g.count += 1;
     };
+    let profile = crate::framework::of(model, cluster);
     space::for_each_layout(model, cluster, pins, &mut |layout| {
         if let Err(why) = layout
             .check(model, cluster)
             .and_then(|()| pins::effective(&layout, model, cluster))
+            .and_then(|()| crate::framework::admits(profile, &layout))
             .and_then(|()| {
                 if pins.stage_layers.is_pinned() {
                     pins::stage_layers(model, &layout, pins.stage_layers).map(|_| ())

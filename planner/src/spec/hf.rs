@@ -94,6 +94,7 @@ pub fn parse_hf_config(src: &Source, over: TrainingOverrides) -> Result<Model, D
         attention: AttentionImpl::Flash,
         flash_kernel: Default::default(),
         dropout: 0.0,
+        framework: None,
     };
     let name = v
         .get("_name_or_path")

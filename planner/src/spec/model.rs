@@ -96,6 +96,7 @@ pub(crate) struct RawTraining {
     pub attention: Field<String>,
     pub flash_kernel: Field<String>,
     pub dropout: Field<Num>,
+    pub framework: Field<String>,
 }
 
 /// All keys of a model spec, for near-key suggestions.
@@ -157,6 +158,7 @@ pub const MODEL_KEYS: &[&str] = &[
     "attention",
     "flash_kernel",
     "dropout",
+    "framework",
     // [optimizer] and [schedule] (spec/optim.rs)
     "optimizer",
     "schedule",
@@ -504,6 +506,24 @@ pub(crate) fn resolve_training(
             "set dropout between 0.0 and 0.9",
         ));
     }
+    let framework = match &t.framework {
+        None => None,
+        Some(s) => {
+            let name = s.get_ref().as_str();
+            if crate::framework::by_name(name).is_none() {
+                return Err(f.err(
+                    Some(s.span()),
+                    "training.framework",
+                    format!("unknown framework profile \"{name}\""),
+                    format!(
+                        "use one of: {} (specs/frameworks/)",
+                        crate::framework::names().join(" | ")
+                    ),
+                ));
+            }
+            Some(name.to_string())
+        }
+    };
     Ok(Training {
         seq_len,
         global_batch,
@@ -511,5 +531,6 @@ pub(crate) fn resolve_training(
         attention,
         flash_kernel,
         dropout,
+        framework,
     })
 }

@@ -266,6 +266,7 @@ fn resolve(r: &Value, a100: &Cluster, h100: &Cluster) -> Result<Run, String> {
                 FlashKernel::Fa2
             },
             dropout: if megatron { 0.1 } else { 0.0 },
+            framework: None,
         },
         optimizer: Default::default(),
         schedule: Default::default(),

@@ -1,0 +1,151 @@
+//! Framework profiles: what a training framework can run (a search space) and how it runs it
+//! (its kernels' costs and its memory), as data in `specs/frameworks/*.toml`.
+//!
+//! The planner recommends with `megatron-core` (on GPUs) or `tessera` (on CPUs) when the model
+//! spec names no framework; a spec's `training.framework` (or `--framework`) makes it predict the
+//! run a user will launch on that framework instead: the search offers only the layouts the
+//! profile can run, and the cost and memory models charge its loss, its host dispatch, its
+//! sharding policy and its pipeline transfers. Every value in a profile names its source in the
+//! file beside it.
+
+mod profile;
+
+pub use profile::{
+    CanRun, HostCost, LossKind, Memory, Profile, Reports, Runs, Sharding as ShardingPolicy,
+};
+
+use std::sync::OnceLock;
+
+use crate::layout::{Layout, Rejection};
+use crate::model::Model;
+use crate::spec::{Cluster, DeviceKind};
+
+/// The built-in profiles, as shipped in specs/frameworks/ (embedded, so a plan made anywhere
+/// reads the same data).
+const FILES: &[(&str, &str)] = &[
+    (
+        "megatron-core",
+        include_str!("../../../specs/frameworks/megatron-core.toml"),
+    ),
+    (
+        "megatron-lm-2022",
+        include_str!("../../../specs/frameworks/megatron-lm-2022.toml"),
+    ),
+    (
+        "megatron-legacy",
+        include_str!("../../../specs/frameworks/megatron-legacy.toml"),
+    ),
+    (
+        "deepspeed",
+        include_str!("../../../specs/frameworks/deepspeed.toml"),
+    ),
+    (
+        "torchtitan",
+        include_str!("../../../specs/frameworks/torchtitan.toml"),
+    ),
+    (
+        "pytorch-eager",
+        include_str!("../../../specs/frameworks/pytorch-eager.toml"),
+    ),
+    (
+        "pytorch-compile",
+        include_str!("../../../specs/frameworks/pytorch-compile.toml"),
+    ),
+    (
+        "llm-foundry",
+        include_str!("../../../specs/frameworks/llm-foundry.toml"),
+    ),
+    (
+        "llm.c",
+        include_str!("../../../specs/frameworks/llm.c.toml"),
+    ),
+    (
+        "tessera",
+        include_str!("../../../specs/frameworks/tessera.toml"),
+    ),
+];
+
+/// The profile a GPU plan uses when the spec names none: today's recommending behaviour.
+pub const DEFAULT_GPU: &str = "megatron-core";
+/// The profile a CPU plan uses when the spec names none: Tessera's own CPU backend.
+pub const DEFAULT_CPU: &str = "tessera";
+
+fn all_parsed() -> &'static [Profile] {
+    static ALL: OnceLock<Vec<Profile>> = OnceLock::new();
+    ALL.get_or_init(|| {
+        FILES
+            .iter()
+            .map(|(name, text)| {
+                let p: Profile = toml::from_str(text).unwrap_or_else(|e| {
+                    // The files are part of the build; `tests::every_profile_parses` keeps them
+                    // valid, so this is a build defect, not bad user input.
+                    panic!("specs/frameworks/{name}.toml does not parse: {e}")
+                });
+                assert_eq!(p.name, *name, "specs/frameworks/{name}.toml names itself");
+                p
+            })
+            .collect()
+    })
+}
+
+/// Every built-in profile.
+pub fn all() -> &'static [Profile] {
+    all_parsed()
+}
+
+/// The names of the built-in profiles, for messages.
+pub fn names() -> Vec<&'static str> {
+    FILES.iter().map(|(n, _)| *n).collect()
+}
+
+/// A built-in profile by name.
+pub fn by_name(name: &str) -> Option<&'static Profile> {
+    all().iter().find(|p| p.name == name)
+}
+
+/// The name of the profile a model on a cluster runs under: the spec's `training.framework`,
+/// else the default for the cluster's device kind.
+pub fn name_for<'a>(model: &'a Model, cluster: &Cluster) -> &'a str {
+    match &model.training.framework {
+        Some(n) => n.as_str(),
+        None if cluster.device.kind == DeviceKind::Cpu => DEFAULT_CPU,
+        None => DEFAULT_GPU,
+    }
+}
+
+/// The profile a model on a cluster runs under. An unknown name (a plan.json edited by hand;
+/// specs are checked when read) falls back to the device's default profile.
+pub fn of(model: &Model, cluster: &Cluster) -> &'static Profile {
+    let fallback = || {
+        let d = if cluster.device.kind == DeviceKind::Cpu {
+            DEFAULT_CPU
+        } else {
+            DEFAULT_GPU
+        };
+        by_name(d).expect("the default profiles are built in")
+    };
+    by_name(name_for(model, cluster)).unwrap_or_else(fallback)
+}
+
+/// Whether the model's framework was stated (spec or flag) rather than defaulted.
+pub fn stated(model: &Model) -> bool {
+    model.training.framework.is_some()
+}
+
+/// The rule a layout breaks when its framework cannot run it.
+pub const CANNOT_RUN: &str = "the framework cannot run this layout";
+
+/// Whether `profile` can run `layout`; the rejection names the profile and the knob.
+pub fn admits(profile: &Profile, layout: &Layout) -> Result<(), Rejection> {
+    match profile.can_run.refuses(layout) {
+        None => Ok(()),
+        Some((what, fix)) => Err(Rejection::new(
+            CANNOT_RUN,
+            format!("{} cannot run {what}", profile.name),
+        )
+        .with_fix(fix)),
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,196 @@
+//! The profile's data: what a framework can run and how it runs it, as read from
+//! specs/frameworks/*.toml (specs/frameworks/README.md documents every key).
+
+use serde::{Deserialize, Serialize};
+
+use crate::layout::{CpComm, Layout, Recompute};
+use crate::schedule::ScheduleKind;
+
+/// One framework profile.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Profile {
+    /// The name a spec's `training.framework` and `--framework` use.
+    pub name: String,
+    /// One line on what the profile is (which framework, which version or era).
+    pub summary: String,
+    /// Where the profile's values come from (papers, source files at a commit).
+    pub sources: Vec<String>,
+    /// The search space: what the framework can run.
+    pub can_run: CanRun,
+    /// How it runs it: the kernels' costs.
+    pub runs: Runs,
+    /// How it holds memory.
+    pub memory: Memory,
+}
+
+/// What the framework can run. A layout outside it is rejected by the search under
+/// [`super::CANNOT_RUN`], naming the knob.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CanRun {
+    pub tensor_parallel: bool,
+    pub sequence_parallel: bool,
+    pub pipeline: bool,
+    /// Pipeline schedules by plan.json name (`1f1b`, `interleaved`, `gpipe`).
+    pub schedules: Vec<ScheduleKind>,
+    pub context_parallel: bool,
+    /// CP exchanges: `p2p` (ring), `allgather`.
+    pub cp_comm: Vec<CpComm>,
+    pub expert_parallel: bool,
+    /// ZeRO stages (0: none; 3: FSDP FULL_SHARD).
+    pub zero_stages: Vec<u8>,
+    /// Sharding within a node, replicated across nodes (FSDP HYBRID_SHARD, HSDP).
+    pub hybrid_sharding: bool,
+    pub recompute: Vec<Recompute>,
+    /// Recompute every k-th layer only (k > 1).
+    pub partial_recompute: bool,
+}
+
+/// How the loss is computed, in time and in the memory peak.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum LossKind {
+    /// One kernel reads the 16-bit logits and writes their gradient in place (llm.c's
+    /// `fused_classifier`, torch.compile's generated loss, Megatron's `--cross-entropy-loss-fusion`).
+    Fused,
+    /// Megatron's vocab-parallel cross-entropy on an fp32 copy of the logits: the softmax is
+    /// computed in place in that copy and kept for the backward (one fp32 N × V/TP buffer).
+    VocabParallelFp32,
+    /// PyTorch's `cross_entropy(logits.float())`: the fp32 upcast, the log-softmax output and,
+    /// at the start of the backward, its gradient are alive together (three fp32 N × V buffers).
+    UnfusedFp32,
+}
+
+/// What the host pays per op it dispatches.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum HostCost {
+    /// Eager PyTorch: Python, the dispatcher, autograd and the launch, per op (the cluster's
+    /// `host_op_us`).
+    Dispatch,
+    /// A compiled or C++ program: only the kernel launch per op (the cluster's launch latency).
+    Launch,
+    /// CUDA graphs: the whole step is one graph launch; no per-op host floor.
+    Graph,
+}
+
+/// How the framework runs a layout.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Runs {
+    /// The data-parallel gradient sync overlaps the backward.
+    pub overlap_dp: bool,
+    pub loss: LossKind,
+    /// Pads the vocabulary to the spec's `make_vocab_size_divisible_by` × TP (Megatron); false:
+    /// the vocabulary is used as it is (unaligned GEMMs where it is not a multiple of 64).
+    pub pad_vocab: bool,
+    /// Flash attention is run where the spec asks for it; false: the framework materialises
+    /// the softmax whatever the spec says.
+    pub flash_attention: bool,
+    /// Ops the host dispatches per transformer layer and micro-batch, forward and backward
+    /// (counted in the framework's source; the file names where).
+    pub host_ops_forward: u32,
+    pub host_ops_backward: u32,
+    pub host_cost: HostCost,
+    /// Stages send whole activations with blocking p2p (DeepSpeed's pipeline engine), instead of
+    /// Megatron's scatter/gather (1/TP of them) overlapped with compute.
+    pub blocking_p2p: bool,
+    /// Overlapped collectives slow the GEMMs they overlap (NCCL's SMs and memory bandwidth).
+    pub overlap_slows_compute: bool,
+}
+
+/// The sharding policy of ZeRO-3-class data parallelism.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Sharding {
+    /// ZeRO as the precision policy's states say (DeepSpeed, Megatron's distributed optimizer).
+    Zero,
+    /// FSDP2 (`fully_shard` with `MixedPrecisionPolicy`): fp32 sharded parameters, fp32
+    /// gradients, Adam's two moments: 16 B/param sharded, bf16 copies only while gathered.
+    Fsdp2,
+    /// FSDP1 (`FullyShardedDataParallel` with mixed precision), as the policy's states say.
+    Fsdp1,
+}
+
+/// Which number a framework reports as its memory.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Reports {
+    /// `torch.cuda.max_memory_allocated()`: live tensors.
+    Allocated,
+    /// `torch.cuda.max_memory_reserved()`: what the caching allocator holds.
+    Reserved,
+}
+
+/// How the framework holds memory.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Memory {
+    pub sharding: Sharding,
+    /// FSDP's root module (embedding, final norm, output layer) stays unsharded through the
+    /// backward (FSDP2's `reshard_after_forward` is false for the root).
+    pub unsharded_root: bool,
+    /// The number the framework's logs report.
+    pub reports: Reports,
+}
+
+impl CanRun {
+    /// The first knob of `layout` the framework cannot run, with the change that would pass.
+    pub fn refuses(&self, l: &Layout) -> Option<(String, String)> {
+        let no = |what: &str, fix: &str| Some((what.to_string(), fix.to_string()));
+        if l.tp > 1 && !self.tensor_parallel {
+            return no(&format!("TP {}", l.tp), "use --tp 1, or another framework");
+        }
+        if l.sequence_parallel && !self.sequence_parallel {
+            return no("sequence parallelism", "pin --no-sp");
+        }
+        if l.pp > 1 && !self.pipeline {
+            return no(&format!("PP {}", l.pp), "use --pp 1, or another framework");
+        }
+        if l.pp > 1 && !self.schedules.contains(&l.schedule) {
+            return Some((
+                format!("the {} schedule", l.schedule.name()),
+                format!(
+                    "use --schedule {}",
+                    names(&self.schedules, |s| s.name().to_string())
+                ),
+            ));
+        }
+        if l.cp > 1 && !self.context_parallel {
+            return no(&format!("CP {}", l.cp), "use --cp 1");
+        }
+        if l.cp > 1 && !self.cp_comm.contains(&l.cp_comm) {
+            return no("this CP exchange", "use the other --cp-comm");
+        }
+        if l.ep > 1 && !self.expert_parallel {
+            return no(&format!("EP {}", l.ep), "use --ep 1");
+        }
+        if !self.zero_stages.contains(&l.sharding.zero_stage) {
+            return Some((
+                format!("ZeRO-{}", l.sharding.zero_stage),
+                format!("use --zero {}", names(&self.zero_stages, |z| z.to_string())),
+            ));
+        }
+        if l.sharding.hybrid && !self.hybrid_sharding {
+            return no("hybrid sharding", "pin --no-hybrid-shard");
+        }
+        if !self.recompute.contains(&l.recompute) {
+            return Some((
+                format!("{} recompute", l.recompute.name()),
+                format!(
+                    "use --recompute {}",
+                    names(&self.recompute, |r| r.name().to_string())
+                ),
+            ));
+        }
+        if l.recompute_every > 1 && !self.partial_recompute {
+            return no("recompute of every k-th layer", "recompute every layer");
+        }
+        None
+    }
+}
+
+fn names<T: Copy>(xs: &[T], name: impl Fn(T) -> String) -> String {
+    xs.iter().map(|x| name(*x)).collect::<Vec<_>>().join(" | ")
+}
