@@ -58,6 +58,9 @@ pub fn run(args: ExportArgs) -> anyhow::Result<ExitCode> {
     };
     let text = export_with(&plan, target, args.force)
         .map_err(|e| anyhow::anyhow!("{}: {e}", args.plan.display()))?;
+    if let Some(w) = tessera_planner::export::framework::warning(&plan, target) {
+        eprintln!("{}: {w}", args.plan.display());
+    }
     match &args.output {
         Some(path) => {
             write_output(path, text.as_bytes())?;

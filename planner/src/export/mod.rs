@@ -16,6 +16,7 @@
 //!   marked infeasible is refused unless forced.
 
 mod deepspeed;
+pub mod framework;
 mod launch;
 mod megatron;
 mod scheduler;
@@ -126,6 +127,7 @@ pub fn export_with(plan: &Plan, target: Target, force: bool) -> Result<String, E
             "run it with `tessera run plan.json`, or export it to sbatch or kubernetes",
         ));
     }
+    framework::check(plan, target)?;
     let launch = Launch::of(plan);
     match target {
         Target::Megatron => megatron::megatron(plan, &launch),
