@@ -332,19 +332,33 @@ impl Architecture {
         self.vocab_divisible_by.max(1).saturating_mul(tp.max(1))
     }
 
-    /// [`Architecture::embedding_params`] with the padded vocabulary of TP `tp`: what a rank
-    /// holds.
-    pub fn embedding_params_at(&self, tp: u64) -> LayerParams {
+    /// The vocabulary rows the embedding table and output layer hold under TP `tp`, over all TP
+    /// ranks: [`Architecture::padded_vocab`] where the framework pads (`pad`, the profile's
+    /// `runs.pad_vocab`), else `vocab` as it is, split into `tp` shards of `ceil(vocab / tp)`
+    /// rows (PyTorch's `Shard(0)` of a DTensor gives the first ranks the larger shards; the
+    /// largest is the one that bounds time and memory). Saturates at `u64::MAX`.
+    pub fn vocab_rows(&self, tp: u64, pad: bool) -> u64 {
+        if pad {
+            self.padded_vocab(tp)
+        } else {
+            let tp = tp.max(1);
+            self.vocab.div_ceil(tp).saturating_mul(tp)
+        }
+    }
+
+    /// [`Architecture::embedding_params`] with the vocabulary of TP `tp` as the framework holds
+    /// it ([`Architecture::vocab_rows`]): what a rank holds.
+    pub fn embedding_params_at(&self, tp: u64, pad: bool) -> LayerParams {
         let mut p = self.embedding_params();
-        p.sharded = self.padded_vocab(tp).saturating_mul(self.hidden);
+        p.sharded = self.vocab_rows(tp, pad).saturating_mul(self.hidden);
         p
     }
 
-    /// [`Architecture::head_params`] with the padded vocabulary of TP `tp`.
-    pub fn head_params_at(&self, shares_embedding: bool, tp: u64) -> LayerParams {
+    /// [`Architecture::head_params`] with the vocabulary of TP `tp` as the framework holds it.
+    pub fn head_params_at(&self, shares_embedding: bool, tp: u64, pad: bool) -> LayerParams {
         let mut p = self.head_params(shares_embedding);
         if !shares_embedding {
-            p.sharded = self.padded_vocab(tp).saturating_mul(self.hidden);
+            p.sharded = self.vocab_rows(tp, pad).saturating_mul(self.hidden);
         }
         p
     }

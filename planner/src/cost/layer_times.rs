@@ -141,7 +141,7 @@ pub fn layer_times(
     });
     let moe_share = a.moe_layer_count() as f64 / a.layers.max(1) as f64;
     let (ef, eb) = ops::embedding(local, &dev, tp, sp, b);
-    let (hf, hb) = ops::head(local, &dev, tp, sp, b, options.fused_loss);
+    let (hf, hb) = ops::head(local, &dev, tp, sp, b, options.loss, options.pad_vocab);
     let (emb_tp_f, emb_tp_b, head_tp_f, head_tp_b) = if sp {
         (
             t.reduce_scatter(act),

@@ -11,6 +11,7 @@
 pub mod comm;
 pub mod gemm;
 mod layer_times;
+pub mod loss;
 pub mod moe;
 pub mod nccl;
 pub mod ops;
@@ -44,10 +45,12 @@ pub struct Options {
     /// the whole reduction follows the last backward (Megatron-LM in 2021–22: Korthikanti et
     /// al. §6.3 "the gradient all-reduce was not overlapped").
     pub overlap_dp: bool,
-    /// A fused loss kernel: the cross-entropy reads the logits once and writes their gradient
-    /// in place (llm.c's `fused_classifier`, Megatron-core's cross-entropy fusion) instead of
-    /// PyTorch's separate upcast, log-softmax and backward passes over fp32 logits.
-    pub fused_loss: bool,
+    /// How the loss is computed: its bytes per logit and kernels ([`loss::LossCost`]).
+    pub loss: crate::framework::LossKind,
+    /// The vocabulary is padded to `vocab_divisible_by × TP` (Megatron); false: used as it is
+    /// ([`crate::model::Architecture::vocab_rows`]), its output-layer GEMMs unaligned where the
+    /// rows are not a multiple of 16 bytes ([`loss::ALIGN_BYTES`]).
+    pub pad_vocab: bool,
 }
 
 impl Options {
@@ -55,7 +58,8 @@ impl Options {
     pub fn of(profile: &crate::framework::Profile) -> Options {
         Options {
             overlap_dp: profile.runs.overlap_dp,
-            fused_loss: profile.runs.loss == crate::framework::LossKind::Fused,
+            loss: profile.runs.loss,
+            pad_vocab: profile.runs.pad_vocab,
         }
     }
 
@@ -67,10 +71,13 @@ impl Options {
 }
 
 impl Default for Options {
+    /// Megatron-core's behaviour: overlapped DP, the vocabulary-parallel fp32 loss, the
+    /// vocabulary padded.
     fn default() -> Self {
         Options {
             overlap_dp: true,
-            fused_loss: false,
+            loss: crate::framework::LossKind::VocabParallelFp32,
+            pad_vocab: true,
         }
     }
 }
@@ -266,11 +273,11 @@ pub fn evaluate(
             let (dense, moe) = mixes[s];
             let mut p = a.layer_params().per_tp_rank(tp) * dense as f64 + moe_common * moe as f64;
             if s == 0 {
-                p += a.embedding_params_at(tp).per_tp_rank(tp);
+                p += a.embedding_params_at(tp, options.pad_vocab).per_tp_rank(tp);
             }
             if s == pp - 1 {
                 p += a
-                    .head_params_at(a.tied_embeddings && pp == 1, tp)
+                    .head_params_at(a.tied_embeddings && pp == 1, tp, options.pad_vocab)
                     .per_tp_rank(tp);
             }
             p
@@ -336,7 +343,7 @@ pub fn evaluate(
         // The first and last stage all-reduce the shared embedding's gradient.
         sync[0] += links
             .first_last
-            .all_reduce(a.embedding_params_at(tp).per_tp_rank(tp) * grad);
+            .all_reduce(a.embedding_params_at(tp, options.pad_vocab).per_tp_rank(tp) * grad);
     }
     let dev = Device::of(cluster);
     let per_rank = if zero >= 1 { shard } else { 1.0 };

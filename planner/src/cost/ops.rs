@@ -13,6 +13,7 @@
 //! no schedules (`pipeline`), no I/O.
 
 use super::gemm::Gemm;
+use crate::framework::LossKind;
 use crate::memory::activations::AttentionWidths;
 use crate::model::{Activation, AttentionImpl, Model, Position};
 use crate::spec::{Calibration, Cluster};
@@ -33,6 +34,9 @@ pub struct Device<'a> {
     /// Element-wise evaluations with one exponential per second (`transcendental_gops`), where
     /// they bound those kernels (the CPU backend); `None` on GPUs.
     pub exp_rate: Option<f64>,
+    /// A GPU's tensor cores, whose GEMMs slow down on unaligned dimensions
+    /// ([`super::loss::gemm_slowdown`]); false on the CPU backend.
+    pub tensor_cores: bool,
 }
 
 impl<'a> Device<'a> {
@@ -57,6 +61,7 @@ impl<'a> Device<'a> {
             launch: if gemm.is_some() { launch } else { 0.0 },
             gemm,
             exp_rate: cluster.device.transcendental_gops.map(|g| g * 1e9),
+            tensor_cores: cluster.device.kind == crate::spec::DeviceKind::Gpu,
         }
     }
 
@@ -372,32 +377,35 @@ pub fn embedding(model: &Model, dev: &Device, tp: u64, sp: bool, b: u64) -> (f64
 }
 
 /// Final norm, output projection and loss on the last stage: forward and backward seconds for
-/// one micro-batch. The vocabulary-parallel cross-entropy, unfused as PyTorch runs it under
-/// autocast, works on fp32 logits: forward upcasts (read 2, write 4), log-softmax reads twice
-/// and writes once (12); backward writes a zeroed gradient (4), log-softmax's backward reads two
-/// and writes one (12), and the downcast reads 4 and writes 2: 40 B per logit. A fused loss
-/// kernel reads the 16-bit logits twice (max, then sums) and writes their gradient once: 6 B.
+/// one micro-batch. The output layer's GEMMs run over the vocabulary rows the framework holds
+/// (`pad_vocab`: [`crate::model::Architecture::vocab_rows`]), slowed where those rows are not
+/// 16-byte aligned ([`super::loss::gemm_slowdown`]); the loss moves the bytes per logit and
+/// launches the kernels of its kind ([`super::loss::LossCost`]).
 pub fn head(
     model: &Model,
     dev: &Device,
     tp: u64,
     sp: bool,
     b: u64,
-    fused_loss: bool,
+    loss: LossKind,
+    pad_vocab: bool,
 ) -> (f64, f64) {
     let x = shapes(model, tp, sp, b, 1);
-    // The padded vocabulary: the padding rows are computed like the others.
-    let v = model.architecture.padded_vocab(tp) as f64 / tp as f64;
+    // The vocabulary rows of a rank: padding rows are computed like the others.
+    let rows = model.architecture.vocab_rows(tp, pad_vocab) / tp.max(1);
+    let v = rows as f64;
+    let element = crate::memory::activations::element_bytes(model) as u64;
+    let slow = super::loss::gemm_slowdown(rows, element, dev.tensor_cores);
     let (lf, lb) = dev.linear(x.t, x.h, v);
+    let (lf, lb) = (lf * slow, lb * slow);
     let norm_f = dev.memory(x.t_rep * x.h * 4.0);
     let norm_b = dev.memory(x.t_rep * x.h * 6.0);
-    let (ce_f, ce_b) = if fused_loss { (4.0, 2.0) } else { (18.0, 22.0) };
-    // Kernels besides the GEMMs: the norm, and the loss (one fused, else about three each way).
-    let k = if fused_loss { 1.0 } else { 3.0 };
+    let c = super::loss::LossCost::of(loss);
+    let ((ce_f, ce_b), (kf, kb)) = (c.bytes, c.kernels);
     (
         // One exponential per logit each way (the backward recomputes the probabilities).
-        norm_f + lf + dev.elementwise(x.t * v * ce_f, x.t * v) + dev.launches(1.0 + k),
-        norm_b + lb + dev.elementwise(x.t * v * ce_b, x.t * v) + dev.launches(2.0 + k),
+        norm_f + lf + dev.elementwise(x.t * v * ce_f, x.t * v) + dev.launches(1.0 + kf),
+        norm_b + lb + dev.elementwise(x.t * v * ce_b, x.t * v) + dev.launches(2.0 + kb),
     )
 }
 

@@ -22,6 +22,7 @@ fn curve_device(peak: f64, bandwidth: f64, cal: &Calibration) -> Device<'_> {
         gemm: None,
         launch: 0.0,
         exp_rate: None,
+        tensor_cores: true,
     }
 }
 

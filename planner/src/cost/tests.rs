@@ -101,8 +101,8 @@ fn cost_dp_all_reduce_exposed_without_overlap() {
     // over 16 nodes: 8.4 µs + 30 network steps of 14 µs, × 1.4 across nodes.
     let a = &m.architecture;
     let params = a.layer_params().per_tp_rank(8) * 96.0
-        + a.embedding_params_at(8).per_tp_rank(8)
-        + a.head_params_at(true, 8).per_tp_rank(8);
+        + a.embedding_params_at(8, true).per_tp_rank(8)
+        + a.head_params_at(true, 8, true).per_tp_rank(8);
     let bytes = params * 4.0;
     let want = 2.0 * 15.0 / 16.0 * bytes / (0.86 * 25e9) + 1.4 * (8.4 + 30.0 * 14.0) * 1e-6;
     let got = p.term("dp_exposed");

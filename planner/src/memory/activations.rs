@@ -311,21 +311,27 @@ pub fn embedding_bytes(model: &Model, b: u64, tp: u64, sp: bool) -> f64 {
     }
 }
 
-/// Tensors of the head on the last stage: final norm input, output-layer input, fp32 logits.
-pub fn head_terms(model: &Model, b: u64, tp: u64, sp: bool) -> [(&'static str, f64); 3] {
+/// Tensors of the head on the last stage: final norm input, output-layer input, and the
+/// logits' buffers of the framework's loss ([`super::logits::terms`]), as `(name, bytes, why)`.
+pub fn head_terms(
+    model: &Model,
+    b: u64,
+    tp: u64,
+    sp: bool,
+    loss: crate::framework::LossKind,
+    pad_vocab: bool,
+) -> Vec<(&'static str, f64, &'static str)> {
     let sb = model.training.seq_len as f64 * b as f64;
     let h = model.architecture.hidden as f64;
-    let t = tp as f64;
-    let rep = if sp { t } else { 1.0 };
+    let rep = if sp { tp as f64 } else { 1.0 };
     let w = element_bytes(model);
-    [
-        ("final_norm_input", w * sb * h / rep),
-        ("head_input", w * sb * h / rep),
-        (
-            "logits_fp32",
-            4.0 * sb * model.architecture.padded_vocab(tp) as f64 / t,
-        ),
-    ]
+    let kept = super::logits::KEPT;
+    let mut terms = vec![
+        ("final_norm_input", w * sb * h / rep, kept),
+        ("head_input", w * sb * h / rep, kept),
+    ];
+    terms.extend(super::logits::terms(model, sb, tp, loss, pad_vocab));
+    terms
 }
 
 #[cfg(test)]

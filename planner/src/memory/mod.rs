@@ -7,6 +7,7 @@
 
 pub mod activations;
 mod cpu_runtime;
+pub mod logits;
 pub mod moe;
 mod overhead;
 mod stage_bytes;
@@ -162,12 +163,16 @@ struct Ctx<'a> {
     moe_params: (f64, f64),
     /// Dense and MoE layers of each stage.
     mixes: Vec<(u64, u64)>,
+    /// The framework profile's loss and vocabulary padding (`runs.loss`, `runs.pad_vocab`).
+    loss: crate::framework::LossKind,
+    pad_vocab: bool,
 }
 
 impl<'a> Ctx<'a> {
     fn new(model: &'a Model, cluster: &'a Cluster, layout: &'a Layout, split: &[u64]) -> Self {
         let policy = Policy::by_name(&model.training.precision)
             .expect("the precision policy is validated when the spec is resolved");
+        let runs = &crate::framework::of(model, cluster).runs;
         Ctx {
             model,
             cluster,
@@ -185,6 +190,8 @@ impl<'a> Ctx<'a> {
             },
             moe_params: moe::moe_layer_params_per_rank(model, layout),
             mixes: moe::stage_mixes(model, layout, split),
+            loss: runs.loss,
+            pad_vocab: runs.pad_vocab,
         }
     }
 
@@ -215,12 +222,12 @@ impl<'a> Ctx<'a> {
         let mut params = times(a.layer_params().per_tp_rank(tp), dense_layers as f64)
             + times(common, moe_layers as f64);
         if stage == 0 {
-            params += a.embedding_params_at(tp).per_tp_rank(tp);
+            params += a.embedding_params_at(tp, self.pad_vocab).per_tp_rank(tp);
         }
         if stage == pp - 1 {
             // Tied embeddings share one matrix only when embedding and head sit on one stage.
             params += a
-                .head_params_at(a.tied_embeddings && pp == 1, tp)
+                .head_params_at(a.tied_embeddings && pp == 1, tp, self.pad_vocab)
                 .per_tp_rank(tp);
         }
         (params, times(experts, moe_layers as f64))
@@ -388,9 +395,11 @@ impl<'a> Ctx<'a> {
             } else {
                 1
             };
-            for (name, bytes) in activations::head_terms(&local, b, tp, sp) {
+            for (name, bytes, why) in
+                activations::head_terms(&local, b, tp, sp, self.loss, self.pad_vocab)
+            {
                 add(sink, name, "activations", bytes * held as f64, &|| {
-                    format!("kept for the output layer's backward × {held} micro-batch(es)")
+                    format!("{why} × {held} micro-batch(es)")
                 });
             }
         }

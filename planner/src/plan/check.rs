@@ -108,7 +108,7 @@ impl Plan {
             return Err(contradiction(src, "parallel.recompute_every", why));
         }
         if let Some(v) = &p.vocab {
-            check_vocab(v, &self.job.model, p.tp, src)?;
+            check_vocab(v, &self.job.model, &self.job.cluster, p.tp, src)?;
         }
         if self.job.parameters != self.job.model.architecture.param_count() {
             return Err(bad(
@@ -191,17 +191,24 @@ fn field_of(why: &Rejection, l: &Layout) -> &'static str {
 fn check_vocab(
     v: &super::VocabPadding,
     model: &crate::model::Model,
+    cluster: &crate::spec::Cluster,
     tp: u64,
     src: &Source,
 ) -> Result<(), Diagnostic> {
-    let want = super::VocabPadding::of(model, tp);
+    let profile = crate::framework::of(model, cluster);
+    let want = super::VocabPadding::of(model, tp, profile);
     let a = &model.architecture;
-    let rule = format!(
-        "job.model.architecture.vocab {} rounded up to a multiple of make_vocab_size_divisible_by {} × TP {tp} = {}",
-        a.vocab,
-        a.vocab_divisible_by,
-        want.multiple
-    );
+    let rule = if profile.runs.pad_vocab {
+        format!(
+            "job.model.architecture.vocab {} rounded up to a multiple of make_vocab_size_divisible_by {} × TP {tp} = {}",
+            a.vocab, a.vocab_divisible_by, want.multiple
+        )
+    } else {
+        format!(
+            "the {} profile holds it: job.model.architecture.vocab {} as it is, in TP {tp} shards",
+            profile.name, a.vocab
+        )
+    };
     let differs = [
         ("model", v.model.to_string(), want.model.to_string()),
         (

@@ -125,18 +125,50 @@ pub struct VocabPadding {
 }
 
 impl VocabPadding {
-    pub fn of(model: &Model, tp: u64) -> VocabPadding {
+    /// The vocabulary as `profile` holds it under TP `tp`: padded to
+    /// `make_vocab_size_divisible_by × TP` where it pads (`runs.pad_vocab`), else as it is,
+    /// split into TP shards ([`crate::model::Architecture::vocab_rows`]).
+    pub fn of(model: &Model, tp: u64, profile: &crate::framework::Profile) -> VocabPadding {
         let a = &model.architecture;
+        let name = &profile.name;
+        if !profile.runs.pad_vocab {
+            let padded = a.vocab_rows(tp, false);
+            let rows = padded / tp.max(1);
+            let split = if tp > 1 {
+                format!(", split over TP {tp} into shards of at most {rows} rows")
+            } else {
+                String::new()
+            };
+            let element = crate::memory::activations::element_bytes(model) as u64;
+            let align = if crate::cost::loss::aligned(rows, element) {
+                String::new()
+            } else {
+                format!(
+                    "; {rows} rows × {element} B is not a multiple of {} B, so the output layer's GEMMs run unaligned (charged {:.2} of the aligned rate on GPUs)",
+                    crate::cost::loss::ALIGN_BYTES,
+                    crate::cost::loss::UNALIGNED_GEMM_EFFICIENCY
+                )
+            };
+            return VocabPadding {
+                model: a.vocab,
+                padded,
+                multiple: tp.max(1),
+                reason: format!(
+                    "the {name} profile does not pad the vocabulary: vocab {} used as it is{split}{align}",
+                    a.vocab
+                ),
+            };
+        }
         let padded = a.padded_vocab(tp);
         let multiple = a.vocab_multiple(tp);
         let reason = if padded == a.vocab {
             format!(
-                "vocab {} is already a multiple of {} (make_vocab_size_divisible_by {} × TP {tp})",
+                "the {name} profile pads the vocabulary: vocab {} is already a multiple of {} (make_vocab_size_divisible_by {} × TP {tp})",
                 a.vocab, multiple, a.vocab_divisible_by
             )
         } else {
             format!(
-                "vocab {} padded to {padded}, a multiple of {multiple} (make_vocab_size_divisible_by {} × TP {tp}, as Megatron-LM pads it): every TP rank holds {} rows; the {} padding rows are allocated and multiplied but never a target",
+                "the {name} profile pads the vocabulary: vocab {} padded to {padded}, a multiple of {multiple} (make_vocab_size_divisible_by {} × TP {tp}, as Megatron-LM pads it): every TP rank holds {} rows; the {} padding rows are allocated and multiplied but never a target",
                 a.vocab,
                 a.vocab_divisible_by,
                 padded / tp.max(1),
@@ -275,7 +307,7 @@ pub struct Alternative {
 }
 
 impl Parallel {
-    pub fn from_layout(l: &Layout, model: &Model) -> Parallel {
+    pub fn from_layout(l: &Layout, model: &Model, profile: &crate::framework::Profile) -> Parallel {
         Parallel {
             world: l.dp * l.cp * l.pp * l.tp,
             dp: l.dp,
@@ -298,7 +330,7 @@ impl Parallel {
             sequence_parallel: l.sequence_parallel,
             schedule: l.schedule,
             virtual_stages: l.virtual_stages,
-            vocab: Some(VocabPadding::of(model, l.tp)),
+            vocab: Some(VocabPadding::of(model, l.tp, profile)),
         }
     }
 
@@ -398,7 +430,7 @@ impl Plan {
                 cluster: cluster.clone(),
                 parameters: model.architecture.param_count(),
             },
-            parallel: Parallel::from_layout(layout, model),
+            parallel: Parallel::from_layout(layout, model, crate::framework::of(model, cluster)),
             stages: stages_for_split(layout, split),
             predicted,
             search,

@@ -90,7 +90,14 @@ impl Family {
     pub(crate) fn options(self) -> Options {
         Options {
             overlap_dp: !self.megatron_like(),
-            fused_loss: self == Family::LlmC,
+            // llm.c's `fused_classifier`; the Megatron-built and llm-foundry runs as today's
+            // vocabulary-parallel fp32 charge. The specs set `vocab_divisible_by` per family.
+            loss: if self == Family::LlmC {
+                crate::framework::LossKind::Fused
+            } else {
+                crate::framework::LossKind::VocabParallelFp32
+            },
+            pad_vocab: true,
         }
     }
 }
