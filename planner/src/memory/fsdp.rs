@@ -229,3 +229,7 @@ pub(super) fn transient_blocks(f: &Fsdp, model: &Model, layout: &Layout, stage: 
     }
     t
 }
+
+#[cfg(test)]
+#[path = "fsdp_tests.rs"]
+mod tests;
