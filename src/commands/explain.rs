@@ -4,6 +4,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::Args;
+use tessera_planner::framework::Reports;
 use tessera_planner::plan::Plan;
 
 use tessera_planner::units;
@@ -52,6 +53,20 @@ pub fn run(args: ExplainArgs) -> anyhow::Result<ExitCode> {
         units::bytes(plan.predicted.memory.peak_bytes as f64),
         plan.predicted.memory.peak_stage,
         units::bytes(plan.predicted.memory.capacity_bytes as f64)
+    );
+    let profile = tessera_planner::framework::of(&plan.job.model, &plan.job.cluster);
+    println!(
+        "{}\n",
+        match profile.memory.reports {
+            Reports::Reserved => format!(
+                "memory as {} reports it: torch.cuda.max_memory_reserved(), what the caching allocator holds (the allocator_reserved term)",
+                profile.name
+            ),
+            Reports::Allocated => format!(
+                "memory as {} reports it: the allocated tensors (torch.cuda.max_memory_allocated()), with the allocator_fragmentation term",
+                profile.name
+            ),
+        }
     );
     print!("{}", memory_tables(&plan.predicted.memory, args.all_stages));
     Ok(ExitCode::SUCCESS)

@@ -6,7 +6,9 @@
 //! the cluster spec. This module only counts; it does not decide anything.
 
 pub mod activations;
+mod allocator;
 mod cpu_runtime;
+mod fsdp;
 pub mod logits;
 pub mod moe;
 mod overhead;
@@ -166,12 +168,14 @@ struct Ctx<'a> {
     /// The framework profile's loss and vocabulary padding (`runs.loss`, `runs.pad_vocab`).
     loss: crate::framework::LossKind,
     pad_vocab: bool,
+    /// The profile's FSDP and allocator mechanisms (none under the default profiles).
+    fsdp: fsdp::Fsdp,
 }
 
 impl<'a> Ctx<'a> {
     fn new(model: &'a Model, cluster: &'a Cluster, layout: &'a Layout, split: &[u64]) -> Self {
-        let policy = Policy::by_name(&model.training.precision)
-            .expect("the precision policy is validated when the spec is resolved");
+        let fsdp = fsdp::Fsdp::of(model, cluster, layout);
+        let policy = fsdp.policy(model);
         let runs = &crate::framework::of(model, cluster).runs;
         Ctx {
             model,
@@ -192,6 +196,7 @@ impl<'a> Ctx<'a> {
             mixes: moe::stage_mixes(model, layout, split),
             loss: runs.loss,
             pad_vocab: runs.pad_vocab,
+            fsdp,
         }
     }
 
@@ -280,7 +285,7 @@ impl<'a> Ctx<'a> {
                 }
             });
         }
-        if zero == 3 && shard > 1 {
+        if zero == 3 && shard > 1 && !self.fsdp.fsdp2 {
             let (common, experts) = self.moe_params;
             let full = self
                 .model
@@ -298,6 +303,11 @@ impl<'a> Ctx<'a> {
                     "ZeRO-3 all-gathers the current and the prefetched layer's weights, and holds one layer's 16-bit gradient before its reduce-scatter".into()
                 },
             );
+        }
+        for (name, kind, bytes) in fsdp::stage_terms(&self.fsdp, model, layout, stage) {
+            add(sink, name, kind, bytes, &|| {
+                fsdp::reason(&self.fsdp, name, model, layout, stage)
+            });
         }
         let flight = self.in_flight(stage);
         let per_chunk = self.layers(stage) as f64 / v as f64;
@@ -403,18 +413,26 @@ impl<'a> Ctx<'a> {
                 });
             }
         }
-        let frag = self.cluster.overhead.fragmentation;
-        sink.term(
-            "allocator_fragmentation",
-            "overhead",
-            tensors * frag,
-            &|| {
-                format!(
-                    "{:.0}% of all tensors: the cluster spec's overhead.fragmentation",
-                    frag * 100.0
-                )
-            },
-        );
+        if self.fsdp.reserved {
+            let blocks = fsdp::transient_blocks(&self.fsdp, model, layout, stage);
+            let reserved = allocator::reserved_bytes(&blocks);
+            sink.term("allocator_reserved", "overhead", reserved, &|| {
+                format!("the framework reports torch.cuda.max_memory_reserved(): PyTorch's caching allocator keeps freed blocks cached and splits them, so the peak holds one more segment of the stage's largest transient block ({:.0} B, rounded up to 2 MiB: CUDACachingAllocator.cpp kRoundLarge), in place of overhead.fragmentation", blocks.iter().copied().fold(0.0, f64::max))
+            });
+        } else {
+            let frag = self.cluster.overhead.fragmentation;
+            sink.term(
+                "allocator_fragmentation",
+                "overhead",
+                tensors * frag,
+                &|| {
+                    format!(
+                        "{:.0}% of all tensors: the cluster spec's overhead.fragmentation",
+                        frag * 100.0
+                    )
+                },
+            );
+        }
         for (name, bytes, why) in runtime_overheads(self.model, self.cluster, layout, stage) {
             sink.term(name, "overhead", bytes, &|| why.clone());
         }

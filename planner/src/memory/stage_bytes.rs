@@ -7,7 +7,7 @@ use super::{
 };
 use crate::layout::Layout;
 use crate::model::Model;
-use crate::precision::{Policy, StateClass};
+use crate::precision::StateClass;
 use crate::schedule::ScheduleKind;
 use crate::spec::{Cluster, DeviceKind};
 
@@ -34,8 +34,8 @@ impl StageBytes {
         let runs = &crate::framework::of(model, cluster).runs;
         let zero = layout.sharding.zero_stage;
         let shard = layout.shard_degree(cluster);
-        let policy = Policy::by_name(&model.training.precision)
-            .expect("the precision policy is validated when the spec is resolved");
+        let fsdp = super::fsdp::Fsdp::of(model, cluster, layout);
+        let policy = fsdp.policy(model);
         let m = layout.microbatches(model);
         let bpp: f64 = policy
             .states
@@ -43,7 +43,13 @@ impl StageBytes {
             .map(|s| per_param(s, zero, shard))
             .sum();
         let act = per_layer_act(model, layout);
-        let grow = 1.0 + cluster.overhead.fragmentation;
+        // A framework that reports the allocator's reserved bytes gets `allocator_reserved`
+        // (fixed per stage) instead of the flat fragmentation.
+        let grow = if fsdp.reserved {
+            1.0
+        } else {
+            1.0 + cluster.overhead.fragmentation
+        };
         let cpu = cluster.device.kind == DeviceKind::Cpu;
         let local = layout.rank_tokens(model);
         let mut fixed_all =
@@ -73,7 +79,7 @@ impl StageBytes {
             0.0
         };
         let mixes = moe::stage_mixes(model, layout, &layout.split_layers(a.layers));
-        if zero == 3 && shard > 1 {
+        if zero == 3 && shard > 1 && !fsdp.fsdp2 {
             let wb = policy.class_bytes(StateClass::Param) as f64;
             fixed_all += a.layer_params().per_tp_rank(tp).max(common + experts) * (2.0 * wb + 2.0);
         }
@@ -120,7 +126,17 @@ impl StageBytes {
             if s == pp - 1 {
                 f += last;
             }
-            fixed.push(grow * f + runtime_overhead_bytes(model, cluster, layout, s));
+            f += super::fsdp::stage_terms(&fsdp, model, layout, s)
+                .iter()
+                .map(|t| t.2)
+                .sum::<f64>();
+            let reserved = if fsdp.reserved {
+                let blocks = super::fsdp::transient_blocks(&fsdp, model, layout, s);
+                super::allocator::reserved_bytes(&blocks)
+            } else {
+                0.0
+            };
+            fixed.push(grow * f + reserved + runtime_overhead_bytes(model, cluster, layout, s));
         }
         StageBytes { per_layer, fixed }
     }

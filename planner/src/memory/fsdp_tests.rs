@@ -1,0 +1,231 @@
+//! FSDP2 and the caching allocator on Llama-3 8B (vocab 128256, hidden 4096, 32 layers, GQA
+//! 32/8 heads, SwiGLU 14336, untied), figures counted by hand in each test.
+
+use crate::layout::{Layout, Recompute};
+use crate::memory::{estimate, estimate_split, MemoryReport, StageBytes};
+use crate::model::Model;
+use crate::schedule::ScheduleKind;
+use crate::spec::{self, Cluster, ClusterOverrides, TrainingOverrides};
+use std::path::Path;
+
+fn llama3_8b(framework: Option<&str>) -> Model {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../specs");
+    let mut m = spec::load_model(
+        &root.join("models/llama3-8b.toml"),
+        TrainingOverrides::default(),
+    )
+    .unwrap();
+    m.training.framework = framework.map(str::to_string);
+    m
+}
+
+fn h100(nodes: u64) -> Cluster {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../specs");
+    spec::load_cluster(
+        &root.join("clusters/dgx-h100-80g.toml"),
+        ClusterOverrides {
+            nodes: Some(nodes),
+            devices: None,
+        },
+    )
+    .unwrap()
+}
+
+/// FSDP over 8 GPUs (ZeRO-3, DP 8), one sequence per micro-batch, the given recompute.
+fn fsdp8(recompute: Recompute) -> Layout {
+    Layout {
+        recompute,
+        ..Layout::without_pipeline(8, 1, 3, 1)
+    }
+}
+
+fn term(r: &MemoryReport, stage: usize, name: &str) -> Option<u64> {
+    r.per_stage[stage]
+        .terms
+        .iter()
+        .find(|t| t.name == name)
+        .map(|t| t.bytes)
+}
+
+/// Parameters, by hand: embedding 128256 × 4096 = 525,336,576; output layer the same; final
+/// norm 4096; one block: Q, O 4096² each + K, V 4096 × 1024 each = 41,943,040, MLP 3 × 4096 ×
+/// 14336 = 176,160,768, two norms 8192: 218,112,000. The model: 32 × 218,112,000 +
+/// 1,050,677,248 = 8,030,261,248.
+const ROOT: u64 = 525_336_576 * 2 + 4096;
+const BLOCK: u64 = 218_112_000;
+const PARAMS: u64 = 32 * BLOCK + ROOT;
+
+/// torchtitan's root module (embedding + final norm + output layer, 1,050,677,248 params)
+/// stays gathered through the backward: its bf16 parameters 2,101,354,496 B (1.957 GiB) and its
+/// bf16 gradient as much, 4,202,708,992 B on every rank; under megatron-core's ZeRO-3 the
+/// root's 16-bit weight is 1/8 sharded like the rest (no such term).
+#[test]
+fn fsdp2_holds_the_root_module_unsharded() {
+    assert_eq!(ROOT, 1_050_677_248);
+    let cluster = h100(1);
+    let titan = estimate(
+        &llama3_8b(Some("torchtitan")),
+        &cluster,
+        &fsdp8(Recompute::Full),
+    );
+    assert_eq!(term(&titan, 0, "unsharded_root"), Some(4_202_708_992));
+    let mcore = estimate(&llama3_8b(None), &cluster, &fsdp8(Recompute::Full));
+    assert_eq!(term(&mcore, 0, "unsharded_root"), None);
+    // megatron-core's 16-bit weights, 2 B / 8 of every parameter: 8,030,261,248 / 4.
+    assert_eq!(term(&mcore, 0, "weights_bf16"), Some(2_007_565_312));
+}
+
+/// FSDP2's sharded states are 16 B/param (fp32 parameter 4 + fp32 gradient 4 + Adam m, v 8)
+/// where megatron-core's `default` policy counts 20: over DP 8, 8,030,261,248 × 16 / 8 =
+/// 16,060,522,496 B against × 20 / 8 = 20,075,653,120 B. FSDP2's bf16 copies are one block
+/// gathered, one prefetched and one block's unsharded bf16 gradient: 6 × 218,112,000 =
+/// 1,308,672,000 B (megatron-core's zero3_gathered_layers is 2 × 2 + 2 B too, but it is its own
+/// term).
+#[test]
+fn fsdp2_states_are_16_bytes_per_param() {
+    assert_eq!(PARAMS, 8_030_261_248);
+    let cluster = h100(1);
+    let states = |r: &MemoryReport| -> u64 {
+        r.per_stage[0]
+            .terms
+            .iter()
+            .filter(|t| {
+                t.kind == "model_states"
+                    && !t.name.contains("gathered")
+                    && !t.name.contains("reduce_scatter")
+                    && t.name != "unsharded_root"
+            })
+            .map(|t| t.bytes)
+            .sum()
+    };
+    let titan = estimate(
+        &llama3_8b(Some("torchtitan")),
+        &cluster,
+        &fsdp8(Recompute::Full),
+    );
+    let mcore = estimate(&llama3_8b(None), &cluster, &fsdp8(Recompute::Full));
+    assert_eq!(states(&titan), 16_060_522_496);
+    assert_eq!(states(&mcore), 20_075_653_120);
+    assert_eq!(term(&titan, 0, "params_fp32_sharded"), Some(PARAMS / 2));
+    assert_eq!(
+        term(&titan, 0, "fsdp2_gathered_blocks"),
+        Some(1_308_672_000)
+    );
+    assert_eq!(term(&titan, 0, "zero3_gathered_layers"), None);
+}
+
+/// The fp32 reduce-scatter input of the largest module reduced on a stage: on one stage the
+/// root, 1,050,677,248 × 4 = 4,202,708,992 B; on a middle stage of PP 4 (no root) one block,
+/// 218,112,000 × 4 = 872,448,000 B; on PP 4's first stage the embedding, 525,336,576 × 4 =
+/// 2,101,346,304 B.
+#[test]
+fn fsdp2_reduce_scatter_buffer_is_the_largest_module_in_fp32() {
+    let cluster = h100(4);
+    let model = llama3_8b(Some("torchtitan"));
+    let one = estimate(&model, &cluster, &fsdp8(Recompute::Full));
+    assert_eq!(
+        term(&one, 0, "fsdp2_reduce_scatter_fp32"),
+        Some(4_202_708_992)
+    );
+    let pp4 = estimate(&model, &cluster, &pipelined());
+    assert_eq!(
+        term(&pp4, 0, "fsdp2_reduce_scatter_fp32"),
+        Some(2_101_346_304)
+    );
+    assert_eq!(
+        term(&pp4, 1, "fsdp2_reduce_scatter_fp32"),
+        Some(872_448_000)
+    );
+    assert_eq!(term(&pp4, 1, "unsharded_root"), None);
+}
+
+/// DP 8 × PP 4 on 32 GPUs, 1F1B, full recompute, 8 layers a stage.
+fn pipelined() -> Layout {
+    Layout {
+        pp: 4,
+        schedule: ScheduleKind::OneFOneB,
+        ..fsdp8(Recompute::Full)
+    }
+}
+
+/// Full recompute re-runs one layer's forward in the backward: its whole activations for one
+/// sequence of 8192 tokens (b = 1, flash attention, no dropout), per token in bf16: the two
+/// norms' inputs and outputs 4 × 2 × 4096 = 32,768; Q, K, V 2 × (4096 + 1024 + 1024) = 12,288;
+/// the fp32 log-sum-exp 4 × 32 = 128; the output projection's input 2 × 4096 = 8,192; gate, up
+/// and down-projection input 3 × 2 × 14336 = 86,016: 139,392 B × 8192 = 1,141,899,264 B.
+/// megatron-core's profile does not select the term.
+#[test]
+fn full_recompute_holds_one_layer_working_set() {
+    let cluster = h100(1);
+    let titan = estimate(
+        &llama3_8b(Some("torchtitan")),
+        &cluster,
+        &fsdp8(Recompute::Full),
+    );
+    assert_eq!(
+        term(&titan, 0, "recompute_working_set"),
+        Some(1_141_899_264)
+    );
+    let selective = estimate(
+        &llama3_8b(Some("torchtitan")),
+        &cluster,
+        &fsdp8(Recompute::Selective),
+    );
+    assert_eq!(term(&selective, 0, "recompute_working_set"), None);
+    let mcore = estimate(&llama3_8b(None), &cluster, &fsdp8(Recompute::Full));
+    assert_eq!(term(&mcore, 0, "recompute_working_set"), None);
+}
+
+/// torchtitan reports max_memory_reserved: on PP 4's middle stage the transient blocks are one
+/// gathered block (218,112,000 × 2 = 436,224,000 B), the fp32 reduce-scatter input
+/// (872,448,000 B) and the recomputed layer (1,141,899,264 B); the largest, / 2 MiB = 544.5,
+/// rounds up to 545 × 2,097,152 = 1,142,947,840 B of allocator_reserved, in place of the flat
+/// 5% fragmentation, which megatron-core (allocated) keeps.
+#[test]
+fn reserved_is_one_segment_of_the_largest_transient_block() {
+    let cluster = h100(4);
+    let titan = estimate(&llama3_8b(Some("torchtitan")), &cluster, &pipelined());
+    assert_eq!(term(&titan, 1, "allocator_reserved"), Some(1_142_947_840));
+    assert_eq!(term(&titan, 1, "allocator_fragmentation"), None);
+    let mcore = estimate(&llama3_8b(None), &cluster, &pipelined());
+    assert_eq!(term(&mcore, 1, "allocator_reserved"), None);
+    assert!(term(&mcore, 1, "allocator_fragmentation").is_some());
+}
+
+/// The search's affine per-stage bytes equal the per-term report under torchtitan's profile,
+/// uneven splits, every recompute, with and without pipelining.
+#[test]
+fn stage_bytes_equal_the_report_under_fsdp2() {
+    let cluster = h100(4);
+    let model = llama3_8b(Some("torchtitan"));
+    for recompute in Recompute::ALL {
+        for (pp, zero) in [(1, 3), (4, 3), (4, 0), (2, 3)] {
+            let l = Layout {
+                pp,
+                recompute,
+                sharding: crate::layout::Sharding {
+                    zero_stage: zero,
+                    hybrid: false,
+                },
+                ..fsdp8(recompute)
+            };
+            let mut split = l.split_layers(model.architecture.layers);
+            if pp > 1 {
+                split[0] += 1;
+                split[pp as usize - 1] -= 1;
+            }
+            let report = estimate_split(&model, &cluster, &l, &split);
+            let fast = StageBytes::new(&model, &cluster, &l);
+            for s in &report.per_stage {
+                let got = fast.bytes(s.stage as usize, s.layers);
+                assert!(
+                    (got - s.total_bytes as f64).abs() <= 64.0,
+                    "{} stage {}: {got} vs {}",
+                    l.label(),
+                    s.stage,
+                    s.total_bytes
+                );
+            }
+        }
+    }
+}
