@@ -91,6 +91,7 @@ impl Family {
         Options {
             overlap_dp: !self.megatron_like(),
             fused_loss: self == Family::LlmC,
+            ..Options::default()
         }
     }
 }
