@@ -40,11 +40,7 @@ impl HostFloor {
     pub fn per_op(&self, cluster: &Cluster) -> f64 {
         match self.cost {
             HostCost::Dispatch => {
-                cluster
-                    .calibration
-                    .host_op_us
-                    .unwrap_or(DEFAULT_HOST_OP_US)
-                    * 1e-6
+                cluster.calibration.host_op_us.unwrap_or(DEFAULT_HOST_OP_US) * 1e-6
             }
             HostCost::Launch => cluster.device.kernel_launch_us * 1e-6,
             HostCost::Graph => 0.0,

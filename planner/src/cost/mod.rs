@@ -8,10 +8,12 @@
 //! did not hide, plus the optimizer step (costed by its bytes). Constants come from the cluster
 //! spec's `[calibration]` only. This module predicts; it does not choose layouts or print.
 
-pub mod comm;
 mod blocking;
+pub mod comm;
 pub mod gemm;
 pub mod host;
+#[cfg(test)]
+mod host_tests;
 pub mod interference;
 mod layer_times;
 pub mod moe;
