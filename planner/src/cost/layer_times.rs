@@ -3,6 +3,7 @@
 //! traffic (what `evaluate` scales by each chunk's layers).
 
 use super::comm::Links;
+use super::interference;
 use super::ops::{self, Device};
 use super::pipeline::{ChunkTime, Parts};
 use super::{moe, LayerTimes, Options};
@@ -78,6 +79,11 @@ pub fn layer_times(
         )
     };
     let dense_params = a.layer_params().per_tp_rank(tp);
+    let sm_share = if options.overlap_slows_compute {
+        interference::sm_share(cluster)
+    } else {
+        0.0
+    };
     let chunk = |lc: &ops::LayerCompute, tp_pass: f64, ep_pass: f64, params: (f64, f64)| {
         let mut layer = ChunkTime {
             fwd: Parts {
@@ -113,9 +119,22 @@ pub fn layer_times(
                 layer.bwd.ep += ep_pass * share;
             }
         }
+        let recomputed = match layout.recompute {
+            Recompute::Full => 1.0 / layout.recompute_every.max(1) as f64,
+            _ => 0.0,
+        };
+        options.host.apply(cluster, &mut layer, recomputed);
         let mut first_gather = 0.0;
         if zero3 {
             let (gather, scatter) = gathers(params.0, params.1);
+            // The next layer's gather runs beside this layer's forward, the gather and the
+            // gradient scatter beside its backward: they slow its compute (`interference`).
+            layer.fwd.interference = interference::slowdown(layer.fwd.compute, gather, sm_share);
+            layer.bwd.interference = interference::slowdown(
+                layer.bwd.compute + layer.bwd.recompute,
+                gather + scatter,
+                sm_share,
+            );
             layer.fwd.zero3 = (gather - layer.fwd.total()).max(0.0);
             layer.bwd.zero3 = (gather + scatter - layer.bwd.total()).max(0.0);
             first_gather = gather;

@@ -8,8 +8,13 @@
 //! did not hide, plus the optimizer step (costed by its bytes). Constants come from the cluster
 //! spec's `[calibration]` only. This module predicts; it does not choose layouts or print.
 
+mod blocking;
 pub mod comm;
 pub mod gemm;
+pub mod host;
+#[cfg(test)]
+mod host_tests;
+pub mod interference;
 mod layer_times;
 pub mod loss;
 pub mod moe;
@@ -51,6 +56,14 @@ pub struct Options {
     /// ([`crate::model::Architecture::vocab_rows`]), its output-layer GEMMs unaligned where the
     /// rows are not a multiple of 16 bytes ([`loss::ALIGN_BYTES`]).
     pub pad_vocab: bool,
+    /// The host's per-op floor of every layer's passes (`host`).
+    pub host: host::HostFloor,
+    /// Pipeline stages send whole activations (not 1/TP) with blocking p2p: the sender waits
+    /// for the transfer (DeepSpeed's pipeline engine).
+    pub blocking_p2p: bool,
+    /// Overlapped collectives (ZeRO-3 gathers, the DP gradient sync) slow the compute they
+    /// overlap by the SMs NCCL takes (`interference`).
+    pub overlap_slows_compute: bool,
 }
 
 impl Options {
@@ -60,6 +73,13 @@ impl Options {
             overlap_dp: profile.runs.overlap_dp,
             loss: profile.runs.loss,
             pad_vocab: profile.runs.pad_vocab,
+            host: host::HostFloor {
+                ops_forward: profile.runs.host_ops_forward,
+                ops_backward: profile.runs.host_ops_backward,
+                cost: profile.runs.host_cost,
+            },
+            blocking_p2p: profile.runs.blocking_p2p,
+            overlap_slows_compute: profile.runs.overlap_slows_compute,
         }
     }
 
@@ -78,6 +98,9 @@ impl Default for Options {
             overlap_dp: true,
             loss: crate::framework::LossKind::VocabParallelFp32,
             pad_vocab: true,
+            host: host::HostFloor::NONE,
+            blocking_p2p: false,
+            overlap_slows_compute: false,
         }
     }
 }
@@ -86,8 +109,8 @@ impl Default for Options {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct TimeTerm {
-    /// `compute`, `recompute`, `tp_comm`, `cp_comm`, `ep_comm`, `pipeline_bubble`,
-    /// `dp_exposed` or `optimizer`.
+    /// `compute`, `recompute`, `tp_comm`, `cp_comm`, `ep_comm`, `host_floor`,
+    /// `nccl_interference`, `pp_p2p_blocking`, `pipeline_bubble`, `dp_exposed` or `optimizer`.
     pub name: String,
     pub seconds: f64,
     /// What the term is and how it was sized.
@@ -247,11 +270,16 @@ pub fn evaluate(
     } else {
         0.0
     };
-    let p2p_next: Vec<f64> = links
+    let mut p2p_next: Vec<f64> = links
         .pp_next
         .iter()
         .map(|l| l.p2p(act / tp as f64) + regather)
         .collect();
+    let mut chunks = chunks;
+    if options.blocking_p2p && pp > 1 {
+        // DeepSpeed's pipeline engine: whole activations, blocking (`cost::blocking`).
+        p2p_next = blocking::whole_activation_sends(&links.pp_next, act, pp, v, &mut chunks);
+    }
     let pipeline = Pipeline {
         kind: layout.schedule,
         pp,
@@ -336,7 +364,20 @@ pub fn evaluate(
             } else {
                 0.0
             };
-            g - hidden + after_step[s]
+            // The hidden buckets slow the backward they overlap (`interference`): the last
+            // micro-batch's backward ends that much later, before the sync's tail.
+            let slowed = if options.overlap_slows_compute {
+                let compute: f64 = (0..v)
+                    .map(|c| {
+                        let b = &pipeline.chunks[c * pp + s].bwd;
+                        b.compute + b.recompute
+                    })
+                    .sum();
+                interference::slowdown(compute, hidden, interference::sm_share(cluster))
+            } else {
+                0.0
+            };
+            g - hidden + slowed + after_step[s]
         })
         .collect();
     if a.tied_embeddings && pp > 1 {
@@ -488,6 +529,21 @@ impl Evaluation {
             ("tp_comm", sum.tp, self.tp_reason.clone()),
             ("cp_comm", sum.cp, self.cp_reason.clone()),
             ("ep_comm", sum.ep, self.ep_reason.clone()),
+            (
+                "host_floor",
+                sum.host,
+                "the host's per-op dispatch beyond the GPU's time: each layer's pass takes at least its ops × the host's cost per op (the framework profile's op counts, the cluster's host_op_us or launch latency)".to_string(),
+            ),
+            (
+                "nccl_interference",
+                sum.interference,
+                "compute slowed by the overlapped ZeRO-3 collectives beside it: NCCL's CTAs take their share of the SMs (cluster nccl_ctas / device sms)".to_string(),
+            ),
+            (
+                "pp_p2p_blocking",
+                sum.p2p,
+                "blocking pipeline sends of whole activations (not 1/TP) that the sending stage waits for".to_string(),
+            ),
             (
                 "pipeline_bubble",
                 bubble,

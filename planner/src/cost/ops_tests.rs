@@ -10,6 +10,8 @@ fn cal(eff: f64) -> Calibration {
         flash_attention_efficiency: 0.5,
         intra_node_efficiency: 1.0,
         inter_node_efficiency: 1.0,
+        host_op_us: None,
+        nccl_ctas: None,
     }
 }
 

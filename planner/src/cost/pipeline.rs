@@ -28,11 +28,25 @@ pub struct Parts {
     pub cp: f64,
     /// Expert parallelism's all-to-all token dispatch and combine.
     pub ep: f64,
+    /// What the host's per-op dispatch adds beyond the GPU's time (`cost::host`).
+    pub host: f64,
+    /// What overlapped collectives add to the compute they slow (`cost::interference`).
+    pub interference: f64,
+    /// Blocking pipeline sends the sender waits for (`Options::blocking_p2p`).
+    pub p2p: f64,
 }
 
 impl Parts {
     pub fn total(&self) -> f64 {
-        self.compute + self.recompute + self.tp + self.zero3 + self.cp + self.ep
+        self.compute
+            + self.recompute
+            + self.tp
+            + self.zero3
+            + self.cp
+            + self.ep
+            + self.host
+            + self.interference
+            + self.p2p
     }
 
     pub fn add(&self, o: &Parts) -> Parts {
@@ -43,6 +57,9 @@ impl Parts {
             zero3: self.zero3 + o.zero3,
             cp: self.cp + o.cp,
             ep: self.ep + o.ep,
+            host: self.host + o.host,
+            interference: self.interference + o.interference,
+            p2p: self.p2p + o.p2p,
         }
     }
 
@@ -54,6 +71,9 @@ impl Parts {
             zero3: self.zero3 * k,
             cp: self.cp * k,
             ep: self.ep * k,
+            host: self.host * k,
+            interference: self.interference * k,
+            p2p: self.p2p * k,
         }
     }
 }

@@ -246,6 +246,15 @@ impl Cluster {
         )?;
         fraction("calibration.intra_node_efficiency", c.intra_node_efficiency)?;
         fraction("calibration.inter_node_efficiency", c.inter_node_efficiency)?;
+        if c.host_op_us.is_some_and(|x| !(x.is_finite() && x <= 1e6))
+            || c.nccl_ctas.is_some_and(|x| !(x.is_finite() && x <= 1e6))
+        {
+            return Err(Problem::new(
+                "calibration.host_op_us",
+                "host_op_us and nccl_ctas must be finite and at most 1e6",
+                "give the host's microseconds per eager op (scripts/host_op_cost.py measures it) and NCCL's CTAs per collective (a few to 32)",
+            ));
+        }
         let points = &c.matmul_efficiency;
         let increasing = points.windows(2).all(|w| w[0][0] < w[1][0]);
         let valid = points

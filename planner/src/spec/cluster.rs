@@ -128,6 +128,17 @@ pub struct Calibration {
     pub intra_node_efficiency: f64,
     /// NCCL bus bandwidth across nodes, as a fraction of the inter-node link (NIC line rate).
     pub inter_node_efficiency: f64,
+    /// Microseconds the host spends per op an eager PyTorch framework dispatches (Python, the
+    /// dispatcher, autograd's recording, the launch): the host floor of `host_cost = "dispatch"`
+    /// profiles (`cost::host`). `scripts/host_op_cost.py` measures it. Absent:
+    /// `cost::host::DEFAULT_HOST_OP_US`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host_op_us: Option<f64>,
+    /// CTAs (one per channel) an NCCL collective occupies while it overlaps compute: the SMs it
+    /// takes from the kernels it overlaps (`cost::interference`). Absent:
+    /// `cost::interference::DEFAULT_NCCL_CTAS`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub nccl_ctas: Option<f64>,
 }
 
 impl Default for Calibration {
@@ -140,6 +151,8 @@ impl Default for Calibration {
             flash_attention_efficiency: 0.31,
             intra_node_efficiency: 0.775,
             inter_node_efficiency: 0.86,
+            host_op_us: None,
+            nccl_ctas: None,
         }
     }
 }
@@ -236,6 +249,8 @@ struct RawCalibration {
     flash_attention_efficiency: Field<Num>,
     intra_node_efficiency: Field<Num>,
     inter_node_efficiency: Field<Num>,
+    host_op_us: Field<Num>,
+    nccl_ctas: Field<Num>,
 }
 
 pub const CLUSTER_KEYS: &[&str] = &[
@@ -269,6 +284,8 @@ pub const CLUSTER_KEYS: &[&str] = &[
     "flash_attention_efficiency",
     "intra_node_efficiency",
     "inter_node_efficiency",
+    "host_op_us",
+    "nccl_ctas",
 ];
 
 /// Command-line choices of how much of the cluster to use.
@@ -456,6 +473,8 @@ fn calibration(f: &Fields, c: RawCalibration) -> Result<Calibration, Diagnostic>
         }
     }
     out.gemm_efficiency = f.opt_nonneg_num(T, "gemm_efficiency", &c.gemm_efficiency)?;
+    out.host_op_us = f.opt_nonneg_num(T, "host_op_us", &c.host_op_us)?;
+    out.nccl_ctas = f.opt_nonneg_num(T, "nccl_ctas", &c.nccl_ctas)?;
     if let Some(curve) = &c.matmul_efficiency {
         out.matmul_efficiency = curve
             .get_ref()

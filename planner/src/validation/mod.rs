@@ -98,6 +98,7 @@ impl Family {
                 crate::framework::LossKind::VocabParallelFp32
             },
             pad_vocab: true,
+            ..Options::default()
         }
     }
 }
