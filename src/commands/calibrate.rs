@@ -1,11 +1,11 @@
-//! `tessera calibrate CLUSTER.toml [-o calibrated.toml] [--ranks N]`: measure this host for the
+//! `tessera calibrate CLUSTER.toml [-o calibrated.toml] [--ranks N | --gpu | --from-json FILE]`: measure this host for the
 //! CPU backend and write the cluster spec with the measured figures, for `tessera plan` to use as
 //! it uses the presets.
 //!
 //! The measurements are `tessera_runtime::calibrate`'s: each rank's GEMM rate at the sizes the
 //! cost model uses, memory bandwidth and the local all-reduce, with every rank running at once
-//! on its share of the cores, as `tessera run` runs them. GPU clusters are refused: measuring
-//! GPUs needs a GPU (and is not built yet). Rank counts this host cannot measure (too many per
+//! on its share of the cores, as `tessera run` runs them. GPU clusters take `--gpu` (or
+//! `--from-json`): their kernels measured through PyTorch (`calibrate_gpu`). Rank counts this host cannot measure (too many per
 //! core, or more buffers than its memory holds: `RankLimit`) are refused before anything is
 //! allocated, naming the flag or the spec's fields, the limit and how it was derived.
 
@@ -24,6 +24,7 @@ use tessera_runtime::calibrate::{
     BYTES_PER_RANK,
 };
 
+use super::calibrate_gpu;
 use crate::files::{check_outputs, named, write_output};
 use crate::output::table;
 
@@ -46,8 +47,21 @@ pub struct CalibrateArgs {
     /// Ranks to measure at once (default: the spec's devices). At most what this host can
     /// measure: 8 per core, as many as fit in three quarters of its available memory (144 MiB
     /// each), and 1024.
-    #[arg(long, value_parser = parse_ranks, allow_negative_numbers = true)]
+    #[arg(long, value_parser = parse_ranks, allow_negative_numbers = true, conflicts_with_all = ["gpu", "from_json"])]
     ranks: Option<u64>,
+    /// Measure a GPU cluster's kernels on this machine's GPU through PyTorch (the Python of
+    /// `TESSERA_PYTHON`, or `python3`, running scripts/calibrate_gpu.py, which the binary
+    /// carries): bf16 GEMMs by shape, causal SDPA, element-wise bandwidth, the host's cost per
+    /// eager op and the loss. Writes the GPU spec with `[calibration]` measured
+    /// (`matmul_efficiency`, `memory_efficiency`, `flash_attention_efficiency`, `host_op_us`)
+    /// and the rest the input's, `gemm_efficiency` dropped. No GPU (or no PyTorch): a message
+    /// saying what was looked for, exit status 3, nothing written.
+    #[arg(long, conflicts_with = "from_json")]
+    gpu: bool,
+    /// As --gpu, from a measurement taken elsewhere: the JSON that scripts/calibrate_gpu.py
+    /// printed there.
+    #[arg(long, value_name = "FILE")]
+    from_json: Option<PathBuf>,
 }
 
 /// `--ranks`: a whole number, at least 1 (whether this host can measure it is checked before
@@ -100,12 +114,19 @@ pub fn run(args: CalibrateArgs) -> anyhow::Result<ExitCode> {
         .iter()
         .map(|p| named("-o/--output", p))
         .collect();
-    check_outputs(&[named("CLUSTER", &args.cluster)], &outputs)?;
+    let mut inputs = vec![named("CLUSTER", &args.cluster)];
+    if let Some(j) = &args.from_json {
+        inputs.push(named("--from-json", j));
+    }
+    check_outputs(&inputs, &outputs)?;
     let src = Source::read(&args.cluster)?;
     let cluster = parse_cluster_toml(&src, ClusterOverrides::default())?;
+    if args.gpu || args.from_json.is_some() {
+        return gpu(&args, &cluster);
+    }
     if cluster.device.kind != DeviceKind::Cpu {
         bail!(
-            "{}: `{}` is a GPU cluster; tessera calibrate measures the CPU backend's ranks on this host, and measuring GPUs is not built yet\n  fix: calibrate a CPU cluster (specs/clusters/cpu-8.toml), or keep the GPU preset's cited constants",
+            "{}: `{}` is a GPU cluster; tessera calibrate without --gpu measures the CPU backend's ranks on this host\n  fix: pass --gpu to measure this machine's GPU through PyTorch (or --from-json with a measurement taken on one), or calibrate a CPU cluster (specs/clusters/cpu-8.toml)",
             args.cluster.display(),
             cluster.name
         );
@@ -182,6 +203,39 @@ pub fn run(args: CalibrateArgs) -> anyhow::Result<ExitCode> {
         cluster.device.memory_gib,
     );
     let text = spec_text(&calibrated(&cluster, &m, memory_gib), &m);
+    match &args.output {
+        Some(path) => {
+            write_output(path, text.as_bytes())?;
+            println!("wrote {}", path.display());
+        }
+        None => print!("{text}"),
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `--gpu` / `--from-json`: the GPU cluster's `[calibration]` from kernel measurements.
+fn gpu(args: &CalibrateArgs, cluster: &tessera_planner::Cluster) -> anyhow::Result<ExitCode> {
+    if cluster.device.kind != DeviceKind::Gpu {
+        bail!(
+            "{}: `{}` is a CPU cluster; --gpu and --from-json calibrate GPU clusters\n  fix: drop the flag to measure this host's CPU ranks, or pass a GPU cluster (specs/clusters/dgx-h100-80g.toml)",
+            args.cluster.display(),
+            cluster.name
+        );
+    }
+    let (m, origin) = match &args.from_json {
+        Some(path) => (
+            calibrate_gpu::read(path)?,
+            format!("measured elsewhere: {}", path.display()),
+        ),
+        None => match calibrate_gpu::measure()? {
+            calibrate_gpu::Outcome::Measured(m) => (m, "measured on this machine".into()),
+            calibrate_gpu::Outcome::NoGpu(why) => {
+                eprintln!("error: {why}");
+                return Ok(ExitCode::from(calibrate_gpu::NO_GPU as u8));
+            }
+        },
+    };
+    let text = calibrate_gpu::spec_text(cluster, &m, &origin)?;
     match &args.output {
         Some(path) => {
             write_output(path, text.as_bytes())?;

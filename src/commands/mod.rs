@@ -1,6 +1,7 @@
 //! One module per subcommand: build the options, call a library function, print.
 
 pub mod calibrate;
+pub mod calibrate_gpu;
 pub mod checkpoint;
 pub mod data;
 pub mod diff;

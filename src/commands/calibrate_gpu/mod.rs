@@ -1,0 +1,294 @@
+//! `tessera calibrate --gpu` and `--from-json`: a GPU's `[calibration]` table from kernel
+//! measurements taken through PyTorch (`scripts/calibrate_gpu.py`, embedded in the binary and
+//! run with `TESSERA_PYTHON` or `python3`), or from such a measurement taken elsewhere.
+//!
+//! Every figure is a measured time turned into a fraction of the cluster spec's own peaks
+//! (`peak_tflops`, `memory_bandwidth_gbps`), the fractions the cost model multiplies them by:
+//! - `matmul_efficiency`: for each smallest dimension measured, the median over the GEMMs with
+//!   that smallest dimension of 2·m·k·n / seconds / peak (the median keeps one launch-bound
+//!   square from setting the point that a transformer layer's GEMMs of that width reach);
+//! - `flash_attention_efficiency`: the median over the causal SDPA configurations of their
+//!   forward+backward FLOPs, 3.5 × 2·b·h·T²·d (the backward 2.5× the forward: Dao 2023,
+//!   FlashAttention-2; as planner/src/cost/ops.rs counts them), over seconds and peak;
+//! - `memory_efficiency`: the median over the element-wise kernels of bytes / seconds / bandwidth;
+//! - `host_op_us`: the wall time of the tiny eager ops over their count, µs per op forward and
+//!   backward (the host's floor per op);
+//! - the loss kernels: written as comments (no `[calibration]` key reads them yet).
+
+pub mod measured;
+
+use std::fmt::Write as _;
+use std::io::{BufRead, BufReader, Read, Write as _};
+use std::path::Path;
+use std::process::{Command, Stdio};
+
+use anyhow::{anyhow, bail, Result};
+use tessera_planner::Cluster;
+
+pub use measured::Measurement;
+
+/// The measuring script, as the binary carries it.
+const SCRIPT: &str = include_str!("../../../scripts/calibrate_gpu.py");
+
+/// The script's exit status when it finds no GPU (no PyTorch, or no CUDA device); also the
+/// exit status of `tessera calibrate --gpu` then.
+pub const NO_GPU: i32 = 3;
+
+/// What running the script gave.
+pub enum Outcome {
+    Measured(Measurement),
+    /// No GPU: what was looked for and why it was not found.
+    NoGpu(String),
+}
+
+/// Runs the measuring script with `TESSERA_PYTHON` (or `python3`); its progress goes to
+/// standard error as it runs.
+pub fn measure() -> Result<Outcome> {
+    let python = std::env::var("TESSERA_PYTHON").unwrap_or_else(|_| "python3".into());
+    let mut script = tempfile::Builder::new()
+        .prefix("tessera-calibrate-gpu")
+        .suffix(".py")
+        .tempfile()?;
+    script.write_all(SCRIPT.as_bytes())?;
+    script.flush()?;
+    let looked_for = format!(
+        "looked for a CUDA device through PyTorch (torch.cuda.is_available()) with `{python}`"
+    );
+    let mut child = match Command::new(&python)
+        .arg(script.path())
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+    {
+        Ok(child) => child,
+        Err(e) => {
+            return Ok(Outcome::NoGpu(format!(
+                "no GPU to measure: {looked_for}, which could not be started ({e})\n  fix: set TESSERA_PYTHON to a Python with PyTorch on a machine with a CUDA GPU, or measure there and convert with --from-json"
+            )))
+        }
+    };
+    let mut stdout = child.stdout.take().expect("piped");
+    let reader = std::thread::spawn(move || {
+        let mut v = Vec::new();
+        stdout.read_to_end(&mut v).map(|_| v)
+    });
+    // The script's progress, passed on as it comes; its no-GPU line is kept for the message.
+    let mut last = String::new();
+    for line in BufReader::new(child.stderr.take().expect("piped")).lines() {
+        let line = line?;
+        match line.strip_prefix("no GPU to measure: ") {
+            Some(why) => last = why.to_string(),
+            None => eprintln!("{line}"),
+        }
+    }
+    let status = child.wait()?;
+    let stdout = reader
+        .join()
+        .map_err(|_| anyhow!("reading the measuring script's output failed"))??;
+    match status.code() {
+        Some(0) => {
+            let text = String::from_utf8(stdout)
+                .map_err(|_| anyhow!("the measuring script printed bytes that are not UTF-8"))?;
+            Ok(Outcome::Measured(measured::parse(
+                &text,
+                "the measuring script's output",
+            )?))
+        }
+        Some(NO_GPU) => Ok(Outcome::NoGpu(format!(
+            "no GPU to measure: {looked_for}: {}\n  fix: run on a machine with a CUDA GPU and PyTorch (set TESSERA_PYTHON to its Python), or measure there with scripts/calibrate_gpu.py and convert with --from-json",
+            if last.is_empty() { "the script found none" } else { &last }
+        ))),
+        code => bail!(
+            "the measuring script (`{python}` running scripts/calibrate_gpu.py) failed with {}; its messages are above\n  fix: run scripts/calibrate_gpu.py by hand to see the failure",
+            code.map_or("a signal".to_string(), |c| format!("exit status {c}"))
+        ),
+    }
+}
+
+/// The median of non-empty `v`.
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    let n = v.len();
+    if n % 2 == 1 {
+        v[n / 2]
+    } else {
+        (v[n / 2 - 1] + v[n / 2]) / 2.0
+    }
+}
+
+/// A fraction rounded to three decimals, refused outside (0, 1] naming what and `origin`.
+fn fraction(origin: &str, what: &str, x: f64, over: &str) -> Result<f64> {
+    let r = (x * 1000.0).round() / 1000.0;
+    if r > 1.0 {
+        bail!("{origin}: {what} reach {x:.3} of the spec's {over}, above 1\n  fix: check the cluster spec's {over} (the measured device is faster than it says)");
+    }
+    if r <= 0.0 {
+        bail!("{origin}: {what} reach {x:.5} of the spec's {over}, which rounds to 0\n  fix: measure shapes large enough to time (scripts/calibrate_gpu.py's own)");
+    }
+    Ok(r)
+}
+
+/// The `matmul_efficiency` curve: `(smallest dimension, efficiency, shapes)` by dimension.
+pub fn matmul_curve(c: &Cluster, m: &Measurement, origin: &str) -> Result<Vec<(f64, f64, usize)>> {
+    let peak = c.device.peak_tflops * 1e12;
+    let mut by_dim: Vec<(f64, Vec<f64>)> = Vec::new();
+    for g in &m.gemm {
+        let d = g.m.min(g.k).min(g.n);
+        let e = 2.0 * g.m * g.k * g.n / g.seconds / peak;
+        match by_dim.iter_mut().find(|(x, _)| *x == d) {
+            Some((_, v)) => v.push(e),
+            None => by_dim.push((d, vec![e])),
+        }
+    }
+    by_dim.sort_by(|a, b| a.0.total_cmp(&b.0));
+    by_dim
+        .into_iter()
+        .map(|(d, v)| {
+            let n = v.len();
+            let what = format!("the GEMMs of smallest dimension {d}");
+            Ok((d, fraction(origin, &what, median(v), "peak_tflops")?, n))
+        })
+        .collect()
+}
+
+/// The calibrated cluster as a spec file: the input's device, links and overheads, and a
+/// `[calibration]` table of measured figures, each with what measured it.
+pub fn spec_text(c: &Cluster, m: &Measurement, origin: &str) -> Result<String> {
+    let peak = c.device.peak_tflops * 1e12;
+    let curve = matmul_curve(c, m, origin)?;
+    let attn: Vec<f64> = m
+        .attention
+        .iter()
+        .map(|a| 3.5 * 2.0 * a.b * a.heads * a.seq * a.seq * a.dhead / a.fwd_bwd_seconds / peak)
+        .collect();
+    let flash = fraction(
+        origin,
+        "causal SDPA forward+backward",
+        median(attn),
+        "peak_tflops",
+    )?;
+    let bw = c.device.memory_bandwidth_gbps * 1e9;
+    let ew: Vec<f64> = m
+        .elementwise
+        .iter()
+        .map(|e| e.bytes / e.seconds / bw)
+        .collect();
+    let memory = fraction(
+        origin,
+        "the element-wise kernels",
+        median(ew),
+        "memory_bandwidth_gbps",
+    )?;
+    let host_op_us = m.host_seconds / m.host_ops * 1e6;
+
+    let mut s = String::new();
+    let name = format!("{}-calibrated", c.name);
+    let _ = writeln!(
+        s,
+        "# {name} by `tessera calibrate --gpu`: kernels measured through PyTorch\n\
+         # (scripts/calibrate_gpu.py) on {}, {origin}.\n\
+         # Every efficiency is a measured time over this spec's peaks: isolated kernels, not training steps.",
+        m.device
+    );
+    let _ = writeln!(
+        s,
+        "name = \"{name}\"\nnodes = {}\ngpus_per_node = {}\n",
+        c.nodes, c.gpus_per_node
+    );
+    let d = &c.device;
+    let _ = writeln!(
+        s,
+        "[device]  # the input spec's\nname = \"{}\"\nkind = \"gpu\"\nmemory_gib = {}\npeak_tflops = {}\nmemory_bandwidth_gbps = {}",
+        d.name, d.memory_gib, d.peak_tflops, d.memory_bandwidth_gbps
+    );
+    if d.sms > 0 {
+        let _ = writeln!(s, "sms = {}", d.sms);
+    }
+    if d.kernel_launch_us > 0.0 {
+        let _ = writeln!(s, "kernel_launch_us = {}", d.kernel_launch_us);
+    }
+    if let Some(x) = d.transcendental_gops {
+        let _ = writeln!(s, "transcendental_gops = {x}");
+    }
+    if let Some(p) = &d.precision {
+        let _ = writeln!(s, "precision = \"{p}\"");
+    }
+    for (t, l) in [("intra_node", &c.intra_node), ("inter_node", &c.inter_node)] {
+        let _ = writeln!(
+            s,
+            "\n[{t}]  # the input spec's\nbandwidth_gbps = {}\nlatency_us = {}",
+            l.bandwidth_gbps, l.latency_us
+        );
+    }
+    let o = &c.overhead;
+    let _ = writeln!(
+        s,
+        "\n[overhead]  # the input spec's\ncontext_gib = {}\nfragmentation = {}\ncuda_context_mib = {}\ncublas_workspace_mib = {}\nnccl_mib_per_communicator = {}\n",
+        o.context_gib, o.fragmentation, o.cuda_context_mib, o.cublas_workspace_mib, o.nccl_mib_per_communicator
+    );
+    let _ = writeln!(
+        s,
+        "[calibration]\n# bf16 GEMMs (cuBLAS through `a @ b`), by smallest dimension: the median over the shapes\n\
+         # with that smallest dimension of 2·m·k·n / seconds / peak_tflops. No gemm_efficiency: the\n\
+         # measured curve replaces the tile and wave model's one constant."
+    );
+    for (dim, e, n) in &curve {
+        let _ = writeln!(s, "#   {dim:.0}: {e:.3} (median of {n} shape(s))");
+    }
+    let pts: Vec<String> = curve
+        .iter()
+        .map(|(d, e, _)| format!("[{d:.0}, {e:.3}]"))
+        .collect();
+    let _ = writeln!(s, "matmul_efficiency = [{}]", pts.join(", "));
+    let _ = writeln!(
+        s,
+        "# Element-wise kernels ({}): the median of bytes read and written / seconds / memory_bandwidth_gbps.\nmemory_efficiency = {memory:.3}",
+        m.elementwise
+            .iter()
+            .map(|e| format!("{} {:.0} GB/s", e.op, e.bytes / e.seconds / 1e9))
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
+    let _ = writeln!(
+        s,
+        "# Causal SDPA forward+backward ({}): the median of 3.5 × 2·b·h·T²·d FLOPs / seconds / peak_tflops.\nflash_attention_efficiency = {flash:.3}",
+        m.attention
+            .iter()
+            .map(|a| format!("T {:.0} d {:.0}", a.seq, a.dhead))
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
+    let _ = writeln!(
+        s,
+        "# The host's cost per eager op, forward and backward: {:.0} ops ({}) in {:.4} s.\nhost_op_us = {host_op_us:.2}",
+        m.host_ops, m.host_what, m.host_seconds
+    );
+    let k = &c.calibration;
+    let _ = writeln!(
+        s,
+        "intra_node_efficiency = {}  # the input spec's (collectives are not measured here)\ninter_node_efficiency = {}  # the input spec's",
+        k.intra_node_efficiency, k.inter_node_efficiency
+    );
+    let _ = writeln!(
+        s,
+        "# The loss, forward+backward (no key reads it yet; the cost model's loss is in planner/src/cost/ops.rs):"
+    );
+    for l in &m.loss {
+        let _ = writeln!(
+            s,
+            "#   {} on {} {:.0} × {:.0} logits: {:.3} ms",
+            l.variant,
+            l.dtype,
+            l.n,
+            l.vocab,
+            l.seconds * 1e3
+        );
+    }
+    Ok(s)
+}
+
+/// Reads a measurement file for `--from-json`.
+pub fn read(path: &Path) -> Result<Measurement> {
+    measured::read(path)
+}

@@ -1,0 +1,289 @@
+//! `tessera calibrate --gpu` / `--from-json`: kernel measurements taken through PyTorch
+//! (scripts/calibrate_gpu.py) become a GPU spec's `[calibration]` table. No GPU is lent to
+//! this project's tests, so the measurement is a recorded one (tests/fixtures/gpu-calibration/
+//! h100.json, a subset of ../shared/gpu/h100-kernels.jsonl built by make_h100.py there), and
+//! the script is stood in for by fakes where the path through it is tested.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::Output;
+
+use common::*;
+
+const FIXTURE: &str = "tests/fixtures/gpu-calibration/h100.json";
+
+fn tessera(args: &[&str], python: Option<&Path>) -> Output {
+    let mut c = bin();
+    c.args(args);
+    if let Some(p) = python {
+        c.env("TESSERA_PYTHON", p);
+    }
+    c.output().expect("tessera runs")
+}
+
+/// An executable shell script standing in for Python (it ignores the script path it is given).
+fn fake_python(dir: &Scratch, body: &str) -> PathBuf {
+    use std::os::unix::fs::PermissionsExt;
+    let p = dir.path("fake-python");
+    std::fs::write(&p, format!("#!/bin/sh\n{body}\n")).unwrap();
+    std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755)).unwrap();
+    p
+}
+
+fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+fn f(t: &toml::Table, key: &str) -> f64 {
+    let v = &t["calibration"][key];
+    v.as_float()
+        .or_else(|| v.as_integer().map(|i| i as f64))
+        .unwrap_or_else(|| panic!("calibration.{key}: {v:?}"))
+}
+
+/// The H100 measurements against the H100 preset's peaks (989.4 TFLOP/s, 3350 GB/s), by hand
+/// from the rows of ../shared/gpu/h100-kernels.jsonl the fixture holds:
+/// - GEMM, smallest dimension 4096: the square 4096³ at 783.7 TFLOP/s (0.792, README: "4096³
+///   0.79") and the four TP-1 layer GEMMs of h 4096 at 16384 tokens, 0.652, 0.652, 0.675,
+///   0.693: median of five = the third, fc1's 668.3 / 989.4 = 0.6755 → 0.675 (not the square's
+///   0.79: the median over shapes is the point).
+/// - Smallest dimension 768: the h 768 TP-1 layer GEMMs at 16384 tokens, 0.490, 0.553, 0.557,
+///   0.677: median of four = (547.0 + 551.2) / 2 / 989.4 = 0.55498 → 0.555.
+/// - Smallest dimension 1024: the launch-bound square 1024³ (75.7 TFLOP/s, 0.077) and two
+///   4096-token layer GEMMs, 625.2 and 638.9 TFLOP/s: median 625.2 / 989.4 = 0.6319 → 0.632.
+/// - Smallest dimension 200 (h 1600 TP 8 proj at 4096 tokens): 101.7 / 989.4 = 0.103.
+/// - One shape each at 2048, 8192, 16384: the squares, 636.3, 796.7, 708.7 → 0.643, 0.805, 0.716.
+/// - Memory: copy 3000, layernorm 1984, GELU 2913 GB/s; median 2913 / 3350 = 0.8696 → 0.870.
+/// - Flash attention: SDPA fwd+bwd 0.116, 0.208, 0.255, 0.280, 0.317 of peak at T 1024 … 16384;
+///   median 0.255.
+/// - host_op_us: 0.1 s over 10 000 ops = 10 µs (the fixture's round number, not a measurement).
+#[test]
+fn recorded_h100_measurement_gives_the_hand_computed_calibration() {
+    let dir = Scratch::new();
+    let out = dir.path("h100-calibrated.toml");
+    let r = tessera(
+        &[
+            "calibrate",
+            "specs/clusters/dgx-h100-80g.toml",
+            "--from-json",
+            FIXTURE,
+            "-o",
+            &s(&out),
+        ],
+        None,
+    );
+    assert_eq!(r.status.code(), Some(0), "{}", text(&r.stderr));
+    let written = std::fs::read_to_string(&out).unwrap();
+    let t: toml::Table = toml::from_str(&written).expect("valid TOML");
+    assert_eq!(t["name"].as_str(), Some("dgx-h100-80g-calibrated"));
+    let curve: Vec<(f64, f64)> = t["calibration"]["matmul_efficiency"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| {
+            let p = p.as_array().unwrap();
+            (p[0].as_integer().unwrap() as f64, p[1].as_float().unwrap())
+        })
+        .collect();
+    assert_eq!(
+        curve,
+        vec![
+            (200.0, 0.103),
+            (768.0, 0.555),
+            (1024.0, 0.632),
+            (2048.0, 0.643),
+            (4096.0, 0.675),
+            (8192.0, 0.805),
+            (16384.0, 0.716)
+        ]
+    );
+    assert_eq!(f(&t, "memory_efficiency"), 0.870);
+    assert_eq!(f(&t, "flash_attention_efficiency"), 0.255);
+    assert_eq!(f(&t, "host_op_us"), 10.0);
+    // The measured curve replaces the tile and wave model; the collectives are the input's.
+    assert!(t["calibration"].get("gemm_efficiency").is_none());
+    assert_eq!(f(&t, "intra_node_efficiency"), 0.822);
+    assert_eq!(f(&t, "inter_node_efficiency"), 0.94);
+    assert_eq!(t["device"]["peak_tflops"].as_float(), Some(989.4));
+    // Each value says what measured it.
+    for what in [
+        "median of 5 shape(s)",
+        "gelu 2913 GB/s",
+        "T 16384 d 128",
+        "forward and backward",
+        "F.cross_entropy on fp32 8192 × 50257 logits: 8.300 ms",
+        "NVIDIA H100 80GB HBM3",
+    ] {
+        assert!(written.contains(what), "no `{what}` in\n{written}");
+    }
+}
+
+/// `--gpu` runs the script with TESSERA_PYTHON: a stand-in that prints the recorded
+/// measurement gives the same table as `--from-json`.
+#[test]
+fn gpu_runs_the_script_and_converts_what_it_prints() {
+    let dir = Scratch::new();
+    let py = fake_python(
+        &dir,
+        &format!("echo 'gemm 1024^3' >&2\ncat '{}'", s(&root().join(FIXTURE))),
+    );
+    let r = tessera(
+        &["calibrate", "specs/clusters/dgx-h100-80g.toml", "--gpu"],
+        Some(&py),
+    );
+    assert_eq!(r.status.code(), Some(0), "{}", text(&r.stderr));
+    assert!(
+        text(&r.stderr).contains("gemm 1024^3"),
+        "progress passed on"
+    );
+    let t: toml::Table = toml::from_str(&text(&r.stdout)).expect("valid TOML");
+    assert_eq!(f(&t, "flash_attention_efficiency"), 0.255);
+    assert!(text(&r.stdout).contains("measured on this machine"));
+}
+
+/// No GPU: one message naming what was looked for (and the script's reason), exit status 3
+/// (the script's own no-GPU status), nothing written. A Python that cannot be started is the
+/// same.
+#[test]
+fn no_gpu_says_what_it_looked_for_exits_3_and_writes_nothing() {
+    let dir = Scratch::new();
+    let out = dir.path("out.toml");
+    let py = fake_python(
+        &dir,
+        "echo 'no GPU to measure: torch.cuda.is_available() is False (PyTorch 2.5.1)' >&2\nexit 3",
+    );
+    let missing = dir.path("no-such-python");
+    for (python, reason) in [
+        (&py, "torch.cuda.is_available() is False (PyTorch 2.5.1)"),
+        (&missing, "could not be started"),
+    ] {
+        let r = tessera(
+            &[
+                "calibrate",
+                "specs/clusters/dgx-h100-80g.toml",
+                "--gpu",
+                "-o",
+                &s(&out),
+            ],
+            Some(python),
+        );
+        let err = text(&r.stderr);
+        assert_eq!(r.status.code(), Some(3), "{err}");
+        for part in [
+            "no GPU to measure",
+            "looked for a CUDA device through PyTorch",
+            &s(python),
+            reason,
+            "fix:",
+        ] {
+            assert!(err.contains(part), "no `{part}` in {err}");
+        }
+        assert_eq!(err.matches("no GPU to measure").count(), 1, "{err}");
+        assert!(!err.contains("panicked"), "{err}");
+        assert!(!out.exists());
+    }
+    // A script that fails otherwise is an error (2), not "no GPU".
+    let broken = fake_python(&dir, "echo 'Traceback: CUDA error' >&2\nexit 1");
+    let r = tessera(
+        &["calibrate", "specs/clusters/dgx-h100-80g.toml", "--gpu"],
+        Some(&broken),
+    );
+    assert_eq!(r.status.code(), Some(2));
+    assert!(text(&r.stderr).contains("failed with exit status 1"));
+}
+
+/// A malformed measurement: an error naming the file and the field, exit status 2, nothing
+/// written.
+#[test]
+fn malformed_measurements_name_the_file_and_the_field() {
+    let dir = Scratch::new();
+    let out = dir.path("out.toml");
+    let good = std::fs::read_to_string(root().join(FIXTURE)).unwrap();
+    let mut v: serde_json::Value = serde_json::from_str(&good).unwrap();
+    v["gemm"][2]["seconds"] = serde_json::json!(-1.0);
+    let negative = v.to_string();
+    let mut v: serde_json::Value = serde_json::from_str(&good).unwrap();
+    v.as_object_mut().unwrap().remove("host_op");
+    let no_host = v.to_string();
+    let mut v: serde_json::Value = serde_json::from_str(&good).unwrap();
+    v["attention"][1]["causal"] = serde_json::json!(false);
+    let not_causal = v.to_string();
+    let mut v: serde_json::Value = serde_json::from_str(&good).unwrap();
+    v["schema"] = serde_json::json!("tessera-gpu-calibration/0");
+    let old = v.to_string();
+    for (i, (body, field)) in [
+        (
+            negative.as_str(),
+            "`gemm[2].seconds`: must be a number above 0, found -1.0",
+        ),
+        (no_host.as_str(), "field `host_op` is missing"),
+        (not_causal.as_str(), "`attention[1].causal`"),
+        (old.as_str(), "field `schema`"),
+        ("{\"schema\": ", "not a JSON document"),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let json = dir.path(&format!("m{i}.json"));
+        std::fs::write(&json, body).unwrap();
+        let r = tessera(
+            &[
+                "calibrate",
+                "specs/clusters/dgx-h100-80g.toml",
+                "--from-json",
+                &s(&json),
+                "-o",
+                &s(&out),
+            ],
+            None,
+        );
+        let err = text(&r.stderr);
+        assert_eq!(r.status.code(), Some(2), "{err}");
+        assert!(err.contains(&s(&json)), "no file in {err}");
+        assert!(err.contains(field), "no `{field}` in {err}");
+        assert!(!out.exists());
+    }
+}
+
+/// A GEMM faster than the spec's peak is the spec's error, said so (peak 500: the first
+/// point over it is smallest dimension 768, (547.0 + 551.2) / 2 / 500 = 1.098); a CPU cluster is not
+/// calibrated as a GPU, and --ranks (CPU ranks) does not go with --gpu.
+#[test]
+fn measurements_above_the_peak_and_mismatched_flags_are_refused() {
+    let dir = Scratch::new();
+    let spec = dir.copy_edit(
+        "specs/clusters/dgx-h100-80g.toml",
+        &[("peak_tflops = 989.4", "peak_tflops = 500")],
+    );
+    let r = tessera(&["calibrate", &s(&spec), "--from-json", FIXTURE], None);
+    let err = text(&r.stderr);
+    assert_eq!(r.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("smallest dimension 768 reach 1.098") && err.contains("peak_tflops"),
+        "{err}"
+    );
+    let r = tessera(
+        &[
+            "calibrate",
+            "specs/clusters/cpu-8.toml",
+            "--from-json",
+            FIXTURE,
+        ],
+        None,
+    );
+    assert_eq!(r.status.code(), Some(2));
+    assert!(text(&r.stderr).contains("is a CPU cluster"));
+    let r = tessera(
+        &[
+            "calibrate",
+            "specs/clusters/dgx-h100-80g.toml",
+            "--gpu",
+            "--ranks",
+            "2",
+        ],
+        None,
+    );
+    assert_eq!(r.status.code(), Some(2));
+    assert!(text(&r.stderr).contains("cannot be used with"));
+}
