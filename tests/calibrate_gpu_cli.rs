@@ -117,6 +117,21 @@ fn recorded_h100_measurement_gives_the_hand_computed_calibration() {
     ] {
         assert!(written.contains(what), "no `{what}` in\n{written}");
     }
+    // The written spec is one `tessera plan` reads, `host_op_us` included: a pytorch-eager
+    // GPT-2 plan on one of its GPUs is charged the measured per-op host cost.
+    let r = tessera(
+        &[
+            "plan",
+            "specs/models/gpt2-124m.toml",
+            &s(&out),
+            "--devices",
+            "1",
+            "--framework",
+            "pytorch-eager",
+        ],
+        None,
+    );
+    assert_eq!(r.status.code(), Some(0), "{}", text(&r.stderr));
 }
 
 /// `--gpu` runs the script with TESSERA_PYTHON: a stand-in that prints the recorded

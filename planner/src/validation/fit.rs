@@ -247,6 +247,6 @@ pub fn markdown(start: &Calibration, all: &Fitted, held: &[HeldOut], command: &s
             constants(&h.fitted.calibration)
         );
     }
-    out += "\n## The CPU backend\n\n`tessera calibrate` fits a CPU cluster spec to this host by measuring it, not to published runs; docs/calibration-cpu.md has what it measures and its predictions against `tessera run`'s measured steps (`cargo bench -p tessera-runtime --bench calibrated`).\n";
+    out += "\n## The CPU backend\n\n`tessera calibrate` fits a CPU cluster spec to this host by measuring it, not to published runs; docs/calibration-cpu.md has what it measures and its predictions against `tessera run`'s measured steps (`cargo bench -p tessera-runtime --bench calibrated`).\n\n## On a GPU\n\n`tessera calibrate --gpu` measures a GPU cluster's kernels through PyTorch and writes its `[calibration]` table: docs/calibration-gpu.md.\n";
     out
 }
