@@ -232,6 +232,25 @@ pub fn markdown(v: &Validation, layer: &[LayerRow], presets: &[&Cluster], comman
          fastest layout that fits, with the 2% near-tie rule), exactly as `tessera plan` would with \
          the stated knobs pinned. The `open knobs` column lists them per run (for Megatron SC'21 \
          Table 1: the micro-batch and the number of interleaved chunks).\n\
+         - **The framework each run is replayed under**: a profile of specs/frameworks/, stated \
+         by the run as `framework = \"…\"` (top level of its `[[run]]`), `training.framework` or \
+         `parallel.framework`; an unknown name skips the run, naming the key and the known \
+         profiles. A run that states none takes its source's: Narayanan SC'21 → megatron-legacy \
+         (its Table 2 ZeRO-3 rows, DeepSpeed's ZeRO-3 inside Megatron: deepspeed), Korthikanti → \
+         megatron-lm-2022, llm.c → llm.c, llm-foundry → llm-foundry; a run of another source that \
+         states none is not replayed. `parallel.compile = true` makes pytorch-eager \
+         pytorch-compile; a torchtitan run stays torchtitan (its compile wraps each block; FSDP2, \
+         TP/PP and the fp32 loss stay). A run that states its framework takes that profile's \
+         conventions (vocabulary padding, flash attention or a materialised softmax with \
+         Megatron's dropout 0.1 and fp32 main gradients) and its own keys: `model.activation` \
+         (gelu|swiglu), `model.norm` (layernorm|rmsnorm), `model.position` (learned|rope), \
+         `model.tied_embeddings`, `model.bias`, `model.vocab_divisible_by`, `model.head_dim`, \
+         `model.kv_heads`, `model.ffn_hidden`, `model.rope_theta`, or `model.preset` (a spec of \
+         specs/models/); `training.precision`, `training.flash_kernel`, `training.dropout`; \
+         `parallel.zero_stage`, `parallel.fsdp` or torchtitan's `parallel.dp_shard` > 1 (ZeRO-3; \
+         with `parallel.dp_replicate` > 1, hybrid); TP and PP default to 1. GPUs: A100 and H100 \
+         presets, and H800 or H200 where specs/clusters/ has one. Memory: `measured.memory_gb`, \
+         `memory_gib` or `max_reserved_gib`, compared as the profile's `memory.reports` says.\n\
          - **Per source, never per run**: the framework's model conventions and whether its DP \
          gradient sync overlaps the backward:\n\n",
     );
