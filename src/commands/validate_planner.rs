@@ -17,9 +17,13 @@ pub struct ValidatePlannerArgs {
     /// The published runs (groundtruth/runs.toml).
     #[arg(long, default_value = "../shared/groundtruth/runs.toml")]
     runs: PathBuf,
-    /// Where the cluster presets are.
+    /// Where the cluster presets are (A100 and H100; H800 and H200 presets there serve runs on
+    /// those GPUs).
     #[arg(long, default_value = "specs/clusters")]
     clusters: PathBuf,
+    /// Where the model presets are, for runs that name one (`model.preset = "llama3-8b"`).
+    #[arg(long, default_value = "specs/models")]
+    models: PathBuf,
     /// The Markdown report to write.
     #[arg(short, long, default_value = "docs/validation.md")]
     output: PathBuf,
@@ -58,7 +62,15 @@ pub fn run(args: ValidatePlannerArgs) -> anyhow::Result<ExitCode> {
         return fit(&text, &a100, &h100, &args.calibration_output)
             .with_context(|| format!("{}", args.runs.display()));
     }
-    let (v, md) = validation::document(&text, &a100, &h100)
+    let others = other_gpus(&args.clusters)?;
+    let models = model_texts(&args.models)?;
+    let presets = validation::Presets {
+        a100: &a100,
+        h100: &h100,
+        others: &others,
+        models: &models,
+    };
+    let (v, md) = validation::document_with(&text, &presets)
         .with_context(|| format!("{}", args.runs.display()))?;
     let mut t = table(&["run", "measured s", "predicted s", "error"], &[1, 2, 3]);
     for r in &v.scored {
@@ -85,6 +97,47 @@ pub fn run(args: ValidatePlannerArgs) -> anyhow::Result<ExitCode> {
     write_output(&args.output, md.as_bytes())?;
     println!("wrote {}", args.output.display());
     Ok(ExitCode::SUCCESS)
+}
+
+/// The cluster presets of GPUs other than the A100 and H100 that runs may name (H800, H200).
+fn other_gpus(dir: &std::path::Path) -> anyhow::Result<Vec<tessera_planner::Cluster>> {
+    let mut out = Vec::new();
+    for path in toml_files(dir)? {
+        let c = spec::load_cluster(&path, ClusterOverrides::default())?;
+        if ["H800", "H200"].iter().any(|g| c.device.name.contains(g)) {
+            out.push(c);
+        }
+    }
+    Ok(out)
+}
+
+/// `(name, text)` of every model preset (the planner crate reads no files).
+fn model_texts(dir: &std::path::Path) -> anyhow::Result<Vec<(String, String)>> {
+    toml_files(dir)?
+        .into_iter()
+        .map(|p| {
+            let name = p
+                .file_stem()
+                .map(|s| s.to_string_lossy().into_owned())
+                .unwrap_or_default();
+            let text = std::fs::read_to_string(&p)
+                .with_context(|| format!("{}: cannot read the model preset", p.display()))?;
+            Ok((name, text))
+        })
+        .collect()
+}
+
+/// The `*.toml` files of `dir`, sorted (none if it does not exist).
+fn toml_files(dir: &std::path::Path) -> anyhow::Result<Vec<PathBuf>> {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return Ok(Vec::new());
+    };
+    let mut out: Vec<PathBuf> = entries
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|e| e == "toml"))
+        .collect();
+    out.sort();
+    Ok(out)
 }
 
 fn fit(

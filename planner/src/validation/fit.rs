@@ -9,7 +9,7 @@
 //! measured speed) and the NCCL efficiencies (published measurements) are not fitted. This
 //! is a developer's tool (`tessera validate-planner --fit`): it prints, it does not write presets.
 
-use super::{replay, Family, Run, ValidationError};
+use super::{replay, sources, Run, ValidationError};
 use crate::spec::{Calibration, Cluster};
 
 /// What a fit produced, and how well it does.
@@ -24,7 +24,8 @@ pub struct Fitted {
 /// Leave-one-source-out: fitted without `held_out`, then scored on it alone.
 #[derive(Debug, Clone)]
 pub struct HeldOut {
-    pub held_out: Family,
+    /// The source held out (a known family's name, else the runs' `source`).
+    pub held_out: String,
     pub fitted: Fitted,
     pub median: f64,
     pub worst: f64,
@@ -156,14 +157,12 @@ pub fn fit(runs: &[Run], start: &Calibration) -> Fitted {
 /// For each source: the constants fitted (from `start`) on every other source, scored on it.
 pub fn leave_one_source_out(scored: &[Run], start: &Calibration) -> Vec<HeldOut> {
     let mut held = Vec::new();
-    for fam in [
-        Family::Megatron,
-        Family::Korthikanti,
-        Family::LlmC,
-        Family::Mpt,
-    ] {
+    for fam in sources(scored.iter().map(|r| r.source.as_str())) {
         let (out, train): (Vec<Run>, Vec<Run>) =
-            scored.iter().cloned().partition(|r| r.family == fam);
+            scored.iter().cloned().partition(|r| r.source == fam);
+        if !out.iter().any(|r| r.cluster.device.name.contains("A100")) {
+            continue;
+        }
         let f = fit(&train, start);
         let errors = named_errors(&out, &f.calibration);
         let (median, worst) = summary(&errors.iter().map(|(_, e)| *e).collect::<Vec<_>>());
@@ -240,7 +239,7 @@ pub fn markdown(start: &Calibration, all: &Fitted, held: &[HeldOut], command: &s
     for h in held {
         out += &format!(
             "| {} | {} | {:.1}% | {:.1}% | `{}` |\n",
-            h.held_out.name(),
+            h.held_out,
             h.runs,
             100.0 * h.median,
             100.0 * h.worst,

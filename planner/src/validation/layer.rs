@@ -92,7 +92,7 @@ pub fn layer_benchmark(runs_toml: &str, a100: &Cluster, h100: &Cluster) -> Vec<L
             &run.cluster,
             &layout,
             &links,
-            run.family.options(),
+            crate::cost::Options::of(run.profile),
         );
         out.push(LayerRow {
             experiment: name.to_string(),

@@ -15,16 +15,17 @@ pub mod features;
 pub mod fit;
 pub mod layer;
 pub mod report;
+pub mod resolve;
+
+pub use resolve::Presets;
 
 use toml::Value;
 
 use crate::cost::Options;
-use crate::layout::{Layout, Recompute};
+use crate::framework::{Profile, Reports};
+use crate::layout::Layout;
 use crate::memory;
-use crate::model::{
-    Activation, Architecture, AttentionImpl, FlashKernel, Model, Norm, Position, Training,
-};
-use crate::schedule::ScheduleKind;
+use crate::model::Model;
 use crate::search::{self, Pins, SearchOptions};
 use crate::spec::Cluster;
 
@@ -87,27 +88,25 @@ impl Family {
         matches!(self, Family::Megatron | Family::Korthikanti)
     }
 
-    pub(crate) fn options(self) -> Options {
-        Options {
-            overlap_dp: !self.megatron_like(),
-            // llm.c's `fused_classifier`; the Megatron-built and llm-foundry runs as today's
-            // vocabulary-parallel fp32 charge. The specs set `vocab_divisible_by` per family.
-            loss: if self == Family::LlmC {
-                crate::framework::LossKind::Fused
-            } else {
-                crate::framework::LossKind::VocabParallelFp32
-            },
-            pad_vocab: true,
-            ..Options::default()
-        }
-    }
+    /// Every source, in the order the report lists them.
+    pub const ALL: [Family; 4] = [
+        Family::Megatron,
+        Family::Korthikanti,
+        Family::LlmC,
+        Family::Mpt,
+    ];
 }
 
 /// A published run, resolved into what the planner takes.
 #[derive(Debug, Clone)]
 pub struct Run {
     pub id: String,
-    pub family: Family,
+    /// The known source it comes from, if any.
+    pub family: Option<Family>,
+    /// The source as the report groups it: the family's name, else the run's `source`.
+    pub source: String,
+    /// The framework profile it is replayed under (stated by the run, else its source's).
+    pub profile: &'static Profile,
     pub model: Model,
     pub cluster: Cluster,
     pub pins: Pins,
@@ -133,7 +132,10 @@ pub struct Skipped {
 #[derive(Debug, Clone)]
 pub struct Row {
     pub id: String,
-    pub family: Family,
+    pub family: Option<Family>,
+    pub source: String,
+    /// The framework profile's name.
+    pub profile: &'static str,
     pub layout: Layout,
     pub open: Vec<&'static str>,
     pub measured_s: f64,
@@ -148,28 +150,32 @@ pub struct Row {
     /// Predicted peak per GPU, and its tensors alone (without the overhead terms).
     pub predicted_memory_gib: f64,
     pub predicted_tensors_gib: f64,
+    /// The prediction of the number the framework reports (`memory.reports` of its profile):
+    /// `allocated` → the tensors; `reserved` → the peak less what lies outside PyTorch's
+    /// caching allocator (the CUDA context, NCCL's buffers).
+    pub predicted_reported_gib: f64,
     /// False when the published layout exceeds device memory in this planner's memory model.
     pub fits: bool,
     /// How the measured step time was obtained, when runs.toml did not give it.
     pub derived: Option<String>,
 }
 
-fn get<'a>(v: &'a Value, path: &str) -> Option<&'a Value> {
+pub(crate) fn get<'a>(v: &'a Value, path: &str) -> Option<&'a Value> {
     path.split('.').try_fold(v, |v, k| v.get(k))
 }
 
-fn int(v: &Value, path: &str) -> Option<u64> {
+pub(crate) fn int(v: &Value, path: &str) -> Option<u64> {
     get(v, path)?
         .as_integer()
         .and_then(|i| u64::try_from(i).ok())
 }
 
-fn num(v: &Value, path: &str) -> Option<f64> {
+pub(crate) fn num(v: &Value, path: &str) -> Option<f64> {
     let x = get(v, path)?;
     x.as_float().or_else(|| x.as_integer().map(|i| i as f64))
 }
 
-fn text<'a>(v: &'a Value, path: &str) -> Option<&'a str> {
+pub(crate) fn text<'a>(v: &'a Value, path: &str) -> Option<&'a str> {
     get(v, path)?.as_str()
 }
 
@@ -179,6 +185,22 @@ pub fn load(
     runs_toml: &str,
     a100: &Cluster,
     h100: &Cluster,
+) -> Result<(Vec<Run>, Vec<Skipped>), ValidationError> {
+    load_with(
+        runs_toml,
+        &Presets {
+            a100,
+            h100,
+            others: &[],
+            models: &[],
+        },
+    )
+}
+
+/// Resolves every run of runs.toml against `presets`.
+pub fn load_with(
+    runs_toml: &str,
+    presets: &Presets,
 ) -> Result<(Vec<Run>, Vec<Skipped>), ValidationError> {
     let doc: Value = runs_toml
         .parse::<toml::Table>()
@@ -192,165 +214,12 @@ pub fn load(
     let mut skipped = Vec::new();
     for r in list {
         let id = text(r, "id").unwrap_or("?").to_string();
-        match resolve(r, a100, h100) {
+        match resolve::resolve(r, presets) {
             Ok(run) => runs.push(run),
             Err(reason) => skipped.push(Skipped { id, reason }),
         }
     }
     Ok((runs, skipped))
-}
-
-fn resolve(r: &Value, a100: &Cluster, h100: &Cluster) -> Result<Run, String> {
-    let id = text(r, "id").unwrap_or("?").to_string();
-    let source = text(r, "source").unwrap_or("");
-    let family = Family::of(source).ok_or("no framework conventions for this source")?;
-    let need = |path: &str| int(r, path).ok_or(format!("the source does not give `{path}`"));
-    let (layers, hidden, heads) = (
-        need("model.layers")?,
-        need("model.hidden")?,
-        need("model.heads")?,
-    );
-    let seq_len = need("model.seq_len")?;
-    let global_batch = need("parallel.global_batch")?;
-    let gpus = need("cluster.num_gpus")?;
-    let gpu = text(r, "cluster.gpu").unwrap_or("");
-    let base = if gpu.contains("H100") {
-        h100
-    } else if gpu.contains("A100") {
-        a100
-    } else {
-        return Err(format!("no cluster preset for the GPU \"{gpu}\""));
-    };
-    let mut cluster = base.clone();
-    cluster.gpus_per_node = int(r, "cluster.gpus_per_node").unwrap_or(base.gpus_per_node);
-    cluster.devices = gpus;
-    cluster.nodes = gpus.div_ceil(cluster.gpus_per_node);
-    let megatron = family.megatron_like();
-    let llmc = family == Family::LlmC;
-    let model = Model {
-        name: id.clone(),
-        architecture: Architecture {
-            layers,
-            hidden,
-            heads,
-            kv_heads: int(r, "model.kv_heads").unwrap_or(heads),
-            head_dim: hidden / heads,
-            ffn_hidden: int(r, "model.ffn_hidden").unwrap_or(4 * hidden),
-            vocab: need("model.vocab")?,
-            activation: Activation::Gelu,
-            norm: Norm::Layernorm,
-            position: Position::Learned,
-            tied_embeddings: true,
-            bias: megatron || llmc,
-            qkv_bias: megatron || llmc,
-            max_positions: seq_len,
-            // Megatron-LM pads to 128 × TP (`--make-vocab-size-divisible-by 128`), llm.c to a
-            // multiple of 128 (50257 → 50304); llm-foundry trains MPT's vocabulary as it is.
-            vocab_divisible_by: if megatron || llmc { 128 } else { 1 },
-            rope_theta: crate::model::DEFAULT_ROPE_THETA,
-            rope_scaling: None,
-            norm_eps: crate::model::DEFAULT_NORM_EPS,
-            sliding_window: None,
-            moe: None,
-            mla: None,
-            qk_norm: false,
-        },
-        training: Training {
-            seq_len,
-            global_batch,
-            precision: if megatron { "megatron" } else { "mixed16" }.into(),
-            attention: if megatron {
-                AttentionImpl::Eager
-            } else {
-                AttentionImpl::Flash
-            },
-            // llm-foundry's benchmark sweep (scripts/train/benchmarking/submit_benchmarks.py,
-            // `--attn_impl` default 'triton', with flash-attn 1.0.3.post0 and triton
-            // 2.0.0.dev20221202 pinned in setup.py) ran FlashAttention's Triton kernel; llm.c
-            // runs cuDNN's fused attention (FlashAttention-2 class).
-            flash_kernel: if family == Family::Mpt {
-                FlashKernel::Triton
-            } else {
-                FlashKernel::Fa2
-            },
-            dropout: if megatron { 0.1 } else { 0.0 },
-            framework: None,
-        },
-        optimizer: Default::default(),
-        schedule: Default::default(),
-    };
-    let (tp, pp) = (int(r, "parallel.tp"), int(r, "parallel.pp"));
-    if tp.is_none() || pp.is_none() {
-        return Err("the source does not give TP and PP".into());
-    }
-    let recompute = match text(r, "parallel.recompute") {
-        Some("none") => Some(Recompute::None),
-        Some("selective") => Some(Recompute::Selective),
-        Some("full") => Some(Recompute::Full),
-        _ => None,
-    };
-    let v = int(r, "parallel.virtual_stages");
-    let named = text(r, "parallel.schedule").unwrap_or("");
-    let pipelined = pp.unwrap_or(1) > 1;
-    let schedule = if v.is_some() || (named.contains("interleaved") && pipelined) {
-        Some(ScheduleKind::Interleaved)
-    } else if !pipelined {
-        Some(ScheduleKind::OneFOneB)
-    } else {
-        None
-    };
-    let sp = get(r, "parallel.sequence_parallel")
-        .and_then(Value::as_bool)
-        .or((tp == Some(1)).then_some(false));
-    let zero = int(r, "parallel.zero_stage")
-        .map(|z| z as u8)
-        .or(megatron.then_some(0));
-    let pins = Pins {
-        dp: int(r, "parallel.dp"),
-        cp: Some(int(r, "parallel.cp").unwrap_or(1)),
-        cp_comm: Some(crate::layout::CpComm::P2p),
-        ep: int(r, "parallel.ep"),
-        pp,
-        tp,
-        micro_batch: int(r, "parallel.micro_batch"),
-        zero,
-        hybrid: Some(false),
-        recompute,
-        recompute_every: None,
-        sp,
-        schedule,
-        virtual_stages: v.or((!pipelined || schedule == Some(ScheduleKind::OneFOneB)).then_some(1)),
-        stage_layers: crate::search::StageLayers {
-            first: int(r, "parallel.first_stage_layers"),
-            last: int(r, "parallel.last_stage_layers"),
-        },
-    };
-    let mut open = Vec::new();
-    for (name, missing) in [
-        ("micro-batch", pins.micro_batch.is_none()),
-        ("schedule", pins.schedule.is_none()),
-        ("virtual stages", pins.virtual_stages.is_none()),
-        ("recompute", pins.recompute.is_none()),
-        ("SP", pins.sp.is_none()),
-        ("ZeRO", pins.zero.is_none()),
-    ] {
-        if missing {
-            open.push(name);
-        }
-    }
-    Ok(Run {
-        id,
-        family,
-        model,
-        cluster,
-        pins,
-        open,
-        measured_step_s: num(r, "measured.iter_time_s"),
-        measured_tokens_per_s_per_gpu: num(r, "measured.tokens_per_s"),
-        measured_mfu: num(r, "measured.mfu"),
-        measured_memory_gib: num(r, "measured.memory_gb"),
-        measured_tflops: num(r, "measured.tflops_per_gpu"),
-    })
 }
 
 /// Megatron's Eq. 3 (Narayanan et al. 2021): FLOPs per step with full recompute, which its
@@ -378,7 +247,7 @@ pub fn replay(run: &Run) -> Result<Row, String> {
             tokens_per_step / (per_gpu.unwrap_or(1.0) * run.cluster.devices as f64),
             Some("from tokens/s".to_string()),
         ),
-        (None, Some(x)) if run.family.megatron_like() => (
+        (None, Some(x)) if run.family.is_some_and(Family::megatron_like) => (
             megatron_eq3_flops(&run.model) / (run.cluster.devices as f64 * x * 1e12),
             Some(format!(
                 "from {x} TFLOP/s per GPU with Eq. 3, as runs.toml derives Table 1"
@@ -388,7 +257,7 @@ pub fn replay(run: &Run) -> Result<Row, String> {
     };
     let options = SearchOptions {
         top: 1,
-        cost: run.family.options(),
+        cost: Options::of(run.profile),
     };
     let result = search::search_with(&run.model, &run.cluster, &run.pins, options);
     let (layout, fits) = match (result.fits.first(), &result.closest_miss) {
@@ -407,7 +276,7 @@ pub fn replay(run: &Run) -> Result<Row, String> {
         }
     };
     let (assessed, p) =
-        search::predict_layout(&run.model, &run.cluster, &layout, run.family.options());
+        search::predict_layout(&run.model, &run.cluster, &layout, Options::of(run.profile));
     let mem = memory::estimate_split(&run.model, &run.cluster, &layout, &assessed.split);
     let peak = &mem.per_stage[mem.peak_stage as usize];
     let tensors: u64 = peak
@@ -416,10 +285,24 @@ pub fn replay(run: &Run) -> Result<Row, String> {
         .filter(|t| t.kind != "overhead")
         .map(|t| t.bytes)
         .sum();
+    let outside_allocator: u64 = peak
+        .terms
+        .iter()
+        .filter(|t| {
+            t.kind == "overhead" && matches!(t.name.as_str(), "cuda_context" | "nccl_buffers")
+        })
+        .map(|t| t.bytes)
+        .sum();
+    let reported = match run.profile.memory.reports {
+        Reports::Allocated => tensors,
+        Reports::Reserved => mem.peak_bytes.saturating_sub(outside_allocator),
+    };
     let gib = crate::spec::GIB;
     Ok(Row {
         id: run.id.clone(),
         family: run.family,
+        source: run.source.clone(),
+        profile: &run.profile.name,
         layout,
         open: run.open.clone(),
         measured_s,
@@ -432,6 +315,7 @@ pub fn replay(run: &Run) -> Result<Row, String> {
         measured_memory_gib: run.measured_memory_gib,
         predicted_memory_gib: mem.peak_bytes as f64 / gib,
         predicted_tensors_gib: tensors as f64 / gib,
+        predicted_reported_gib: reported as f64 / gib,
         fits,
         derived,
     })
@@ -537,6 +421,22 @@ fn replay_all(runs: &[Run], mut skipped: Vec<Skipped>) -> Validation {
     }
 }
 
+/// The source groups of `labels` in report order: the known families first (in
+/// [`Family::ALL`]'s order), then other sources as they first appear.
+pub fn sources<'a>(labels: impl Iterator<Item = &'a str> + Clone) -> Vec<String> {
+    let mut out: Vec<String> = Family::ALL
+        .iter()
+        .map(|f| f.name().to_string())
+        .filter(|n| labels.clone().any(|l| l == n))
+        .collect();
+    for l in labels {
+        if !out.iter().any(|o| o == l) {
+            out.push(l.to_string());
+        }
+    }
+    out
+}
+
 /// How docs/validation.md is regenerated.
 pub const COMMAND: &str = "cargo run --release -- validate-planner";
 
@@ -546,7 +446,25 @@ pub fn document(
     a100: &Cluster,
     h100: &Cluster,
 ) -> Result<(Validation, String), ValidationError> {
-    let (runs, skipped) = load(runs_toml, a100, h100)?;
+    document_with(
+        runs_toml,
+        &Presets {
+            a100,
+            h100,
+            others: &[],
+            models: &[],
+        },
+    )
+}
+
+/// [`document`] with further GPU and model presets (the CLI passes specs/clusters/ and
+/// specs/models/).
+pub fn document_with(
+    runs_toml: &str,
+    presets: &Presets,
+) -> Result<(Validation, String), ValidationError> {
+    let (a100, h100) = (presets.a100, presets.h100);
+    let (runs, skipped) = load_with(runs_toml, presets)?;
     let mut v = replay_all(&runs, skipped);
     let scored: Vec<Run> = runs.into_iter().filter(Run::has_time).collect();
     v.loso = fit::leave_one_source_out(&scored, &fit::kernel_start(&a100.calibration));
@@ -555,3 +473,6 @@ pub fn document(
     let md = report::markdown(&v, &layer, &[a100, h100], COMMAND);
     Ok((v, md))
 }
+
+#[cfg(test)]
+mod tests;

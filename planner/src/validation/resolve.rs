@@ -1,0 +1,476 @@
+//! One `[[run]]` of runs.toml resolved into what the planner takes: the framework profile it
+//! ran under, its model (architecture keys or a `specs/models/` preset), its cluster preset and
+//! the knobs it pins.
+//!
+//! The framework: a run states it with `framework = "…"` (top level of the run),
+//! `training.framework` or `parallel.framework`, naming a profile of specs/frameworks/. A run
+//! that states none gets its source's profile (Narayanan SC'21 → megatron-legacy, Korthikanti
+//! → megatron-lm-2022, llm.c → llm.c, llm-foundry → llm-foundry); a run of another source
+//! that states none is skipped. `parallel.compile = true` makes a `pytorch-eager` run
+//! `pytorch-compile`; a torchtitan run stays `torchtitan` (its `--compile` compiles each
+//! TransformerBlock, torchtitan/models/llama3/infra/parallelize.py `apply_compile`, while FSDP2,
+//! TP/PP and the fp32 loss stay torchtitan's).
+
+use toml::Value;
+
+use super::{get, int, num, text, Family, Run};
+use crate::framework::{self, Profile};
+use crate::layout::Recompute;
+use crate::model::{
+    Activation, Architecture, AttentionImpl, FlashKernel, Model, Norm, Position, Training,
+};
+use crate::schedule::ScheduleKind;
+use crate::search::Pins;
+use crate::spec::Cluster;
+
+/// What the runs resolve against: the cluster presets their GPUs map to (node counts are
+/// replaced by each run's) and the model presets a run may name (`model.preset`), as texts:
+/// this crate reads no files.
+#[derive(Debug, Clone, Copy)]
+pub struct Presets<'a> {
+    pub a100: &'a Cluster,
+    pub h100: &'a Cluster,
+    /// Further GPU presets (specs/clusters/: H800, H200 where one exists), matched by the
+    /// GPU's name (`H800` in the run's `cluster.gpu` takes the preset whose device is an H800).
+    pub others: &'a [Cluster],
+    /// `(name, TOML text)` of specs/models/*.toml, for `model.preset = "llama3-8b"`.
+    pub models: &'a [(String, String)],
+}
+
+/// The keys a run may state its framework under, in the order they are read.
+pub const FRAMEWORK_KEYS: [&str; 3] = ["framework", "training.framework", "parallel.framework"];
+
+/// The profile a run states, if any: `Ok(None)` when it states none; `Err` names the key and
+/// the known names when the name is not a profile, or when two keys disagree.
+pub fn stated_framework(r: &Value) -> Result<Option<&'static Profile>, String> {
+    let mut found: Option<(&str, &str)> = None;
+    for key in FRAMEWORK_KEYS {
+        let Some(name) = text(r, key) else { continue };
+        if let Some((k0, n0)) = found {
+            if n0 != name {
+                return Err(format!(
+                    "`{k0}` = \"{n0}\" and `{key}` = \"{name}\" disagree"
+                ));
+            }
+            continue;
+        }
+        found = Some((key, name));
+    }
+    let Some((key, name)) = found else {
+        return Ok(None);
+    };
+    let mut profile = framework::by_name(name).ok_or_else(|| {
+        format!(
+            "unknown framework \"{name}\" in `{key}`; known: {}",
+            framework::names().join(", ")
+        )
+    })?;
+    if get(r, "parallel.compile").and_then(Value::as_bool) == Some(true)
+        && profile.name == "pytorch-eager"
+    {
+        profile = framework::by_name("pytorch-compile").ok_or("pytorch-compile is built in")?;
+    }
+    Ok(Some(profile))
+}
+
+/// The profile of a source's framework, for its runs that state none.
+pub fn family_profile(family: Family) -> &'static str {
+    match family {
+        Family::Megatron => "megatron-legacy",
+        Family::Korthikanti => "megatron-lm-2022",
+        Family::LlmC => "llm.c",
+        Family::Mpt => "llm-foundry",
+    }
+}
+
+fn cluster_for(r: &Value, p: &Presets, gpus: u64) -> Result<Cluster, String> {
+    let gpu = text(r, "cluster.gpu").unwrap_or("");
+    let base = if gpu.contains("H100") {
+        p.h100
+    } else if gpu.contains("A100") {
+        p.a100
+    } else if let Some(c) = ["H800", "H200"].iter().find_map(|g| {
+        gpu.contains(g)
+            .then(|| p.others.iter().find(|c| c.device.name.contains(g)))
+            .flatten()
+    }) {
+        c
+    } else {
+        return Err(format!(
+            "no cluster preset for the GPU \"{gpu}\" (specs/clusters/ has A100, H100{})",
+            p.others
+                .iter()
+                .map(|c| format!(", {}", c.device.name))
+                .collect::<String>()
+        ));
+    };
+    let mut cluster = base.clone();
+    // A run on fewer GPUs than a node (one H100) has that many on its node.
+    cluster.gpus_per_node =
+        int(r, "cluster.gpus_per_node").unwrap_or(base.gpus_per_node.min(gpus.max(1)));
+    cluster.devices = gpus;
+    cluster.nodes = gpus.div_ceil(cluster.gpus_per_node);
+    Ok(cluster)
+}
+
+fn preset_architecture(r: &Value, p: &Presets) -> Result<Option<Architecture>, String> {
+    let Some(name) = text(r, "model.preset") else {
+        return Ok(None);
+    };
+    let Some((_, text)) = p.models.iter().find(|(n, _)| n == name) else {
+        return Err(format!(
+            "no model preset \"{name}\" (`model.preset`); known: {}",
+            p.models
+                .iter()
+                .map(|(n, _)| n.as_str())
+                .collect::<Vec<_>>()
+                .join(", ")
+        ));
+    };
+    let src = crate::source::Source {
+        path: format!("specs/models/{name}.toml").into(),
+        text: text.clone(),
+    };
+    crate::spec::parse_model_toml(&src, Default::default())
+        .map(|m| Some(m.architecture))
+        .map_err(|d| format!("model preset \"{name}\": {d}"))
+}
+
+fn enum_key<T>(r: &Value, key: &str, choices: &[(&str, T)]) -> Result<Option<T>, String>
+where
+    T: Copy,
+{
+    let Some(v) = text(r, key) else {
+        return Ok(None);
+    };
+    choices
+        .iter()
+        .find(|(n, _)| n.eq_ignore_ascii_case(v))
+        .map(|(_, t)| Some(*t))
+        .ok_or_else(|| {
+            let names: Vec<&str> = choices.iter().map(|(n, _)| *n).collect();
+            format!("`{key}` = \"{v}\" is not one of {}", names.join(" | "))
+        })
+}
+
+/// Resolves one run against the presets.
+pub fn resolve(r: &Value, p: &Presets) -> Result<Run, String> {
+    let id = text(r, "id").unwrap_or("?").to_string();
+    let source = text(r, "source")
+        .or_else(|| {
+            get(r, "sources")
+                .and_then(|s| s.get(0))
+                .and_then(Value::as_str)
+        })
+        .unwrap_or("");
+    let family = Family::of(source);
+    let stated = stated_framework(r)?;
+    let builtin = |name: &str| framework::by_name(name).ok_or("a built-in profile");
+    // The profile whose model conventions the run takes: the stated one, else its source's.
+    let (profile, conventions) = match (stated, family) {
+        (Some(p), _) => (p, p),
+        // Narayanan et al. SC'21 Table 2's ZeRO-3 baseline ran "ZeRO-3 via DeepSpeed
+        // integrated into Megatron codebase" (runs.toml's notes; §5.2): DeepSpeed runs the
+        // layout, Megatron's GPT keeps its conventions.
+        (None, Some(Family::Megatron)) if int(r, "parallel.zero_stage") == Some(3) => {
+            (builtin("deepspeed")?, builtin(family_profile(Family::Megatron))?)
+        }
+        (None, Some(f)) => (builtin(family_profile(f))?, builtin(family_profile(f))?),
+        (None, None) => {
+            return Err(format!(
+                "no framework conventions for this source; state one with `framework = \"…\"` (known: {})",
+                framework::names().join(", ")
+            ))
+        }
+    };
+    let need = |path: &str| int(r, path).ok_or(format!("the source does not give `{path}`"));
+    let preset = preset_architecture(r, p)?;
+    let from = |path: &str, of_preset: Option<u64>| int(r, path).or(of_preset).ok_or(());
+    let arch_int = |path: &str, f: fn(&Architecture) -> u64| {
+        from(path, preset.as_ref().map(f))
+            .map_err(|()| format!("the source does not give `{path}`"))
+    };
+    let layers = arch_int("model.layers", |a| a.layers)?;
+    let hidden = arch_int("model.hidden", |a| a.hidden)?;
+    let heads = arch_int("model.heads", |a| a.heads)?;
+    let vocab = arch_int("model.vocab", |a| a.vocab)?;
+    let seq_len = need("model.seq_len")?;
+    let global_batch = need("parallel.global_batch")?;
+    let gpus = need("cluster.num_gpus")?;
+    let cluster = cluster_for(r, p, gpus)?;
+    let architecture = architecture(
+        r,
+        preset,
+        [layers, hidden, heads, vocab],
+        seq_len,
+        conventions,
+    )?;
+    let mut training = training(
+        r,
+        family,
+        stated.is_some(),
+        conventions,
+        seq_len,
+        global_batch,
+    )?;
+    training.framework = Some(profile.name.clone());
+    let model = Model {
+        name: id.clone(),
+        architecture,
+        training,
+        optimizer: Default::default(),
+        schedule: Default::default(),
+    };
+    let (pins, open) = pins(r, family, stated.is_some(), conventions)?;
+    Ok(Run {
+        id,
+        family,
+        source: family.map_or_else(|| source.to_string(), |f| f.name().to_string()),
+        profile,
+        model,
+        cluster,
+        pins,
+        open,
+        measured_step_s: num(r, "measured.iter_time_s"),
+        measured_tokens_per_s_per_gpu: num(r, "measured.tokens_per_s"),
+        measured_mfu: num(r, "measured.mfu"),
+        measured_memory_gib: num(r, "measured.memory_gb")
+            .or_else(|| num(r, "measured.memory_gib"))
+            .or_else(|| num(r, "measured.max_reserved_gib")),
+        measured_tflops: num(r, "measured.tflops_per_gpu"),
+    })
+}
+
+/// The architecture: a GPT as Megatron-LM builds it (GeLU, LayerNorm, learned positions, tied
+/// embeddings) unless the run's keys or its preset say otherwise.
+fn architecture(
+    r: &Value,
+    preset: Option<Architecture>,
+    [layers, hidden, heads, vocab]: [u64; 4],
+    seq_len: u64,
+    profile: &Profile,
+) -> Result<Architecture, String> {
+    let bool_key = |k: &str| get(r, k).and_then(Value::as_bool);
+    let activation = enum_key(
+        r,
+        "model.activation",
+        &[("gelu", Activation::Gelu), ("swiglu", Activation::Swiglu)],
+    )?;
+    let norm = enum_key(
+        r,
+        "model.norm",
+        &[("layernorm", Norm::Layernorm), ("rmsnorm", Norm::Rmsnorm)],
+    )?;
+    let position = enum_key(
+        r,
+        "model.position",
+        &[("learned", Position::Learned), ("rope", Position::Rope)],
+    )?;
+    let base = preset.unwrap_or(Architecture {
+        layers,
+        hidden,
+        heads,
+        kv_heads: heads,
+        head_dim: hidden / heads.max(1),
+        ffn_hidden: 4 * hidden,
+        vocab,
+        activation: Activation::Gelu,
+        norm: Norm::Layernorm,
+        position: Position::Learned,
+        tied_embeddings: true,
+        // GPT-2 and Megatron's GPT carry biases; llm-foundry's MPT sets `no_bias: true`
+        // (llmfoundry/models/mpt/configuration_mpt.py).
+        bias: profile.name != "llm-foundry",
+        qkv_bias: profile.name != "llm-foundry",
+        max_positions: seq_len,
+        // Megatron-LM pads to 128 × TP (`--make-vocab-size-divisible-by 128`), llm.c to a
+        // multiple of 128 (50257 → 50304); a profile with `pad_vocab = false` trains the
+        // vocabulary as it is.
+        vocab_divisible_by: if profile.runs.pad_vocab { 128 } else { 1 },
+        rope_theta: crate::model::DEFAULT_ROPE_THETA,
+        rope_scaling: None,
+        norm_eps: crate::model::DEFAULT_NORM_EPS,
+        sliding_window: None,
+        moe: None,
+        mla: None,
+        qk_norm: false,
+    });
+    let mut a = Architecture {
+        layers,
+        hidden,
+        heads,
+        vocab,
+        ..base
+    };
+    a.kv_heads = int(r, "model.kv_heads").unwrap_or(a.kv_heads);
+    a.head_dim = int(r, "model.head_dim").unwrap_or(if a.hidden == base.hidden {
+        a.head_dim
+    } else {
+        hidden / heads.max(1)
+    });
+    a.ffn_hidden = int(r, "model.ffn_hidden").unwrap_or(a.ffn_hidden);
+    a.activation = activation.unwrap_or(a.activation);
+    a.norm = norm.unwrap_or(a.norm);
+    a.position = position.unwrap_or(a.position);
+    a.tied_embeddings = bool_key("model.tied_embeddings").unwrap_or(a.tied_embeddings);
+    if let Some(b) = bool_key("model.bias") {
+        a.bias = b;
+        a.qkv_bias = b;
+    }
+    a.vocab_divisible_by = int(r, "model.vocab_divisible_by").unwrap_or(a.vocab_divisible_by);
+    a.rope_theta = num(r, "model.rope_theta").unwrap_or(a.rope_theta);
+    if a.position == Position::Learned {
+        a.max_positions = seq_len;
+    }
+    Ok(a)
+}
+
+/// The training conventions: a source's as before where the run states no framework; the
+/// profile's (and the run's own keys) where it does.
+fn training(
+    r: &Value,
+    family: Option<Family>,
+    stated: bool,
+    profile: &Profile,
+    seq_len: u64,
+    global_batch: u64,
+) -> Result<Training, String> {
+    // Megatron-LM of 2020–22 trains with the `megatron` policy (fp32 main gradients,
+    // `--accumulate-allreduce-grads-in-fp32`) and dropout 0.1 (`--hidden-dropout 0.1
+    // --attention-dropout 0.1`, examples/pretrain_gpt.sh), materialising the softmax: the
+    // profiles without flash attention.
+    let megatron_era = !profile.runs.flash_attention;
+    let precision = match text(r, "training.precision") {
+        Some(p) if stated && crate::precision::Policy::by_name(p).is_some() => p.to_string(),
+        Some(p) if stated => {
+            return Err(format!(
+                "`training.precision` = \"{p}\" is not a precision policy (megatron | mixed16 | default | fp32)"
+            ))
+        }
+        _ if megatron_era => "megatron".into(),
+        _ => "mixed16".into(),
+    };
+    // llm-foundry's benchmark sweep (scripts/train/benchmarking/submit_benchmarks.py,
+    // `--attn_impl` default 'triton', with flash-attn 1.0.3.post0 and triton 2.0.0.dev20221202
+    // pinned in setup.py) ran FlashAttention's Triton kernel; llm.c runs cuDNN's fused attention
+    // (FlashAttention-2 class), as do PyTorch's SDPA and torchtitan.
+    let flash_kernel = match enum_key(
+        r,
+        "training.flash_kernel",
+        &[
+            ("fa2", FlashKernel::Fa2),
+            ("fa1", FlashKernel::Fa1),
+            ("triton", FlashKernel::Triton),
+        ],
+    )? {
+        Some(k) => k,
+        None if !stated && family == Some(Family::Mpt) => FlashKernel::Triton,
+        None => FlashKernel::Fa2,
+    };
+    let dropout = match num(r, "training.dropout").or_else(|| num(r, "model.dropout")) {
+        Some(d) if stated => d,
+        _ if megatron_era => 0.1,
+        _ => 0.0,
+    };
+    Ok(Training {
+        seq_len,
+        global_batch,
+        precision,
+        attention: if profile.runs.flash_attention {
+            AttentionImpl::Flash
+        } else {
+            AttentionImpl::Eager
+        },
+        flash_kernel,
+        dropout,
+        framework: Some(profile.name.clone()),
+    })
+}
+
+/// The knobs the run pins, and the ones it leaves to the search.
+fn pins(
+    r: &Value,
+    family: Option<Family>,
+    stated: bool,
+    profile: &Profile,
+) -> Result<(Pins, Vec<&'static str>), String> {
+    let (mut tp, mut pp) = (int(r, "parallel.tp"), int(r, "parallel.pp"));
+    if stated {
+        // torchtitan's and PyTorch's defaults: `tensor_parallel_degree = 1`,
+        // `pipeline_parallel_degree = 1` (torchtitan/config/job_config.py).
+        tp = tp.or(Some(1));
+        pp = pp.or(Some(1));
+    }
+    if tp.is_none() || pp.is_none() {
+        return Err("the source does not give TP and PP".into());
+    }
+    let recompute = match text(r, "parallel.recompute") {
+        Some("none") => Some(Recompute::None),
+        Some("selective") => Some(Recompute::Selective),
+        Some("full") => Some(Recompute::Full),
+        _ => None,
+    };
+    let v = int(r, "parallel.virtual_stages");
+    let named = text(r, "parallel.schedule").unwrap_or("");
+    let pipelined = pp.unwrap_or(1) > 1;
+    let schedule = if v.is_some() || (named.contains("interleaved") && pipelined) {
+        Some(ScheduleKind::Interleaved)
+    } else if !pipelined {
+        Some(ScheduleKind::OneFOneB)
+    } else {
+        None
+    };
+    let sp = get(r, "parallel.sequence_parallel")
+        .and_then(Value::as_bool)
+        .or((tp == Some(1)).then_some(false));
+    // FSDP (PyTorch FULL_SHARD) and torchtitan's `dp_shard` degree > 1 are ZeRO-3.
+    let shard = int(r, "parallel.dp_shard")
+        .filter(|&d| d > 1)
+        .or_else(|| int(r, "parallel.fsdp").filter(|&d| d > 1))
+        .or_else(|| (get(r, "parallel.fsdp").and_then(Value::as_bool) == Some(true)).then_some(0));
+    let replicate = int(r, "parallel.dp_replicate").filter(|&d| d > 1);
+    let only_zero0 = profile.can_run.zero_stages == [0];
+    let zero = int(r, "parallel.zero_stage")
+        .map(|z| z as u8)
+        .or(shard.map(|_| 3))
+        .or((family.is_some_and(Family::megatron_like) && !stated).then_some(0))
+        .or((stated && only_zero0).then_some(0));
+    let dp = int(r, "parallel.dp").or_else(|| {
+        let s = int(r, "parallel.dp_shard").filter(|&d| d > 0)?;
+        Some(s * replicate.unwrap_or(1))
+    });
+    let pins = Pins {
+        dp,
+        cp: Some(int(r, "parallel.cp").unwrap_or(1)),
+        cp_comm: Some(crate::layout::CpComm::P2p),
+        ep: int(r, "parallel.ep"),
+        pp,
+        tp,
+        micro_batch: int(r, "parallel.micro_batch"),
+        zero,
+        hybrid: Some(replicate.is_some() && shard.is_some()),
+        recompute,
+        recompute_every: None,
+        sp,
+        schedule,
+        virtual_stages: v.or((!pipelined || schedule == Some(ScheduleKind::OneFOneB)).then_some(1)),
+        stage_layers: crate::search::StageLayers {
+            first: int(r, "parallel.first_stage_layers"),
+            last: int(r, "parallel.last_stage_layers"),
+        },
+    };
+    let mut open = Vec::new();
+    for (name, missing) in [
+        ("micro-batch", pins.micro_batch.is_none()),
+        ("schedule", pins.schedule.is_none()),
+        ("virtual stages", pins.virtual_stages.is_none()),
+        ("recompute", pins.recompute.is_none()),
+        ("SP", pins.sp.is_none()),
+        ("ZeRO", pins.zero.is_none()),
+    ] {
+        if missing {
+            open.push(name);
+        }
+    }
+    Ok((pins, open))
+}
