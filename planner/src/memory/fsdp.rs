@@ -159,6 +159,10 @@ pub(super) fn stage_terms(
     stage: u64,
 ) -> Vec<(&'static str, &'static str, f64)> {
     let mut t = Vec::new();
+    if !(f.fsdp2 || f.unsharded_root || f.working_set) {
+        // The default profiles select none: nothing to size (the search's hot path).
+        return t;
+    }
     let root = root_params(model, layout, stage, f.pad_vocab);
     if f.fsdp2 {
         let block = block_params(model, layout);
