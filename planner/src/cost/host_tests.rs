@@ -2,30 +2,11 @@
 
 use super::comm::GroupLink;
 use super::pipeline::{ChunkTime, Parts};
+use super::tests::job;
 use super::*;
 use crate::framework::HostCost;
 use crate::layout::{Recompute, Sharding};
 use crate::schedule::ScheduleKind;
-use crate::spec::{self as specs, ClusterOverrides, TrainingOverrides};
-use std::path::Path;
-
-fn job(model: &str, nodes: u64) -> (Model, Cluster) {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../specs");
-    let m = specs::load_model(
-        &root.join("models").join(model),
-        TrainingOverrides::default(),
-    )
-    .unwrap();
-    let c = specs::load_cluster(
-        &root.join("clusters/dgx-a100-80g.toml"),
-        ClusterOverrides {
-            nodes: Some(nodes),
-            devices: None,
-        },
-    )
-    .unwrap();
-    (m, c)
-}
 
 fn layout(dp: u64, pp: u64, tp: u64, zero: u8, recompute: Recompute) -> Layout {
     Layout {

@@ -6,7 +6,8 @@ use crate::schedule::ScheduleKind;
 use crate::spec::{self as specs, ClusterOverrides, TrainingOverrides};
 use std::path::Path;
 
-fn job(model: &str, nodes: u64) -> (Model, Cluster) {
+/// A preset model on `nodes` DGX A100 nodes (shared with the other cost test modules).
+pub(super) fn job(model: &str, nodes: u64) -> (Model, Cluster) {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../specs");
     let m = specs::load_model(
         &root.join("models").join(model),

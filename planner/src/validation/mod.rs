@@ -186,15 +186,7 @@ pub fn load(
     a100: &Cluster,
     h100: &Cluster,
 ) -> Result<(Vec<Run>, Vec<Skipped>), ValidationError> {
-    load_with(
-        runs_toml,
-        &Presets {
-            a100,
-            h100,
-            others: &[],
-            models: &[],
-        },
-    )
+    load_with(runs_toml, &Presets::a100_h100(a100, h100))
 }
 
 /// Resolves every run of runs.toml against `presets`.
@@ -446,15 +438,7 @@ pub fn document(
     a100: &Cluster,
     h100: &Cluster,
 ) -> Result<(Validation, String), ValidationError> {
-    document_with(
-        runs_toml,
-        &Presets {
-            a100,
-            h100,
-            others: &[],
-            models: &[],
-        },
-    )
+    document_with(runs_toml, &Presets::a100_h100(a100, h100))
 }
 
 /// [`document`] with further GPU and model presets (the CLI passes specs/clusters/ and

@@ -37,6 +37,18 @@ pub struct Presets<'a> {
     pub models: &'a [(String, String)],
 }
 
+impl<'a> Presets<'a> {
+    /// The A100 and H100 presets alone (no further GPUs, no model presets).
+    pub fn a100_h100(a100: &'a Cluster, h100: &'a Cluster) -> Presets<'a> {
+        Presets {
+            a100,
+            h100,
+            others: &[],
+            models: &[],
+        }
+    }
+}
+
 /// The keys a run may state its framework under, in the order they are read.
 pub const FRAMEWORK_KEYS: [&str; 3] = ["framework", "training.framework", "parallel.framework"];
 
