@@ -61,6 +61,9 @@ PLAN[gpt3-1f1b]="${GPT3[*]} --nodes 128 --tp 8 --pp 8 --dp 16 --micro-batch 1 --
 # (c) PP = 1 with 256 micro-batches per step: DP 2 × TP 4 + SP, micro-batch 1, global batch 512,
 # ZeRO-0 (so that all three engines can take it: ZeRO-0 is DDP for torchtitan).
 PLAN[llama-pp1]="${LLAMA[*]} --nodes 1 --dp 2 --tp 4 --pp 1 --micro-batch 1 --sp --zero 0 --recompute full"
+# The same layout planned for torchtitan (`--framework`): its own export runs it; Megatron's and
+# DeepSpeed's refuse a plan whose time and memory are another framework's.
+PLAN[llama-pp1-torchtitan]="${LLAMA[*]} --nodes 1 --dp 2 --tp 4 --pp 1 --micro-batch 1 --sp --zero 0 --recompute full --framework torchtitan"
 # Llama-3 8B as tests/exports.rs plans it: DP 2 × TP 2 + SP × PP 2, stages of 17 and 15 layers
 # (Megatron's first/last-stage flags), ZeRO-1; with FSDP (torchtitan), and with selective
 # recompute under flash attention (torchtitan's per-op mode).
@@ -113,6 +116,7 @@ EXPECTED=$(
 gpt3-interleaved               ok                  refuse:interleaved  refuse:ZeRO-1       ok                ok
 gpt3-1f1b                      ok                  ok                  refuse:ZeRO-1       ok                ok
 llama-pp1                      ok                  ok                  ok                  ok                ok
+llama-pp1-torchtitan           refuse:framework_profile refuse:framework_profile ok          ok                ok
 llama-pp2                      ok                  refuse:uneven       refuse:ZeRO-1       ok                ok
 llama-pp2-fsdp                 refuse:ZeRO-3       refuse:ZeRO-3       ok                  ok                ok
 llama-pp2-fsdp-selective       refuse:ZeRO-3       refuse:selective    ok                  ok                ok

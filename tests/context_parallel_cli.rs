@@ -2,6 +2,8 @@
 //! CP names what it fails to divide, an exchange pinned without CP is refused, and the CPU
 //! runtime refuses the all-gather exchange it does not run.
 
+mod common;
+
 use std::path::Path;
 use std::process::{Command, Output};
 
@@ -21,15 +23,10 @@ const LLAMA405: [&str; 4] = [
     "2048",
 ];
 
-/// Refused with exit 2, no panic, and a message holding every one of `named`.
+/// `plan ARGS` refused as bad input: exit 2, no panic, and a message holding every one of
+/// `named` (`common::refused`).
 fn refused(args: &[&str], named: &[&str]) {
-    let o = plan(args);
-    let err = String::from_utf8_lossy(&o.stderr);
-    assert_eq!(o.status.code(), Some(2), "{args:?}: {err}");
-    assert!(!err.contains("panicked"), "{err}");
-    for n in named {
-        assert!(err.contains(n), "{args:?}: `{n}` missing from: {err}");
-    }
+    common::refused(&common::run(&[&["plan"], args].concat()), named);
 }
 
 #[test]

@@ -1,6 +1,8 @@
 //! Expert parallelism at the command line: the search picks EP for an MoE model and plan.json
 //! carries it; an impossible EP names the rule it breaks (Megatron-Core's) and the fix.
 
+mod common;
+
 use std::path::Path;
 use std::process::{Command, Output};
 
@@ -24,15 +26,10 @@ const MIXTRAL: [&str; 8] = [
     "256",
 ];
 
-/// Refused with exit 2, no panic, and a message holding every one of `named`.
+/// `plan ARGS` refused as bad input: exit 2, no panic, and a message holding every one of
+/// `named` (`common::refused`).
 fn refused(args: &[&str], named: &[&str]) {
-    let o = plan(args);
-    let err = String::from_utf8_lossy(&o.stderr);
-    assert_eq!(o.status.code(), Some(2), "{args:?}: {err}");
-    assert!(!err.contains("panicked"), "{err}");
-    for n in named {
-        assert!(err.contains(n), "{args:?}: `{n}` missing from: {err}");
-    }
+    common::refused(&common::run(&[&["plan"], args].concat()), named);
 }
 
 #[test]

@@ -4,9 +4,7 @@
 
 use tessera_planner::layout::Layout;
 use tessera_planner::memory::{self, per_param};
-use tessera_planner::model::{
-    Activation, Architecture, AttentionImpl, Model, Norm, Position, Training,
-};
+use tessera_planner::model::{Architecture, AttentionImpl, Model, Training};
 use tessera_planner::precision::Policy;
 use tessera_planner::schedule::ScheduleKind;
 use tessera_planner::spec::{Cluster, Device, DeviceKind, Link, Overhead};
@@ -50,30 +48,7 @@ fn cluster(devices: u64, memory_gib: f64) -> Cluster {
 fn gpt2(layers: u64, hidden: u64, heads: u64, vocab: u64, precision: &str) -> Model {
     Model {
         name: "gpt2".into(),
-        architecture: Architecture {
-            layers,
-            hidden,
-            heads,
-            kv_heads: heads,
-            head_dim: hidden / heads,
-            ffn_hidden: 4 * hidden,
-            vocab,
-            activation: Activation::Gelu,
-            norm: Norm::Layernorm,
-            position: Position::Learned,
-            tied_embeddings: true,
-            bias: true,
-            qkv_bias: true,
-            max_positions: 1024,
-            vocab_divisible_by: 1,
-            rope_theta: tessera_planner::model::DEFAULT_ROPE_THETA,
-            rope_scaling: None,
-            norm_eps: tessera_planner::model::DEFAULT_NORM_EPS,
-            sliding_window: None,
-            moe: None,
-            mla: None,
-            qk_norm: false,
-        },
+        architecture: Architecture::gpt(layers, hidden, heads, vocab, 1024),
         training: Training {
             seq_len: 1024,
             global_batch: 128,

@@ -290,6 +290,36 @@ impl LayerParams {
 }
 
 impl Architecture {
+    /// A GPT as GPT-2 and Megatron-LM build it: GeLU MLP of 4 × hidden, LayerNorm, learned
+    /// positions up to `max_positions`, tied embeddings, biases, no vocabulary padding, no
+    /// MoE/MLA/sliding window. Callers change what their model differs in.
+    pub fn gpt(layers: u64, hidden: u64, heads: u64, vocab: u64, max_positions: u64) -> Self {
+        Architecture {
+            layers,
+            hidden,
+            heads,
+            kv_heads: heads,
+            head_dim: hidden / heads.max(1),
+            ffn_hidden: 4 * hidden,
+            vocab,
+            activation: Activation::Gelu,
+            norm: Norm::Layernorm,
+            position: Position::Learned,
+            tied_embeddings: true,
+            bias: true,
+            qkv_bias: true,
+            max_positions,
+            vocab_divisible_by: 1,
+            rope_theta: DEFAULT_ROPE_THETA,
+            rope_scaling: None,
+            norm_eps: DEFAULT_NORM_EPS,
+            sliding_window: None,
+            moe: None,
+            mla: None,
+            qk_norm: false,
+        }
+    }
+
     /// Width of the query projection (heads × head_dim); equals `hidden` unless head_dim is
     /// explicit. Saturates at `u64::MAX`, as every count below does.
     pub fn q_dim(&self) -> u64 {
@@ -414,30 +444,7 @@ mod tests {
     use super::*;
 
     pub(super) fn tiny() -> Architecture {
-        Architecture {
-            layers: 4,
-            hidden: 64,
-            heads: 4,
-            kv_heads: 4,
-            head_dim: 16,
-            ffn_hidden: 256,
-            vocab: 256,
-            activation: Activation::Gelu,
-            norm: Norm::Layernorm,
-            position: Position::Learned,
-            tied_embeddings: true,
-            bias: true,
-            qkv_bias: true,
-            max_positions: 128,
-            vocab_divisible_by: 1,
-            rope_theta: DEFAULT_ROPE_THETA,
-            rope_scaling: None,
-            norm_eps: DEFAULT_NORM_EPS,
-            sliding_window: None,
-            moe: None,
-            mla: None,
-            qk_norm: false,
-        }
+        Architecture::gpt(4, 64, 4, 256, 128)
     }
 
     #[test]

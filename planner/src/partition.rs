@@ -258,6 +258,19 @@ pub fn balance_dp(
     Some(split)
 }
 
+/// The first layer of each chunk of `split` (layers per virtual stage, pipeline order): the
+/// running sum before it.
+pub fn chunk_starts(split: &[u64]) -> Vec<u64> {
+    split
+        .iter()
+        .scan(0, |acc, n| {
+            let s = *acc;
+            *acc += n;
+            Some(s)
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

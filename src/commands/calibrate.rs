@@ -203,14 +203,32 @@ pub fn run(args: CalibrateArgs) -> anyhow::Result<ExitCode> {
         cluster.device.memory_gib,
     );
     let text = spec_text(&calibrated(&cluster, &m, memory_gib), &m);
-    match &args.output {
+    emit(args.output.as_deref(), &text)?;
+    Ok(ExitCode::SUCCESS)
+}
+
+/// The calibrated spec to `-o`'s file (atomically), or to standard output.
+fn emit(output: Option<&std::path::Path>, text: &str) -> anyhow::Result<()> {
+    match output {
         Some(path) => {
             write_output(path, text.as_bytes())?;
             println!("wrote {}", path.display());
         }
         None => print!("{text}"),
     }
-    Ok(ExitCode::SUCCESS)
+    Ok(())
+}
+
+/// The input spec's `[overhead]` table, as both calibrations keep it.
+pub(super) fn overhead_table(o: &tessera_planner::spec::Overhead) -> String {
+    format!(
+        "[overhead]  # the input spec's\ncontext_gib = {}\nfragmentation = {}\ncuda_context_mib = {}\ncublas_workspace_mib = {}\nnccl_mib_per_communicator = {}\n",
+        o.context_gib,
+        o.fragmentation,
+        o.cuda_context_mib,
+        o.cublas_workspace_mib,
+        o.nccl_mib_per_communicator
+    )
 }
 
 /// `--gpu` / `--from-json`: the GPU cluster's `[calibration]` from kernel measurements.
@@ -236,13 +254,7 @@ fn gpu(args: &CalibrateArgs, cluster: &tessera_planner::Cluster) -> anyhow::Resu
         },
     };
     let text = calibrate_gpu::spec_text(cluster, &m, &origin)?;
-    match &args.output {
-        Some(path) => {
-            write_output(path, text.as_bytes())?;
-            println!("wrote {}", path.display());
-        }
-        None => print!("{text}"),
-    }
+    emit(args.output.as_deref(), &text)?;
     Ok(ExitCode::SUCCESS)
 }
 
@@ -315,16 +327,7 @@ fn spec_text(c: &tessera_planner::Cluster, m: &Measured) -> String {
             );
         }
     }
-    let o = &c.overhead;
-    let _ = writeln!(
-        s,
-        "[overhead]  # the input spec's\ncontext_gib = {}\nfragmentation = {}\ncuda_context_mib = {}\ncublas_workspace_mib = {}\nnccl_mib_per_communicator = {}\n",
-        o.context_gib,
-        o.fragmentation,
-        o.cuda_context_mib,
-        o.cublas_workspace_mib,
-        o.nccl_mib_per_communicator
-    );
+    let _ = writeln!(s, "{}", overhead_table(&c.overhead));
     let _ = writeln!(
         s,
         "[calibration]\n# Measured: each size's GEMM rate over the best one.\nmatmul_efficiency = [{}]\nmemory_efficiency = {}\nflash_attention_efficiency = {}  # the input spec's\nintra_node_efficiency = {}\ninter_node_efficiency = {}",

@@ -229,14 +229,7 @@ pub fn evaluate(
     let (pp, v) = (layout.pp as usize, layout.virtual_stages as usize);
     let m = layout.microbatches(model);
     let last = pp * v - 1;
-    let starts: Vec<u64> = split
-        .iter()
-        .scan(0, |acc, n| {
-            let s = *acc;
-            *acc += n;
-            Some(s)
-        })
-        .collect();
+    let starts = crate::partition::chunk_starts(split);
     let chunks: Vec<ChunkTime> = (0..pp * v)
         .map(|vs| {
             let (dense, moe) = crate::memory::moe::layer_mix(model, starts[vs], split[vs]);

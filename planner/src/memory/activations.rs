@@ -337,36 +337,13 @@ pub fn head_terms(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::{Architecture, Mla, Norm, Position, Training};
+    use crate::model::{Architecture, Mla, Position, Training};
 
     /// A GPT-3-style layer as in Korthikanti et al.: dropout, materialised softmax, 4h MLP.
     fn gpt3(a: u64, h: u64, s: u64) -> Model {
         Model {
             name: "gpt3-style".into(),
-            architecture: Architecture {
-                layers: 4,
-                hidden: h,
-                heads: a,
-                kv_heads: a,
-                head_dim: h / a,
-                ffn_hidden: 4 * h,
-                vocab: 51200,
-                activation: Activation::Gelu,
-                norm: Norm::Layernorm,
-                position: Position::Learned,
-                tied_embeddings: true,
-                bias: true,
-                qkv_bias: true,
-                max_positions: s,
-                vocab_divisible_by: 1,
-                rope_theta: crate::model::DEFAULT_ROPE_THETA,
-                rope_scaling: None,
-                norm_eps: crate::model::DEFAULT_NORM_EPS,
-                sliding_window: None,
-                moe: None,
-                mla: None,
-                qk_norm: false,
-            },
+            architecture: Architecture::gpt(4, h, a, 51200, s),
             training: Training {
                 seq_len: s,
                 global_batch: 8,

@@ -74,7 +74,8 @@ pub(super) struct Fsdp {
     /// The framework reports the caching allocator's reserved bytes.
     pub reserved: bool,
     /// The profile's vocabulary padding and loss (`runs.pad_vocab`, `runs.loss`), which size
-    /// the root module and the output layer's buffers.
+    /// the root module and the output layer's buffers (the memory model reads them here, from
+    /// its one lookup of the profile).
     pub pad_vocab: bool,
     pub loss: framework::LossKind,
 }

@@ -165,10 +165,8 @@ struct Ctx<'a> {
     moe_params: (f64, f64),
     /// Dense and MoE layers of each stage.
     mixes: Vec<(u64, u64)>,
-    /// The framework profile's loss and vocabulary padding (`runs.loss`, `runs.pad_vocab`).
-    loss: crate::framework::LossKind,
-    pad_vocab: bool,
-    /// The profile's FSDP and allocator mechanisms (none under the default profiles).
+    /// The profile's FSDP and allocator mechanisms (none under the default profiles), with its
+    /// loss and vocabulary padding.
     fsdp: fsdp::Fsdp,
 }
 
@@ -176,7 +174,6 @@ impl<'a> Ctx<'a> {
     fn new(model: &'a Model, cluster: &'a Cluster, layout: &'a Layout, split: &[u64]) -> Self {
         let fsdp = fsdp::Fsdp::of(model, cluster, layout);
         let policy = fsdp.policy(model);
-        let runs = &crate::framework::of(model, cluster).runs;
         Ctx {
             model,
             cluster,
@@ -194,8 +191,6 @@ impl<'a> Ctx<'a> {
             },
             moe_params: moe::moe_layer_params_per_rank(model, layout),
             mixes: moe::stage_mixes(model, layout, split),
-            loss: runs.loss,
-            pad_vocab: runs.pad_vocab,
             fsdp,
         }
     }
@@ -227,12 +222,14 @@ impl<'a> Ctx<'a> {
         let mut params = times(a.layer_params().per_tp_rank(tp), dense_layers as f64)
             + times(common, moe_layers as f64);
         if stage == 0 {
-            params += a.embedding_params_at(tp, self.pad_vocab).per_tp_rank(tp);
+            params += a
+                .embedding_params_at(tp, self.fsdp.pad_vocab)
+                .per_tp_rank(tp);
         }
         if stage == pp - 1 {
             // Tied embeddings share one matrix only when embedding and head sit on one stage.
             params += a
-                .head_params_at(a.tied_embeddings && pp == 1, tp, self.pad_vocab)
+                .head_params_at(a.tied_embeddings && pp == 1, tp, self.fsdp.pad_vocab)
                 .per_tp_rank(tp);
         }
         (params, times(experts, moe_layers as f64))
@@ -406,7 +403,7 @@ impl<'a> Ctx<'a> {
                 1
             };
             for (name, bytes, why) in
-                activations::head_terms(&local, b, tp, sp, self.loss, self.pad_vocab)
+                activations::head_terms(&local, b, tp, sp, self.fsdp.loss, self.fsdp.pad_vocab)
             {
                 add(sink, name, "activations", bytes * held as f64, &|| {
                     format!("{why} × {held} micro-batch(es)")

@@ -31,7 +31,6 @@ impl StageBytes {
             layout.micro_batch,
         );
         let sp = layout.sequence_parallel;
-        let runs = &crate::framework::of(model, cluster).runs;
         let zero = layout.sharding.zero_stage;
         let shard = layout.shard_degree(cluster);
         let fsdp = super::fsdp::Fsdp::of(model, cluster, layout);
@@ -84,7 +83,7 @@ impl StageBytes {
             fixed_all += a.layer_params().per_tp_rank(tp).max(common + experts) * (2.0 * wb + 2.0);
         }
         let held0 = in_flight(layout.schedule, pp, m, 1, 0).min(m) as f64;
-        let first = a.embedding_params_at(tp, runs.pad_vocab).per_tp_rank(tp) * bpp
+        let first = a.embedding_params_at(tp, fsdp.pad_vocab).per_tp_rank(tp) * bpp
             + activations::embedding_bytes(&local, b, tp, sp) * held0;
         let held_last = if layout.schedule == ScheduleKind::Gpipe {
             m
@@ -92,10 +91,10 @@ impl StageBytes {
             1
         } as f64;
         let last = a
-            .head_params_at(a.tied_embeddings && pp == 1, tp, runs.pad_vocab)
+            .head_params_at(a.tied_embeddings && pp == 1, tp, fsdp.pad_vocab)
             .per_tp_rank(tp)
             * bpp
-            + activations::head_terms(&local, b, tp, sp, runs.loss, runs.pad_vocab)
+            + activations::head_terms(&local, b, tp, sp, fsdp.loss, fsdp.pad_vocab)
                 .iter()
                 .map(|(_, x, _)| x * held_last)
                 .sum::<f64>();

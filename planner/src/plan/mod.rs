@@ -363,14 +363,7 @@ pub fn stages(layout: &Layout, layers: u64) -> Vec<Stage> {
 
 /// The stages and chunks of a layout for a split (layers per virtual stage, pipeline order).
 pub fn stages_for_split(layout: &Layout, split: &[u64]) -> Vec<Stage> {
-    let starts: Vec<u64> = split
-        .iter()
-        .scan(0, |acc, n| {
-            let s = *acc;
-            *acc += n;
-            Some(s)
-        })
-        .collect();
+    let starts = crate::partition::chunk_starts(split);
     let last = layout.pp * layout.virtual_stages - 1;
     (0..layout.pp)
         .map(|stage| Stage {

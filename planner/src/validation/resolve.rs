@@ -279,33 +279,15 @@ fn architecture(
         &[("learned", Position::Learned), ("rope", Position::Rope)],
     )?;
     let base = preset.unwrap_or(Architecture {
-        layers,
-        hidden,
-        heads,
-        kv_heads: heads,
-        head_dim: hidden / heads.max(1),
-        ffn_hidden: 4 * hidden,
-        vocab,
-        activation: Activation::Gelu,
-        norm: Norm::Layernorm,
-        position: Position::Learned,
-        tied_embeddings: true,
         // GPT-2 and Megatron's GPT carry biases; llm-foundry's MPT sets `no_bias: true`
         // (llmfoundry/models/mpt/configuration_mpt.py).
         bias: profile.name != "llm-foundry",
         qkv_bias: profile.name != "llm-foundry",
-        max_positions: seq_len,
         // Megatron-LM pads to 128 × TP (`--make-vocab-size-divisible-by 128`), llm.c to a
         // multiple of 128 (50257 → 50304); a profile with `pad_vocab = false` trains the
         // vocabulary as it is.
         vocab_divisible_by: if profile.runs.pad_vocab { 128 } else { 1 },
-        rope_theta: crate::model::DEFAULT_ROPE_THETA,
-        rope_scaling: None,
-        norm_eps: crate::model::DEFAULT_NORM_EPS,
-        sliding_window: None,
-        moe: None,
-        mla: None,
-        qk_norm: false,
+        ..Architecture::gpt(layers, hidden, heads, vocab, seq_len)
     });
     let mut a = Architecture {
         layers,

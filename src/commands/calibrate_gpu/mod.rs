@@ -221,12 +221,7 @@ pub fn spec_text(c: &Cluster, m: &Measurement, origin: &str) -> Result<String> {
             l.bandwidth_gbps, l.latency_us
         );
     }
-    let o = &c.overhead;
-    let _ = writeln!(
-        s,
-        "\n[overhead]  # the input spec's\ncontext_gib = {}\nfragmentation = {}\ncuda_context_mib = {}\ncublas_workspace_mib = {}\nnccl_mib_per_communicator = {}\n",
-        o.context_gib, o.fragmentation, o.cuda_context_mib, o.cublas_workspace_mib, o.nccl_mib_per_communicator
-    );
+    let _ = writeln!(s, "\n{}", super::calibrate::overhead_table(&c.overhead));
     let _ = writeln!(
         s,
         "[calibration]\n# bf16 GEMMs (cuBLAS through `a @ b`), by smallest dimension: the median over the shapes\n\
