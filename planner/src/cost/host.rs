@@ -3,6 +3,12 @@
 //! time for its ops, however little GPU work they hold. Per layer, per micro-batch and per pass
 //! the time is `max(GPU time, ops × per-op host cost)`; the excess is the `host` part.
 //!
+//! "Ops" are bare-op equivalents: a framework's layer as its own code dispatches it, timed on the
+//! host against the cheapest op (`y = y * c` with autograd) side by side
+//! (scripts/host_layer_cost.py, docs/host-floor.md). A real layer's module calls, hooks, custom
+//! autograd Functions and autocast casts make it cost 2.4–6× its Python-level op count, so the
+//! profiles carry the measured equivalents, and `host_op_us` is the bare op's cost on the host.
+//!
 //! One max per pass, not one per segment between collectives: NCCL collectives are enqueued on
 //! a stream and return to the host at once (`torch.distributed.all_reduce` without `.wait()`),
 //! so the host runs ahead across a layer's TP collectives and no source we found says it stalls
@@ -21,7 +27,8 @@ pub const DEFAULT_HOST_OP_US: f64 = 6.8;
 /// What the host pays per layer and pass (from the framework profile).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct HostFloor {
-    /// Ops of one layer's forward, and autograd nodes of its backward.
+    /// Bare-op equivalents of one layer's forward and of its backward (the profile's
+    /// `host_ops_forward` / `host_ops_backward`).
     pub ops_forward: u32,
     pub ops_backward: u32,
     pub cost: HostCost,

@@ -215,3 +215,39 @@ fn cost_blocking_p2p_sends_whole_activations_inside_the_sender() {
     let p = e.predict(&pipeline::Simulator::new().run(&e.pipeline));
     assert!(p.term("pp_p2p_blocking") > 0.0);
 }
+
+/// The Megatron profiles' measured host floor on a layer with next to no GPU work: the tiny
+/// GPT on an A100, where the default per-op cost 6.8 µs (pytorch/pytorch#41383) times the
+/// megatron-legacy profile's 264 forward and 138 backward bare-op equivalents (measured by
+/// scripts/host_layer_cost.py) is 1.7952 ms forward and 0.9384 ms backward per layer and
+/// micro-batch; full recompute dispatches the forward again inside the backward: (138 + 264) ×
+/// 6.8 µs = 2.7336 ms.
+#[test]
+fn cost_megatron_profile_floors_a_tiny_layer_at_its_measured_host_time() {
+    let (m, c) = job("tiny.toml", 1);
+    assert_eq!(
+        c.calibration.host_op_us, None,
+        "the preset keeps the default"
+    );
+    let o = Options::of(crate::framework::by_name("megatron-legacy").unwrap());
+    let links_of = |l: &Layout| Links::new(&c, &l.mesh(&c));
+    let l = layout(8, 1, 1, 0, Recompute::None);
+    let t = layer_times(&m, &c, &l, &links_of(&l), o);
+    assert!(
+        (t.layer.fwd.total() - 1.7952e-3).abs() < 1e-9,
+        "{:?}",
+        t.layer.fwd
+    );
+    assert!(
+        (t.layer.bwd.total() - 0.9384e-3).abs() < 1e-9,
+        "{:?}",
+        t.layer.bwd
+    );
+    let l = layout(8, 1, 1, 0, Recompute::Full);
+    let t = layer_times(&m, &c, &l, &links_of(&l), o);
+    assert!(
+        (t.layer.bwd.total() - 2.7336e-3).abs() < 1e-9,
+        "{:?}",
+        t.layer.bwd
+    );
+}

@@ -525,7 +525,7 @@ impl Evaluation {
             (
                 "host_floor",
                 sum.host,
-                "the host's per-op dispatch beyond the GPU's time: each layer's pass takes at least its ops × the host's cost per op (the framework profile's op counts, the cluster's host_op_us or launch latency)".to_string(),
+                "the host's per-op dispatch beyond the GPU's time: each layer's pass takes at least its ops × the host's cost per op (the framework profile's measured bare-op equivalents per layer, the cluster's host_op_us or launch latency)".to_string(),
             ),
             (
                 "nccl_interference",

@@ -88,8 +88,8 @@ pub struct Runs {
     /// Flash attention is run where the spec asks for it; false: the framework materialises
     /// the softmax whatever the spec says.
     pub flash_attention: bool,
-    /// Ops the host dispatches per transformer layer and micro-batch, forward and backward
-    /// (counted in the framework's source; the file names where).
+    /// The host's time for one transformer layer's forward and backward per micro-batch, in
+    /// bare-op equivalents (measured by scripts/host_layer_cost.py; the file names the run).
     pub host_ops_forward: u32,
     pub host_ops_backward: u32,
     pub host_cost: HostCost,
