@@ -21,19 +21,17 @@
 //! built into the binary, so it does not depend on the working directory.
 
 mod checkpoint;
+mod checks;
 mod data;
 mod metrics;
 mod optim;
+mod outputs;
 
-use std::ffi::OsString;
-use std::fs::File;
-use std::io::Write;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::ExitCode;
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::sync::Arc;
 
-use anyhow::{anyhow, bail, Context};
+use anyhow::{bail, Context};
 use clap::{Args, Parser, ValueEnum};
 use indicatif::{ProgressBar, ProgressStyle};
 use tessera_planner::plan::Plan;
@@ -41,16 +39,18 @@ use tessera_planner::spec::DeviceKind;
 use tessera_runtime::backend::cuda::Device;
 use tessera_runtime::backend::cuda::{device_collective, CudaLauncher};
 use tessera_runtime::data::Tokens;
-use tessera_runtime::exec::trace::chrome_trace_stopped;
-use tessera_runtime::exec::{self, chrome_trace, TraceEvent, TrainOptions};
+use tessera_runtime::exec::{self, TrainOptions};
 use tessera_runtime::launch::env::LaunchEnv;
 use tessera_runtime::launch::rendezvous::{rendezvous, RendezvousError};
 use tessera_runtime::launch::EXIT_PEER_FAILED;
 
-use crate::files::{check_outputs, named, write_output, LineStream};
-use crate::signals::{lock_until, uninterrupted, Interrupts, EXIT_GRACE};
+use crate::signals::{uninterrupted, Interrupts};
 
 use data::{BUNDLED_DATA, BUNDLED_DATA_NAME};
+use outputs::Outputs;
+
+use checks::{check_flags, check_run_outputs, gpus_here, host_bytes_needed};
+pub use checks::{check_launched, check_runnable};
 
 #[derive(Clone, Copy, ValueEnum, PartialEq, Debug)]
 enum Backend {
@@ -153,193 +153,6 @@ impl RunArgs {
     }
 }
 
-/// The runtime's own conditions on a plan for a CPU cluster (what it implements, how many
-/// ranks), checked by `plan`, `validate` and `run` alike; `file` is named in the error.
-pub fn check_runnable(plan: &Plan, file: &std::path::Path) -> anyhow::Result<()> {
-    if plan.job.cluster.device.kind != DeviceKind::Cpu {
-        return Ok(());
-    }
-    exec::check_supported(plan).map_err(|e| anyhow::anyhow!("{}: {e}", file.display()))
-}
-
-/// Bytes of host memory a CPU run of `plan` needs: f32 weights, gradients and Adam moments for
-/// every rank's parameters (ZeRO shards the moments), plus the plan's activations at 4 bytes
-/// instead of 2. The CPU runtime computes attention eagerly, so a plan that assumes flash
-/// attention also needs the s×s scores the plan does not count. In f64: never wraps.
-fn host_bytes_needed(plan: &Plan) -> f64 {
-    let p = &plan.parallel;
-    let a = &plan.job.model.architecture;
-    let t = &plan.job.model.training;
-    // ZeRO shards over DP × CP; a CP rank's ring attention keeps no s×s scores.
-    let shard = if p.zero_stage >= 1 {
-        (p.dp * p.cp) as f64
-    } else {
-        1.0
-    };
-    let scores_per_layer =
-        if t.attention == tessera_planner::model::AttentionImpl::Flash && p.cp <= 1 {
-            4.0 * p.micro_batch as f64 * (a.heads / p.tp) as f64 * (t.seq_len as f64).powi(2)
-        } else {
-            0.0
-        };
-    plan.predicted
-        .memory
-        .per_stage
-        .iter()
-        .map(|s| {
-            let act: f64 = s
-                .terms
-                .iter()
-                .filter(|t| t.kind == "activations")
-                .map(|t| t.bytes as f64)
-                .sum();
-            let scores = scores_per_layer * s.layers as f64 * s.in_flight as f64;
-            let states = s.params_per_rank as f64 * (8.0 + 8.0 / shard);
-            (states + 2.0 * act + scores) * (p.dp * p.cp * p.tp) as f64
-        })
-        .sum()
-}
-
-/// Why a plan cannot run on the CUDA backend here, with the fix.
-fn cuda_refusal(args: &RunArgs, plan: &Plan, problem: &str) -> String {
-    let cluster = &plan.job.cluster;
-    let why = if args.backend == Some(Backend::Cuda) {
-        "--backend cuda"
-    } else {
-        "a GPU cluster"
-    };
-    format!(
-        "{}: this plan is for {} × {} ({why}); running it needs the CUDA backend: {problem}",
-        args.plan.display(),
-        cluster.devices,
-        cluster.device.name,
-    )
-}
-
-/// The GPUs a run may use, or why there are none.
-fn gpus_here(args: &RunArgs, plan: &Plan) -> anyhow::Result<usize> {
-    let cpu =
-        "plan for a CPU cluster (specs/clusters/cpu-8.toml) to train here with the CPU backend";
-    let problem = match tessera_runtime::backend::cuda::devices() {
-        Ok(devices) if !devices.is_empty() => return Ok(devices.len()),
-        Ok(_) => format!("no GPU is visible\n  fix: {cpu}"),
-        Err(tessera_runtime::backend::GpuError::NotCompiledWithCudaSupport) => format!(
-            "this tessera was built without CUDA support\n  fix: build with `cargo build --release --features cuda` on a machine with NVIDIA GPUs (docs/cuda.md), or {cpu}"
-        ),
-        // The error carries its own fix.
-        Err(e) => format!("the CUDA backend is built in, but {e}\n  or {cpu}"),
-    };
-    bail!("{}", cuda_refusal(args, plan, &problem))
-}
-
-/// Flags that the chosen backend or this launch would ignore, and a `--data` file that is not
-/// there: refused before anything starts. `launched`: the world size under a launcher with
-/// several ranks; `reads_data`: this process (rank 0, or a process alone) will load the data.
-fn check_flags(
-    args: &RunArgs,
-    plan: &Plan,
-    launched: Option<usize>,
-    reads_data: bool,
-) -> anyhow::Result<()> {
-    args.optim.settings(plan)?;
-    let shown = args.plan.display();
-    let cluster = &plan.job.cluster;
-    let gpu_plan = cluster.device.kind == DeviceKind::Gpu;
-    if args.backend == Some(Backend::Cpu) && gpu_plan {
-        bail!(
-            "--backend cpu: {shown} is a plan for {} × {} (a GPU cluster), and the CPU backend trains plans for CPU clusters only\n  fix: drop --backend cpu to train it on the CUDA backend, or plan for a CPU cluster (specs/clusters/cpu-8.toml) to train it here",
-            cluster.devices,
-            cluster.device.name
-        );
-    }
-    let cuda = args.on_cuda(plan);
-    if let (Some(c), false) = (args.collectives, cuda) {
-        bail!(
-            "--collectives {}: this run is on the CPU backend ({shown} is a plan for a CPU cluster), whose ranks are threads that exchange data through host memory; --collectives picks how GPU ranks exchange data, so it would be ignored\n  fix: drop --collectives, or add --backend cuda to train on GPUs",
-            c.name()
-        );
-    }
-    if cuda && launched.is_some() {
-        bail!(
-            "{shown}: the CUDA backend trains every rank as a thread of one process, on the GPUs it sees; it does not run under a launcher yet{}\n  fix: run `tessera run {shown}` once, without `tessera launch` or torchrun",
-            match args.backend {
-                Some(b) => format!(" (--backend {})", b.name()),
-                None => " (a GPU cluster's plan)".into(),
-            }
-        );
-    }
-    if let Some(r) = args.fail_rank {
-        match launched {
-            None => bail!(
-                "--fail-rank {r} is a test hook of runs launched with several ranks (the process with RANK {r} fails before the rendezvous), and this run is not one: it would be ignored\n  fix: drop --fail-rank, or run under `tessera launch`"
-            ),
-            Some(world) if r >= world => bail!(
-                "--fail-rank {r}: this launch has ranks 0..{world}, so no process would fail\n  fix: pass a rank below {world}"
-            ),
-            Some(_) => {}
-        }
-    }
-    if let Some(f) = args.fault.filter(|f| f.rank as u64 >= plan.parallel.world) {
-        bail!(
-            "--fault {f}: this plan has ranks 0..{}, so no rank would fail\n  fix: pass a rank below {}",
-            plan.parallel.world,
-            plan.parallel.world
-        );
-    }
-    if reads_data {
-        args.data.check()?;
-    }
-    Ok(())
-}
-
-/// Refuses outputs that are inputs or cannot be written; the probe files it makes are never
-/// left behind by a signal.
-fn check_run_outputs(args: &RunArgs) -> anyhow::Result<()> {
-    let mut outputs = Vec::new();
-    if let Some(p) = &args.metrics {
-        outputs.push(named("--metrics", p));
-    }
-    if let Some(p) = &args.trace {
-        outputs.push(named("--trace", p));
-    }
-    if let Some(p) = &args.report.plot {
-        outputs.push(named("--plot", p));
-    }
-    let mut inputs = vec![named("PLAN", &args.plan)];
-    inputs.extend(args.data.inputs());
-    uninterrupted(|| check_outputs(&inputs, &outputs))
-}
-
-/// Checks what follows `--` in `tessera launch PLAN -- ARGS` as each rank's
-/// `tessera run PLAN ARGS` would check it, launched with `world` ranks (`hosts_rank_0`: this
-/// node runs rank 0, which reads the data): nothing starts when a rank would refuse it.
-pub fn check_launched(
-    plan_path: &Path,
-    plan: &Plan,
-    args: &[OsString],
-    world: usize,
-    hosts_rank_0: bool,
-) -> anyhow::Result<()> {
-    let argv = [
-        OsString::from("tessera run"),
-        plan_path.as_os_str().to_owned(),
-    ]
-    .into_iter()
-    .chain(args.iter().cloned());
-    let parsed = RunCommand::try_parse_from(argv).map_err(|e| {
-        // clap's first paragraph is the error; its usage and tips follow.
-        let text = e.render().to_string();
-        let first = text.trim().split("\n\n").next().unwrap_or_default().to_string();
-        anyhow!(
-            "the arguments after `--` are passed to `tessera run`, which refuses them: {}\n  fix: pass only `tessera run` flags after `--` (`tessera run --help` lists them)",
-            first.trim_start_matches("error: ")
-        )
-    })?;
-    let args = parsed.args;
-    check_run_outputs(&args)?;
-    check_flags(&args, plan, (world > 1).then_some(world), hosts_rank_0)
-}
-
 pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     // First, before any output is opened: a signal from here until the first step exits at
     // once, having written nothing.
@@ -438,203 +251,6 @@ fn distributed(
             Ok(ExitCode::from(EXIT_PEER_FAILED))
         }
         Err(e) => Err(e.into()),
-    }
-}
-
-/// Where the trace goes when the run ends.
-enum TraceSink {
-    /// A regular (or new) file, replaced atomically, or `-` (stdout): written at the end.
-    Replace(PathBuf),
-    /// A FIFO or a device, opened before the first step and written in place.
-    InPlace(PathBuf, File),
-}
-
-/// The run's outputs, open from just before the first step until the process ends. The lock
-/// is what an exit at once waits for (within [`EXIT_GRACE`]): a metrics line or the trace
-/// being written is finished first.
-struct Outputs {
-    open: Mutex<Open>,
-}
-
-struct Open {
-    metrics: Option<LineStream>,
-    trace: Option<TraceSink>,
-}
-
-fn cannot_write(path: &Path, e: impl std::fmt::Display) -> anyhow::Error {
-    anyhow!(
-        "{}: cannot write: {e}\n  fix: check that the folder exists, is writable and has free space",
-        path.display()
-    )
-}
-
-/// Whether `path` names a FIFO (after every link).
-fn is_fifo(path: &Path) -> bool {
-    use std::os::unix::fs::FileTypeExt;
-    std::fs::metadata(path).is_ok_and(|m| m.file_type().is_fifo())
-}
-
-/// Whether `path` names something that is written in place: a FIFO or a device.
-fn is_special(path: &Path) -> bool {
-    path.as_os_str() != "-" && std::fs::metadata(path).is_ok_and(|m| !m.is_file() && !m.is_dir())
-}
-
-/// Opens the FIFO `path` for writing. open(2) would block until a reader opens it, and a
-/// signal could not end that wait; so it opens without blocking, retrying every 50 ms while
-/// there is no reader (ENXIO), and says once what it waits for. A signal meanwhile exits at
-/// once (`crate::signals`: the run has not begun). Writes then block as on any file.
-fn open_fifo(flag: &str, path: &Path, interrupts: &Interrupts) -> anyhow::Result<File> {
-    use std::os::fd::AsRawFd;
-    use std::os::unix::fs::OpenOptionsExt;
-    let mut said = false;
-    loop {
-        let opened = std::fs::OpenOptions::new()
-            .write(true)
-            .custom_flags(libc::O_NONBLOCK)
-            .open(path);
-        match opened {
-            Ok(f) => {
-                let fd = f.as_raw_fd();
-                // SAFETY: fcntl(2) on a descriptor this function owns.
-                let cleared = unsafe {
-                    let flags = libc::fcntl(fd, libc::F_GETFL);
-                    flags >= 0 && libc::fcntl(fd, libc::F_SETFL, flags & !libc::O_NONBLOCK) == 0
-                };
-                if !cleared {
-                    return Err(cannot_write(path, std::io::Error::last_os_error()));
-                }
-                if said {
-                    interrupts.waiting_for(None);
-                    eprintln!("{flag} {}: a reader opened it", path.display());
-                }
-                return Ok(f);
-            }
-            Err(e) if e.raw_os_error() == Some(libc::ENXIO) => {
-                if let Some(sig) = interrupts.received() {
-                    bail!(
-                        "{}: stopped while waiting for a reader of the FIFO {flag} {}",
-                        Interrupts::name(sig),
-                        path.display()
-                    );
-                }
-                if !said {
-                    said = true;
-                    interrupts.waiting_for(Some(format!(
-                        "before the first step, waiting for a reader of the FIFO {flag} {}; nothing was written",
-                        path.display()
-                    )));
-                    eprintln!(
-                        "{flag} {}: a FIFO with no reader yet; waiting for one to open it (Ctrl-C stops)",
-                        path.display()
-                    );
-                }
-                std::thread::sleep(Duration::from_millis(50));
-            }
-            Err(e) => return Err(cannot_write(path, e)),
-        }
-    }
-}
-
-impl Outputs {
-    /// Opens `--metrics` and, when it is a FIFO or a device, `--trace` (a regular trace file is
-    /// replaced atomically at the end).
-    fn open(args: &RunArgs, interrupts: &Interrupts) -> anyhow::Result<Outputs> {
-        let metrics = match args.metrics.as_deref() {
-            None => None,
-            Some(p) if is_fifo(p) => Some(LineStream::from_file(
-                p,
-                open_fifo("--metrics", p, interrupts)?,
-            )),
-            Some(p) => Some(LineStream::open(p)?),
-        };
-        let trace = match args.trace.as_deref() {
-            None => None,
-            Some(p) if is_fifo(p) => Some(TraceSink::InPlace(
-                p.to_path_buf(),
-                open_fifo("--trace", p, interrupts)?,
-            )),
-            Some(p) if is_special(p) => Some(TraceSink::InPlace(
-                p.to_path_buf(),
-                std::fs::OpenOptions::new()
-                    .write(true)
-                    .open(p)
-                    .map_err(|e| cannot_write(p, e))?,
-            )),
-            Some(p) => Some(TraceSink::Replace(p.to_path_buf())),
-        };
-        Ok(Outputs {
-            open: Mutex::new(Open { metrics, trace }),
-        })
-    }
-
-    fn lock(&self) -> std::sync::MutexGuard<'_, Open> {
-        self.open.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    /// Writes one metrics line, whole, if metrics are asked for.
-    fn line(&self, text: &str) -> anyhow::Result<()> {
-        match self.lock().metrics.as_mut() {
-            Some(m) => m.line(text),
-            None => Ok(()),
-        }
-    }
-
-    /// Writes and closes the trace, once: the whole document, or with `why` it stopped early.
-    /// Returns the path written, if a trace was asked for and not written yet.
-    fn close_trace(
-        &self,
-        events: &[TraceEvent],
-        why: Option<&str>,
-    ) -> anyhow::Result<Option<PathBuf>> {
-        let sink = self.lock().trace.take();
-        write_trace(sink, events, why)
-    }
-
-    /// An exit at once (a second signal): closes the trace without the ops of the steps in
-    /// progress, waiting for a line or trace being written, within [`EXIT_GRACE`].
-    fn close_at_once(&self, sig: i32) {
-        let Some(mut open) = lock_until(&self.open, Instant::now() + EXIT_GRACE) else {
-            return;
-        };
-        let sink = open.trace.take();
-        drop(open);
-        let why = format!(
-            "stopped at once by a second {}: the ops of the run were not collected",
-            Interrupts::name(sig)
-        );
-        match write_trace(sink, &[], Some(&why)) {
-            Ok(Some(path)) => {
-                eprintln!("wrote {} (closed, without the ops: {why})", path.display())
-            }
-            Ok(None) => {}
-            Err(e) => eprintln!("error: {e:#}"),
-        }
-    }
-}
-
-fn write_trace(
-    sink: Option<TraceSink>,
-    events: &[TraceEvent],
-    why: Option<&str>,
-) -> anyhow::Result<Option<PathBuf>> {
-    let Some(sink) = sink else {
-        return Ok(None);
-    };
-    let doc = match why {
-        None => chrome_trace(events),
-        Some(why) => chrome_trace_stopped(events, why),
-    };
-    match sink {
-        TraceSink::Replace(path) => {
-            write_output(&path, doc.as_bytes())?;
-            Ok(Some(path))
-        }
-        TraceSink::InPlace(path, mut f) => {
-            f.write_all(doc.as_bytes())
-                .and_then(|()| f.flush())
-                .map_err(|e| cannot_write(&path, e))?;
-            Ok(Some(path))
-        }
     }
 }
 
