@@ -3,20 +3,20 @@
 
 `host_op_cost.py` times the cheapest op there is (`y = y * c`, one autograd node). A framework's
 layer pays more per op than that: module calls, hooks, custom autograd Functions, autocast's casts,
-its own Python between ops. This script builds one layer of each framework below from the
-installed package (never a copy of its code), with tiny shapes so the kernels cost next to
-nothing, and times its forward and its backward on the host. Each is divided by the bare op's
-forward and backward time measured in the same run, so the result is in *bare-op equivalents*:
-the number `host_ops_forward` / `host_ops_backward` of specs/frameworks/*.toml carries, to be
-multiplied by the host's per-op cost (`[calibration] host_op_us`). A ratio of two timings taken
-side by side on one CPU depends far less on that CPU than either timing.
+its own Python between ops. This script builds one layer of each framework below (from the
+installed package where there is one; nanoGPT is not a package, so its Block is written out here)
+with tiny shapes so the kernels cost next to nothing, and times its forward and its backward on the
+host. Each is divided by the bare op's forward and backward time measured back to back with it, so
+the result is in *bare-op equivalents*: what `host_ops_forward` / `host_ops_backward` of
+specs/frameworks/*.toml carry, multiplied by the host's per-op cost (`[calibration] host_op_us`).
+A ratio of two timings taken side by side on one CPU depends far less on that CPU than either
+timing (docs/host-floor.md has the runs).
 
-On a CPU-only machine the layers run on CPU tensors: their tiny kernels run inline where a GPU
-host would launch them (cudaLaunchKernel, a few µs each), so the equivalents are a lower bound
-of what the same layer costs a GPU host in bare CUDA ops only if a CPU op's kernel is cheaper
-than a launch; `--device cuda` measures the real thing.
+On a CPU-only machine the layers run on CPU tensors, and their tiny kernels run inline where a GPU
+host would launch them (cudaLaunchKernel, a few µs each); `--device cuda` on a GPU machine times
+the real thing.
 
-    python3 scripts/host_layer_cost.py [--repeats 30] [--device cpu] [--only NAME]
+    python3 scripts/host_layer_cost.py [--repeats 30] [--device cpu] [--only NAME] [--tp N]
 
 Needs torch; `megatron-core` and `torchtitan` where those layers are wanted (the engines venv of
 scripts/check-exports-env.sh has both). A layer whose package is missing is skipped, named.

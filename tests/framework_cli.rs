@@ -3,20 +3,11 @@
 //! an export to an engine that runs another framework is refused (a stated profile) or warned
 //! about (the default profile).
 
+mod common;
+
 use std::path::Path;
-use std::process::{Command, Output};
 
-fn tessera(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_tessera"))
-        .current_dir(Path::new(env!("CARGO_MANIFEST_DIR")))
-        .args(args)
-        .output()
-        .expect("the tessera binary runs")
-}
-
-fn text(b: &[u8]) -> String {
-    String::from_utf8_lossy(b).into_owned()
-}
+use common::{refused, run};
 
 const LLAMA_ONE_NODE: [&str; 5] = [
     "plan",
@@ -34,17 +25,22 @@ fn plan_json(framework: Option<&str>, out: &Path) {
     if let Some(f) = framework {
         args.extend(["--framework", f]);
     }
-    let r = tessera(&args);
-    assert!(r.status.success(), "{}", text(&r.stderr));
+    let r = run(&args);
+    assert_eq!(r.code, Some(0), "{}", r.stderr);
+}
+
+/// plan.json as JSON.
+fn read_json(p: &Path) -> serde_json::Value {
+    serde_json::from_slice(&std::fs::read(p).unwrap()).unwrap()
 }
 
 #[test]
 fn a_stated_framework_limits_the_search_and_is_kept_in_plan_json() {
     let mut args = LLAMA_ONE_NODE.to_vec();
     args.extend(["--framework", "pytorch-eager", "--top", "3"]);
-    let o = tessera(&args);
-    let out = text(&o.stdout);
-    assert!(o.status.success(), "{}", text(&o.stderr));
+    let o = run(&args);
+    let out = &o.stdout;
+    assert_eq!(o.code, Some(0), "{}", o.stderr);
     assert!(
         out.contains("framework profile \"pytorch-eager\" (stated)"),
         "{out}"
@@ -71,15 +67,15 @@ fn a_stated_framework_limits_the_search_and_is_kept_in_plan_json() {
     let dir = tempfile::tempdir().unwrap();
     let p = dir.path().join("plan.json");
     plan_json(Some("torchtitan"), &p);
-    let v: serde_json::Value = serde_json::from_slice(&std::fs::read(&p).unwrap()).unwrap();
+    let v = read_json(&p);
     assert_eq!(v["job"]["model"]["training"]["framework"], "torchtitan");
 }
 
 #[test]
 fn the_default_profile_is_named_and_not_written() {
-    let o = tessera(&LLAMA_ONE_NODE);
-    let out = text(&o.stdout);
-    assert!(o.status.success(), "{}", text(&o.stderr));
+    let o = run(&LLAMA_ONE_NODE);
+    let out = &o.stdout;
+    assert_eq!(o.code, Some(0), "{}", o.stderr);
     assert!(
         out.contains("framework profile \"megatron-core\" (the default;"),
         "{out}"
@@ -87,7 +83,7 @@ fn the_default_profile_is_named_and_not_written() {
     let dir = tempfile::tempdir().unwrap();
     let p = dir.path().join("plan.json");
     plan_json(None, &p);
-    let v: serde_json::Value = serde_json::from_slice(&std::fs::read(&p).unwrap()).unwrap();
+    let v = read_json(&p);
     assert!(v["job"]["model"]["training"].get("framework").is_none());
 }
 
@@ -95,16 +91,9 @@ fn the_default_profile_is_named_and_not_written() {
 fn an_unknown_framework_is_refused_with_the_known_names() {
     let mut args = LLAMA_ONE_NODE.to_vec();
     args.extend(["--framework", "jax"]);
-    let o = tessera(&args);
-    let err = text(&o.stderr);
-    assert_eq!(o.status.code(), Some(2), "{err}");
-    assert!(
-        err.contains("--framework") && err.contains("\"jax\""),
-        "{err}"
-    );
-    assert!(
-        err.contains("torchtitan") && err.contains("megatron-core"),
-        "{err}"
+    refused(
+        &run(&args),
+        &["--framework", "\"jax\"", "torchtitan", "megatron-core"],
     );
 
     let dir = tempfile::tempdir().unwrap();
@@ -112,15 +101,10 @@ fn an_unknown_framework_is_refused_with_the_known_names() {
     let base = std::fs::read_to_string("specs/models/tiny.toml").unwrap();
     let with = base.replacen("[training]", "[training]\nframework = \"torchtitn\"", 1);
     std::fs::write(&spec, with).unwrap();
-    let o = tessera(&["plan", spec.to_str().unwrap(), "specs/clusters/cpu-8.toml"]);
-    let err = text(&o.stderr);
-    assert_eq!(o.status.code(), Some(2), "{err}");
-    assert!(err.contains("training.framework"), "{err}");
-    assert!(
-        err.contains("torchtitn") && err.contains("torchtitan"),
-        "{err}"
+    refused(
+        &run(&["plan", spec.to_str().unwrap(), "specs/clusters/cpu-8.toml"]),
+        &["training.framework", "torchtitn", "torchtitan", "m.toml"],
     );
-    assert!(err.contains("m.toml"), "{err}");
 }
 
 #[test]
@@ -130,22 +114,19 @@ fn an_export_to_another_framework_is_refused_or_warned() {
     plan_json(Some("torchtitan"), &titan);
     let t = titan.to_str().unwrap();
 
-    let o = tessera(&["export", t, "--to", "megatron"]);
-    let err = text(&o.stderr);
-    assert_eq!(o.status.code(), Some(2), "{err}");
-    assert!(err.contains("\"torchtitan\""), "{err}");
-    assert!(err.contains("--framework megatron-core"), "{err}");
+    let o = run(&["export", t, "--to", "megatron"]);
+    refused(&o, &["\"torchtitan\"", "--framework megatron-core"]);
     assert!(o.stdout.is_empty());
 
-    let o = tessera(&["export", t, "--to", "torchtitan"]);
-    assert!(o.status.success(), "{}", text(&o.stderr));
-    assert!(!text(&o.stderr).contains("warning"), "{}", text(&o.stderr));
+    let o = run(&["export", t, "--to", "torchtitan"]);
+    assert_eq!(o.code, Some(0), "{}", o.stderr);
+    assert!(!o.stderr.contains("warning"), "{}", o.stderr);
 
     let default = dir.path().join("default.json");
     plan_json(None, &default);
-    let o = tessera(&["export", default.to_str().unwrap(), "--to", "torchtitan"]);
-    let err = text(&o.stderr);
-    assert!(o.status.success(), "{err}");
+    let o = run(&["export", default.to_str().unwrap(), "--to", "torchtitan"]);
+    let err = &o.stderr;
+    assert_eq!(o.code, Some(0), "{err}");
     assert!(
         err.contains("warning") && err.contains("\"megatron-core\" (the default)"),
         "{err}"

@@ -5,27 +5,28 @@ use super::pipeline::{ChunkTime, Parts};
 use super::tests::job;
 use super::*;
 use crate::framework::HostCost;
-use crate::layout::{Recompute, Sharding};
+use crate::layout::Recompute;
 use crate::schedule::ScheduleKind;
 
 fn layout(dp: u64, pp: u64, tp: u64, zero: u8, recompute: Recompute) -> Layout {
     Layout {
-        dp,
-        cp: 1,
-        cp_comm: crate::layout::CpComm::P2p,
-        ep: 1,
-        pp,
-        tp,
-        micro_batch: 1,
-        sharding: Sharding {
-            zero_stage: zero,
-            hybrid: false,
-        },
         recompute,
-        recompute_every: 1,
-        sequence_parallel: false,
-        schedule: ScheduleKind::OneFOneB,
-        virtual_stages: 1,
+        ..super::tests::layout(dp, pp, tp, zero, ScheduleKind::OneFOneB, 1)
+    }
+}
+
+/// A layer's passes of GPU work only: forward compute, backward compute and recompute.
+fn chunk(fwd: f64, bwd: f64, recompute: f64) -> ChunkTime {
+    ChunkTime {
+        fwd: Parts {
+            compute: fwd,
+            ..Parts::default()
+        },
+        bwd: Parts {
+            compute: bwd,
+            recompute,
+            ..Parts::default()
+        },
     }
 }
 
@@ -43,17 +44,7 @@ const NANOGPT: host::HostFloor = host::HostFloor {
 fn cost_host_floor_of_a_small_layer_is_its_ops_times_the_per_op_cost() {
     let (_, mut c) = job("tiny.toml", 1);
     c.calibration.host_op_us = Some(10.0);
-    let mut layer = ChunkTime {
-        fwd: Parts {
-            compute: 50e-6,
-            ..Parts::default()
-        },
-        bwd: Parts {
-            compute: 100e-6,
-            recompute: 30e-6,
-            ..Parts::default()
-        },
-    };
+    let mut layer = chunk(50e-6, 100e-6, 30e-6);
     NANOGPT.apply(&c, &mut layer, 1.0);
     assert!(
         (layer.fwd.host - 170e-6).abs() < 1e-12,
@@ -68,16 +59,7 @@ fn cost_host_floor_of_a_small_layer_is_its_ops_times_the_per_op_cost() {
     );
     assert!((layer.bwd.total() - 440e-6).abs() < 1e-12);
     // A layer longer than its ops' host time is left alone.
-    let mut big = ChunkTime {
-        fwd: Parts {
-            compute: 1e-3,
-            ..Parts::default()
-        },
-        bwd: Parts {
-            compute: 2e-3,
-            ..Parts::default()
-        },
-    };
+    let mut big = chunk(1e-3, 2e-3, 0.0);
     NANOGPT.apply(&c, &mut big, 0.0);
     assert_eq!((big.fwd.host, big.bwd.host), (0.0, 0.0));
     // Under CUDA graphs the host pays nothing per op.

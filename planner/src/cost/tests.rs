@@ -25,7 +25,8 @@ pub(super) fn job(model: &str, nodes: u64) -> (Model, Cluster) {
     (m, c)
 }
 
-fn layout(dp: u64, pp: u64, tp: u64, zero: u8, kind: ScheduleKind, v: u64) -> Layout {
+/// A layout with full recompute (shared with the other cost test modules).
+pub(super) fn layout(dp: u64, pp: u64, tp: u64, zero: u8, kind: ScheduleKind, v: u64) -> Layout {
     Layout {
         dp,
         cp: 1,

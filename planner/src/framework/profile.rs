@@ -149,13 +149,12 @@ impl CanRun {
             return no(&format!("PP {}", l.pp), "use --pp 1, or another framework");
         }
         if l.pp > 1 && !self.schedules.contains(&l.schedule) {
-            return Some((
+            return one_of(
                 format!("the {} schedule", l.schedule.name()),
-                format!(
-                    "use --schedule {}",
-                    names(&self.schedules, |s| s.name().to_string())
-                ),
-            ));
+                "--schedule",
+                &self.schedules,
+                |s| s.name().to_string(),
+            );
         }
         if l.cp > 1 && !self.context_parallel {
             return no(&format!("CP {}", l.cp), "use --cp 1");
@@ -167,22 +166,23 @@ impl CanRun {
             return no(&format!("EP {}", l.ep), "use --ep 1");
         }
         if !self.zero_stages.contains(&l.sharding.zero_stage) {
-            return Some((
+            return one_of(
                 format!("ZeRO-{}", l.sharding.zero_stage),
-                format!("use --zero {}", names(&self.zero_stages, |z| z.to_string())),
-            ));
+                "--zero",
+                &self.zero_stages,
+                |z| z.to_string(),
+            );
         }
         if l.sharding.hybrid && !self.hybrid_sharding {
             return no("hybrid sharding", "pin --no-hybrid-shard");
         }
         if !self.recompute.contains(&l.recompute) {
-            return Some((
+            return one_of(
                 format!("{} recompute", l.recompute.name()),
-                format!(
-                    "use --recompute {}",
-                    names(&self.recompute, |r| r.name().to_string())
-                ),
-            ));
+                "--recompute",
+                &self.recompute,
+                |r| r.name().to_string(),
+            );
         }
         if l.recompute_every > 1 && !self.partial_recompute {
             return no("recompute of every k-th layer", "recompute every layer");
@@ -191,6 +191,13 @@ impl CanRun {
     }
 }
 
-fn names<T: Copy>(xs: &[T], name: impl Fn(T) -> String) -> String {
-    xs.iter().map(|x| name(*x)).collect::<Vec<_>>().join(" | ")
+/// A knob outside the profile's set: `what`, and the fix `use FLAG a | b | …` of the set.
+fn one_of<T: Copy>(
+    what: String,
+    flag: &str,
+    set: &[T],
+    name: impl Fn(T) -> String,
+) -> Option<(String, String)> {
+    let names = set.iter().map(|x| name(*x)).collect::<Vec<_>>().join(" | ");
+    Some((what, format!("use {flag} {names}")))
 }
