@@ -6,6 +6,7 @@ mod commands;
 mod files;
 mod output;
 mod signals;
+mod sinks;
 
 #[global_allocator]
 static ALLOC: tessera_runtime::alloc::TrackingAlloc = tessera_runtime::alloc::TrackingAlloc;

@@ -14,6 +14,7 @@ pub mod layers;
 pub mod optim;
 pub mod params;
 pub mod rng;
+pub mod session;
 
 #[cfg(test)]
 mod testutil;

@@ -15,41 +15,40 @@
 //! failure or a second signal, with what was collected and why it stopped under
 //! `otherData.stopped`.
 //!
+//! The training session itself — host memory, data, evaluation, resume and initial weights,
+//! optimizer settings, the executor, the summary, the memory report and the loss curve — is
+//! `tessera_runtime::session`: this command builds its options from the flags, calls it, and
+//! prints.
+//!
 //! Flags are honoured or refused: `--collectives` only means something to the CUDA backend,
 //! `--backend cpu` cannot train a GPU cluster's plan, `--fail-rank` only acts under a launcher
 //! with several ranks; each is refused (exit 2) where it would be ignored. The default data is
 //! built into the binary, so it does not depend on the working directory.
 
-mod checkpoint;
 mod checks;
-mod data;
-mod metrics;
-mod optim;
-mod outputs;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
 
-use anyhow::{bail, Context};
+use anyhow::{anyhow, bail, Context};
 use clap::{Args, Parser, ValueEnum};
 use indicatif::{ProgressBar, ProgressStyle};
 use tessera_planner::plan::Plan;
 use tessera_planner::spec::DeviceKind;
-use tessera_runtime::backend::cuda::Device;
-use tessera_runtime::backend::cuda::{device_collective, CudaLauncher};
-use tessera_runtime::data::Tokens;
-use tessera_runtime::exec::{self, TrainOptions};
+use tessera_runtime::exec::{self, StepMetrics};
 use tessera_runtime::launch::env::LaunchEnv;
 use tessera_runtime::launch::rendezvous::{rendezvous, RendezvousError};
 use tessera_runtime::launch::EXIT_PEER_FAILED;
+use tessera_runtime::session::{
+    json_line, progress, CheckpointOptions, Collectives, DataOptions, EvalOptions, Gpus, Observer,
+    OptimOverrides, RunOptions, Session, SessionError,
+};
 
 use crate::signals::{uninterrupted, Interrupts};
+use crate::sinks::Outputs;
 
-use data::{BUNDLED_DATA, BUNDLED_DATA_NAME};
-use outputs::Outputs;
-
-use checks::{check_flags, check_run_outputs, gpus_here, host_bytes_needed};
+use checks::{check_flags, check_run_outputs, gpus_here};
 pub use checks::{check_launched, check_runnable};
 
 #[derive(Clone, Copy, ValueEnum, PartialEq, Debug)]
@@ -69,28 +68,6 @@ impl Backend {
     }
 }
 
-/// How a GPU run's ranks exchange data.
-#[derive(Clone, Copy, ValueEnum, PartialEq, Debug)]
-enum Collectives {
-    /// NCCL when every rank has a GPU of its own, else through host memory.
-    Auto,
-    /// NCCL on the device buffers (each rank needs its own GPU: NCCL refuses two ranks of one
-    /// communicator on one GPU).
-    Nccl,
-    /// Through host memory (any number of ranks per GPU; rank-order sums, bit-reproducible).
-    Staged,
-}
-
-impl Collectives {
-    fn name(self) -> &'static str {
-        match self {
-            Collectives::Auto => "auto",
-            Collectives::Nccl => "nccl",
-            Collectives::Staged => "staged",
-        }
-    }
-}
-
 #[derive(Args)]
 pub struct RunArgs {
     /// A plan written by `tessera plan -o`.
@@ -99,7 +76,7 @@ pub struct RunArgs {
     #[arg(long, default_value_t = 50, value_parser = clap::value_parser!(u64).range(1..=1_000_000_000))]
     steps: u64,
     #[command(flatten)]
-    data: data::DataArgs,
+    data: DataOptions,
     /// Seed of the weights and of the data order.
     #[arg(long, default_value_t = 1234)]
     seed: u64,
@@ -123,11 +100,15 @@ pub struct RunArgs {
     #[arg(long, hide = true, value_name = "RANK:STEP:error|panic")]
     fault: Option<exec::Fault>,
     #[command(flatten)]
-    checkpoint: checkpoint::CheckpointArgs,
+    checkpoint: CheckpointOptions,
     #[command(flatten)]
-    optim: optim::OptimArgs,
+    optim: OptimOverrides,
     #[command(flatten)]
-    report: metrics::MetricsArgs,
+    eval: EvalOptions,
+    /// Write the loss curve (train and validation loss against tokens) as an SVG picture at
+    /// the end of the run
+    #[arg(long)]
+    plot: Option<PathBuf>,
 }
 
 /// `tessera run`'s arguments on their own, to check what `tessera launch` passes on.
@@ -139,11 +120,6 @@ struct RunCommand {
 }
 
 impl RunArgs {
-    /// Whether the run trains on the bundled text (no `--data`).
-    fn bundled_data(&self) -> bool {
-        self.data.data.is_none()
-    }
-
     /// Whether the run goes to the CUDA backend: asked for, or a GPU cluster's plan.
     fn on_cuda(&self, plan: &Plan) -> bool {
         match self.backend {
@@ -151,6 +127,30 @@ impl RunArgs {
             None => plan.job.cluster.device.kind == DeviceKind::Gpu,
         }
     }
+
+    /// The session's options: the flags, on the CPU or on `gpus` visible GPUs.
+    fn options(&self, gpus: Option<usize>) -> RunOptions {
+        RunOptions {
+            plan_file: self.plan.clone(),
+            steps: self.steps,
+            seed: self.seed,
+            data: self.data.clone(),
+            checkpoint: self.checkpoint.clone(),
+            optim: self.optim.clone(),
+            eval: self.eval,
+            trace: self.trace.is_some(),
+            gpus: gpus.map(|visible| Gpus {
+                visible,
+                collectives: self.collectives.unwrap_or(Collectives::Auto),
+            }),
+            fault: self.fault,
+        }
+    }
+}
+
+/// A session's errors as the command prints them: the message alone.
+fn flat(e: SessionError) -> anyhow::Error {
+    anyhow!("{e}")
 }
 
 pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
@@ -255,89 +255,41 @@ fn distributed(
 }
 
 /// Trains in this process (every rank a thread): on the CPU, or with `gpus`, rank r on GPU
-/// r mod gpus (the device backend, collectives through host memory).
+/// r mod gpus (the device backend).
 fn train_here(
     args: &RunArgs,
     plan: &Plan,
     gpus: Option<usize>,
     interrupts: &Interrupts,
 ) -> anyhow::Result<ExitCode> {
-    let cluster = &plan.job.cluster;
-    let need = if gpus.is_some() {
-        0.0
-    } else {
-        host_bytes_needed(plan)
-    };
-    if let Some(have) =
-        tessera_runtime::calibrate::available_memory_bytes().filter(|_| gpus.is_none())
-    {
-        if need > have {
-            bail!(
-                "{}: this CPU run needs about {} of host memory ({} ranks), and {} is available\n  fix: plan a smaller model, a smaller micro-batch or more recompute, or free memory",
-                args.plan.display(),
-                tessera_planner::units::bytes(need),
-                plan.parallel.world,
-                tessera_planner::units::bytes(have)
-            );
-        }
-    }
-    let loaded = args.data.load(need)?;
-    loaded.announce(args.bundled_data());
-    let eval = args
-        .report
-        .eval_set(plan, loaded.val.as_ref())?
-        .map(Arc::new);
-    let data = loaded.train;
-    let world = plan.parallel.world as usize;
-    let nccl = match (args.collectives.unwrap_or(Collectives::Auto), gpus) {
-        (Collectives::Staged, _) | (_, None) => false,
-        (Collectives::Nccl, Some(n)) => {
-            if world > n {
-                bail!(
-                    "{}: --collectives nccl needs a GPU per rank, and this plan has {world} ranks on {n} visible GPUs (NCCL refuses two ranks of one communicator on one GPU)\n  fix: use --collectives staged, or plan for {n} devices",
-                    args.plan.display()
-                );
-            }
-            tessera_runtime::backend::cuda::probe_nccl()
-                .map_err(|e| anyhow::anyhow!("--collectives nccl: {e}"))?;
-            true
-        }
-        (Collectives::Auto, Some(n)) => {
-            world <= n && tessera_runtime::backend::cuda::probe_nccl().is_ok()
-        }
-    };
-    // A checkpoint to resume is opened and checked before any output exists.
-    let resume = args.checkpoint.resume(args.steps)?;
-    let init = args.checkpoint.init_from(plan)?;
+    let mut console = Console::default();
+    let session = Session::prepare(plan, args.options(gpus), &mut console).map_err(flat)?;
     // The outputs open now, just before the first step; from here on every way out closes
     // them, an exit at once included.
-    let outputs = Arc::new(Outputs::open(args, interrupts)?);
+    let outputs = Arc::new(Outputs::open(
+        args.metrics.as_deref(),
+        args.trace.as_deref(),
+        interrupts,
+    )?);
     {
         let outputs = outputs.clone();
         interrupts.on_exit(move |sig| outputs.close_at_once(sig));
     }
     let stop = Arc::new(exec::Stop::new());
     interrupts.arm(stop.clone());
-    let result = train_with(
-        args,
-        plan,
-        (gpus, nccl),
-        &data,
-        &outputs,
-        &stop,
-        (resume, init, eval),
-    );
-    let (report, write_error) = match result {
-        Ok(done) => done,
+    console.outputs = Some(outputs.clone());
+    let finished = match session.train(stop, &mut console) {
+        Ok(f) => f,
         Err(e) => {
-            let why = format!("the run failed: {e:#}");
+            let why = format!("the run failed: {e}");
             if let Err(t) = uninterrupted(|| outputs.close_trace(&[], Some(&why))) {
                 eprintln!("error: {t:#}");
             }
-            return Err(e);
+            return Err(flat(e));
         }
     };
-    if let Some(e) = write_error {
+    let report = &finished.report;
+    if let Some(e) = console.write_error {
         let why = format!("{e:#}");
         if let Err(t) = uninterrupted(|| outputs.close_trace(&report.trace, Some(&why))) {
             eprintln!("error: {t:#}");
@@ -345,66 +297,28 @@ fn train_here(
         return Err(e);
     }
     let signal = interrupts.received();
-    let (first, last) = (report.steps.first(), report.steps.last());
-    if let (Some(a), Some(b)) = (first, last) {
-        println!(
-            "loss {:.4} → {:.4} over {} steps",
-            a.loss,
-            b.loss,
-            report.steps.len()
-        );
+    for line in finished.summary() {
+        println!("{line}");
     }
-    let evals: Vec<_> = report
-        .steps
-        .iter()
-        .filter_map(|m| m.val_loss.map(|v| (m.step + 1, v)))
-        .collect();
-    if let (Some(a), Some(b)) = (evals.first(), evals.last()) {
-        println!(
-            "validation loss {:.4} (after step {}) → {:.4} (after step {}), {} evaluations",
-            a.1,
-            a.0,
-            b.1,
-            b.0,
-            evals.len()
-        );
+    let memory = finished.memory();
+    let mut table = crate::output::table(&memory.header, &[0, 1, 2, 3, 4]);
+    for row in memory.rows {
+        table.add_row(row.to_vec());
     }
-    // Measured against predicted. Steps after the first exclude one-time allocation.
-    let timed: Vec<f64> = report.steps.iter().skip(1).map(|m| m.step_time_s).collect();
-    if !timed.is_empty() {
-        let mean = timed.iter().sum::<f64>() / timed.len() as f64;
-        let t = &plan.job.model.training;
-        println!(
-            "step time {:.4} s measured (mean of steps 2..{}), {:.0} tokens/s; predicted {:.4} s ({:.2}× measured){}",
-            mean,
-            report.steps.len(),
-            (t.global_batch * t.seq_len) as f64 / mean,
-            plan.predicted.step_time_s,
-            plan.predicted.step_time_s / mean,
-            match (
-                plan.job.cluster.device.kind == DeviceKind::Cpu,
-                plan.job.cluster.calibrated,
-            ) {
-                (true, false) => {
-                    " — this CPU cluster spec is nominal: `tessera calibrate` measures this host"
-                }
-                (true, true) => " — on the cluster spec's measured constants",
-                _ => "",
-            }
-        );
+    println!("{table}");
+    for line in memory.notes {
+        println!("{line}");
     }
-    metrics::memory_report(
-        plan,
-        &report.peak_bytes,
-        gpus.is_some(),
-        cluster.gpus_per_node,
-    );
     if let Some(path) = uninterrupted(|| outputs.close_trace(&report.trace, None))? {
         println!("wrote {} (open in https://ui.perfetto.dev)", path.display());
     }
-    if let Some(path) = &args.report.plot {
-        let title = format!("{}: loss against training tokens", plan.job.model.name);
-        uninterrupted(|| metrics::write_plot(path, &title, &report.steps))?;
+    if let Some(path) = &args.plot {
+        uninterrupted(|| {
+            let svg = finished
+                .loss_curve()
+                .map_err(|e| anyhow!("--plot: drawing the loss curve: {e}"))?;
+            crate::files::write_output(path, svg.as_bytes())
+        })?;
         println!("wrote {} (the loss curve)", path.display());
     }
     if let Some(sig) = signal {
@@ -419,113 +333,56 @@ fn train_here(
     Ok(ExitCode::SUCCESS)
 }
 
-/// What a run starts from besides the plan and the data: a checkpoint to resume, initial
-/// weights, and the validation sequences to evaluate.
-type StartFrom = (
-    Option<Arc<tessera_runtime::checkpoint::Checkpoint>>,
-    Option<Arc<exec::InitialParams>>,
-    Option<Arc<exec::EvalSet>>,
-);
+/// What the session says, printed: lines, a progress bar over the steps, and each step's JSON
+/// line to `--metrics` (a failed write stops the run at that step).
+#[derive(Default)]
+struct Console {
+    outputs: Option<Arc<Outputs>>,
+    bar: Option<ProgressBar>,
+    last_val: Option<f64>,
+    write_error: Option<anyhow::Error>,
+}
 
-/// The steps themselves: returns the report, and the metrics write that failed (the run stops
-/// at that step).
-fn train_with(
-    args: &RunArgs,
-    plan: &Plan,
-    (gpus, nccl): (Option<usize>, bool),
-    data: &Tokens,
-    outputs: &Outputs,
-    stop: &Arc<exec::Stop>,
-    (resume, init, eval): StartFrom,
-) -> anyhow::Result<(exec::TrainReport, Option<anyhow::Error>)> {
-    let (optimizer, schedule) = args.optim.settings(plan)?;
-    let opts = TrainOptions {
-        steps: args.steps as usize,
-        seed: args.seed,
-        optimizer: Some(optimizer),
-        schedule: Some(schedule),
-        trace: args.trace.is_some(),
-        threads_per_rank: tessera_runtime::calibrate::threads_per_rank(
-            plan.parallel.world as usize,
-        ),
-        stop: Some(stop.clone()),
-        save: args.checkpoint.save(args.steps),
-        resume,
-        init,
-        fault: args.fault,
-        eval,
-    };
-    if let Some(ck) = &opts.resume {
-        optim::note_resume(ck, &opts, plan);
+impl Observer for Console {
+    fn say(&mut self, line: &str) {
+        println!("{line}");
     }
-    let p = &plan.parallel;
-    println!(
-        "{}: {} parameters, dp {}{} × tp {} × pp {}{} on {} {} ranks, micro-batch {} × {} micro-batches, ZeRO-{}, {} recompute, schedule {}",
-        plan.job.model.name,
-        plan.job.parameters,
-        p.dp,
-        match p.cp {
-            0 | 1 => String::new(),
-            cp => format!(" × cp {cp} (ring attention)"),
-        },
-        p.tp,
-        p.pp,
-        match p.ep {
-            0 | 1 => String::new(),
-            ep => format!(" (ep {ep}: experts split over dp × cp, tokens by all-to-all)"),
-        },
-        p.world,
-        match gpus {
-            None => "CPU".to_string(),
-            Some(n) => format!(
-                "GPU (on {n} visible GPUs, collectives {})",
-                if nccl { "on NCCL" } else { "through host memory" }
-            ),
-        },
-        p.micro_batch,
-        p.microbatches,
-        p.zero_stage,
-        p.recompute.name(),
-        p.schedule.name()
-    );
-    if args.bundled_data() {
-        println!(
-            "data: the bundled {BUNDLED_DATA_NAME} ({} bytes, built into tessera); --data FILE trains on your own",
-            BUNDLED_DATA.len()
+
+    fn warn(&mut self, line: &str) {
+        eprintln!("{line}");
+    }
+
+    fn begin(&mut self, steps: u64) {
+        let bar = ProgressBar::new(steps);
+        bar.set_style(
+            ProgressStyle::with_template("{bar:30} {pos}/{len} steps  {msg}")
+                .expect("a valid template"),
         );
+        self.bar = Some(bar);
     }
-    let bar = ProgressBar::new(args.steps);
-    bar.set_style(
-        ProgressStyle::with_template("{bar:30} {pos}/{len} steps  {msg}")
-            .expect("a valid template"),
-    );
-    let mut write_error = None;
-    let mut last_val = None;
-    let mut on_step = |m: &exec::StepMetrics| {
-        bar.set_position(m.step as u64 + 1);
-        last_val = m.val_loss.or(last_val);
-        bar.set_message(metrics::progress(m, last_val));
-        if write_error.is_none() {
-            let line = metrics::json_line(m);
-            if let Err(e) = outputs.line(&line.to_string()) {
+
+    fn step(&mut self, m: &StepMetrics) -> bool {
+        self.last_val = m.val_loss.or(self.last_val);
+        if let Some(bar) = &self.bar {
+            bar.set_position(m.step as u64 + 1);
+            bar.set_message(progress(m, self.last_val));
+        }
+        let (Some(out), None) = (&self.outputs, &self.write_error) else {
+            return true;
+        };
+        match out.line(&json_line(m).to_string()) {
+            Ok(()) => true,
+            Err(e) => {
                 // Stop at this step: the rest of the run could not be recorded.
-                stop.request();
-                write_error = Some(e.context(format!("step {}: the run stops here", m.step)));
+                self.write_error = Some(e.context(format!("step {}: the run stops here", m.step)));
+                false
             }
         }
-    };
-    let result = match gpus {
-        None => exec::train(plan, data, &opts, &mut on_step),
-        Some(n) => exec::train_on(
-            plan,
-            data,
-            &opts,
-            &mut on_step,
-            &|r| Ok(Device::new(CudaLauncher::open(r % n)?)),
-            &|dev: &Device<CudaLauncher>, comm| Ok(device_collective(dev, comm, nccl)?),
-        ),
-    };
-    bar.finish();
-    let report = result.map_err(|e| anyhow::anyhow!("{e}"))?;
-    Ok((report, write_error))
+    }
+
+    fn end(&mut self) {
+        if let Some(bar) = &self.bar {
+            bar.finish();
+        }
+    }
 }

@@ -21,17 +21,19 @@ use super::shard::{self, Width};
 use super::tokenizer::Tokenizer;
 use super::DataError;
 
-/// How token files are read.
+/// How token files are read (`--data-format`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[cfg_attr(feature = "cli", derive(clap::ValueEnum))]
 pub enum DataFormat {
-    /// By extension and magic (the module's rule).
+    /// `.bin` starting with llm.c's magic: a shard; other `.bin`: headerless uint16 (nanoGPT);
+    /// `.u32`: headerless uint32; anything else: UTF-8 text.
     #[default]
     Auto,
-    /// llm.c shards only.
+    /// llm.c shards only (a file without the magic is refused).
     Llmc,
-    /// Headerless tokens (`.u32`: uint32, anything else uint16).
+    /// Headerless tokens: uint16, or uint32 for `.u32`.
     Nanogpt,
-    /// UTF-8 text.
+    /// UTF-8 text, tokenized with --tokenizer.
     Text,
 }
 

@@ -25,44 +25,6 @@ pub fn check_runnable(plan: &Plan, file: &std::path::Path) -> anyhow::Result<()>
     exec::check_supported(plan).map_err(|e| anyhow::anyhow!("{}: {e}", file.display()))
 }
 
-/// Bytes of host memory a CPU run of `plan` needs: f32 weights, gradients and Adam moments for
-/// every rank's parameters (ZeRO shards the moments), plus the plan's activations at 4 bytes
-/// instead of 2. The CPU runtime computes attention eagerly, so a plan that assumes flash
-/// attention also needs the s×s scores the plan does not count. In f64: never wraps.
-pub(super) fn host_bytes_needed(plan: &Plan) -> f64 {
-    let p = &plan.parallel;
-    let a = &plan.job.model.architecture;
-    let t = &plan.job.model.training;
-    // ZeRO shards over DP × CP; a CP rank's ring attention keeps no s×s scores.
-    let shard = if p.zero_stage >= 1 {
-        (p.dp * p.cp) as f64
-    } else {
-        1.0
-    };
-    let scores_per_layer =
-        if t.attention == tessera_planner::model::AttentionImpl::Flash && p.cp <= 1 {
-            4.0 * p.micro_batch as f64 * (a.heads / p.tp) as f64 * (t.seq_len as f64).powi(2)
-        } else {
-            0.0
-        };
-    plan.predicted
-        .memory
-        .per_stage
-        .iter()
-        .map(|s| {
-            let act: f64 = s
-                .terms
-                .iter()
-                .filter(|t| t.kind == "activations")
-                .map(|t| t.bytes as f64)
-                .sum();
-            let scores = scores_per_layer * s.layers as f64 * s.in_flight as f64;
-            let states = s.params_per_rank as f64 * (8.0 + 8.0 / shard);
-            (states + 2.0 * act + scores) * (p.dp * p.cp * p.tp) as f64
-        })
-        .sum()
-}
-
 /// Why a plan cannot run on the CUDA backend here, with the fix.
 pub(super) fn cuda_refusal(args: &RunArgs, plan: &Plan, problem: &str) -> String {
     let cluster = &plan.job.cluster;
@@ -104,7 +66,7 @@ pub(super) fn check_flags(
     launched: Option<usize>,
     reads_data: bool,
 ) -> anyhow::Result<()> {
-    args.optim.settings(plan)?;
+    args.optim.settings(plan).map_err(super::flat)?;
     let shown = args.plan.display();
     let cluster = &plan.job.cluster;
     let gpu_plan = cluster.device.kind == DeviceKind::Gpu;
@@ -150,7 +112,7 @@ pub(super) fn check_flags(
         );
     }
     if reads_data {
-        args.data.check()?;
+        args.data.check().map_err(super::flat)?;
     }
     Ok(())
 }
@@ -165,11 +127,18 @@ pub(super) fn check_run_outputs(args: &RunArgs) -> anyhow::Result<()> {
     if let Some(p) = &args.trace {
         outputs.push(named("--trace", p));
     }
-    if let Some(p) = &args.report.plot {
+    if let Some(p) = &args.plot {
         outputs.push(named("--plot", p));
     }
     let mut inputs = vec![named("PLAN", &args.plan)];
-    inputs.extend(args.data.inputs());
+    for (flag, p) in [
+        ("--data", &args.data.data),
+        ("--val-data", &args.data.val_data),
+    ] {
+        if let Some(p) = p {
+            inputs.push(named(flag, p));
+        }
+    }
     uninterrupted(|| check_outputs(&inputs, &outputs))
 }
 

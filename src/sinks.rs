@@ -1,6 +1,7 @@
-//! Where a run's outputs go: `--metrics` as a line stream and `--trace` as closed Chrome-trace
-//! JSON, opened just before the first step and closed on every way the run ends (the module
-//! comment of `commands::run` has the rule).
+//! Outputs that stay open while a command works: `tessera run`'s `--metrics` as a line stream
+//! and `--trace` as closed Chrome-trace JSON, opened just before the first step and closed on
+//! every way the run ends (the module comment of `commands::run` has the rule). Built on
+//! `crate::files` (how a file is written) and `crate::signals` (when the process may stop).
 
 use std::fs::File;
 use std::io::Write;
@@ -15,8 +16,6 @@ use tessera_runtime::exec::{chrome_trace, TraceEvent};
 use crate::files::{write_output, LineStream};
 use crate::signals::{lock_until, Interrupts, EXIT_GRACE};
 
-use super::RunArgs;
-
 /// Where the trace goes when the run ends.
 enum TraceSink {
     /// A regular (or new) file, replaced atomically, or `-` (stdout): written at the end.
@@ -28,7 +27,7 @@ enum TraceSink {
 /// The run's outputs, open from just before the first step until the process ends. The lock
 /// is what an exit at once waits for (within [`EXIT_GRACE`]): a metrics line or the trace
 /// being written is finished first.
-pub(super) struct Outputs {
+pub struct Outputs {
     open: Mutex<Open>,
 }
 
@@ -114,8 +113,12 @@ fn open_fifo(flag: &str, path: &Path, interrupts: &Interrupts) -> anyhow::Result
 impl Outputs {
     /// Opens `--metrics` and, when it is a FIFO or a device, `--trace` (a regular trace file is
     /// replaced atomically at the end).
-    pub(super) fn open(args: &RunArgs, interrupts: &Interrupts) -> anyhow::Result<Outputs> {
-        let metrics = match args.metrics.as_deref() {
+    pub fn open(
+        metrics: Option<&Path>,
+        trace: Option<&Path>,
+        interrupts: &Interrupts,
+    ) -> anyhow::Result<Outputs> {
+        let metrics = match metrics {
             None => None,
             Some(p) if is_fifo(p) => Some(LineStream::from_file(
                 p,
@@ -123,7 +126,7 @@ impl Outputs {
             )),
             Some(p) => Some(LineStream::open(p)?),
         };
-        let trace = match args.trace.as_deref() {
+        let trace = match trace {
             None => None,
             Some(p) if is_fifo(p) => Some(TraceSink::InPlace(
                 p.to_path_buf(),
@@ -148,7 +151,7 @@ impl Outputs {
     }
 
     /// Writes one metrics line, whole, if metrics are asked for.
-    pub(super) fn line(&self, text: &str) -> anyhow::Result<()> {
+    pub fn line(&self, text: &str) -> anyhow::Result<()> {
         match self.lock().metrics.as_mut() {
             Some(m) => m.line(text),
             None => Ok(()),
@@ -157,7 +160,7 @@ impl Outputs {
 
     /// Writes and closes the trace, once: the whole document, or with `why` it stopped early.
     /// Returns the path written, if a trace was asked for and not written yet.
-    pub(super) fn close_trace(
+    pub fn close_trace(
         &self,
         events: &[TraceEvent],
         why: Option<&str>,
@@ -168,7 +171,7 @@ impl Outputs {
 
     /// An exit at once (a second signal): closes the trace without the ops of the steps in
     /// progress, waiting for a line or trace being written, within [`EXIT_GRACE`].
-    pub(super) fn close_at_once(&self, sig: i32) {
+    pub fn close_at_once(&self, sig: i32) {
         let Some(mut open) = lock_until(&self.open, Instant::now() + EXIT_GRACE) else {
             return;
         };

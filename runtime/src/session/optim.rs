@@ -1,77 +1,74 @@
-//! `tessera run`'s optimisation flags: `--lr --min-lr --warmup-steps --decay --decay-steps
-//! --wsd-decay-fraction --weight-decay --beta1 --beta2 --eps --clip-grad`. Each overrides the
-//! plan's value (`job.model.optimizer` and `job.model.schedule`, from the model spec's
-//! `[optimizer]` and `[schedule]` tables) for this run; the plan itself is not changed. The
-//! rules are the spec's (`tessera_planner::optimizer::check`), blamed on the flag.
+//! The run's optimisation settings: `--lr --min-lr --warmup-steps --decay --decay-steps
+//! --wsd-decay-fraction --weight-decay --beta1 --beta2 --eps --clip-grad`, resolved. Each
+//! overrides the plan's value (`job.model.optimizer` and `job.model.schedule`, from the model
+//! spec's `[optimizer]` and `[schedule]` tables) for this run; the plan itself is not changed.
+//! The rules are the spec's (`tessera_planner::optimizer::check`), blamed on the flag.
 
-use anyhow::bail;
-use clap::{Args, ValueEnum};
 use tessera_planner::optimizer::{DecayShape, Optimizer, Schedule};
 use tessera_planner::plan::Plan;
-use tessera_runtime::checkpoint::Checkpoint;
-use tessera_runtime::exec::TrainOptions;
 
-/// The decay shapes of `--decay`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
-pub enum Decay {
-    Cosine,
-    Linear,
-    Constant,
-    Wsd,
-}
+use crate::checkpoint::Checkpoint;
+use crate::exec::TrainOptions;
 
-impl Decay {
-    fn shape(self) -> DecayShape {
-        match self {
-            Decay::Cosine => DecayShape::Cosine,
-            Decay::Linear => DecayShape::Linear,
-            Decay::Constant => DecayShape::Constant,
-            Decay::Wsd => DecayShape::Wsd,
-        }
-    }
-}
+use super::{refused, SessionError};
 
-#[derive(Args, Clone, Default)]
-pub struct OptimArgs {
+/// Values that override the plan's optimizer and schedule for one run; `None` keeps the plan's
+/// (`tessera run`'s optimisation flags, with the `cli` feature).
+#[derive(Debug, Clone, Default)]
+#[cfg_attr(feature = "cli", derive(clap::Args))]
+pub struct OptimOverrides {
     /// Peak learning rate, after the warm-up [default: the plan's optimizer.lr, 3e-3 unless the
     /// model spec sets it]. Without --min-lr, the minimum keeps the plan's ratio to the peak (a
     /// tenth by default).
-    #[arg(long, value_parser = positive)]
+    #[cfg_attr(feature = "cli", arg(long, value_parser = positive))]
     pub lr: Option<f64>,
     /// The learning rate the decay ends at (at most the peak) [default: the plan's]
-    #[arg(long, value_parser = non_negative)]
+    #[cfg_attr(feature = "cli", arg(long, value_parser = non_negative))]
     pub min_lr: Option<f64>,
     /// Steps of linear warm-up from 0 to the peak (0: none) [default: the plan's]
-    #[arg(long, value_parser = clap::value_parser!(u64).range(0..=1_000_000_000))]
+    #[cfg_attr(feature = "cli", arg(long, value_parser = clap::value_parser!(u64).range(0..=1_000_000_000)))]
     pub warmup_steps: Option<u64>,
     /// The decay after the warm-up [default: the plan's schedule.decay, cosine by default]
-    #[arg(long, value_enum)]
-    pub decay: Option<Decay>,
+    #[cfg_attr(feature = "cli", arg(long, value_parser = decay_shape()))]
+    pub decay: Option<DecayShape>,
     /// The step at which the decay reaches --min-lr, counted from step 0 [default: the plan's
     /// schedule.decay_steps, else --steps]
-    #[arg(long, value_parser = clap::value_parser!(u64).range(1..=1_000_000_000))]
+    #[cfg_attr(feature = "cli", arg(long, value_parser = clap::value_parser!(u64).range(1..=1_000_000_000)))]
     pub decay_steps: Option<u64>,
     /// With --decay wsd: the final fraction of the steps over which the rate decays, in (0, 1]
     /// [default: the plan's, 0.2]
-    #[arg(long, value_parser = non_negative)]
+    #[cfg_attr(feature = "cli", arg(long, value_parser = non_negative))]
     pub wsd_decay_fraction: Option<f64>,
     /// AdamW's decoupled weight decay (0 or more) [default: the plan's, 0.1]
-    #[arg(long, value_parser = non_negative)]
+    #[cfg_attr(feature = "cli", arg(long, value_parser = non_negative))]
     pub weight_decay: Option<f64>,
     /// Adam's β1, in [0, 1) [default: the plan's, 0.9]
-    #[arg(long, value_parser = non_negative)]
+    #[cfg_attr(feature = "cli", arg(long, value_parser = non_negative))]
     pub beta1: Option<f64>,
     /// Adam's β2, in [0, 1) [default: the plan's, 0.95]
-    #[arg(long, value_parser = non_negative)]
+    #[cfg_attr(feature = "cli", arg(long, value_parser = non_negative))]
     pub beta2: Option<f64>,
     /// Adam's ε (above 0) [default: the plan's, 1e-8]
-    #[arg(long, value_parser = positive)]
+    #[cfg_attr(feature = "cli", arg(long, value_parser = positive))]
     pub eps: Option<f64>,
     /// Clip the global gradient norm to this (0: no clipping) [default: the plan's, 1.0]
-    #[arg(long, value_parser = non_negative)]
+    #[cfg_attr(feature = "cli", arg(long, value_parser = non_negative))]
     pub clip_grad: Option<f64>,
 }
 
+/// `--decay`'s values, by their names in the spec.
+#[cfg(feature = "cli")]
+fn decay_shape() -> impl clap::builder::TypedValueParser<Value = DecayShape> {
+    use clap::builder::TypedValueParser;
+    clap::builder::PossibleValuesParser::new(DecayShape::ALL.map(DecayShape::name)).map(|s| {
+        DecayShape::ALL
+            .into_iter()
+            .find(|d| d.name() == s)
+            .unwrap_or_default()
+    })
+}
+
+#[cfg(feature = "cli")]
 fn number(text: &str) -> Result<f64, String> {
     let v: f64 = text
         .trim()
@@ -84,6 +81,7 @@ fn number(text: &str) -> Result<f64, String> {
 }
 
 /// A finite number above zero (`--lr`, `--eps`).
+#[cfg(feature = "cli")]
 fn positive(text: &str) -> Result<f64, String> {
     let v = number(text)?;
     if v <= 0.0 {
@@ -95,6 +93,7 @@ fn positive(text: &str) -> Result<f64, String> {
 }
 
 /// A finite number of zero or more.
+#[cfg(feature = "cli")]
 fn non_negative(text: &str) -> Result<f64, String> {
     let v = number(text)?;
     if v < 0.0 {
@@ -120,10 +119,10 @@ fn flag_of(field: &str) -> &'static str {
     }
 }
 
-impl OptimArgs {
-    /// The plan's settings with these flags applied, checked by the spec's rules; a value out
-    /// of range is blamed on its flag (or on the plan, where no flag set it).
-    pub fn settings(&self, plan: &Plan) -> anyhow::Result<(Optimizer, Schedule)> {
+impl OptimOverrides {
+    /// The plan's settings with these overrides applied, checked by the spec's rules; a value
+    /// out of range is blamed on its flag (or on the plan, where no flag set it).
+    pub fn settings(&self, plan: &Plan) -> Result<(Optimizer, Schedule), SessionError> {
         let (mut o, mut s) = (
             plan.job.model.optimizer.clone(),
             plan.job.model.schedule.clone(),
@@ -150,7 +149,7 @@ impl OptimArgs {
             s.warmup_steps = w;
         }
         if let Some(d) = self.decay {
-            s.decay = d.shape();
+            s.decay = d;
         }
         if self.decay_steps.is_some() {
             s.decay_steps = self.decay_steps;
@@ -171,21 +170,27 @@ impl OptimArgs {
                 _ => self.decay.is_some(),
             };
             if given {
-                bail!("{flag}: {}\n  fix: {}", p.problem, p.fix);
+                return Err(refused(format!("{flag}: {}", p.problem), p.fix));
             }
-            bail!("job.model.{}: {}\n  fix: {}", p.field, p.problem, p.fix);
+            return Err(refused(
+                format!("job.model.{}: {}", p.field, p.problem),
+                p.fix,
+            ));
         }
         if s.decay != DecayShape::Wsd && self.wsd_decay_fraction.is_some() {
-            bail!("--wsd-decay-fraction: only the wsd decay reads it, and this run decays by {}; it would be ignored\n  fix: drop --wsd-decay-fraction, or add --decay wsd", s.decay.name());
+            return Err(refused(
+                format!("--wsd-decay-fraction: only the wsd decay reads it, and this run decays by {}; it would be ignored", s.decay.name()),
+                "drop --wsd-decay-fraction, or add --decay wsd",
+            ));
         }
         Ok((o, s))
     }
 }
 
-/// Resuming a checkpoint with learning-rate or optimizer settings other than the ones it was
-/// saved with continues under this run's settings, as a resumed run always has: said once, so
-/// that it is not a surprise.
-pub fn note_resume(ck: &Checkpoint, opts: &TrainOptions, plan: &Plan) {
+/// The optimisation settings a resumed run changes against those its checkpoint was saved
+/// with, as `name was -> now`: a resumed run continues under its own settings, as it always
+/// has, and says so once, so that it is not a surprise.
+pub fn resume_changes(ck: &Checkpoint, opts: &TrainOptions, plan: &Plan) -> Vec<String> {
     let i = ck.index();
     let (lr, adam, clip) = (opts.lr_schedule(plan), opts.adamw(plan), opts.clip(plan));
     let mut changed = Vec::new();
@@ -229,10 +234,5 @@ pub fn note_resume(ck: &Checkpoint, opts: &TrainOptions, plan: &Plan) {
         adam.decay_on.name().into(),
     );
     differs("clip_grad", i.optimizer.clip.to_string(), clip.to_string());
-    if !changed.is_empty() {
-        println!(
-            "note: the checkpoint was saved under other optimisation settings; this run continues under its own: {}",
-            changed.join(", ")
-        );
-    }
+    changed
 }

@@ -1,43 +1,48 @@
-//! `tessera run`'s checkpoint flags: `--save-dir DIR [--save-every N] [--keep K]` and
-//! `--resume DIR|auto`. The format, the atomic save and the resharding load live in
-//! `tessera_runtime::checkpoint` (docs/checkpoints.md); this file only turns flags into options.
+//! What a run starts from and saves: `--save-dir DIR [--save-every N] [--keep K]`,
+//! `--resume DIR|auto` and `--init-from DIR`, resolved. The format, the atomic save and the
+//! resharding load live in `crate::checkpoint` (docs/checkpoints.md), the Hugging Face reader
+//! in `crate::hf`.
 
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use anyhow::bail;
-use clap::Args;
 use tessera_planner::plan::Plan;
-use tessera_runtime::checkpoint::{Checkpoint, SaveOptions};
-use tessera_runtime::exec::InitialParams;
 
-#[derive(Args, Clone, Default)]
-pub struct CheckpointArgs {
+use crate::checkpoint::{Checkpoint, SaveOptions};
+use crate::exec::InitialParams;
+
+use super::{refused, Observer, SessionError};
+
+/// Where a run saves, and what it resumes or starts from (`tessera run`'s checkpoint flags,
+/// with the `cli` feature).
+#[derive(Debug, Clone, Default)]
+#[cfg_attr(feature = "cli", derive(clap::Args))]
+pub struct CheckpointOptions {
     /// Save sharded checkpoints here (DIR/step-N, and DIR/latest naming the newest): after
     /// every --save-every steps, after the last step, and when a SIGINT/SIGTERM stops the run.
-    #[arg(long)]
+    #[cfg_attr(feature = "cli", arg(long))]
     pub save_dir: Option<PathBuf>,
     /// With --save-dir: save after every N steps [default: only after the last step]
-    #[arg(long, requires = "save_dir", value_parser = clap::value_parser!(u64).range(1..=1_000_000_000))]
+    #[cfg_attr(feature = "cli", arg(long, requires = "save_dir", value_parser = clap::value_parser!(u64).range(1..=1_000_000_000)))]
     pub save_every: Option<u64>,
     /// With --save-dir: keep the K newest checkpoints, pruning older ones only after a save is
     /// complete [default: keep all]
-    #[arg(long, requires = "save_dir", value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
+    #[cfg_attr(feature = "cli", arg(long, requires = "save_dir", value_parser = clap::value_parser!(u64).range(1..=1_000_000)))]
     pub keep: Option<u64>,
     /// Continue from a checkpoint: a save directory (its newest), one step-N directory, or
     /// `auto` (the newest in --save-dir, or a fresh start if it has none). The plan may differ
     /// from the one that saved it (the state is resharded); --steps counts from step 0.
-    #[arg(long)]
+    #[cfg_attr(feature = "cli", arg(long))]
     pub resume: Option<String>,
     /// Start from a Hugging Face model folder (model.safetensors + config.json of
     /// GPT2LMHeadModel or LlamaForCausalLM, e.g. from `tessera checkpoint export`) instead of
     /// the seed's initialisation, sharded onto the plan's layout, with fresh optimizer state.
     /// The config must describe the plan's model.
-    #[arg(long, conflicts_with = "resume")]
+    #[cfg_attr(feature = "cli", arg(long, conflicts_with = "resume"))]
     pub init_from: Option<PathBuf>,
 }
 
-impl CheckpointArgs {
+impl CheckpointOptions {
     /// The save settings of a run of `steps` steps.
     pub fn save(&self, steps: u64) -> Option<SaveOptions> {
         self.save_dir.as_ref().map(|dir| SaveOptions {
@@ -50,58 +55,81 @@ impl CheckpointArgs {
     /// The checkpoint to resume, opened and checked (every shard against its index), or
     /// `None` for a fresh start. Refuses a save directory that is a file, `auto` without
     /// `--save-dir`, and a checkpoint at or past `steps` (the run would train nothing).
-    pub fn resume(&self, steps: u64) -> anyhow::Result<Option<Arc<Checkpoint>>> {
+    pub fn resume(
+        &self,
+        steps: u64,
+        obs: &mut dyn Observer,
+    ) -> Result<Option<Arc<Checkpoint>>, SessionError> {
         if let Some(dir) = &self.save_dir {
             if dir.exists() && !dir.is_dir() {
-                bail!(
-                    "--save-dir {}: is not a directory\n  fix: pass a directory (it is created if missing)",
-                    dir.display()
-                );
+                return Err(refused(
+                    format!("--save-dir {}: is not a directory", dir.display()),
+                    "pass a directory (it is created if missing)",
+                ));
             }
         }
         let path = match self.resume.as_deref() {
             None => return Ok(None),
             Some("auto") => {
                 let Some(dir) = &self.save_dir else {
-                    bail!("--resume auto: resumes the newest checkpoint in --save-dir, and no --save-dir was given\n  fix: add --save-dir DIR, or pass --resume DIR");
+                    return Err(refused(
+                        "--resume auto: resumes the newest checkpoint in --save-dir, and no --save-dir was given",
+                        "add --save-dir DIR, or pass --resume DIR",
+                    ));
                 };
                 let latest = dir.join("latest");
                 if !latest.exists() {
-                    eprintln!(
+                    obs.warn(&format!(
                         "--resume auto: no checkpoint in {} yet; starting from step 0",
                         dir.display()
-                    );
+                    ));
                     return Ok(None);
                 }
                 dir.clone()
             }
             Some(p) => PathBuf::from(p),
         };
-        let ck = Checkpoint::open(&path).map_err(|e| anyhow::anyhow!("--resume: {e}"))?;
+        let ck = Checkpoint::open(&path).map_err(|e| SessionError::Checkpoint {
+            context: "--resume".into(),
+            source: Box::new(e),
+        })?;
         if ck.step() as u64 >= steps {
-            bail!(
-                "--resume {}: the checkpoint has done {} steps and --steps is {steps}: the run would train nothing\n  fix: pass --steps greater than {} (--steps counts from step 0)",
-                path.display(),
-                ck.step(),
-                ck.step()
-            );
+            return Err(refused(
+                format!(
+                    "--resume {}: the checkpoint has done {} steps and --steps is {steps}: the run would train nothing",
+                    path.display(),
+                    ck.step()
+                ),
+                format!(
+                    "pass --steps greater than {} (--steps counts from step 0)",
+                    ck.step()
+                ),
+            ));
         }
-        println!("resuming from {} after step {}", path.display(), ck.step());
+        obs.say(&format!(
+            "resuming from {} after step {}",
+            path.display(),
+            ck.step()
+        ));
         Ok(Some(Arc::new(ck)))
     }
 
     /// The weights of `--init-from`, read and checked against the plan's model, or `None`.
-    pub fn init_from(&self, plan: &Plan) -> anyhow::Result<Option<Arc<InitialParams>>> {
+    pub fn init_from(
+        &self,
+        plan: &Plan,
+        obs: &mut dyn Observer,
+    ) -> Result<Option<Arc<InitialParams>>, SessionError> {
         let Some(dir) = &self.init_from else {
             return Ok(None);
         };
-        let w = tessera_runtime::hf::load(dir, &plan.job.model.architecture)
-            .map_err(|e| anyhow::anyhow!("--init-from: {e}"))?;
-        println!(
+        let w =
+            crate::hf::load(dir, &plan.job.model.architecture).map_err(SessionError::InitFrom)?;
+        obs.say(&format!(
             "starting from the {} weights in {}",
             w.family.class(),
             dir.display()
-        );
+        ));
         Ok(Some(Arc::new(w.tensors)))
     }
 }
