@@ -94,6 +94,53 @@ pub fn check_outputs(inputs: &[Named], outputs: &[Named]) -> anyhow::Result<()> 
     Ok(())
 }
 
+/// The absolute path `path` names, its links and `..` resolved as far as it exists (the rest
+/// appended as written).
+fn absolute(path: &Path) -> PathBuf {
+    let mut rest = Vec::new();
+    let mut p = if path.is_absolute() {
+        path.to_path_buf()
+    } else {
+        std::env::current_dir().unwrap_or_default().join(path)
+    };
+    loop {
+        if let Ok(c) = std::fs::canonicalize(&p) {
+            return rest.into_iter().rev().fold(c, |acc, part| acc.join(part));
+        }
+        match (p.file_name().map(|n| n.to_os_string()), p.parent()) {
+            (Some(name), Some(parent)) => {
+                rest.push(name);
+                p = parent.to_path_buf();
+            }
+            _ => return path.to_path_buf(),
+        }
+    }
+}
+
+/// Refuses outputs inside a checkpoint folder the command reads or writes (`folders`: the
+/// flag, the folder, and "reads" or "writes"): a file there could replace part of a
+/// checkpoint, or be pruned with it.
+pub fn check_outside(outputs: &[Named], folders: &[(Named, &str)]) -> anyhow::Result<()> {
+    for out in outputs.iter().filter(|o| !is_stdout(o.path)) {
+        let at = absolute(&resolve_links(out.path)?);
+        for (folder, verb) in folders {
+            let dir = absolute(folder.path);
+            if at.starts_with(&dir) {
+                bail!(
+                    "{} {} is inside {} {}, a checkpoint folder this run {verb}: the output could replace part of a checkpoint, or be removed with one\n  fix: write {} outside {}",
+                    out.flag,
+                    out.path.display(),
+                    folder.flag,
+                    folder.path.display(),
+                    out.flag,
+                    folder.path.display()
+                );
+            }
+        }
+    }
+    Ok(())
+}
+
 /// Whether `out` can be written: a FIFO or device is left to the write itself; a regular or
 /// new file needs its folder, where a probe file is created and removed.
 fn check_writable(out: &Named) -> anyhow::Result<()> {

@@ -280,6 +280,7 @@ fn main() {
                 dir: dir.clone(),
                 every: 1,
                 keep: None,
+                lineage: None,
             }),
             ..opts.clone()
         };
@@ -316,6 +317,7 @@ fn main() {
                 dir: dir.clone(),
                 every: 1,
                 keep: None,
+                lineage: None,
             };
             let seeds = (opts.seed, opts.seed);
             let saver = Saver::new(

@@ -90,6 +90,7 @@ fn first_half(plan: &Plan, dir: &Path) -> TrainReport {
             dir: dir.to_path_buf(),
             every: 2,
             keep: Some(1),
+            lineage: None,
         }),
         ..opts()
     };
@@ -355,6 +356,7 @@ fn an_interrupted_save_leaves_the_previous_checkpoint() {
             dir: dir.clone(),
             every: 1,
             keep: Some(2),
+            lineage: None,
         }),
         stop: Some(stop_after(5)),
         ..opts()
@@ -388,6 +390,7 @@ fn save_loop_child() {
             dir,
             every: 1,
             keep: Some(2),
+            lineage: None,
         }),
         resume,
         ..TrainOptions::default()

@@ -50,6 +50,7 @@ fn a_checkpoint_samples_the_model_the_run_trained() {
             dir: dir.clone(),
             every: STEPS - 1,
             keep: None,
+            lineage: None,
         }),
         ..TrainOptions::default()
     };

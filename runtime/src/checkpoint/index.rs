@@ -35,6 +35,11 @@ pub struct Index {
     pub dtype: String,
     /// One per rank of the writing plan, in rank order.
     pub shards: Vec<ShardFile>,
+    /// The run lineage that wrote it: a fresh run draws one, a resumed run keeps its
+    /// checkpoint's. `--keep` prunes only its own lineage's checkpoints. Absent in checkpoints
+    /// written before it was recorded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lineage: Option<String>,
 }
 
 /// The training settings the data order depends on.

@@ -22,6 +22,7 @@
 
 mod index;
 mod load;
+mod owner;
 mod save;
 
 use std::borrow::Cow;
@@ -33,6 +34,7 @@ pub use index::{
     TrainingShape,
 };
 pub use load::{Checkpoint, RankState};
+pub use owner::{claim, Claim, Survey, LOCK};
 pub use save::{owned_pieces, Saver};
 
 /// The `format` of every index this runtime writes and reads.
@@ -51,9 +53,12 @@ pub struct SaveOptions {
     pub dir: PathBuf,
     /// Save after every `every` steps (counted from step 0), and after the last step run.
     pub every: usize,
-    /// Keep this many complete checkpoints (the newest by step), pruning older ones only
-    /// after a new save is complete; `None` keeps all.
+    /// Keep this many complete checkpoints of this run's lineage (the newest by step),
+    /// pruning older ones only after a new save is complete; `None` keeps all.
     pub keep: Option<usize>,
+    /// The lineage the checkpoints record (`owner::Claim`); `--keep` prunes only checkpoints
+    /// of the same lineage (`None`: those that record none).
+    pub lineage: Option<String>,
 }
 
 /// `bytes`' SHA-256 as lowercase hex (the index's `sha256` of a shard file).

@@ -173,6 +173,7 @@ impl Saver {
             },
             dtype: "F32".into(),
             shards: Vec::new(),
+            lineage: opts.lineage.clone(),
         };
         Ok(Saver {
             opts: opts.clone(),
@@ -272,7 +273,7 @@ impl Saver {
         fs::rename(&tmp_latest, &latest).map_err(|e| CheckpointError::io(&latest, "replace", e))?;
         fsync_dir(dir)?;
         if let Some(keep) = self.opts.keep {
-            prune(dir, step, keep);
+            prune(dir, step, keep, self.opts.lineage.as_deref());
         }
         let busy: Vec<PathBuf> = self.pending().values().map(|p| p.tmp.clone()).collect();
         clean_leftovers(dir, &busy);
@@ -351,15 +352,14 @@ pub(super) fn complete_step(dir: &Path, name: &str) -> Option<usize> {
     dir.join(name).join(INDEX).is_file().then_some(n)
 }
 
-/// Removes complete checkpoints beyond the newest `keep` by step, never `just_saved`.
-fn prune(dir: &Path, just_saved: usize, keep: usize) {
-    let Ok(entries) = fs::read_dir(dir) else {
-        return;
-    };
-    let mut steps: Vec<usize> = entries
-        .flatten()
-        .filter_map(|e| complete_step(dir, e.file_name().to_str()?))
-        .filter(|&s| s != just_saved)
+/// Removes complete checkpoints of `lineage` beyond the newest `keep` by step, never
+/// `just_saved`; checkpoints of another lineage are never removed.
+fn prune(dir: &Path, just_saved: usize, keep: usize, lineage: Option<&str>) {
+    let mut steps: Vec<usize> = super::Survey::of(dir)
+        .complete
+        .into_iter()
+        .filter(|(s, l)| *s != just_saved && l.as_deref() == lineage)
+        .map(|(s, _)| s)
         .collect();
     steps.sort_unstable_by(|a, b| b.cmp(a));
     for s in steps.into_iter().skip(keep.saturating_sub(1)) {

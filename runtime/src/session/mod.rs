@@ -24,7 +24,7 @@ use std::sync::Arc;
 use tessera_planner::optimizer::{Optimizer, Schedule};
 use tessera_planner::plan::Plan;
 
-use crate::checkpoint::{Checkpoint, CheckpointError};
+use crate::checkpoint::{Checkpoint, CheckpointError, Claim};
 use crate::data::{DataError, Tokens};
 use crate::exec::{self, EvalSet, Fault, InitialParams, RunError, StepMetrics, Stop, TrainOptions};
 
@@ -155,6 +155,8 @@ pub struct Session<'p> {
     resume: Option<Arc<Checkpoint>>,
     init: Option<Arc<InitialParams>>,
     eval: Option<Arc<EvalSet>>,
+    /// The save directory, held (locked) until the run ends.
+    claim: Option<Claim>,
 }
 
 /// A run that ended: what it measured.
@@ -195,7 +197,11 @@ impl<'p> Session<'p> {
         // A checkpoint to resume is opened and checked before any output exists.
         let resume = opts.checkpoint.resume(opts.steps, obs)?;
         let init = opts.checkpoint.init_from(plan, obs)?;
+        let claim = opts
+            .checkpoint
+            .claim(&opts.plan_file, resume.as_deref(), obs)?;
         Ok(Session {
+            claim,
             plan,
             data: loaded.train,
             opts,
@@ -223,7 +229,9 @@ impl<'p> Session<'p> {
             trace: o.trace,
             threads_per_rank: crate::calibrate::threads_per_rank(plan.parallel.world as usize),
             stop: Some(stop.clone()),
-            save: o.checkpoint.save(o.steps),
+            save: o
+                .checkpoint
+                .save(o.steps, self.claim.as_ref().map(|c| c.lineage.clone())),
             resume: self.resume,
             init: self.init,
             fault: o.fault,

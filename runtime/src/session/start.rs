@@ -3,12 +3,12 @@
 //! resharding load live in `crate::checkpoint` (docs/checkpoints.md), the Hugging Face reader
 //! in `crate::hf`.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use tessera_planner::plan::Plan;
 
-use crate::checkpoint::{Checkpoint, SaveOptions};
+use crate::checkpoint::{self, Checkpoint, Claim, SaveOptions, Survey};
 use crate::exec::InitialParams;
 
 use super::{refused, Observer, SessionError};
@@ -40,16 +40,66 @@ pub struct CheckpointOptions {
     /// The config must describe the plan's model.
     #[cfg_attr(feature = "cli", arg(long, conflicts_with = "resume"))]
     pub init_from: Option<PathBuf>,
+    /// With --save-dir: write into a folder that holds checkpoints this run does not resume
+    /// (their steps of the same number are replaced and `latest` moves to this run's; --keep
+    /// still prunes only this run's own checkpoints) [default: such a folder is refused]
+    #[cfg_attr(feature = "cli", arg(long, requires = "save_dir"))]
+    pub overwrite: bool,
 }
 
 impl CheckpointOptions {
-    /// The save settings of a run of `steps` steps.
-    pub fn save(&self, steps: u64) -> Option<SaveOptions> {
+    /// The save settings of a run of `steps` steps, whose checkpoints record `lineage`.
+    pub fn save(&self, steps: u64, lineage: Option<String>) -> Option<SaveOptions> {
         self.save_dir.as_ref().map(|dir| SaveOptions {
             dir: dir.clone(),
             every: self.save_every.unwrap_or(steps) as usize,
             keep: self.keep.map(|k| k as usize),
+            lineage,
         })
+    }
+
+    /// Claims `--save-dir` for this run before its first step (`checkpoint::claim`: created,
+    /// writable, locked against other runs, and not holding checkpoints this run does not
+    /// continue unless `--overwrite`); without it, says plainly that a resumed run keeps
+    /// nothing.
+    pub fn claim(
+        &self,
+        plan_file: &Path,
+        resumed: Option<&Checkpoint>,
+        obs: &mut dyn Observer,
+    ) -> Result<Option<Claim>, SessionError> {
+        let Some(dir) = &self.save_dir else {
+            if let Some(ck) = resumed {
+                obs.warn(&format!(
+                    "--resume {}: this run has no --save-dir, so it saves no checkpoint: the steps it trains after step {} are not kept (add --save-dir DIR to keep them)",
+                    self.resume.as_deref().unwrap_or_default(),
+                    ck.step()
+                ));
+            }
+            return Ok(None);
+        };
+        let job = std::env::var("TESSERA_JOB_TOKEN")
+            .map(|t| format!(", job token {t}"))
+            .unwrap_or_default();
+        let since = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs());
+        let owner = format!(
+            "pid {} (tessera run {}{job}), since unix time {since}",
+            std::process::id(),
+            plan_file.display()
+        );
+        checkpoint::claim(dir, resumed, self.overwrite, &owner)
+            .map(Some)
+            .map_err(|e| match e {
+                checkpoint::CheckpointError::Invalid { path, problem, fix } => {
+                    refused(format!("--save-dir {path}: {problem}"), fix)
+                }
+                e => SessionError::Checkpoint {
+                    context: "--save-dir".into(),
+                    source: Box::new(e),
+                },
+            })
     }
 
     /// The checkpoint to resume, opened and checked (every shard against its index), or
@@ -77,17 +127,53 @@ impl CheckpointOptions {
                         "add --save-dir DIR, or pass --resume DIR",
                     ));
                 };
-                let latest = dir.join("latest");
-                if !latest.exists() {
+                let survey = Survey::of(dir);
+                if !survey.holds_checkpoints() {
                     obs.warn(&format!(
                         "--resume auto: no checkpoint in {} yet; starting from step 0",
                         dir.display()
                     ));
                     return Ok(None);
                 }
-                dir.clone()
+                match (survey.latest_problem(), survey.newest()) {
+                    (None, _) => dir.clone(),
+                    (Some(problem), Some(n)) => {
+                        obs.warn(&format!(
+                            "--resume auto: in {}, {problem}; resuming the newest complete checkpoint there, step-{n}",
+                            dir.display()
+                        ));
+                        dir.join(checkpoint::step_dir_name(n))
+                    }
+                    (Some(problem), None) => {
+                        return Err(refused(
+                            format!(
+                                "--resume auto: in {}, {problem}, and no complete checkpoint is there",
+                                dir.display()
+                            ),
+                            format!(
+                                "pass --resume with a checkpoint you have, or remove {} to start from step 0",
+                                dir.join(checkpoint::LATEST).display()
+                            ),
+                        ))
+                    }
+                }
             }
-            Some(p) => PathBuf::from(p),
+            Some(p) => {
+                let path = PathBuf::from(p);
+                // A save directory whose `latest` is missing or dangling: the load takes the
+                // newest complete checkpoint; say so.
+                let survey = Survey::of(&path);
+                if let (false, Some(problem), Some(n)) = (
+                    path.join(checkpoint::INDEX).is_file(),
+                    survey.latest_problem(),
+                    survey.newest(),
+                ) {
+                    obs.warn(&format!(
+                        "--resume {p}: {problem}; resuming the newest complete checkpoint there, step-{n}"
+                    ));
+                }
+                path
+            }
         };
         let ck = Checkpoint::open(&path).map_err(|e| SessionError::Checkpoint {
             context: "--resume".into(),

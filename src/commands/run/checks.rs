@@ -11,7 +11,7 @@ use tessera_planner::plan::Plan;
 use tessera_planner::spec::DeviceKind;
 use tessera_runtime::exec;
 
-use crate::files::{check_outputs, named};
+use crate::files::{check_outputs, check_outside, named};
 use crate::signals::uninterrupted;
 
 use super::{Backend, RunArgs, RunCommand};
@@ -139,7 +139,16 @@ pub(super) fn check_run_outputs(args: &RunArgs) -> anyhow::Result<()> {
             inputs.push(named(flag, p));
         }
     }
-    uninterrupted(|| check_outputs(&inputs, &outputs))
+    uninterrupted(|| check_outputs(&inputs, &outputs))?;
+    let c = &args.checkpoint;
+    let mut folders = Vec::new();
+    if let Some(dir) = &c.save_dir {
+        folders.push((named("--save-dir", dir), "writes"));
+    }
+    if let Some(p) = c.resume.as_deref().filter(|p| *p != "auto") {
+        folders.push((named("--resume", Path::new(p)), "reads"));
+    }
+    check_outside(&outputs, &folders)
 }
 
 /// Checks what follows `--` in `tessera launch PLAN -- ARGS` as each rank's
