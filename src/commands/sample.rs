@@ -1,8 +1,10 @@
 //! `tessera sample DIR --prompt TEXT`: generate text from a checkpoint on the CPU, to see what
 //! the model learned. The checkpoint (any layout) is restored onto the single-rank layout of the
 //! model it holds and run forward by the runtime's own layers (`tessera_runtime::exec::generate`),
-//! token by token, with the byte tokenizer the run trained with.
+//! token by token, with the tokenizer the run trained with (recorded in the checkpoint), and
+//! written as the tokens come.
 
+use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
@@ -10,6 +12,7 @@ use anyhow::bail;
 use clap::Args;
 use tessera_planner::Diagnostic;
 use tessera_runtime::checkpoint::Checkpoint;
+use tessera_runtime::data::Tokenizer;
 use tessera_runtime::exec::generate::Generator;
 
 /// The most tokens one command generates.
@@ -23,7 +26,7 @@ pub struct SampleArgs {
     /// The text the model continues.
     #[arg(long)]
     prompt: String,
-    /// How many tokens (bytes) to generate.
+    /// How many tokens to generate.
     #[arg(long, default_value_t = 200)]
     tokens: u64,
     /// Sampling temperature: 0 takes the most likely token each time; higher is more varied.
@@ -38,17 +41,102 @@ fn cli_error(field: &str, problem: String, fix: &str) -> anyhow::Error {
     anyhow::anyhow!(Diagnostic::new("<command line>", field, problem, fix))
 }
 
-/// The byte tokenizer is the only one: a checkpoint trained on a token file (`.bin`, `.u32`)
-/// cannot be decoded.
-fn check_bytes(source: &str, index: &Path) -> anyhow::Result<()> {
-    let ext = Path::new(source).extension().and_then(|e| e.to_str());
+/// The tokenizer the checkpoint's run trained with: the one its index records, or, for a
+/// checkpoint written before tokenizers were recorded, bytes (refused where the run read a
+/// token file, whose tokenizer is unknown).
+fn tokenizer_of(ck: &Checkpoint, index: &Path) -> anyhow::Result<Tokenizer> {
+    let data = &ck.index().data;
+    if let Some(t) = &data.tokenizer {
+        return Ok(t.load(index)?);
+    }
+    let ext = Path::new(&data.source).extension().and_then(|e| e.to_str());
     if matches!(ext, Some("bin" | "u32")) {
         bail!(
-            "{}: the run trained on the token file {source}, and sample encodes and decodes bytes only\n  fix: sample from a checkpoint trained on a text file (read as bytes)",
-            index.display()
+            "{}: the run trained on the token file {}, and the checkpoint does not record which tokenizer made it\n  fix: sample from a checkpoint of a run on text or on a folder prepared by `tessera data prepare` (its tokenizer is recorded)",
+            index.display(),
+            data.source
         );
     }
-    Ok(())
+    Ok(Tokenizer::Bytes)
+}
+
+/// Writes generated text as the tokens come: byte-level tokenizers (bytes, GPT-2) a token's
+/// bytes at a time, holding back a character split across tokens; a tokenizer.json by decoding
+/// all tokens so far and writing what is new.
+struct Stream {
+    tok: Tokenizer,
+    ids: Vec<u32>,
+    /// Decoded bytes not written yet (byte-level), or all decoded bytes (tokenizer.json).
+    bytes: Vec<u8>,
+    /// How many of `bytes` are written (tokenizer.json).
+    written: usize,
+}
+
+impl Stream {
+    fn push(&mut self, id: u32) -> anyhow::Result<()> {
+        if u64::from(id) >= self.tok.vocab() {
+            // A padding id of the model's vocabulary, past the tokenizer's: shown as U+FFFD.
+            let mut out = std::io::stdout().lock();
+            out.write_all("\u{fffd}".as_bytes())?;
+            return Ok(out.flush()?);
+        }
+        self.ids.push(id);
+        let whole = match self.tok {
+            Tokenizer::HuggingFace { .. } => {
+                self.bytes = self.tok.decode_bytes(&self.ids)?;
+                &self.bytes[self.written.min(self.bytes.len())..]
+            }
+            _ => {
+                self.bytes.extend(self.tok.decode_bytes(&[id])?);
+                &self.bytes[..]
+            }
+        };
+        // Write every whole character; an invalid byte sequence as U+FFFD; hold back only an
+        // incomplete character at the end.
+        let (mut text, mut used) = (Vec::new(), 0);
+        loop {
+            match std::str::from_utf8(&whole[used..]) {
+                Ok(rest) => {
+                    text.extend_from_slice(rest.as_bytes());
+                    used = whole.len();
+                    break;
+                }
+                Err(e) => {
+                    text.extend_from_slice(&whole[used..used + e.valid_up_to()]);
+                    used += e.valid_up_to();
+                    match e.error_len() {
+                        Some(bad) => {
+                            text.extend_from_slice("\u{fffd}".as_bytes());
+                            used += bad;
+                        }
+                        None => break,
+                    }
+                }
+            }
+        }
+        let mut out = std::io::stdout().lock();
+        out.write_all(&text)?;
+        out.flush()?;
+        match self.tok {
+            Tokenizer::HuggingFace { .. } => self.written += used,
+            _ => {
+                self.bytes.drain(..used);
+            }
+        }
+        Ok(())
+    }
+
+    /// Writes what is held back (a character never completed, as U+FFFD) and a newline.
+    fn finish(self) -> anyhow::Result<()> {
+        let rest = match self.tok {
+            Tokenizer::HuggingFace { .. } => &self.bytes[self.written.min(self.bytes.len())..],
+            _ => &self.bytes[..],
+        };
+        let mut out = std::io::stdout().lock();
+        writeln!(out, "{}", String::from_utf8_lossy(rest))?;
+        out.flush()?;
+        Ok(())
+    }
 }
 
 pub fn run(args: SampleArgs) -> anyhow::Result<ExitCode> {
@@ -78,34 +166,63 @@ pub fn run(args: SampleArgs) -> anyhow::Result<ExitCode> {
     }
     let ck = Checkpoint::open(&args.dir)?;
     let index_path = ck.dir().join(tessera_runtime::checkpoint::INDEX);
-    check_bytes(&ck.index().data.source, &index_path)?;
+    let tok = tokenizer_of(&ck, &index_path)?;
     let vocab = ck.index().model.vocab;
-    if vocab < 256 {
+    if vocab < tok.vocab() {
         bail!(
-            "{}: the model's vocabulary is {vocab}, fewer than the 256 bytes the tokenizer needs\n  fix: sample from a checkpoint of a byte-level model (vocab 256 or more)",
-            index_path.display()
+            "{}: the model's vocabulary is {vocab}, fewer than the {} tokens of its tokenizer ({})\n  fix: sample from a checkpoint whose model covers its tokenizer's vocabulary",
+            index_path.display(),
+            tok.vocab(),
+            tok.name()
         );
     }
     let generator = Generator::from_checkpoint(&ck)?;
-    let prompt: Vec<u32> = args.prompt.bytes().map(u32::from).collect();
-    let out = generator.generate(&prompt, args.tokens as usize, args.temperature, args.seed)?;
-    // Every id is below 256 here (a byte-level vocabulary may have padding ids above: shown
-    // as the replacement character).
-    let bytes: Vec<u8> = out
-        .iter()
-        .flat_map(|&t| match u8::try_from(t) {
-            Ok(b) => vec![b],
-            Err(_) => "\u{fffd}".as_bytes().to_vec(),
-        })
-        .collect();
+    let prompt = tok.encode(&args.prompt)?;
+    if prompt.is_empty() {
+        return Err(cli_error(
+            "--prompt",
+            format!("makes no token under the {} tokenizer", tok.name()),
+            "pass --prompt with some text",
+        ));
+    }
     eprintln!(
-        "{}: step {}, {} tokens at temperature {} (seed {})",
+        "{}: step {}, {} tokens at temperature {} (seed {}), {} tokenizer",
         ck.dir().display(),
         ck.step(),
         args.tokens,
         args.temperature,
-        args.seed
+        args.seed,
+        tok.name()
     );
-    println!("{}{}", args.prompt, String::from_utf8_lossy(&bytes));
+    print!("{}", args.prompt);
+    std::io::stdout().flush()?;
+    let mut stream = Stream {
+        tok,
+        ids: Vec::new(),
+        bytes: Vec::new(),
+        written: 0,
+    };
+    let mut failed = None;
+    let drawn = generator.generate_each(
+        &prompt,
+        args.tokens as usize,
+        args.temperature,
+        args.seed,
+        &mut |id| {
+            stream.push(id).map_err(|e| {
+                let shown = format!("{e:#}");
+                failed = Some(e);
+                tessera_runtime::exec::RunError::Unsupported {
+                    what: shown,
+                    fix: "see the error above".into(),
+                }
+            })
+        },
+    );
+    if let Some(e) = failed {
+        return Err(e);
+    }
+    drawn?;
+    stream.finish()?;
     Ok(ExitCode::SUCCESS)
 }

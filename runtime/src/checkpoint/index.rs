@@ -60,6 +60,11 @@ pub struct DataPosition {
     pub source: String,
     pub tokens: u64,
     pub fingerprint: String,
+    /// The tokenizer that made the corpus's tokens, where known (`Tokens::tokenizer`):
+    /// `tessera sample` decodes with it. Absent in older checkpoints and for token files
+    /// without a `tessera-data.json`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tokenizer: Option<crate::data::TokenizerRef>,
 }
 
 /// The random-number state: the runtime's generators are stateless hashes of (seed, stream,

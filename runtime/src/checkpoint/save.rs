@@ -136,6 +136,7 @@ impl Saver {
                 source: data.source.clone(),
                 tokens: data.len() as u64,
                 fingerprint: fingerprint(data),
+                tokenizer: data.tokenizer.clone(),
             },
             rng: RngState {
                 generator: "counter-based SplitMix64 hash of (seed, stream, index); stateless"

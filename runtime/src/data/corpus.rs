@@ -10,6 +10,7 @@ use std::sync::{Arc, OnceLock};
 
 use rayon::prelude::*;
 
+use super::meta::TokenizerRef;
 use super::shard::Width;
 use super::DataError;
 
@@ -192,6 +193,10 @@ pub struct Tokens {
     /// The vocabulary the data was prepared for (its folder's `tessera-data.json`), checked
     /// against the model's; `None` when unknown.
     pub declared_vocab: Option<u64>,
+    /// The tokenizer that made the tokens, where known: the one a prepared folder records,
+    /// or the one text was read with; `None` for token files without a `tessera-data.json`.
+    /// A checkpoint records it, and `tessera sample` decodes with it.
+    pub tokenizer: Option<TokenizerRef>,
 }
 
 impl Tokens {
@@ -206,6 +211,7 @@ impl Tokens {
             )],
             source: source.to_string(),
             declared_vocab: None,
+            tokenizer: None,
         }
     }
 

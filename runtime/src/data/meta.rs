@@ -46,6 +46,35 @@ impl TokenizerRef {
         }
     }
 
+    /// The tokenizer this names, for what `record` (a file naming it, for messages) says: a
+    /// tokenizer.json is loaded from its path and must still have the SHA-256 recorded.
+    pub fn load(&self, record: &Path) -> Result<Tokenizer, DataError> {
+        match (self.name.as_str(), &self.path) {
+            ("tokenizer.json", Some(p)) => {
+                let bytes = std::fs::read(p).map_err(|e| DataError::Invalid {
+                    path: record.display().to_string(),
+                    problem: format!("the data was tokenized with {p}, which cannot be read: {e}"),
+                    fix: "put the tokenizer.json back at that path".into(),
+                })?;
+                let sum = sha256_hex(&bytes);
+                if Some(&sum) != self.sha256.as_ref() {
+                    return Err(DataError::Invalid {
+                        path: record.display().to_string(),
+                        problem: format!("{p} has changed since the data was tokenized with it (SHA-256 {sum}, recorded {})", self.sha256.as_deref().unwrap_or("none")),
+                        fix: "restore the tokenizer.json the data was prepared with, or prepare the data again".into(),
+                    });
+                }
+                Tokenizer::from_file(Path::new(p))
+            }
+            (name @ ("bytes" | "gpt2"), _) => Tokenizer::parse(name),
+            (name, _) => Err(DataError::Invalid {
+                path: record.display().to_string(),
+                problem: format!("unknown tokenizer {name:?}"),
+                fix: "prepare the data again with `tessera data prepare`".into(),
+            }),
+        }
+    }
+
     /// Whether `t` is this tokenizer (a tokenizer.json by its SHA-256).
     pub fn matches(&self, t: &Tokenizer) -> bool {
         match t {
@@ -117,29 +146,6 @@ impl DataMeta {
     /// The tokenizer it names: a tokenizer.json is loaded from its path and must still have
     /// the SHA-256 recorded.
     pub fn tokenizer(&self, meta_path: &Path) -> Result<Tokenizer, DataError> {
-        match (self.tokenizer.name.as_str(), &self.tokenizer.path) {
-            ("tokenizer.json", Some(p)) => {
-                let bytes = std::fs::read(p).map_err(|e| DataError::Invalid {
-                    path: meta_path.display().to_string(),
-                    problem: format!("the data was tokenized with {p}, which cannot be read: {e}"),
-                    fix: "put the tokenizer.json back at that path".into(),
-                })?;
-                let sum = sha256_hex(&bytes);
-                if Some(&sum) != self.tokenizer.sha256.as_ref() {
-                    return Err(DataError::Invalid {
-                        path: meta_path.display().to_string(),
-                        problem: format!("{p} has changed since the data was tokenized with it (SHA-256 {sum}, recorded {})", self.tokenizer.sha256.as_deref().unwrap_or("none")),
-                        fix: "restore the tokenizer.json the data was prepared with, or prepare the data again".into(),
-                    });
-                }
-                Tokenizer::from_file(Path::new(p))
-            }
-            (name @ ("bytes" | "gpt2"), _) => Tokenizer::parse(name),
-            (name, _) => Err(DataError::Invalid {
-                path: meta_path.display().to_string(),
-                problem: format!("unknown tokenizer {name:?}"),
-                fix: "prepare the data again with `tessera data prepare`".into(),
-            }),
-        }
+        self.tokenizer.load(meta_path)
     }
 }

@@ -16,7 +16,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use super::corpus::{Backing, Part, PartKind, Store, Tokens};
-use super::meta::DataMeta;
+use super::meta::{DataMeta, TokenizerRef};
 use super::shard::{self, Width};
 use super::tokenizer::Tokenizer;
 use super::DataError;
@@ -272,10 +272,17 @@ fn corpus(files: &[PathBuf], source: String, opts: &LoadOptions) -> Result<Token
         .iter()
         .map(|f| open_file(f, opts))
         .collect::<Result<Vec<Part>, DataError>>()?;
+    // Text is tokenized here, with the options' tokenizer (bytes by default); token files
+    // do not say which tokenizer made them.
+    let tokenizer = parts
+        .iter()
+        .all(|p| p.kind == PartKind::Text)
+        .then(|| TokenizerRef::of(opts.tokenizer.as_ref().unwrap_or(&Tokenizer::Bytes)));
     Ok(Tokens {
         parts,
         source,
         declared_vocab: None,
+        tokenizer,
     })
 }
 
@@ -322,13 +329,20 @@ impl DataSet {
                     });
                 }
                 let declared_vocab = meta.as_ref().map(|m| m.vocab);
+                let declared_tokenizer = meta.as_ref().map(|m| m.tokenizer.clone());
                 let mut train = corpus(&train, shown.clone(), opts)?;
                 train.declared_vocab = declared_vocab;
+                if declared_tokenizer.is_some() {
+                    train.tokenizer.clone_from(&declared_tokenizer);
+                }
                 let val = if val.is_empty() {
                     None
                 } else {
                     let mut v = non_empty_val(corpus(&val, format!("{shown} (val)"), opts)?)?;
                     v.declared_vocab = declared_vocab;
+                    if declared_tokenizer.is_some() {
+                        v.tokenizer = declared_tokenizer;
+                    }
                     Some(v)
                 };
                 Ok(DataSet { train, val, meta })
@@ -366,7 +380,10 @@ impl Tokens {
             }
         };
         let mut t = non_empty_val(corpus(&files, shown, opts)?)?;
-        t.declared_vocab = meta.map(|m| m.vocab);
+        if let Some(m) = meta {
+            t.declared_vocab = Some(m.vocab);
+            t.tokenizer = Some(m.tokenizer);
+        }
         Ok(t)
     }
 }

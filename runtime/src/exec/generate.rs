@@ -126,6 +126,19 @@ impl Generator {
         temperature: f64,
         seed: u64,
     ) -> Result<Vec<u32>, RunError> {
+        self.generate_each(prompt, n, temperature, seed, &mut |_| Ok(()))
+    }
+
+    /// [`Generator::generate`], handing each token to `each` as it is drawn (to show it at
+    /// once); an error from `each` stops the generation and is returned.
+    pub fn generate_each(
+        &self,
+        prompt: &[u32],
+        n: usize,
+        temperature: f64,
+        seed: u64,
+        each: &mut dyn FnMut(u32) -> Result<(), RunError>,
+    ) -> Result<Vec<u32>, RunError> {
         let (t, v) = (self.window, self.vocab());
         let mut ids = prompt.to_vec();
         for k in 0..n {
@@ -133,7 +146,9 @@ impl Generator {
             let logits = self.logits(context)?;
             let last = &logits[(context.len() - 1) * v..];
             let u = rng::uniform(seed, rng::stream_id("sample"), k as u64);
-            ids.push(pick(last, temperature, u));
+            let token = pick(last, temperature, u);
+            ids.push(token);
+            each(token)?;
         }
         Ok(ids.split_off(prompt.len()))
     }

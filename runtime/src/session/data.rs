@@ -5,7 +5,9 @@
 
 use std::path::{Path, PathBuf};
 
-use crate::data::{DataFormat, DataSet, LoadOptions, PartKind, Tokenizer, Tokens, META_FILE};
+use crate::data::{
+    DataFormat, DataSet, LoadOptions, PartKind, Tokenizer, TokenizerRef, Tokens, META_FILE,
+};
 
 use super::{refused, Observer, SessionError};
 
@@ -126,7 +128,9 @@ impl DataOptions {
             None => {
                 let tok = tokenizer.clone().unwrap_or(Tokenizer::Bytes);
                 let ids = tok.encode(BUNDLED_DATA)?;
-                (Tokens::from_ids(ids, BUNDLED_DATA_NAME), None, None)
+                let mut t = Tokens::from_ids(ids, BUNDLED_DATA_NAME);
+                t.tokenizer = Some(TokenizerRef::of(&tok));
+                (t, None, None)
             }
             Some(path) => {
                 let set = DataSet::open(path, &opts).map_err(|e| SessionError::Data {
