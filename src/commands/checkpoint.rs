@@ -54,8 +54,12 @@ enum ExportFormat {
     Hf,
 }
 
+/// The checkpoint in `dir`, checked against itself (its index's fields against each other and
+/// its model against the tensors).
 fn open(dir: &std::path::Path) -> anyhow::Result<Checkpoint> {
-    Checkpoint::open(dir).map_err(|e| anyhow!("{e}"))
+    let ck = Checkpoint::open(dir).map_err(|e| anyhow!("{e}"))?;
+    tessera_runtime::exec::check_checkpoint(&ck).map_err(|e| anyhow!("{e}"))?;
+    Ok(ck)
 }
 
 pub fn run(args: CheckpointArgs) -> anyhow::Result<ExitCode> {

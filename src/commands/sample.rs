@@ -165,6 +165,7 @@ pub fn run(args: SampleArgs) -> anyhow::Result<ExitCode> {
         ));
     }
     let ck = Checkpoint::open(&args.dir)?;
+    tessera_runtime::exec::check_checkpoint(&ck).map_err(|e| anyhow::anyhow!("{e}"))?;
     let index_path = ck.dir().join(tessera_runtime::checkpoint::INDEX);
     let tok = tokenizer_of(&ck, &index_path)?;
     let vocab = ck.index().model.vocab;

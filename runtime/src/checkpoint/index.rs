@@ -199,6 +199,66 @@ pub fn fingerprint(data: &Tokens) -> String {
 }
 
 impl Index {
+    /// Checks that the index agrees with itself: the step with the data and learning-rate
+    /// positions and the optimizer's update count, and the recorded learning rate with the
+    /// schedule it records. A hand-edited field is refused, named. Errors name `path`.
+    pub fn check_itself(&self, path: &Path) -> Result<(), CheckpointError> {
+        let edited = |problem: String| CheckpointError::Invalid {
+            path: path.display().to_string(),
+            problem,
+            fix:
+                "restore the index.json the run wrote, or use another checkpoint (an older step-N)"
+                    .into(),
+        };
+        let step = self.step;
+        for (field, v) in [
+            ("data.next_step", self.data.next_step as u64),
+            ("lr.next_step", self.lr.next_step as u64),
+            ("optimizer.updates", self.optimizer.updates),
+        ] {
+            if v != step as u64 {
+                return Err(edited(format!(
+                    "`step` is {step}, but `{field}` is {v}: the index disagrees with itself (a run writes them equal)"
+                )));
+            }
+        }
+        let lr = &self.lr;
+        let decay = match (lr.decay.as_str(), lr.wsd_decay_steps) {
+            ("cosine", _) => crate::optim::Decay::Cosine,
+            ("linear", _) => crate::optim::Decay::Linear,
+            ("constant", _) => crate::optim::Decay::Constant,
+            ("wsd", Some(decay_steps)) => crate::optim::Decay::Wsd { decay_steps },
+            (d, _) => {
+                return Err(edited(format!(
+                    "`lr.decay` is {d:?}, not one of cosine, linear, constant, wsd (with `lr.wsd_decay_steps`)"
+                )))
+            }
+        };
+        if !(lr.max_lr.is_finite() && lr.min_lr.is_finite() && lr.max_lr > 0.0)
+            || !(0.0..=lr.max_lr).contains(&lr.min_lr)
+        {
+            return Err(edited(format!(
+                "`lr.max_lr` {} and `lr.min_lr` {}: a run writes 0 <= min_lr <= max_lr, max_lr above 0",
+                lr.max_lr, lr.min_lr
+            )));
+        }
+        let schedule = crate::optim::LrSchedule {
+            max_lr: lr.max_lr,
+            min_lr: lr.min_lr,
+            warmup_steps: lr.warmup_steps,
+            total_steps: lr.total_steps,
+            decay,
+        };
+        let want = schedule.lr(step);
+        if want.to_bits() != lr.next_lr.to_bits() {
+            return Err(edited(format!(
+                "`lr.next_lr` is {}, but the schedule the index records (max_lr {}, min_lr {}, warm-up {}, {} decay to step {}) gives {want} at step {step}: a learning-rate field was changed",
+                lr.next_lr, lr.max_lr, lr.min_lr, lr.warmup_steps, lr.decay, lr.total_steps
+            )));
+        }
+        Ok(())
+    }
+
     /// Checks that the index describes a model and data this run can continue: the same
     /// architecture (the vocabulary's padding may differ), sequence length, global batch and
     /// corpus. Errors name `path` (the index file) and the field.

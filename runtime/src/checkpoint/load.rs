@@ -121,6 +121,7 @@ impl Checkpoint {
         let index: Index = serde_json::from_value(head).map_err(|e| {
             CheckpointError::damaged(&index_path, format!("not a {FORMAT} index: {e}"))
         })?;
+        index.check_itself(&index_path)?;
         if index.dtype != "F32" {
             let problem = format!("`dtype` is {:?}; this runtime reads \"F32\"", index.dtype);
             return Err(CheckpointError::damaged(&index_path, problem));
@@ -182,6 +183,21 @@ impl Checkpoint {
         let st = SafeTensors::deserialize(&bytes).map_err(|e| {
             CheckpointError::damaged(&path, format!("not a readable safetensors file: {e}"))
         })?;
+        // Each shard records the step it was written at (its safetensors metadata).
+        let written_at = SafeTensors::read_metadata(&bytes)
+            .ok()
+            .and_then(|(_, m)| m.metadata().as_ref().and_then(|kv| kv.get("step").cloned()));
+        if let Some(at) = written_at.filter(|at| *at != self.index.step.to_string()) {
+            let problem = format!(
+                "written at step {at}, but the index's `step` is {}: the index or the shard was swapped or edited",
+                self.index.step
+            );
+            return Err(CheckpointError::Invalid {
+                path: path.display().to_string(),
+                problem,
+                fix: "restore the index.json the run wrote, or use another checkpoint (an older step-N)".into(),
+            });
+        }
         let listed: HashSet<&str> = shard.tensors.iter().map(|t| t.key.as_str()).collect();
         if let Some(extra) = st.names().into_iter().find(|n| !listed.contains(n)) {
             let problem = format!("holds tensor {extra}, which the index does not list");
@@ -254,6 +270,49 @@ impl Checkpoint {
         self.tensors
             .iter()
             .map(|(n, g)| (n.as_str(), g.shape.as_slice(), g.values[0].as_slice()))
+    }
+
+    /// Checks that the index's `model` describes the tensors the shards hold: `layout` is that
+    /// model's single-rank layout (`exec::check_checkpoint` builds it). Every tensor the model
+    /// has must be held with its shape (the vocabulary's padding rows may differ), and no
+    /// other; else the index's model was edited or swapped, and the checkpoint is refused.
+    pub fn check_model(&self, layout: &ParamLayout) -> Result<(), CheckpointError> {
+        let index_path = self.dir.join(INDEX);
+        let m = &self.index.model;
+        let edited = |problem: String| CheckpointError::Invalid {
+            path: index_path.display().to_string(),
+            problem,
+            fix:
+                "restore the index.json the run wrote, or use another checkpoint (an older step-N)"
+                    .into(),
+        };
+        let sizes = format!(
+            "layers {}, hidden {}, heads {}, kv_heads {}, ffn_hidden {}, vocab {}",
+            m.layers, m.hidden, m.heads, m.kv_heads, m.ffn_hidden, m.vocab
+        );
+        let vocab = m.vocab as usize;
+        for e in layout.entries() {
+            let Some(g) = self.tensors.get(&e.name) else {
+                return Err(edited(format!(
+                    "`model` ({sizes}) has a tensor {} {:?}, which no shard holds: the index's model disagrees with the tensors",
+                    e.name, e.global_shape
+                )));
+            };
+            let (a, b) = (&g.shape, &e.global_shape);
+            let repad = a.len() == b.len() && a[1..] == b[1..] && a[0] >= vocab && b[0] >= vocab;
+            if a != b && !repad {
+                return Err(edited(format!(
+                    "`model` ({sizes}) makes {} {b:?}, and the shards hold it as {a:?}: the index's model disagrees with the tensors",
+                    e.name
+                )));
+            }
+        }
+        if let Some(extra) = self.tensors.keys().find(|n| layout.get(n).is_none()) {
+            return Err(edited(format!(
+                "the shards hold a tensor {extra}, which `model` ({sizes}) does not have: the index's model disagrees with the tensors"
+            )));
+        }
+        Ok(())
     }
 
     /// The checkpoint directory (`…/step-N`).

@@ -298,6 +298,14 @@ pub fn check_supported(plan: &Plan) -> Result<(), RunError> {
     Ok(())
 }
 
+/// Checks a checkpoint against itself where `Checkpoint::open` cannot: its index's `model`
+/// against the tensors its shards hold (`Checkpoint::check_model` on that model's single-rank
+/// layout). Every command that reads a checkpoint calls it after opening.
+pub fn check_checkpoint(ck: &Checkpoint) -> Result<(), RunError> {
+    let layout = StageModel::whole(&ck.index().model)?.layout;
+    Ok(ck.check_model(&layout)?)
+}
+
 /// Trains for `opts.steps` steps on the CPU backend (threads are ranks); `on_step` sees each
 /// step's metrics as it finishes.
 pub fn train(

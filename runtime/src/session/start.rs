@@ -13,6 +13,17 @@ use crate::exec::InitialParams;
 
 use super::{refused, Observer, SessionError};
 
+/// A checkpoint the executor's checks refused, blamed on `flag`.
+fn refused_run(flag: &str, e: crate::exec::RunError) -> SessionError {
+    match e {
+        crate::exec::RunError::Checkpoint(c) => SessionError::Checkpoint {
+            context: flag.into(),
+            source: Box::new(c),
+        },
+        e => SessionError::Run(Box::new(e)),
+    }
+}
+
 /// Where a run saves, and what it resumes or starts from (`tessera run`'s checkpoint flags,
 /// with the `cli` feature).
 #[derive(Debug, Clone, Default)]
@@ -179,6 +190,7 @@ impl CheckpointOptions {
             context: "--resume".into(),
             source: Box::new(e),
         })?;
+        crate::exec::check_checkpoint(&ck).map_err(|e| refused_run("--resume", e))?;
         if ck.step() as u64 >= steps {
             return Err(refused(
                 format!(
