@@ -234,9 +234,11 @@ impl Index {
                 )))
             }
         };
-        if !(lr.max_lr.is_finite() && lr.min_lr.is_finite() && lr.max_lr > 0.0)
-            || !(0.0..=lr.max_lr).contains(&lr.min_lr)
-        {
+        let sane = lr.max_lr.is_finite()
+            && lr.max_lr > 0.0
+            && lr.min_lr.is_finite()
+            && (0.0..=lr.max_lr).contains(&lr.min_lr);
+        if !sane {
             return Err(edited(format!(
                 "`lr.max_lr` {} and `lr.min_lr` {}: a run writes 0 <= min_lr <= max_lr, max_lr above 0",
                 lr.max_lr, lr.min_lr
