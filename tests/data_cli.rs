@@ -291,7 +291,14 @@ fn bad_shards_are_refused_naming_the_file() {
     refused_naming(
         &dir,
         &none,
-        &["--data", &s(&good), "--val-data", &s(&none)],
+        &[
+            "--data",
+            &s(&good),
+            "--val-data",
+            &s(&none),
+            "--eval-every",
+            "1",
+        ],
         &["validation split is empty"],
     );
     // Shorter than one sequence (32 + 1).

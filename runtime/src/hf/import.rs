@@ -19,13 +19,28 @@ pub struct HfWeights {
     pub family: Family,
     /// By Tessera name: the global shape (the real vocabulary rows, no padding) and values.
     pub tensors: BTreeMap<String, (Vec<usize>, Vec<f32>)>,
+    /// The config's training settings this run does not apply, as `key value` (dropout
+    /// probabilities above 0: the runtime trains without dropout).
+    pub set_aside: Vec<String>,
+}
+
+/// The config's dropout probabilities above 0 (keys naming dropout, or GPT-2's `*_pdrop`), as
+/// `key value`: training settings the runtime does not implement, set aside by a load.
+fn dropouts(cfg: &Value) -> Vec<String> {
+    let Some(map) = cfg.as_object() else {
+        return Vec::new();
+    };
+    map.iter()
+        .filter(|(k, _)| k.contains("dropout") || k.ends_with("_pdrop"))
+        .filter_map(|(k, v)| v.as_f64().filter(|p| *p != 0.0).map(|p| format!("{k} {p}")))
+        .collect()
 }
 
 /// Reads the HF folder `dir` as the model `a` (a plan's), refusing a config that describes
 /// another model (naming the key) and tensors of other names, shapes or types.
 pub fn load(dir: &Path, a: &Architecture) -> Result<HfWeights, HfError> {
     let fam = family(a)?;
-    check_config(&dir.join(CONFIG), a, fam)?;
+    let set_aside = check_config(&dir.join(CONFIG), a, fam)?;
     let path = dir.join(WEIGHTS);
     let bytes = fs::read(&path).map_err(|e| HfError::io(&path, "read", e))?;
     let bad = |problem: String| {
@@ -117,6 +132,7 @@ pub fn load(dir: &Path, a: &Architecture) -> Result<HfWeights, HfError> {
         )));
     }
     Ok(HfWeights {
+        set_aside,
         family: fam,
         tensors,
     })
@@ -155,7 +171,7 @@ fn f16_to_f32(h: u16) -> f32 {
 const ROPE_THETA_DEFAULT: f64 = 10_000.0;
 
 /// Checks `config.json` against the model, key by key.
-fn check_config(path: &Path, a: &Architecture, fam: Family) -> Result<(), HfError> {
+fn check_config(path: &Path, a: &Architecture, fam: Family) -> Result<Vec<String>, HfError> {
     let text = fs::read(path).map_err(|e| HfError::io(path, "read", e))?;
     let cfg: Value = serde_json::from_slice(&text).map_err(|e| HfError::Invalid {
         path: path.display().to_string(),
@@ -309,5 +325,5 @@ fn check_config(path: &Path, a: &Architecture, fam: Family) -> Result<(), HfErro
             }
         }
     }
-    Ok(())
+    Ok(dropouts(&cfg))
 }

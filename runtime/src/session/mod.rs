@@ -166,6 +166,25 @@ pub struct Finished<'p> {
     pub report: exec::TrainReport,
 }
 
+impl RunOptions {
+    /// What can be refused from the options alone, before anything is read: optimizer
+    /// settings the spec's rules refuse, and flags that would be ignored. `tessera run` and
+    /// `tessera launch` (for what it passes to each rank) call it; [`Session::prepare`] too.
+    pub fn check(&self, plan: &Plan) -> Result<(), SessionError> {
+        self.optim.settings(plan)?;
+        if let (Some(v), None) = (&self.data.val_data, self.eval.eval_every) {
+            return Err(refused(
+                format!(
+                    "--val-data {}: only --eval-every reads validation data, and it is not given, so the data would be ignored",
+                    v.display()
+                ),
+                "add --eval-every N to compute the validation loss every N steps, or drop --val-data",
+            ));
+        }
+        Ok(())
+    }
+}
+
 impl<'p> Session<'p> {
     /// Checks and loads everything the run needs before its first step; writes nothing.
     pub fn prepare(
@@ -173,6 +192,7 @@ impl<'p> Session<'p> {
         opts: RunOptions,
         obs: &mut dyn Observer,
     ) -> Result<Session<'p>, SessionError> {
+        opts.check(plan)?;
         let settings = opts.optim.settings(plan)?;
         let on_cpu = opts.gpus.is_none();
         let need = if on_cpu { host_bytes_needed(plan) } else { 0.0 };
@@ -238,6 +258,13 @@ impl<'p> Session<'p> {
             eval: self.eval,
         };
         if let Some(ck) = &opts.resume {
+            let rng = &ck.index().rng;
+            if rng.init_seed != o.seed || rng.sampler_seed != o.seed {
+                obs.warn(&format!(
+                    "--seed {}: not used on resume; the run continues its checkpoint's seeds (weights {}, data order {})",
+                    o.seed, rng.init_seed, rng.sampler_seed
+                ));
+            }
             let changed = resume_changes(ck, &opts, plan);
             if !changed.is_empty() {
                 obs.say(&format!(

@@ -221,6 +221,19 @@ impl CheckpointOptions {
         let Some(dir) = &self.init_from else {
             return Ok(None);
         };
+        if dir.join(checkpoint::INDEX).is_file() || dir.join(checkpoint::LATEST).is_file() {
+            return Err(refused(
+                format!(
+                    "--init-from {}: is a Tessera checkpoint, not a Hugging Face model folder (config.json + model.safetensors)",
+                    dir.display()
+                ),
+                format!(
+                    "continue it with --resume {} (its optimizer state and step too), or export it first with `tessera checkpoint export {} --to hf -o DIR` and pass DIR",
+                    dir.display(),
+                    dir.display()
+                ),
+            ));
+        }
         let w =
             crate::hf::load(dir, &plan.job.model.architecture).map_err(SessionError::InitFrom)?;
         obs.say(&format!(
@@ -228,6 +241,13 @@ impl CheckpointOptions {
             w.family.class(),
             dir.display()
         ));
+        if !w.set_aside.is_empty() {
+            obs.warn(&format!(
+                "--init-from {}: config.json sets {}, which this run does not apply (the runtime trains without dropout)",
+                dir.display(),
+                w.set_aside.join(", ")
+            ));
+        }
         Ok(Some(Arc::new(w.tensors)))
     }
 }

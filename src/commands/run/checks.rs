@@ -66,7 +66,7 @@ pub(super) fn check_flags(
     launched: Option<usize>,
     reads_data: bool,
 ) -> anyhow::Result<()> {
-    args.optim.settings(plan).map_err(super::flat)?;
+    args.options(None).check(plan).map_err(super::flat)?;
     let shown = args.plan.display();
     let cluster = &plan.job.cluster;
     let gpu_plan = cluster.device.kind == DeviceKind::Gpu;

@@ -1,0 +1,93 @@
+//! Every `tessera run` flag is honoured or refused before the first step (issue 36, "flags
+//! accepted and ignored"): `--val-data` without `--eval-every` is refused; a `--seed` a resume
+//! does not use is said; `--init-from` given a Tessera checkpoint points at `--resume`, and
+//! names, on one line before training, the config.json settings it does not apply.
+
+mod common;
+
+use common::*;
+
+#[test]
+fn val_data_without_eval_every_is_refused() {
+    let dir = Scratch::new();
+    let plan = tiny_plan(&dir);
+    let r = run(&[
+        "run",
+        &s(&plan),
+        "--steps",
+        "2",
+        "--val-data",
+        "examples/data/parallelism.txt",
+    ]);
+    refused(&r, &["--val-data", "--eval-every", "fix:"]);
+    assert!(!r.stdout.contains("loss"), "{}", r.stdout);
+}
+
+#[test]
+fn a_seed_that_a_resume_does_not_use_is_said() {
+    let dir = Scratch::new();
+    let plan = tiny_plan(&dir);
+    let (ck, _) = train_8_saving_at_4(&dir, &plan);
+    let step4 = s(&ck.join("step-4"));
+    let r = run(&[
+        "run",
+        &s(&plan),
+        "--steps",
+        "6",
+        "--resume",
+        &step4,
+        "--seed",
+        "5",
+    ]);
+    assert_eq!(r.code, Some(0), "{}", r.stderr);
+    assert!(
+        r.stderr.contains("--seed 5: not used on resume") && r.stderr.contains("weights 1234"),
+        "{}",
+        r.stderr
+    );
+    // The checkpoint's own seed: nothing to say.
+    let r = run(&["run", &s(&plan), "--steps", "6", "--resume", &step4]);
+    assert_eq!(r.code, Some(0), "{}", r.stderr);
+    assert!(!r.stderr.contains("--seed"), "{}", r.stderr);
+}
+
+#[test]
+fn init_from_a_checkpoint_points_at_resume_and_names_the_settings_it_sets_aside() {
+    let dir = Scratch::new();
+    let plan = tiny_plan(&dir);
+    let (ck, _) = train_8_saving_at_4(&dir, &plan);
+    let r = run(&["run", &s(&plan), "--steps", "2", "--init-from", &s(&ck)]);
+    refused(
+        &r,
+        &[
+            "--init-from",
+            "Tessera checkpoint",
+            "--resume",
+            "checkpoint export",
+        ],
+    );
+
+    let hf = dir.path("hf");
+    let r = run(&["checkpoint", "export", &s(&ck), "--to", "hf", "-o", &s(&hf)]);
+    assert_eq!(r.code, Some(0), "{}", r.stderr);
+    edit_json(&hf.join("config.json"), |v| {
+        v["attn_pdrop"] = 0.1.into();
+        v["resid_pdrop"] = 0.1.into();
+        v["embd_pdrop"] = 0.0.into();
+    });
+    let r = run(&["run", &s(&plan), "--steps", "2", "--init-from", &s(&hf)]);
+    assert_eq!(r.code, Some(0), "{}", r.stderr);
+    let line = r
+        .stderr
+        .lines()
+        .find(|l| l.contains("does not apply"))
+        .unwrap_or_else(|| panic!("no line names the settings set aside:\n{}", r.stderr));
+    assert!(
+        line.contains("attn_pdrop 0.1")
+            && line.contains("resid_pdrop 0.1")
+            && !line.contains("embd_pdrop"),
+        "{line}"
+    );
+    // Said before the first step.
+    assert!(r.stdout.contains("loss"), "{}", r.stdout);
+}
