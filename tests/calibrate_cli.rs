@@ -327,3 +327,76 @@ fn the_written_spec_keeps_what_the_help_promises() {
         assert!((0.5..1.5).contains(&share), "{share}");
     }
 }
+
+/// Busy loops in other processes, one per core, stopped (by their ids) when dropped.
+struct Spinners(Vec<std::process::Child>);
+
+impl Spinners {
+    fn start(n: usize) -> Spinners {
+        Spinners(
+            (0..n)
+                .map(|_| {
+                    std::process::Command::new("sh")
+                        .args(["-c", "while :; do :; done"])
+                        .spawn()
+                        .expect("sh runs")
+                })
+                .collect(),
+        )
+    }
+}
+
+impl Drop for Spinners {
+    fn drop(&mut self) {
+        for c in &mut self.0 {
+            c.kill().ok();
+            c.wait().ok();
+        }
+    }
+}
+
+/// Every figure is repeated until its runs agree and its spread is said, on standard error
+/// and in the written spec; a calibration while other processes keep every core busy says it
+/// was under load, in both. (How stable a quiet host's calibrations are is a benchmark's
+/// question: docs/calibration-cpu.md, "CPU calibrate stability".)
+#[test]
+fn a_calibration_says_its_spread_and_that_it_ran_under_load() {
+    let dir = Scratch::new();
+    let out = dir.path("loaded.toml");
+    let spinners = Spinners::start(cores());
+    let r = run(&[
+        "calibrate",
+        "specs/clusters/cpu-8.toml",
+        "--ranks",
+        "1",
+        "-o",
+        &s(&out),
+    ]);
+    drop(spinners);
+    assert_eq!(r.code, Some(0), "{}", r.stderr);
+    let text = std::fs::read_to_string(&out).unwrap();
+    for (what, haystack) in [("stderr", &r.stderr), ("the spec", &text)] {
+        for part in [
+            "spread",
+            "over",
+            "runs",
+            "under load: other processes took",
+            "calibrate again when the host is quiet",
+        ] {
+            assert!(
+                haystack.contains(part),
+                "{what} lacks `{part}`:\n{haystack}"
+            );
+        }
+        assert!(
+            haystack.contains("stable: every figure")
+                || haystack.contains("not stable: the 3 fastest runs"),
+            "{what} says nothing of stability:\n{haystack}"
+        );
+    }
+    assert!(r.stderr.contains("warning: under load"), "{}", r.stderr);
+    assert!(text.contains("#   memory copy: spread"), "{text}");
+    // Still a spec `tessera plan` reads.
+    let r = run(&["validate", &s(&out)]);
+    assert_eq!(r.code, Some(0), "{}", r.stderr);
+}

@@ -302,3 +302,242 @@ fn measurements_above_the_peak_and_mismatched_flags_are_refused() {
     assert_eq!(r.status.code(), Some(2));
     assert!(text(&r.stderr).contains("cannot be used with"));
 }
+
+/// A measuring script that never returns is stopped at `--timeout`, with everything it
+/// started (its process group): one message naming the script, the time waited and a fix,
+/// exit status 2, nothing written. The stand-in starts a `sleep` of its own, which would keep
+/// the output pipe open (and tessera waiting) if only the stand-in were killed.
+#[test]
+fn a_script_that_never_returns_is_stopped_at_the_timeout() {
+    use std::time::{Duration, Instant};
+    let dir = Scratch::new();
+    let out = dir.path("out.toml");
+    let sleeper = dir.path("sleeper.pid");
+    let py = fake_python(
+        &dir,
+        &format!(
+            "echo 'gemm 1024^3' >&2\nsleep 300 &\necho $! > '{}'\nwait",
+            s(&sleeper)
+        ),
+    );
+    let start = Instant::now();
+    let mut c = bin();
+    c.args([
+        "calibrate",
+        "specs/clusters/dgx-h100-80g.toml",
+        "--gpu",
+        "--timeout",
+        "1",
+        "-o",
+        &s(&out),
+    ])
+    .env("TESSERA_PYTHON", &py)
+    .stdin(std::process::Stdio::null())
+    .stdout(std::process::Stdio::piped())
+    .stderr(std::process::Stdio::piped());
+    let mut child = c.spawn().expect("tessera runs");
+    let (status, _, err) = wait_draining(
+        &mut child,
+        Duration::from_secs(60),
+        |c| {
+            c.kill().ok();
+        },
+        || "tessera calibrate --gpu --timeout 1 did not stop the script".into(),
+    );
+    assert!(start.elapsed() < Duration::from_secs(30), "{err}");
+    assert_eq!(status.code(), Some(2), "{err}");
+    for part in [
+        "scripts/calibrate_gpu.py",
+        &s(&py),
+        "did not finish within 1 s",
+        "--timeout",
+        "fix:",
+    ] {
+        assert!(err.contains(part), "no `{part}` in {err}");
+    }
+    assert!(!err.contains("panicked"), "{err}");
+    assert!(!out.exists());
+    // The script's own child went with it.
+    let pid = std::fs::read_to_string(&sleeper).unwrap();
+    let proc_dir = Path::new("/proc").join(pid.trim());
+    let gone = (0..100).any(|_| {
+        let state = std::fs::read_to_string(proc_dir.join("stat")).unwrap_or_default();
+        let done = state.is_empty() || state.contains(") Z ");
+        if !done {
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        done
+    });
+    assert!(gone, "the script's sleep {} still runs", pid.trim());
+    // The flag goes with --gpu only, and takes seconds above 0.
+    for (args, part) in [
+        (vec!["--from-json", FIXTURE, "--timeout", "5"], "--gpu"),
+        (vec!["--gpu", "--timeout", "0"], "above 0"),
+        (vec!["--gpu", "--timeout", "soon"], "number of seconds"),
+    ] {
+        let mut all = vec!["calibrate", "specs/clusters/dgx-h100-80g.toml"];
+        all.extend(args);
+        let r = run(&all);
+        refused(&r, &["--timeout", part]);
+    }
+}
+
+/// A measurement that does not fit the spec it would calibrate is refused, exit status 2,
+/// naming the file, the field, the value and a fix, and nothing is written: another GPU (its
+/// model, its form factor, its memory), another dtype's kernels, a kernel of one kind recorded
+/// in another kind's list (or a "GEMM" with a dimension below a tensor-core tile), and a
+/// value `tessera plan` would refuse in the written spec (host_op_us above 1e6, an efficiency
+/// above 1).
+#[test]
+fn measurements_that_do_not_fit_the_spec_are_refused() {
+    type Edit = fn(&mut serde_json::Value);
+    let cases: Vec<(&str, Edit, Vec<&str>)> = vec![
+        (
+            "another GPU",
+            |v| v["device"]["name"] = "NVIDIA A100-SXM4-80GB".into(),
+            vec![
+                "`device.name`",
+                "NVIDIA A100-SXM4-80GB",
+                "A100",
+                "H100-SXM5-80GB",
+            ],
+        ),
+        (
+            "another form factor",
+            |v| v["device"]["name"] = "NVIDIA H100 PCIe".into(),
+            vec!["`device.name`", "NVIDIA H100 PCIe", "PCIE", "SXM"],
+        ),
+        (
+            "another memory size",
+            |v| v["device"]["memory_gib"] = 93.6.into(),
+            vec!["`device.memory_gib`", "93.6", "80"],
+        ),
+        (
+            "fp32 GEMMs",
+            |v| v["gemm"][3]["dtype"] = "fp32".into(),
+            vec!["`gemm[3].dtype`", "\"fp32\"", "bf16"],
+        ),
+        (
+            "fp8 GEMMs",
+            |v| v["gemm"][0]["dtype"] = "float8_e4m3fn".into(),
+            vec!["`gemm[0].dtype`", "fp8", "bf16"],
+        ),
+        (
+            "an element-wise op under a GEMM's name",
+            |v| v["gemm"][2]["op"] = "gelu".into(),
+            vec!["`gemm[2].op`", "\"gelu\"", "element-wise", "`elementwise`"],
+        ),
+        (
+            "an element-wise entry in the GEMM list",
+            |v| {
+                let e = v["elementwise"][2].clone();
+                v["gemm"].as_array_mut().unwrap().push(e);
+            },
+            vec!["`gemm[16].bytes`", "element-wise"],
+        ),
+        (
+            "a GEMM's kind that is not a GEMM",
+            |v| v["gemm"][1]["kind"] = "layernorm".into(),
+            vec!["`gemm[1].kind`", "\"layernorm\""],
+        ),
+        (
+            "a GEMM that is an outer product",
+            |v| v["gemm"][4]["k"] = 1.into(),
+            vec!["`gemm[4].k`", "1 is not a GEMM"],
+        ),
+        (
+            "a GEMM recorded as an element-wise kernel",
+            |v| v["elementwise"][0]["op"] = "matmul".into(),
+            vec!["`elementwise[0].op`", "\"matmul\"", "a GEMM"],
+        ),
+        (
+            "a host cost plan refuses",
+            |v| {
+                v["host_op"]["ops"] = 10.into();
+                v["host_op"]["seconds"] = 100.0.into();
+            },
+            vec![
+                "host_op_us = 10000000.00",
+                "`calibration.host_op_us`",
+                "`host_op.seconds`",
+                "tessera plan",
+            ],
+        ),
+        (
+            "element-wise kernels faster than the spec's bandwidth",
+            |v| {
+                for e in v["elementwise"].as_array_mut().unwrap() {
+                    e["seconds"] = 1e-6.into();
+                }
+            },
+            vec!["`elementwise[0]`", "memory_bandwidth_gbps", "above 1"],
+        ),
+    ];
+    let dir = Scratch::new();
+    let out = dir.path("out.toml");
+    let good: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(root().join(FIXTURE)).unwrap()).unwrap();
+    for (i, (what, edit, parts)) in cases.into_iter().enumerate() {
+        let mut v = good.clone();
+        edit(&mut v);
+        let json = dir.path(&format!("case{i}.json"));
+        std::fs::write(&json, serde_json::to_string_pretty(&v).unwrap()).unwrap();
+        let r = run(&[
+            "calibrate",
+            "specs/clusters/dgx-h100-80g.toml",
+            "--from-json",
+            &s(&json),
+            "-o",
+            &s(&out),
+        ]);
+        let mut all = vec![s(&json), "fix:".to_string()];
+        all.extend(parts.iter().map(|p| p.to_string()));
+        let all: Vec<&str> = all.iter().map(String::as_str).collect();
+        assert_eq!(r.code, Some(2), "{what}: {}", r.stderr);
+        refused(&r, &all);
+        assert!(!out.exists(), "{what}: written");
+    }
+    // A spec whose device computes in fp32 is not calibrated with bf16 kernels.
+    let fp32 = dir.copy_edit(
+        "specs/clusters/dgx-h100-80g.toml",
+        &[(
+            "memory_gib = 80\n",
+            "memory_gib = 80\nprecision = \"fp32\"\n",
+        )],
+    );
+    let r = run(&[
+        "calibrate",
+        &s(&fp32),
+        "--from-json",
+        FIXTURE,
+        "-o",
+        &s(&out),
+    ]);
+    refused(
+        &r,
+        &[FIXTURE, "`gemm[0].dtype`", "\"bf16\"", "fp32", "fix:"],
+    );
+    assert!(!out.exists());
+    // The script's own output is held to the same rules under --gpu.
+    let mut v = good.clone();
+    v["device"]["name"] = "NVIDIA A100-SXM4-40GB".into();
+    let json = dir.path("a100.json");
+    std::fs::write(&json, v.to_string()).unwrap();
+    let py = fake_python(&dir, &format!("cat '{}'", s(&json)));
+    let r = tessera(
+        &[
+            "calibrate",
+            "specs/clusters/dgx-h100-80g.toml",
+            "--gpu",
+            "-o",
+            &s(&out),
+        ],
+        Some(&py),
+    );
+    let err = text(&r.stderr);
+    assert_eq!(r.status.code(), Some(2), "{err}");
+    for part in ["measuring script", "`device.name`", "A100", "fix:"] {
+        assert!(err.contains(part), "no `{part}` in {err}");
+    }
+    assert!(!out.exists());
+}

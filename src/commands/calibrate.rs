@@ -8,6 +8,12 @@
 //! `--from-json`): their kernels measured through PyTorch (`calibrate_gpu`). Rank counts this host cannot measure (too many per
 //! core, or more buffers than its memory holds: `RankLimit`) are refused before anything is
 //! allocated, naming the flag or the spec's fields, the limit and how it was derived.
+//!
+//! Each figure is repeated until its runs agree (`tessera_runtime::calibrate::stability`); the
+//! output and the written spec say each one's spread, which did not settle, and whether other
+//! processes shared the host meanwhile. Either calibration's spec is read back by the planner's
+//! own parser and checks before it is written ([`plan_reads`]): what `plan` would refuse is
+//! refused here, by the same rules.
 
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
@@ -19,6 +25,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 use tessera_planner::source::Source;
 use tessera_planner::spec::{parse_cluster_toml, ClusterOverrides, DeviceKind};
 use tessera_planner::Diagnostic;
+use tessera_runtime::calibrate::stability::{KEEP, STABLE_SPREAD};
 use tessera_runtime::calibrate::{
     calibrated, measure_with, memory_gib_per_device, phases, threads_per_rank, Measured, RankLimit,
     BYTES_PER_RANK,
@@ -62,6 +69,25 @@ pub struct CalibrateArgs {
     /// printed there.
     #[arg(long, value_name = "FILE")]
     from_json: Option<PathBuf>,
+    /// With --gpu: how long to wait for the measuring script, in seconds (default 900). A script
+    /// still running then is stopped, with everything it started, and nothing is written.
+    #[arg(long, value_name = "SECONDS", value_parser = parse_timeout)]
+    timeout: Option<f64>,
+}
+
+/// `--timeout`: seconds above 0, at most a week.
+fn parse_timeout(s: &str) -> Result<f64, String> {
+    match s.trim().parse::<f64>() {
+        Ok(x) if x.is_finite() && x > 0.0 && x <= 604_800.0 => Ok(x),
+        Ok(x) => Err(format!(
+            "must be a number of seconds above 0 and at most 604800 (a week), found {x}\n  fix: pass --timeout {} (the default) or the seconds the measurement may take",
+            calibrate_gpu::DEFAULT_TIMEOUT_S
+        )),
+        Err(e) => Err(format!(
+            "expected a number of seconds ({e})\n  fix: pass --timeout {} (the default) or the seconds the measurement may take",
+            calibrate_gpu::DEFAULT_TIMEOUT_S
+        )),
+    }
 }
 
 /// `--ranks`: a whole number, at least 1 (whether this host can measure it is checked before
@@ -109,6 +135,16 @@ fn too_many(limit: &RankLimit, file: &Path, field: &str, what: String) -> Diagno
 }
 
 pub fn run(args: CalibrateArgs) -> anyhow::Result<ExitCode> {
+    if let (Some(t), false) = (args.timeout, args.gpu) {
+        bail!(
+            "--timeout {t}: only --gpu waits on a measuring script; {} has no timeout to set\n  fix: drop --timeout, or pass --gpu to measure this machine's GPU",
+            if args.from_json.is_some() {
+                "--from-json converts a measurement already taken and"
+            } else {
+                "the CPU calibration runs in this process and"
+            }
+        );
+    }
     let outputs: Vec<_> = args
         .output
         .iter()
@@ -169,32 +205,49 @@ pub fn run(args: CalibrateArgs) -> anyhow::Result<ExitCode> {
         limit.cores
     );
     let m = measure_with_progress(ranks, threads);
-    let mut t = table(&["what", "per rank"], &[1]);
+    let spread = |phase: &str| m.spread_of(phase).map_or(String::new(), |s| s.describe());
+    let mut t = table(&["what", "per rank", "spread (3 fastest runs)"], &[1, 2]);
     for (n, g) in &m.gemm {
+        let phase = format!("f32 GEMM {n}×{n}×{n}");
         t.add_row(vec![
-            format!("f32 GEMM {n}×{n}×{n}"),
+            phase.clone(),
             format!("{g:.1} GFLOP/s"),
+            spread(&phase),
         ]);
     }
     t.add_row(vec![
         "memory copy".into(),
         format!("{:.2} GB/s", m.copy_gbps),
+        spread("memory copy"),
     ]);
     t.add_row(vec![
         "GELU (one exp per element)".into(),
         format!("{:.3} G elements/s", m.exp_gops),
+        spread("GELU (one exp per element)"),
     ]);
     if ranks > 1 {
         t.add_row(vec![
             "all-reduce bus bandwidth".into(),
             format!("{:.2} GB/s", m.comm_gbps),
+            spread("all-reduce bandwidth (16 MiB)"),
         ]);
         t.add_row(vec![
             "all-reduce latency per ring step".into(),
             format!("{:.1} µs", m.comm_latency_us),
+            spread("all-reduce latency (8 B)"),
         ]);
     }
     eprintln!("{t}");
+    let (stability, load) = stability_lines(&m);
+    eprintln!(
+        "{}{stability}",
+        if m.unstable().is_empty() {
+            ""
+        } else {
+            "warning: "
+        }
+    );
+    eprintln!("{}{load}", if m.under_load() { "warning: " } else { "" });
     // Each virtual device's memory cap: this host's available memory (read before measuring)
     // shared by the devices of the written spec, however many ranks were measured.
     let memory_gib = memory_gib_per_device(
@@ -203,6 +256,17 @@ pub fn run(args: CalibrateArgs) -> anyhow::Result<ExitCode> {
         cluster.device.memory_gib,
     );
     let text = spec_text(&calibrated(&cluster, &m, memory_gib), &m);
+    plan_reads(
+        &text,
+        args.output.as_deref(),
+        "this host's measurement",
+        &|field| {
+            format!(
+                "the measured rates, or {}'s `{field}`",
+                args.cluster.display()
+            )
+        },
+    )?;
     emit(args.output.as_deref(), &text)?;
     Ok(ExitCode::SUCCESS)
 }
@@ -240,22 +304,74 @@ fn gpu(args: &CalibrateArgs, cluster: &tessera_planner::Cluster) -> anyhow::Resu
             cluster.name
         );
     }
-    let (m, origin) = match &args.from_json {
+    // `at` names the measurement in errors; `origin` says in the spec where it was taken.
+    let (m, at, origin) = match &args.from_json {
         Some(path) => (
             calibrate_gpu::read(path)?,
+            path.display().to_string(),
             format!("measured elsewhere: {}", path.display()),
         ),
-        None => match calibrate_gpu::measure()? {
-            calibrate_gpu::Outcome::Measured(m) => (m, "measured on this machine".into()),
+        None => match calibrate_gpu::measure(std::time::Duration::from_secs_f64(
+            args.timeout.unwrap_or(calibrate_gpu::DEFAULT_TIMEOUT_S),
+        ))? {
+            calibrate_gpu::Outcome::Measured(m) => (
+                m,
+                "the measuring script's output".into(),
+                "measured on this machine".into(),
+            ),
             calibrate_gpu::Outcome::NoGpu(why) => {
                 eprintln!("error: {why}");
                 return Ok(ExitCode::from(calibrate_gpu::NO_GPU as u8));
             }
         },
     };
-    let text = calibrate_gpu::spec_text(cluster, &m, &origin)?;
+    calibrate_gpu::check_fits(cluster, &m, &at, &args.cluster)?;
+    let text = calibrate_gpu::spec_text(cluster, &m, &at, &origin)?;
+    plan_reads(&text, args.output.as_deref(), &at, &|field| match field {
+        "calibration.matmul_efficiency" => "the measurement's `gemm` entries".to_string(),
+        "calibration.memory_efficiency" => "the measurement's `elementwise` entries".to_string(),
+        "calibration.flash_attention_efficiency" => {
+            "the measurement's `attention` entries".to_string()
+        }
+        "calibration.host_op_us" => format!(
+            "the measurement's `host_op.seconds` over `host_op.ops` ({} s over {} ops)",
+            m.host_seconds, m.host_ops
+        ),
+        f => format!("{}'s `{f}`", args.cluster.display()),
+    })?;
     emit(args.output.as_deref(), &text)?;
     Ok(ExitCode::SUCCESS)
+}
+
+/// Refuses a calibrated spec that `tessera plan` would refuse, before anything is written: the
+/// text is read back by the planner's own cluster parser and checks (`parse_cluster_toml`,
+/// `Cluster::check`), so the rules are `plan`'s and cannot drift from them. `at` names the
+/// measurement; `source_of` says which part of it a spec field comes from.
+fn plan_reads(
+    text: &str,
+    output: Option<&Path>,
+    at: &str,
+    source_of: &dyn Fn(&str) -> String,
+) -> anyhow::Result<()> {
+    let name = output.map_or_else(|| PathBuf::from("<calibrated spec>"), Path::to_path_buf);
+    let Err(d) = parse_cluster_toml(&Source::from_text(name, text), ClusterOverrides::default())
+    else {
+        return Ok(());
+    };
+    // The written line of the refused key (its value as written), where there is one.
+    let key = d.field.rsplit('.').next().unwrap_or(&d.field);
+    let line = text
+        .lines()
+        .map(|l| l.split('#').next().unwrap_or("").trim())
+        .find(|l| l.split('=').next().map(str::trim) == Some(key));
+    bail!(
+        "{at}: the calibrated spec would hold {}, which `tessera plan` refuses: `{}`: {}; it comes from {}\n  fix: {}, or measure again; nothing was written",
+        line.map_or_else(|| format!("`{}`", d.field), |l| format!("`{l}`")),
+        d.field,
+        d.problem,
+        source_of(&d.field),
+        d.fix
+    )
 }
 
 /// [`measure_with`] with its phases shown on standard error: a bar on a terminal, a line each
@@ -280,6 +396,54 @@ fn measure_with_progress(ranks: usize, threads: usize) -> Measured {
     m
 }
 
+/// What the repeated runs and the host's load say about a calibration, in two sentences: its
+/// stability (every figure within [`STABLE_SPREAD`], or which were not) and its load (the
+/// share of the host's CPU time other processes took while it measured).
+fn stability_lines(m: &Measured) -> (String, String) {
+    let pct = |x: f64| format!("{:.0}%", x * 100.0);
+    let unstable = m.unstable();
+    let stability = if unstable.is_empty() {
+        let widest = m
+            .spreads
+            .iter()
+            .max_by(|a, b| a.1.spread.total_cmp(&b.1.spread));
+        format!(
+            "stable: every figure is the median of its {KEEP} fastest runs, which agreed within {}{}",
+            pct(STABLE_SPREAD),
+            widest.map_or(String::new(), |(n, s)| format!(
+                " (the widest: {:.1}%, {n})",
+                s.spread * 100.0
+            ))
+        )
+    } else {
+        format!(
+            "not stable: the {KEEP} fastest runs of {} did not agree within {} (each figure is the median of its {KEEP} fastest runs); calibrate again when the host is quiet, or use these figures knowing their spread",
+            unstable
+                .iter()
+                .map(|(n, s)| format!("{n} ({})", s.describe()))
+                .collect::<Vec<_>>()
+                .join(", "),
+            pct(STABLE_SPREAD)
+        )
+    };
+    let load = match m.load {
+        Some(l) if l.loaded() => format!(
+            "under load: other processes took {} of this host's CPU time while it measured{}; the rates are what a shared host gave, lower and noisier than a quiet one's: calibrate again when the host is quiet",
+            pct(l.others),
+            l.load_before.map_or(String::new(), |a| format!(
+                " (1-minute load average {a:.2} on {} cores when it started)",
+                m.cores
+            ))
+        ),
+        Some(l) => format!(
+            "quiet: other processes took {} of this host's CPU time while it measured",
+            pct(l.others)
+        ),
+        None => "whether other work ran while it measured could not be read (no /proc/stat)".into(),
+    };
+    (stability, load)
+}
+
 /// The calibrated cluster as a spec file, with where each figure comes from.
 fn spec_text(c: &tessera_planner::Cluster, m: &Measured) -> String {
     let k = &c.calibration;
@@ -292,9 +456,14 @@ fn spec_text(c: &tessera_planner::Cluster, m: &Measured) -> String {
     let _ = writeln!(
         s,
         "# {} by `tessera calibrate` on this host ({} cores): {} ranks measured at once, {} thread(s) each.\n\
-         # Every rate is what one rank reached while the others ran too (runtime/src/calibrate.rs).",
+         # Every rate is what one rank reached while the others ran too (runtime/src/calibrate/).",
         c.name, m.cores, m.ranks, m.threads_per_rank
     );
+    let (stability, load) = stability_lines(m);
+    let _ = writeln!(s, "# {stability}.\n# {load}.");
+    for (phase, spread) in &m.spreads {
+        let _ = writeln!(s, "#   {phase}: spread {}", spread.describe());
+    }
     let _ = writeln!(s, "name = \"{}\"", c.name);
     let _ = writeln!(
         s,

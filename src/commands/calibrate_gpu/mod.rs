@@ -14,6 +14,10 @@
 //! - `host_op_us`: the wall time of the tiny eager ops over their count, µs per op forward and
 //!   backward (the host's floor per op);
 //! - the loss kernels: written as comments (no `[calibration]` key reads them yet).
+//!
+//! A measurement that does not fit the spec is refused before anything is computed from it
+//! ([`check_fits`]: another GPU, another dtype; `measured` refuses a kernel in another kind's
+//! list), and the script is stopped at `--timeout`.
 
 pub mod measured;
 
@@ -21,8 +25,10 @@ use std::fmt::Write as _;
 use std::io::{BufRead, BufReader, Read, Write as _};
 use std::path::Path;
 use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Result};
+use tessera_planner::precision::Policy;
 use tessera_planner::Cluster;
 
 pub use measured::Measurement;
@@ -41,9 +47,15 @@ pub enum Outcome {
     NoGpu(String),
 }
 
+/// How long `--gpu` waits for the measuring script by default, seconds: on an H100 the script
+/// takes a few minutes at most (importing PyTorch, the GEMM and attention shapes, and
+/// `torch.compile` of the loss); fifteen minutes leaves room for a slow or shared GPU.
+pub const DEFAULT_TIMEOUT_S: f64 = 900.0;
+
 /// Runs the measuring script with `TESSERA_PYTHON` (or `python3`); its progress goes to
-/// standard error as it runs.
-pub fn measure() -> Result<Outcome> {
+/// standard error as it runs. A script still running after `timeout` is stopped (its whole
+/// process group: Python and whatever it started) and the error says how long it was given.
+pub fn measure(timeout: Duration) -> Result<Outcome> {
     let python = std::env::var("TESSERA_PYTHON").unwrap_or_else(|_| "python3".into());
     let mut script = tempfile::Builder::new()
         .prefix("tessera-calibrate-gpu")
@@ -54,13 +66,16 @@ pub fn measure() -> Result<Outcome> {
     let looked_for = format!(
         "looked for a CUDA device through PyTorch (torch.cuda.is_available()) with `{python}`"
     );
-    let mut child = match Command::new(&python)
+    let mut command = Command::new(&python);
+    command
         .arg(script.path())
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-    {
+        .stderr(Stdio::piped());
+    // Its own process group, so that a timeout stops what the script started too.
+    #[cfg(unix)]
+    std::os::unix::process::CommandExt::process_group(&mut command, 0);
+    let mut child = match command.spawn() {
         Ok(child) => child,
         Err(e) => {
             return Ok(Outcome::NoGpu(format!(
@@ -69,21 +84,44 @@ pub fn measure() -> Result<Outcome> {
         }
     };
     let mut stdout = child.stdout.take().expect("piped");
-    let reader = std::thread::spawn(move || {
+    let out_reader = std::thread::spawn(move || {
         let mut v = Vec::new();
         stdout.read_to_end(&mut v).map(|_| v)
     });
     // The script's progress, passed on as it comes; its no-GPU line is kept for the message.
-    let mut last = String::new();
-    for line in BufReader::new(child.stderr.take().expect("piped")).lines() {
-        let line = line?;
-        match line.strip_prefix("no GPU to measure: ") {
-            Some(why) => last = why.to_string(),
-            None => eprintln!("{line}"),
+    let stderr = child.stderr.take().expect("piped");
+    let err_reader = std::thread::spawn(move || -> std::io::Result<String> {
+        let mut last = String::new();
+        for line in BufReader::new(stderr).lines() {
+            let line = line?;
+            match line.strip_prefix("no GPU to measure: ") {
+                Some(why) => last = why.to_string(),
+                None => eprintln!("{line}"),
+            }
         }
-    }
-    let status = child.wait()?;
-    let stdout = reader
+        Ok(last)
+    });
+    let start = Instant::now();
+    let status = loop {
+        if let Some(status) = child.try_wait()? {
+            break status;
+        }
+        if start.elapsed() >= timeout {
+            stop_group(&mut child);
+            // The readers are left to end with the pipes: a process that left the group could
+            // hold them open.
+            bail!(
+                "the measuring script (`{python}` running scripts/calibrate_gpu.py) did not finish within {} (--timeout {}); it was stopped, and nothing was written\n  fix: run scripts/calibrate_gpu.py by hand to see where it stops (a busy or hung GPU, a Python waiting on input), or pass --timeout with more seconds if it was still measuring",
+                seconds(timeout.as_secs_f64()),
+                timeout.as_secs_f64()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let last = err_reader
+        .join()
+        .map_err(|_| anyhow!("reading the measuring script's messages failed"))??;
+    let stdout = out_reader
         .join()
         .map_err(|_| anyhow!("reading the measuring script's output failed"))??;
     match status.code() {
@@ -106,6 +144,27 @@ pub fn measure() -> Result<Outcome> {
     }
 }
 
+/// `s` seconds in words: "1 s", "2.5 s", "15 min".
+fn seconds(s: f64) -> String {
+    if s >= 60.0 && s % 60.0 == 0.0 {
+        format!("{} min", s / 60.0)
+    } else {
+        format!("{s} s")
+    }
+}
+
+/// Kills `child`'s process group (the child where groups do not exist) and reaps it.
+fn stop_group(child: &mut std::process::Child) {
+    #[cfg(unix)]
+    // SAFETY: a signal to the process group the child leads (spawned with `process_group(0)`,
+    // so its group id is its pid); the child is not yet reaped, so the id is still its own.
+    unsafe {
+        libc::kill(-(child.id() as libc::pid_t), libc::SIGKILL);
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+}
+
 /// The median of non-empty `v`.
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);
@@ -117,53 +176,171 @@ fn median(mut v: Vec<f64>) -> f64 {
     }
 }
 
-/// A fraction rounded to three decimals, refused outside (0, 1] naming what and `origin`.
-fn fraction(origin: &str, what: &str, x: f64, over: &str) -> Result<f64> {
+/// A fraction rounded to three decimals, refused outside (0, 1] naming what, the measurement's
+/// `fields` it comes from, and `origin`.
+fn fraction(origin: &str, fields: &str, what: &str, x: f64, over: &str) -> Result<f64> {
     let r = (x * 1000.0).round() / 1000.0;
-    if r > 1.0 {
-        bail!("{origin}: {what} reach {x:.3} of the spec's {over}, above 1\n  fix: check the cluster spec's {over} (the measured device is faster than it says)");
+    if r.is_nan() || r > 1.0 {
+        bail!("{origin}: field {fields}: {what} reach {x:.3} of the spec's {over}, above 1\n  fix: check the cluster spec's {over} (the measured device is faster than it says) and that the times are seconds per call");
     }
     if r <= 0.0 {
-        bail!("{origin}: {what} reach {x:.5} of the spec's {over}, which rounds to 0\n  fix: measure shapes large enough to time (scripts/calibrate_gpu.py's own)");
+        bail!("{origin}: field {fields}: {what} reach {x:.5} of the spec's {over}, which rounds to 0\n  fix: measure shapes large enough to time (scripts/calibrate_gpu.py's own)");
     }
     Ok(r)
+}
+
+/// `list[i]` for each of `idx`, as a message names them: "`gemm[8]`, `gemm[9]`".
+fn paths(list: &str, idx: impl IntoIterator<Item = usize>) -> String {
+    idx.into_iter()
+        .map(|i| format!("`{list}[{i}]`"))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// The GPU model a device name names: its first token with a digit that is neither a memory
+/// size (`80GB`) nor a form factor or memory type (`SXM5`, `HBM3`): `H100` in both "NVIDIA
+/// H100 80GB HBM3" and "H100-SXM5-80GB", `4090` in "NVIDIA GeForce RTX 4090".
+fn gpu_model(name: &str) -> Option<String> {
+    name.to_uppercase()
+        .split(|c: char| !c.is_ascii_alphanumeric())
+        .find(|t| {
+            t.chars().any(|c| c.is_ascii_digit())
+                && !(t.ends_with("GB") || t.ends_with('G'))
+                && !["SXM", "HBM", "PCIE", "NVL", "GDDR"]
+                    .iter()
+                    .any(|p| t.starts_with(p))
+        })
+        .map(str::to_string)
+}
+
+/// The form factor a device name states, where it states one: `SXM`, `PCIE` or `NVL`.
+fn form_factor(name: &str) -> Option<&'static str> {
+    let upper = name.to_uppercase();
+    let tokens: Vec<&str> = upper.split(|c: char| !c.is_ascii_alphanumeric()).collect();
+    ["SXM", "PCIE", "NVL"]
+        .into_iter()
+        .find(|f| tokens.iter().any(|t| t.starts_with(f)))
+}
+
+/// The dtype the spec's `peak_tflops` is for: the compute dtype of the device's precision
+/// policy (`fp32` for a policy with 32-bit activations), bf16 otherwise (the GPU presets'
+/// peaks are dense bf16, the plans' 16-bit compute).
+pub fn spec_dtype(c: &Cluster) -> &'static str {
+    match c.device.precision.as_deref().and_then(Policy::by_name) {
+        Some(p) if p.activation_bytes == 4 => "fp32",
+        _ => "bf16",
+    }
+}
+
+/// Refuses a measurement that does not fit the spec it would calibrate: another GPU (its
+/// model, its form factor where both names state one, or its memory more than 10% from the
+/// spec's), or GEMMs (and attention, where an entry says) in another dtype than the one the
+/// spec's `peak_tflops` is for.
+pub fn check_fits(c: &Cluster, m: &Measurement, origin: &str, spec: &Path) -> Result<()> {
+    let (theirs, ours) = (&m.device_name, &c.device.name);
+    let fix = format!(
+        "measure on the spec's GPU ({ours}), or calibrate a cluster spec for the {theirs}: a copy of {} with its [device] (`name`, `memory_gib`, `peak_tflops`, `memory_bandwidth_gbps`) the {theirs}'s",
+        spec.display()
+    );
+    match (gpu_model(theirs), gpu_model(ours)) {
+        (Some(a), Some(b)) if a == b => {}
+        (a, b) => bail!(
+            "{origin}: field `device.name` = \"{theirs}\": {}, and {} `[device].name` is \"{ours}\"{}: the efficiencies would be another GPU's time over this one's peaks\n  fix: {fix}",
+            a.map_or("names no GPU model".to_string(), |a| format!("the model {a}")),
+            spec.display(),
+            b.map_or(" (no GPU model in it)".to_string(), |b| format!(", the model {b}"))
+        ),
+    }
+    if let (Some(a), Some(b)) = (form_factor(theirs), form_factor(ours)) {
+        if a != b {
+            bail!(
+                "{origin}: field `device.name` = \"{theirs}\": the {a} part, and {} `[device].name` is \"{ours}\", the {b} part (other clocks, power and memory)\n  fix: {fix}",
+                spec.display()
+            );
+        }
+    }
+    if let Some(gib) = m.device_memory_gib {
+        let want = c.device.memory_gib;
+        if (gib / want - 1.0).abs() > 0.1 {
+            bail!(
+                "{origin}: field `device.memory_gib` = {gib}: the measured {theirs} has {gib:.1} GiB, and {} `device.memory_gib` is {want}: another model of the GPU\n  fix: {fix}",
+                spec.display()
+            );
+        }
+    }
+    let want = spec_dtype(c);
+    let why = match c.device.precision.as_deref() {
+        Some(p) => format!("its `device.precision` is \"{p}\""),
+        None => "the GPU presets' peaks are dense bf16, the plans' 16-bit compute".into(),
+    };
+    let wrong = m
+        .gemm
+        .iter()
+        .enumerate()
+        .find(|(_, g)| g.dtype != want)
+        .map(|(i, g)| (format!("gemm[{i}].dtype"), g.dtype.as_str()))
+        .or_else(|| {
+            m.attention.iter().enumerate().find_map(|(i, a)| {
+                a.dtype
+                    .as_deref()
+                    .filter(|d| *d != want)
+                    .map(|d| (format!("attention[{i}].dtype"), d))
+            })
+        });
+    if let Some((field, found)) = wrong {
+        bail!(
+            "{origin}: field `{field}` = \"{found}\": {} calibrates {want} kernels ({why}); {found} kernels reach another fraction of another peak\n  fix: measure {want} kernels (scripts/calibrate_gpu.py measures bf16), or drop the {found} entries",
+            spec.display()
+        );
+    }
+    Ok(())
 }
 
 /// The `matmul_efficiency` curve: `(smallest dimension, efficiency, shapes)` by dimension.
 pub fn matmul_curve(c: &Cluster, m: &Measurement, origin: &str) -> Result<Vec<(f64, f64, usize)>> {
     let peak = c.device.peak_tflops * 1e12;
-    let mut by_dim: Vec<(f64, Vec<f64>)> = Vec::new();
-    for g in &m.gemm {
+    let mut by_dim: Vec<(f64, Vec<f64>, Vec<usize>)> = Vec::new();
+    for (i, g) in m.gemm.iter().enumerate() {
         let d = g.m.min(g.k).min(g.n);
         let e = 2.0 * g.m * g.k * g.n / g.seconds / peak;
-        match by_dim.iter_mut().find(|(x, _)| *x == d) {
-            Some((_, v)) => v.push(e),
-            None => by_dim.push((d, vec![e])),
+        match by_dim.iter_mut().find(|(x, _, _)| *x == d) {
+            Some((_, v, idx)) => {
+                v.push(e);
+                idx.push(i);
+            }
+            None => by_dim.push((d, vec![e], vec![i])),
         }
     }
     by_dim.sort_by(|a, b| a.0.total_cmp(&b.0));
     by_dim
         .into_iter()
-        .map(|(d, v)| {
+        .map(|(d, v, idx)| {
             let n = v.len();
             let what = format!("the GEMMs of smallest dimension {d}");
-            Ok((d, fraction(origin, &what, median(v), "peak_tflops")?, n))
+            let at = paths("gemm", idx);
+            Ok((
+                d,
+                fraction(origin, &at, &what, median(v), "peak_tflops")?,
+                n,
+            ))
         })
         .collect()
 }
 
 /// The calibrated cluster as a spec file: the input's device, links and overheads, and a
 /// `[calibration]` table of measured figures, each with what measured it.
-pub fn spec_text(c: &Cluster, m: &Measurement, origin: &str) -> Result<String> {
+/// `at` names the measurement in errors; `origin` says where it was taken, in the spec.
+pub fn spec_text(c: &Cluster, m: &Measurement, at: &str, origin: &str) -> Result<String> {
     let peak = c.device.peak_tflops * 1e12;
-    let curve = matmul_curve(c, m, origin)?;
+    let curve = matmul_curve(c, m, at)?;
     let attn: Vec<f64> = m
         .attention
         .iter()
         .map(|a| 3.5 * 2.0 * a.b * a.heads * a.seq * a.seq * a.dhead / a.fwd_bwd_seconds / peak)
         .collect();
     let flash = fraction(
-        origin,
+        at,
+        &paths("attention", 0..m.attention.len()),
         "causal SDPA forward+backward",
         median(attn),
         "peak_tflops",
@@ -175,7 +352,8 @@ pub fn spec_text(c: &Cluster, m: &Measurement, origin: &str) -> Result<String> {
         .map(|e| e.bytes / e.seconds / bw)
         .collect();
     let memory = fraction(
-        origin,
+        at,
+        &paths("elementwise", 0..m.elementwise.len()),
         "the element-wise kernels",
         median(ew),
         "memory_bandwidth_gbps",
@@ -224,9 +402,10 @@ pub fn spec_text(c: &Cluster, m: &Measurement, origin: &str) -> Result<String> {
     let _ = writeln!(s, "\n{}", super::calibrate::overhead_table(&c.overhead));
     let _ = writeln!(
         s,
-        "[calibration]\n# bf16 GEMMs (cuBLAS through `a @ b`), by smallest dimension: the median over the shapes\n\
+        "[calibration]\n# {} GEMMs (cuBLAS through `a @ b`), by smallest dimension: the median over the shapes\n\
          # with that smallest dimension of 2·m·k·n / seconds / peak_tflops. No gemm_efficiency: the\n\
-         # measured curve replaces the tile and wave model's one constant."
+         # measured curve replaces the tile and wave model's one constant.",
+        spec_dtype(c)
     );
     for (dim, e, n) in &curve {
         let _ = writeln!(s, "#   {dim:.0}: {e:.3} (median of {n} shape(s))");

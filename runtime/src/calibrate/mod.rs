@@ -12,10 +12,17 @@
 //! - Collectives: the ranks' [`LocalComm`] all-reduce, small (its latency) and large (its bus
 //!   bandwidth, NCCL's convention: `2(n−1)/n · bytes / time`).
 //!
-//! Each figure is the best of a few repetitions (the machine is shared and noisy).
+//! Each figure is repeated until its runs agree, and the calibration records what else ran on
+//! the host meanwhile ([`stability`]): the machine may be shared and noisy, and a figure it
+//! gave under load says so.
+
+pub mod stability;
 
 use std::sync::{Barrier, Mutex};
 use std::time::Instant;
+
+use stability::{repeat, CpuTimes, PHASE_BUDGET_S};
+pub use stability::{Load, Spread};
 
 use tessera_planner::spec::GIB;
 use tessera_planner::Cluster;
@@ -39,6 +46,32 @@ pub struct Measured {
     /// single rank).
     pub comm_gbps: f64,
     pub comm_latency_us: f64,
+    /// How each figure's runs agreed, in the order measured: each GEMM size, the copy, the
+    /// exponentials, and with 2+ ranks the all-reduce's latency and bandwidth.
+    pub spreads: Vec<(String, Spread)>,
+    /// What else ran on the host while it measured, where `/proc` can be read.
+    pub load: Option<Load>,
+}
+
+impl Measured {
+    /// The figures whose runs did not agree within [`stability::STABLE_SPREAD`].
+    pub fn unstable(&self) -> Vec<&(String, Spread)> {
+        self.spreads.iter().filter(|(_, s)| !s.stable()).collect()
+    }
+
+    /// Whether other processes took more than [`stability::LOADED_SHARE`] of the host's CPU
+    /// time while it measured.
+    pub fn under_load(&self) -> bool {
+        self.load.is_some_and(|l| l.loaded())
+    }
+
+    /// The spread of the figure named `name`.
+    pub fn spread_of(&self, name: &str) -> Option<Spread> {
+        self.spreads
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, s)| *s)
+    }
 }
 
 /// The sizes measured: the smallest dimensions of the layers the cost model times (16 and 32
@@ -195,17 +228,14 @@ fn at_once<S>(
     (last - first).as_secs_f64()
 }
 
-/// The fastest of `reps` runs of [`at_once`].
-fn best<S>(
-    reps: usize,
+/// [`at_once`] repeated until its runs agree ([`repeat`]).
+fn stable<S>(
     ranks: usize,
     threads: usize,
     setup: &(dyn Fn(usize) -> S + Sync),
     work: &(dyn Fn(&mut S) + Sync),
-) -> f64 {
-    (0..reps)
-        .map(|_| at_once(ranks, threads, setup, work))
-        .fold(f64::INFINITY, f64::min)
+) -> (f64, Spread) {
+    repeat(PHASE_BUDGET_S, || at_once(ranks, threads, setup, work))
 }
 
 /// Seconds per all-reduce of `bytes` on every one of `ranks` ranks at once.
@@ -265,15 +295,18 @@ pub fn measure_with(
 ) -> Measured {
     let ranks = ranks.max(1);
     let threads = threads_per_rank.max(1);
+    let load_before = stability::load_average();
+    let cpu_before = CpuTimes::now();
+    let mut spreads = Vec::new();
     let mut gemm = Vec::new();
     for n in GEMM_SIZES {
-        on_phase(&format!("f32 GEMM {n}×{n}×{n}"));
+        let phase = format!("f32 GEMM {n}×{n}×{n}");
+        on_phase(&phase);
         let a = vec![0.5f32; n * n];
         let b = vec![0.25f32; n * n];
         // About 10^9 FLOPs per rank, at least one product.
         let count = (1e9 / (2.0 * (n * n * n) as f64)).ceil().max(1.0) as usize;
-        let t = best(
-            3,
+        let (t, spread) = stable(
             ranks,
             threads,
             &|_| {
@@ -291,26 +324,26 @@ pub fn measure_with(
                 }
             },
         );
+        spreads.push((phase, spread));
         let products = 3 * count.div_ceil(3);
         gemm.push((n, 2.0 * (n * n * n * products) as f64 / t / 1e9));
     }
     // 64 MiB per rank, beyond the caches: read 4 B and write 4 B per element.
     on_phase("memory copy");
     let len = COPY_ELEMENTS;
-    let t = best(
-        3,
+    let (t, spread) = stable(
         ranks,
         threads,
         // Both buffers written in the setup: no page faults inside the timed copy.
         &|_| (vec![1.0f32; len], vec![2.0f32; len]),
         &|(src, dst)| dst.copy_from_slice(src),
     );
+    spreads.push(("memory copy".to_string(), spread));
     let copy_gbps = 8.0 * len as f64 / t / 1e9;
     // 16 Ki elements in and out (128 KiB): cache-resident, as a small layer's activations are.
     on_phase("GELU (one exp per element)");
     let (n, reps) = (1 << 14, 1000);
-    let t = best(
-        3,
+    let (t, spread) = stable(
         ranks,
         threads,
         &|_| (vec![0.5f32; n], vec![0.0f32; n]),
@@ -320,14 +353,23 @@ pub fn measure_with(
             }
         },
     );
+    spreads.push(("GELU (one exp per element)".to_string(), spread));
     let exp_gops = (n * reps) as f64 / t / 1e9;
     let (comm_gbps, comm_latency_us) = if ranks > 1 {
         let n = ranks as f64;
-        on_phase("all-reduce latency (8 B)");
-        let small = all_reduce_seconds(ranks, threads, 8, 200);
-        on_phase("all-reduce bandwidth (16 MiB)");
+        let phase = "all-reduce latency (8 B)";
+        on_phase(phase);
+        let (small, spread) = repeat(PHASE_BUDGET_S, || {
+            all_reduce_seconds(ranks, threads, 8, 200)
+        });
+        spreads.push((phase.to_string(), spread));
+        let phase = "all-reduce bandwidth (16 MiB)";
+        on_phase(phase);
         let big_bytes = ALL_REDUCE_BYTES;
-        let big = all_reduce_seconds(ranks, threads, big_bytes, 3);
+        let (big, spread) = repeat(PHASE_BUDGET_S, || {
+            all_reduce_seconds(ranks, threads, big_bytes, 3)
+        });
+        spreads.push((phase.to_string(), spread));
         (
             2.0 * (n - 1.0) / n * big_bytes as f64 / big / 1e9,
             small / (2.0 * (n - 1.0)) * 1e6,
@@ -344,6 +386,11 @@ pub fn measure_with(
         exp_gops,
         comm_gbps,
         comm_latency_us,
+        spreads,
+        load: match (cpu_before, CpuTimes::now()) {
+            (Some(a), Some(b)) => Load::between(a, b, load_before),
+            _ => None,
+        },
     }
 }
 
@@ -445,6 +492,9 @@ mod tests {
                 assert!(g.is_finite() && g > 0.0, "{n}: {g}");
             }
             assert!(m.copy_gbps.is_finite() && m.copy_gbps > 0.0);
+            // Every figure has its spread, from at least three runs.
+            assert_eq!(m.spreads.len(), phases(ranks), "{:?}", m.spreads);
+            assert!(m.spreads.iter().all(|(_, s)| s.runs >= stability::KEEP));
             assert!(m.exp_gops.is_finite() && m.exp_gops > 0.0);
             if ranks > 1 {
                 assert!(m.comm_gbps > 0.0 && m.comm_latency_us > 0.0, "{m:?}");
