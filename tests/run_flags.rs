@@ -91,3 +91,42 @@ fn init_from_a_checkpoint_points_at_resume_and_names_the_settings_it_sets_aside(
     // Said before the first step.
     assert!(r.stdout.contains("loss"), "{}", r.stdout);
 }
+
+/// Under `tessera launch`, what rank 0 would refuse about `--save-dir`, `--resume` and
+/// `--init-from` is refused before any rank process starts.
+#[test]
+fn launch_refuses_checkpoint_flags_before_any_rank_starts() {
+    let dir = Scratch::new();
+    let plan = tiny_plan(&dir);
+    let (ck, _) = train_8_saving_at_4(&dir, &plan);
+    let missing = s(&dir.path("missing"));
+    for (extra, parts) in [
+        (
+            vec!["--save-dir", ck.to_str().unwrap()],
+            vec!["--save-dir", "2 checkpoints", "--overwrite"],
+        ),
+        (
+            vec!["--resume", missing.as_str()],
+            vec!["--resume", "no such"],
+        ),
+        (
+            vec!["--init-from", ck.to_str().unwrap()],
+            vec!["--init-from", "Tessera checkpoint", "--resume"],
+        ),
+        (
+            vec!["--save-dir", "/proc/self/ck"],
+            vec!["--save-dir", "cannot write"],
+        ),
+    ] {
+        let mut args = vec!["launch", plan.to_str().unwrap(), "--nproc", "8", "--"];
+        args.extend(["--steps", "2"]);
+        args.extend(extra.iter().copied());
+        let r = run(&args);
+        refused(&r, &parts);
+        assert!(
+            !r.stdout.contains("[rank"),
+            "{extra:?}: a rank started:\n{}",
+            r.stdout
+        );
+    }
+}

@@ -34,7 +34,7 @@ pub use index::{
     TrainingShape,
 };
 pub use load::{Checkpoint, RankState};
-pub use owner::{claim, Claim, Survey, LOCK};
+pub use owner::{claim, refuse_foreign, Claim, Survey, LOCK};
 pub use save::{owned_pieces, Saver};
 
 /// The `format` of every index this runtime writes and reads.

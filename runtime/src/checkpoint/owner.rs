@@ -127,6 +127,33 @@ fn refused(dir: &Path, problem: String, fix: &str) -> CheckpointError {
     }
 }
 
+/// Why a run may not write into `dir`, which holds what `survey` found and which the run does
+/// not continue (it resumes `resumed`, or nothing): the problem and the fix.
+pub fn refuse_foreign(dir: &Path, survey: &Survey, resumed: Option<&str>) -> (String, String) {
+    let held = match survey.newest() {
+        Some(n) => format!(
+            "{} checkpoint{} (the newest step-{n})",
+            survey.complete.len(),
+            if survey.complete.len() == 1 { "" } else { "s" }
+        ),
+        None => format!(
+            "a `{LATEST}` pointer ({:?})",
+            survey.latest.as_deref().unwrap_or_default()
+        ),
+    };
+    let what = match resumed {
+        Some(r) => format!("resumes {r}, which is not one of them"),
+        None => "does not resume from them".to_string(),
+    };
+    (
+        format!("holds {held}, and this run {what}: its saves would replace them, move `{LATEST}` to its own, and with --keep prune them"),
+        format!(
+            "continue them with --resume {} (or --resume auto), pass another --save-dir, or add --overwrite to write here anyway (--keep then still prunes only this run's checkpoints)",
+            dir.display()
+        ),
+    )
+}
+
 /// Claims `dir` for a run that resumes `resumed` (or starts fresh), before its first step:
 /// creates the folder, takes its lock (refusing while another run holds it, naming that run),
 /// and refuses a folder holding checkpoints this run does not continue unless `overwrite`.
@@ -192,29 +219,9 @@ pub fn claim(
     let continues = resumed.is_some_and(|ck| lies_in(ck, dir));
     let survey = Survey::of(dir);
     if survey.holds_checkpoints() && !continues && !overwrite {
-        let held = match survey.newest() {
-            Some(n) => format!(
-                "{} checkpoint{} (the newest step-{n})",
-                survey.complete.len(),
-                if survey.complete.len() == 1 { "" } else { "s" }
-            ),
-            None => format!(
-                "a `{LATEST}` pointer ({:?})",
-                survey.latest.as_deref().unwrap_or_default()
-            ),
-        };
-        let what = match resumed {
-            Some(ck) => format!("resumes {}, which is not one of them", ck.dir().display()),
-            None => "does not resume from them".to_string(),
-        };
-        return Err(refused(
-            dir,
-            format!("holds {held}, and this run {what}: its saves would replace them, move `{LATEST}` to its own, and with --keep prune them"),
-            &format!(
-                "continue them with --resume {} (or --resume auto), pass another --save-dir, or add --overwrite to write here anyway (--keep then still prunes only this run's checkpoints)",
-                dir.display()
-            ),
-        ));
+        let shown = resumed.map(|ck| ck.dir().display().to_string());
+        let (problem, fix) = refuse_foreign(dir, &survey, shown.as_deref());
+        return Err(refused(dir, problem, &fix));
     }
     let lineage = resumed
         .and_then(|ck| ck.index().lineage.clone())

@@ -193,6 +193,7 @@ impl<'p> Session<'p> {
         obs: &mut dyn Observer,
     ) -> Result<Session<'p>, SessionError> {
         opts.check(plan)?;
+        opts.checkpoint.check()?;
         let settings = opts.optim.settings(plan)?;
         let on_cpu = opts.gpus.is_none();
         let need = if on_cpu { host_bytes_needed(plan) } else { 0.0 };

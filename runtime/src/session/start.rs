@@ -13,6 +13,21 @@ use crate::exec::InitialParams;
 
 use super::{refused, Observer, SessionError};
 
+/// `--init-from` given a Tessera checkpoint: refused, pointing at `--resume` and the export.
+fn init_from_checkpoint(dir: &Path) -> SessionError {
+    refused(
+        format!(
+            "--init-from {}: is a Tessera checkpoint, not a Hugging Face model folder (config.json + model.safetensors)",
+            dir.display()
+        ),
+        format!(
+            "continue it with --resume {} (its optimizer state and step too), or export it first with `tessera checkpoint export {} --to hf -o DIR` and pass DIR",
+            dir.display(),
+            dir.display()
+        ),
+    )
+}
+
 /// A checkpoint the executor's checks refused, blamed on `flag`.
 fn refused_run(flag: &str, e: crate::exec::RunError) -> SessionError {
     match e {
@@ -59,6 +74,99 @@ pub struct CheckpointOptions {
 }
 
 impl CheckpointOptions {
+    /// What can be refused before anything is read or written (and, under `tessera launch`,
+    /// before any rank starts): a `--save-dir` that is a file, that cannot be written, or that
+    /// holds checkpoints this run does not continue (without `--overwrite`); `--resume auto`
+    /// without `--save-dir`; a `--resume` or `--init-from` path that is not there; a Tessera
+    /// checkpoint given to `--init-from`.
+    pub fn check(&self) -> Result<(), SessionError> {
+        let cwd = || {
+            std::env::current_dir()
+                .map(|d| format!(" (relative paths start in {})", d.display()))
+                .unwrap_or_default()
+        };
+        if let Some(dir) = &self.save_dir {
+            if dir.exists() && !dir.is_dir() {
+                return Err(refused(
+                    format!("--save-dir {}: is not a directory", dir.display()),
+                    "pass a directory (it is created if missing)",
+                ));
+            }
+            // The nearest folder that exists must take a new file.
+            let mut at = dir.as_path();
+            while !at.exists() {
+                match at.parent() {
+                    Some(p) if !p.as_os_str().is_empty() => at = p,
+                    _ => {
+                        at = Path::new(".");
+                        break;
+                    }
+                }
+            }
+            let probe = at.join(format!(".tessera-probe-{}", std::process::id()));
+            match std::fs::File::create(&probe) {
+                Ok(_) => {
+                    std::fs::remove_file(&probe).ok();
+                }
+                Err(e) => {
+                    return Err(refused(
+                        format!(
+                            "--save-dir {}: cannot write in {}: {e}",
+                            dir.display(),
+                            at.display()
+                        ),
+                        "pass a --save-dir in a folder this user may write",
+                    ))
+                }
+            }
+            let survey = Survey::of(dir);
+            let continues = match self.resume.as_deref() {
+                Some("auto") => true,
+                Some(p) => {
+                    let canon = |p: &Path| std::fs::canonicalize(p).ok();
+                    let r = Path::new(p);
+                    let d = canon(dir);
+                    d.is_some() && (canon(r) == d || r.parent().and_then(canon) == d)
+                }
+                None => false,
+            };
+            if survey.holds_checkpoints() && !continues && !self.overwrite {
+                // The same refusal as the claim's, before anything starts.
+                let e = checkpoint::refuse_foreign(dir, &survey, self.resume.as_deref());
+                return Err(refused(
+                    format!("--save-dir {}: {}", dir.display(), e.0),
+                    e.1,
+                ));
+            }
+        }
+        if let (Some("auto"), None) = (self.resume.as_deref(), &self.save_dir) {
+            return Err(refused(
+                "--resume auto: resumes the newest checkpoint in --save-dir, and no --save-dir was given",
+                "add --save-dir DIR, or pass --resume DIR",
+            ));
+        }
+        if let Some(p) = self.resume.as_deref().filter(|p| *p != "auto") {
+            if !Path::new(p).exists() {
+                return Err(refused(
+                    format!("--resume {p}: no such checkpoint or folder{}", cwd()),
+                    "pass a save directory or one of its step-N directories",
+                ));
+            }
+        }
+        if let Some(dir) = &self.init_from {
+            if dir.join(checkpoint::INDEX).is_file() || dir.join(checkpoint::LATEST).is_file() {
+                return Err(init_from_checkpoint(dir));
+            }
+            if !dir.is_dir() {
+                return Err(refused(
+                    format!("--init-from {}: no such folder{}", dir.display(), cwd()),
+                    "pass a Hugging Face model folder (config.json + model.safetensors)",
+                ));
+            }
+        }
+        Ok(())
+    }
+
     /// The save settings of a run of `steps` steps, whose checkpoints record `lineage`.
     pub fn save(&self, steps: u64, lineage: Option<String>) -> Option<SaveOptions> {
         self.save_dir.as_ref().map(|dir| SaveOptions {
@@ -222,17 +330,7 @@ impl CheckpointOptions {
             return Ok(None);
         };
         if dir.join(checkpoint::INDEX).is_file() || dir.join(checkpoint::LATEST).is_file() {
-            return Err(refused(
-                format!(
-                    "--init-from {}: is a Tessera checkpoint, not a Hugging Face model folder (config.json + model.safetensors)",
-                    dir.display()
-                ),
-                format!(
-                    "continue it with --resume {} (its optimizer state and step too), or export it first with `tessera checkpoint export {} --to hf -o DIR` and pass DIR",
-                    dir.display(),
-                    dir.display()
-                ),
-            ));
+            return Err(init_from_checkpoint(dir));
         }
         let w =
             crate::hf::load(dir, &plan.job.model.architecture).map_err(SessionError::InitFrom)?;

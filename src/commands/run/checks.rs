@@ -113,6 +113,7 @@ pub(super) fn check_flags(
     }
     if reads_data {
         args.data.check().map_err(super::flat)?;
+        args.checkpoint.check().map_err(super::flat)?;
     }
     Ok(())
 }
