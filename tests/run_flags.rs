@@ -130,3 +130,48 @@ fn launch_refuses_checkpoint_flags_before_any_rank_starts() {
         );
     }
 }
+
+/// A tokenizer.json edited since the data was prepared with it is named as changed (its
+/// SHA-256 now and as recorded), not as another tokenizer under the same path.
+#[test]
+fn a_changed_tokenizer_file_is_named_as_changed() {
+    let dir = Scratch::new();
+    let plan = tiny_plan(&dir);
+    let tok = dir.path("tok.json");
+    let json = |extra: &str| {
+        format!(
+            r#"{{"version":"1.0","truncation":null,"padding":null,"added_tokens":[],"normalizer":null,"pre_tokenizer":{{"type":"Whitespace"}},"post_processor":null,"decoder":null,"model":{{"type":"WordLevel","vocab":{{"[UNK]":0,"hello":1,"world":2{extra}}},"unk_token":"[UNK]"}}}}"#
+        )
+    };
+    std::fs::write(&tok, json("")).unwrap();
+    let text = dir.path("t.txt");
+    std::fs::write(&text, "hello world ".repeat(400)).unwrap();
+    let prepared = dir.path("p");
+    let r = run(&[
+        "data",
+        "prepare",
+        &s(&text),
+        "-o",
+        &s(&prepared),
+        "--tokenizer",
+        &s(&tok),
+        "--val-fraction",
+        "0",
+    ]);
+    assert_eq!(r.code, Some(0), "{}", r.stderr);
+    std::fs::write(&tok, json(r#","again":3"#)).unwrap();
+    let r = run(&[
+        "run",
+        &s(&plan),
+        "--steps",
+        "1",
+        "--data",
+        &s(&prepared),
+        "--tokenizer",
+        &s(&tok),
+    ]);
+    refused(
+        &r,
+        &["--tokenizer", "has changed since", "SHA-256", "recorded"],
+    );
+}

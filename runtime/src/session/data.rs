@@ -144,6 +144,24 @@ impl DataOptions {
             let all_tokens = train.parts().iter().all(|p| p.kind != PartKind::Text);
             match &meta {
                 Some(m) if !m.tokenizer.matches(tok) => {
+                    // The same tokenizer.json path with other contents: say that the file
+                    // changed, not that another tokenizer was passed.
+                    if let (Tokenizer::HuggingFace { path: now, sha256, .. }, Some(was)) =
+                        (tok, m.tokenizer.path.as_deref())
+                    {
+                        let same = std::fs::canonicalize(now).ok().as_deref() == Some(Path::new(was));
+                        if same {
+                            return Err(refused(
+                                format!(
+                                    "--tokenizer {}: this file has changed since {} was prepared with it (SHA-256 now {sha256}, recorded {} in {META_FILE})",
+                                    now.display(),
+                                    path.display(),
+                                    m.tokenizer.sha256.as_deref().unwrap_or("none")
+                                ),
+                                "restore the tokenizer.json the data was prepared with, or prepare the data again with this one",
+                            ));
+                        }
+                    }
                     return Err(refused(
                         format!(
                             "--tokenizer {}: {} was prepared with the {} tokenizer ({META_FILE})",
