@@ -110,3 +110,66 @@ fn the_cpu_runtime_refuses_the_all_gather_exchange() {
         &["parallel.cp_comm all_gather", "ring attention (p2p) only"],
     );
 }
+
+#[test]
+fn an_exchange_pinned_without_cp_is_honoured_or_refused() {
+    // With --cp free, a pinned exchange makes the search try CP > 1 only: a small Llama at
+    // 16,384 tokens, whose unpinned plan keeps CP 1, plans CP 2 with the ring it asked for.
+    let base = [
+        "tests/fixtures/tiny-llama.toml",
+        "specs/clusters/dgx-h100-80g.toml",
+        "--devices",
+        "8",
+        "--seq-len",
+        "16384",
+        "--global-batch",
+        "8",
+        "--format",
+        "json",
+    ];
+    let cp_of = |extra: &[&str]| {
+        let o = plan(&[&base[..], extra].concat());
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        let p: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+        let cp = p["parallel"]
+            .get("cp")
+            .and_then(|c| c.as_u64())
+            .unwrap_or(1);
+        let comm = p["parallel"]
+            .get("cp_comm")
+            .and_then(|c| c.as_str())
+            .map(str::to_string);
+        (cp, comm.unwrap_or_else(|| "p2p".into()))
+    };
+    assert_eq!(cp_of(&[]).0, 1, "the unpinned search keeps CP 1 here");
+    let (cp, comm) = cp_of(&["--cp-comm", "p2p"]);
+    assert!(cp > 1 && comm == "p2p", "CP {cp} {comm}");
+    let (cp, comm) = cp_of(&["--cp-comm", "all-gather"]);
+    assert!(cp > 1 && comm == "all_gather", "CP {cp} {comm}");
+    // Where no CP > 1 is possible (2,048 tokens), or --cp 1 is pinned, the flag is refused.
+    refused(
+        &[
+            "specs/models/tiny.toml",
+            "specs/clusters/cpu-8.toml",
+            "--cp-comm",
+            "p2p",
+        ],
+        &[
+            "--cp-comm p2p",
+            "--cp is not pinned",
+            "seq_len 64",
+            "fix: pin --cp 2 or more",
+        ],
+    );
+    refused(
+        &[
+            "specs/models/tiny.toml",
+            "specs/clusters/cpu-8.toml",
+            "--cp",
+            "1",
+            "--cp-comm",
+            "p2p",
+        ],
+        &["--cp-comm", "CP 1 has one rank", "fix: pin --cp 2 or more"],
+    );
+}

@@ -133,3 +133,112 @@ fn an_export_to_another_framework_is_refused_or_warned() {
     );
     assert!(err.contains("--framework torchtitan"), "{err}");
 }
+
+#[test]
+fn a_profile_refuses_a_model_or_devices_its_framework_cannot_build_naming_the_key() {
+    // llm.c builds GPT-2 only: a Llama is refused by `--framework`, naming the key and a fix.
+    let mut args = LLAMA_ONE_NODE.to_vec();
+    args.extend(["--framework", "llm.c"]);
+    refused(
+        &run(&args),
+        &[
+            "--framework",
+            "\"llm.c\"",
+            "can_run.architectures = [\"gpt\"]",
+            "llama3-8b is a llama model",
+            "fix:",
+            "torchtitan",
+        ],
+    );
+    // llm-foundry builds Llamas but not mixtures of experts.
+    refused(
+        &run(&[
+            "plan",
+            "specs/models/mixtral-8x7b.toml",
+            "specs/clusters/dgx-h100-80g.toml",
+            "--nodes",
+            "4",
+            "--framework",
+            "llm-foundry",
+        ]),
+        &[
+            "\"llm-foundry\"",
+            "can_run.moe = false",
+            "mixture of experts",
+            "fix:",
+        ],
+    );
+    // A 2021 Megatron-LM has no grouped-query attention.
+    let dir = common::Scratch::new();
+    let gqa = dir.copy_edit(
+        "specs/models/gpt3-2.7b.toml",
+        &[("kv_heads = 32", "kv_heads = 8")],
+    );
+    refused(
+        &run(&[
+            "plan",
+            &common::s(&gqa),
+            "specs/clusters/dgx-a100-80g.toml",
+            "--nodes",
+            "1",
+            "--framework",
+            "megatron-legacy",
+        ]),
+        &[
+            "\"megatron-legacy\"",
+            "can_run.gqa = false",
+            "8 K/V heads",
+            "fix:",
+        ],
+    );
+    // A GPU framework on a CPU cluster, from the flag and from the spec's training.framework.
+    refused(
+        &run(&[
+            "plan",
+            "specs/models/tiny.toml",
+            "specs/clusters/cpu-8.toml",
+            "--framework",
+            "megatron-core",
+        ]),
+        &[
+            "--framework",
+            "can_run.devices = [\"gpu\"]",
+            "cpu devices",
+            "--framework tessera",
+        ],
+    );
+    let spec = dir.copy_edit(
+        "specs/models/tiny.toml",
+        &[("[training]", "[training]\nframework = \"pytorch-eager\"")],
+    );
+    refused(
+        &run(&["plan", &common::s(&spec), "specs/clusters/cpu-8.toml"]),
+        &[
+            "tiny.toml",
+            "training.framework",
+            "\"pytorch-eager\"",
+            "can_run.devices",
+        ],
+    );
+}
+
+#[test]
+fn a_plan_whose_stated_framework_cannot_build_it_is_refused_on_load() {
+    // tests/fixtures/plan-cpu-megatron-core.json: the README's tiny job on cpu-8 stated for
+    // megatron-core, written by `tessera plan --framework megatron-core` before profiles said
+    // where they run (every other part of it consistent). Every command that loads it refuses
+    // it, and `run` does not compare a CPU run with a GPU framework's predictions.
+    let plan = "tests/fixtures/plan-cpu-megatron-core.json";
+    for args in [vec!["explain", plan], vec!["run", plan, "--steps", "1"]] {
+        refused(
+            &run(&args),
+            &[
+                "plan-cpu-megatron-core.json",
+                "job.model.training.framework",
+                "\"megatron-core\"",
+                "can_run.devices = [\"gpu\"]",
+                "fix:",
+            ],
+        );
+    }
+}

@@ -243,3 +243,66 @@ fn absent_keys_take_the_classes_defaults() {
         &["`num_key_value_heads`", "32", "default"],
     );
 }
+
+#[test]
+fn layer_indices_past_the_layer_count_are_refused() {
+    // Qwen3-30B-A3B has 48 layers, numbered 0 … 47.
+    refused(
+        "qwen3-30b-a3b",
+        &[("mlp_only_layers", json!([0, 48]))],
+        &["mlp_only_layers", "layer 48", "48 layers", "0 … 47"],
+    );
+    // Qwen2 7B has 28: with use_sliding_window, max_window_layers names a layer.
+    refused(
+        "qwen2-7b",
+        &[
+            ("use_sliding_window", json!(true)),
+            ("max_window_layers", json!(40)),
+        ],
+        &["max_window_layers", "40", "28 layers"],
+    );
+    accepted("qwen3-30b-a3b", &[("mlp_only_layers", json!([0, 47]))]);
+    accepted(
+        "qwen2-7b",
+        &[
+            ("use_sliding_window", json!(true)),
+            ("max_window_layers", json!(28)),
+        ],
+    );
+}
+
+#[test]
+fn a_model_type_that_contradicts_architectures_is_refused() {
+    refused(
+        "gpt2",
+        &[("architectures", json!(["LlamaForCausalLM"]))],
+        &[
+            "architectures",
+            "LlamaForCausalLM",
+            "model_type",
+            "\"gpt2\"",
+            "GPT2LMHeadModel",
+        ],
+    );
+    refused(
+        "qwen2-7b",
+        &[("architectures", json!(["Qwen2MoeForCausalLM"]))],
+        &["architectures", "Qwen2MoeForCausalLM", "\"qwen2\""],
+    );
+    refused(
+        "llama3-8b",
+        &[("architectures", json!("LlamaForCausalLM"))],
+        &["architectures", "must be a list"],
+    );
+    accepted(
+        "gpt2",
+        &[(
+            "architectures",
+            json!(["GPT2LMHeadModel", "GPT2DoubleHeadsModel"]),
+        )],
+    );
+    accepted(
+        "llama3-8b",
+        &[("architectures", json!(["LlamaForSequenceClassification"]))],
+    );
+}

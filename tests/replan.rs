@@ -69,3 +69,27 @@ fn a_count_no_layout_can_use_is_refused_naming_the_flag() {
     let r = run(&["replan", &s(&plan)]);
     assert_eq!(r.code, Some(2), "{}", r.stderr);
 }
+
+#[test]
+fn a_pin_no_layout_can_use_is_named_not_the_count() {
+    // 8 devices suit the README job; TP 8 does not divide its 4 heads, PP 8 is more stages
+    // than its 4 layers: the pin is at fault, and the message says so and how to free it.
+    let dir = Scratch::new();
+    let plan = tiny_plan(&dir);
+    for (pin, v) in [("--tp", "8"), ("--pp", "8")] {
+        let r = run(&["replan", &s(&plan), "--devices", "8", pin, v]);
+        refused(
+            &r,
+            &[
+                &format!("`{pin}`"),
+                &format!("{pin} {v} leaves no layout"),
+                &format!("fix: drop {pin}"),
+            ],
+        );
+        assert!(
+            !r.stderr.contains("`--devices`"),
+            "blames the count:\n{}",
+            r.stderr
+        );
+    }
+}

@@ -163,6 +163,46 @@ fn default_norm_eps() -> f64 {
     DEFAULT_NORM_EPS
 }
 
+/// The family an architecture belongs to, as a framework profile's `can_run.architectures`
+/// names it: what a framework's model code must build. Read from the architecture's features,
+/// not from a name, so a TOML spec and a Hugging Face config of one model agree.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Family {
+    /// Learned positions, LayerNorm, a GeLU MLP (GPT-2, GPT-3, Megatron-LM's GPT).
+    Gpt,
+    /// RoPE, RMSNorm, a SwiGLU MLP (Llama, Mistral, Qwen2, Mixtral, the Qwen MoE models).
+    Llama,
+    /// Multi-head Latent Attention (DeepSeek-V2/V3).
+    Deepseek,
+    /// Any other mix of positions, norm and MLP (a TOML spec may write one).
+    Other,
+}
+
+impl Family {
+    pub const ALL: [Family; 4] = [Family::Gpt, Family::Llama, Family::Deepseek, Family::Other];
+
+    /// The name profiles and messages use.
+    pub fn name(self) -> &'static str {
+        match self {
+            Family::Gpt => "gpt",
+            Family::Llama => "llama",
+            Family::Deepseek => "deepseek",
+            Family::Other => "other",
+        }
+    }
+
+    /// What the family is, for a message.
+    pub fn what(self) -> &'static str {
+        match self {
+            Family::Gpt => "learned positions, LayerNorm, GeLU MLP",
+            Family::Llama => "RoPE, RMSNorm, SwiGLU MLP",
+            Family::Deepseek => "Multi-head Latent Attention",
+            Family::Other => "a mix of GPT's and Llama's positions, norm and MLP",
+        }
+    }
+}
+
 /// The kind of RoPE frequency scaling.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "lowercase")]
@@ -290,6 +330,23 @@ impl LayerParams {
 }
 
 impl Architecture {
+    /// The family of this architecture (see [`Family`]).
+    pub fn family(&self) -> Family {
+        if self.mla.is_some() {
+            return Family::Deepseek;
+        }
+        match (self.position, self.norm, self.activation) {
+            (Position::Learned, Norm::Layernorm, Activation::Gelu) => Family::Gpt,
+            (Position::Rope, Norm::Rmsnorm, Activation::Swiglu) => Family::Llama,
+            _ => Family::Other,
+        }
+    }
+
+    /// Grouped-query (or multi-query) attention: fewer K/V heads than query heads.
+    pub fn grouped_query(&self) -> bool {
+        self.mla.is_none() && self.kv_heads < self.heads
+    }
+
     /// A GPT as GPT-2 and Megatron-LM build it: GeLU MLP of 4 × hidden, LayerNorm, learned
     /// positions up to `max_positions`, tied embeddings, biases, no vocabulary padding, no
     /// MoE/MLA/sliding window. Callers change what their model differs in.

@@ -105,7 +105,7 @@ pub struct PlanArgs {
     #[arg(long)]
     virtual_stages: Option<u64>,
     /// Pin how context parallelism exchanges keys and values: `p2p` (ring attention, overlapped)
-    /// or `all-gather` (Llama 3's, exposed).
+    /// or `all-gather` (Llama 3's, exposed). Without `--cp`, the search then tries CP > 1 only.
     #[arg(long, value_enum)]
     cp_comm: Option<CpCommArg>,
     /// Pin the layers of the first pipeline stage; the middle stages share the rest evenly
@@ -214,6 +214,33 @@ impl PlanArgs {
     }
 }
 
+/// The job's framework profile builds the model and runs on the cluster's devices, or the
+/// refusal names where the profile came from: `--framework`, the spec's `training.framework`,
+/// or the device's default.
+fn check_framework_builds(args: &PlanArgs, model: &Model, cluster: &Cluster) -> anyhow::Result<()> {
+    let profile = tessera_planner::framework::of(model, cluster);
+    let Err(e) = tessera_planner::framework::builds(profile, model, cluster) else {
+        return Ok(());
+    };
+    let (problem, fix) = (e.problem(), e.why.fix.clone());
+    Err(if args.framework.is_some() {
+        cli_error("--framework", problem, fix)
+    } else if tessera_planner::framework::stated(model) {
+        anyhow::anyhow!(Diagnostic::new(
+            &args.model,
+            "training.framework",
+            problem,
+            fix
+        ))
+    } else {
+        anyhow::anyhow!(
+            "{} on {}: {problem} (the default profile of this cluster's devices)\n  fix: {fix}",
+            args.model.display(),
+            args.cluster.display(),
+        )
+    })
+}
+
 fn cli_error(field: &str, problem: String, fix: String) -> anyhow::Error {
     anyhow::anyhow!(Diagnostic::new("<command line>", field, problem, fix))
 }
@@ -258,6 +285,7 @@ pub fn run(args: PlanArgs) -> anyhow::Result<ExitCode> {
         }
         model.training.framework = Some(name.clone());
     }
+    check_framework_builds(&args, &model, &cluster)?;
     let pins = args.pins();
     for (flag, v) in [
         ("--tp", pins.tp),

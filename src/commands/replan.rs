@@ -47,6 +47,62 @@ impl ReplanArgs {
         }
     }
 
+    /// The pins given, each as (flag, flag and value, these pins with it left free).
+    fn pinned(&self) -> Vec<(&'static str, String, Pins)> {
+        let p = self.pins();
+        let mut out = Vec::new();
+        let mut add = |flag: &'static str, v: Option<String>, freed: Pins| {
+            if let Some(v) = v {
+                out.push((flag, format!("{flag} {v}"), freed));
+            }
+        };
+        let show = |v: Option<u64>| v.map(|v| v.to_string());
+        add("--tp", show(p.tp), Pins { tp: None, ..p });
+        add("--pp", show(p.pp), Pins { pp: None, ..p });
+        add("--cp", show(p.cp), Pins { cp: None, ..p });
+        add("--ep", show(p.ep), Pins { ep: None, ..p });
+        add("--dp", show(p.dp), Pins { dp: None, ..p });
+        add(
+            "--micro-batch",
+            show(p.micro_batch),
+            Pins {
+                micro_batch: None,
+                ..p
+            },
+        );
+        add(
+            "--zero",
+            p.zero.map(|z| z.to_string()),
+            Pins { zero: None, ..p },
+        );
+        if self.no_sp {
+            out.push(("--no-sp", "--no-sp".into(), Pins { sp: None, ..p }));
+        }
+        out
+    }
+
+    /// The pin at fault when the pinned search found nothing `ok`: the first pin whose release
+    /// makes the search succeed, else all of them together where that does; `None` when the
+    /// device count is at fault (or no pin was given).
+    fn pin_at_fault(
+        &self,
+        model: &tessera_planner::Model,
+        cluster: &Cluster,
+        options: SearchOptions,
+        ok: impl Fn(&search::SearchResult) -> bool,
+    ) -> Option<(&'static str, String)> {
+        let pinned = self.pinned();
+        let passes = |pins: &Pins| {
+            search::search_checked(model, cluster, pins, options).is_ok_and(|r| ok(&r))
+        };
+        if let Some((flag, shown, _)) = pinned.iter().find(|(_, _, freed)| passes(freed)) {
+            return Some((flag, shown.clone()));
+        }
+        let first = pinned.first()?;
+        let all: Vec<&str> = pinned.iter().map(|(_, shown, _)| shown.as_str()).collect();
+        passes(&Pins::default()).then(|| (first.0, format!("the pins {}", all.join(" "))))
+    }
+
     /// The flag that sets the count, and the count.
     fn count(&self) -> (&'static str, u64) {
         match (self.devices, self.nodes) {
@@ -122,6 +178,21 @@ pub fn run(args: ReplanArgs) -> anyhow::Result<ExitCode> {
             .take(3)
             .map(|g| g.example.clone())
             .collect();
+        if let Some((pin, shown)) =
+            args.pin_at_fault(&model, &cluster, options, |r| r.evaluated > 0)
+        {
+            return Err(cli_error(
+                pin,
+                format!(
+                    "{shown} leaves no layout of {} devices that can be built for {} ({}); without it, {} devices can be planned",
+                    cluster.devices,
+                    model.name,
+                    why.join("; "),
+                    cluster.devices
+                ),
+                format!("drop {pin} (the search then chooses it), or pin a value the rules above allow"),
+            ));
+        }
         return Err(cli_error(
             flag,
             format!(
@@ -137,6 +208,17 @@ pub fn run(args: ReplanArgs) -> anyhow::Result<ExitCode> {
         ));
     }
     let Some(plan) = super::plan::chosen_plan(&model, &cluster, &result, options.top) else {
+        let fits = |r: &search::SearchResult| !r.fits.is_empty();
+        if let Some((pin, shown)) = args.pin_at_fault(&model, &cluster, options, fits) {
+            return Err(cli_error(
+                pin,
+                format!(
+                    "{shown} leaves {} layouts of {} devices, and none fits in the devices' memory; without it, some do",
+                    result.evaluated, cluster.devices
+                ),
+                format!("drop {pin} (the search then chooses it), or pin another value"),
+            ));
+        }
         return Err(cli_error(
             flag,
             format!(

@@ -12,6 +12,7 @@ mod profile;
 
 pub use profile::{
     CanRun, HostCost, LossKind, Memory, Profile, Reports, Runs, Sharding as ShardingPolicy,
+    Unbuildable,
 };
 
 use std::sync::OnceLock;
@@ -135,6 +136,9 @@ pub fn stated(model: &Model) -> bool {
 /// The rule a layout breaks when its framework cannot run it.
 pub const CANNOT_RUN: &str = "the framework cannot run this layout";
 
+/// The rule a job breaks when its framework cannot build the model or run on its devices.
+pub const CANNOT_BUILD: &str = "the framework cannot build this model or run on these devices";
+
 /// Whether `profile` can run `layout`; the rejection names the profile and the knob.
 pub fn admits(profile: &Profile, layout: &Layout) -> Result<(), Rejection> {
     match profile.can_run.refuses(layout) {
@@ -144,6 +148,39 @@ pub fn admits(profile: &Profile, layout: &Layout) -> Result<(), Rejection> {
             format!("{} cannot run {what}", profile.name),
         )
         .with_fix(fix)),
+    }
+}
+
+/// A profile that cannot build the model, or does not run on the cluster's devices: the whole
+/// job is outside its `[can_run]`, whatever the layout.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{}\n  fix: {}", self.problem(), .why.fix)]
+pub struct CannotBuild {
+    pub profile: String,
+    pub why: Unbuildable,
+}
+
+impl CannotBuild {
+    /// What is wrong, naming the profile, its file and the key: the message without the fix.
+    pub fn problem(&self) -> String {
+        format!(
+            "framework profile \"{p}\" cannot build this job: {} (specs/frameworks/{p}.toml), and {}",
+            self.why.key,
+            self.why.found,
+            p = self.profile
+        )
+    }
+}
+
+/// Whether `profile` builds `model` and runs on `cluster`'s devices (its `can_run`
+/// `devices`, `architectures`, `moe` and `gqa`); the refusal names the profile and the key.
+pub fn builds(profile: &Profile, model: &Model, cluster: &Cluster) -> Result<(), CannotBuild> {
+    match profile.can_run.refuses_job(model, cluster) {
+        None => Ok(()),
+        Some(why) => Err(CannotBuild {
+            profile: profile.name.clone(),
+            why,
+        }),
     }
 }
 

@@ -4,7 +4,9 @@
 use serde::{Deserialize, Serialize};
 
 use crate::layout::{CpComm, Layout, Recompute};
+use crate::model::{Family, Model};
 use crate::schedule::ScheduleKind;
+use crate::spec::{Cluster, DeviceKind};
 
 /// One framework profile.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -45,6 +47,43 @@ pub struct CanRun {
     pub recompute: Vec<Recompute>,
     /// Recompute every k-th layer only (k > 1).
     pub partial_recompute: bool,
+    /// The model families its model code builds (`gpt`, `llama`, `deepseek`, `other`; see
+    /// [`Family`]). Absent from a file: every family.
+    #[serde(default = "every_family")]
+    pub architectures: Vec<Family>,
+    /// It builds mixture-of-experts MLPs. Absent: true.
+    #[serde(default = "yes")]
+    pub moe: bool,
+    /// It builds grouped-query attention (fewer K/V heads than query heads). Absent: true.
+    #[serde(default = "yes")]
+    pub gqa: bool,
+    /// The device kinds it runs on (`gpu`, `cpu`). Absent: both.
+    #[serde(default = "every_device")]
+    pub devices: Vec<DeviceKind>,
+}
+
+fn every_family() -> Vec<Family> {
+    Family::ALL.to_vec()
+}
+
+fn yes() -> bool {
+    true
+}
+
+fn every_device() -> Vec<DeviceKind> {
+    vec![DeviceKind::Gpu, DeviceKind::Cpu]
+}
+
+/// A model or cluster a profile cannot build or run on: the `[can_run]` key that says so, what
+/// the job has instead, and the fix.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Unbuildable {
+    /// `can_run.architectures`, `can_run.moe`, `can_run.gqa` or `can_run.devices`, with its value.
+    pub key: String,
+    /// What the job has that the key excludes.
+    pub found: String,
+    /// The change that would pass.
+    pub fix: String,
 }
 
 /// How the loss is computed, in time and in the memory peak.
@@ -135,7 +174,112 @@ pub struct Memory {
     pub reports: Reports,
 }
 
+fn device_name(d: DeviceKind) -> &'static str {
+    match d {
+        DeviceKind::Gpu => "gpu",
+        DeviceKind::Cpu => "cpu",
+    }
+}
+
+fn quoted<T: Copy>(set: &[T], name: impl Fn(T) -> &'static str) -> String {
+    let names: Vec<String> = set.iter().map(|x| format!("\"{}\"", name(*x))).collect();
+    format!("[{}]", names.join(", "))
+}
+
 impl CanRun {
+    /// The first `[can_run]` key that excludes the model or the cluster's devices (the job, not
+    /// one layout of it): the device kind, the family, MoE, grouped-query attention. The
+    /// fix names the built-in profiles that would pass.
+    pub fn refuses_job(&self, model: &Model, cluster: &Cluster) -> Option<Unbuildable> {
+        let a = &model.architecture;
+        let kind = cluster.device.kind;
+        let with = |passes: &dyn Fn(&CanRun) -> bool| {
+            let names: Vec<&str> = super::all()
+                .iter()
+                .filter(|p| passes(&p.can_run))
+                .map(|p| p.name.as_str())
+                .collect();
+            match names.is_empty() {
+                true => "none of the built-in profiles does".to_string(),
+                false => format!("--framework {}", names.join(" | ")),
+            }
+        };
+        if !self.devices.contains(&kind) {
+            let d = device_name(kind);
+            return Some(Unbuildable {
+                key: format!("can_run.devices = {}", quoted(&self.devices, device_name)),
+                found: format!(
+                    "the cluster {} is of {d} devices ({})",
+                    cluster.name, cluster.device.name
+                ),
+                fix: format!(
+                    "plan for a cluster of {} devices, or name a framework that runs on {d}: {}",
+                    self.devices
+                        .iter()
+                        .map(|d| device_name(*d))
+                        .collect::<Vec<_>>()
+                        .join(" or "),
+                    with(&|c| c.devices.contains(&kind))
+                ),
+            });
+        }
+        let family = a.family();
+        if !self.architectures.contains(&family) {
+            return Some(Unbuildable {
+                key: format!(
+                    "can_run.architectures = {}",
+                    quoted(&self.architectures, Family::name)
+                ),
+                found: format!(
+                    "{} is a {} model ({})",
+                    model.name,
+                    family.name(),
+                    family.what()
+                ),
+                fix: format!(
+                    "plan a {} model, or name a framework that builds {} models: {}",
+                    self.architectures
+                        .iter()
+                        .map(|f| f.name())
+                        .collect::<Vec<_>>()
+                        .join(" or "),
+                    family.name(),
+                    with(&|c| c.architectures.contains(&family) && c.devices.contains(&kind))
+                ),
+            });
+        }
+        if let Some(moe) = a.moe.as_ref().filter(|_| !self.moe) {
+            return Some(Unbuildable {
+                key: "can_run.moe = false".into(),
+                found: format!(
+                    "{} is a mixture of experts ({} experts, {} per token)",
+                    model.name, moe.experts, moe.experts_per_token
+                ),
+                fix: format!(
+                    "plan a dense model, or name a framework that builds mixtures of experts: {}",
+                    with(&|c| c.moe
+                        && c.architectures.contains(&family)
+                        && c.devices.contains(&kind))
+                ),
+            });
+        }
+        if a.grouped_query() && !self.gqa {
+            return Some(Unbuildable {
+                key: "can_run.gqa = false".into(),
+                found: format!(
+                    "{} has grouped-query attention ({} K/V heads for {} query heads)",
+                    model.name, a.kv_heads, a.heads
+                ),
+                fix: format!(
+                    "set kv_heads = heads ({}) for multi-head attention, or name a framework that builds grouped-query attention: {}",
+                    a.heads,
+                    with(&|c| c.gqa && c.architectures.contains(&family) && c.devices.contains(&kind))
+                ),
+            });
+        }
+        None
+    }
+
     /// The first knob of `layout` the framework cannot run, with the change that would pass.
     pub fn refuses(&self, l: &Layout) -> Option<(String, String)> {
         let no = |what: &str, fix: &str| Some((what.to_string(), fix.to_string()));

@@ -1,6 +1,7 @@
 use super::*;
 use crate::layout::{Recompute, Sharding};
 use crate::schedule::ScheduleKind;
+use crate::spec::DeviceKind;
 
 #[test]
 fn every_profile_parses_and_names_itself() {
@@ -76,5 +77,100 @@ fn the_default_profiles_run_every_layout_the_search_builds() {
         assert_eq!(c.zero_stages, vec![0, 1, 2, 3]);
         assert_eq!(c.recompute.len(), 3);
         assert_eq!(c.schedules.len(), 3);
+    }
+}
+
+#[test]
+fn every_shipped_profile_states_what_it_builds_with_its_source() {
+    // The keys are optional for a profile written before them, but every shipped file gives
+    // them, under a comment saying where they come from.
+    for (name, text) in FILES {
+        let block = text
+            .split("[can_run]")
+            .nth(1)
+            .and_then(|t| t.split("[runs]").next())
+            .unwrap();
+        for key in ["architectures =", "moe =", "gqa =", "devices ="] {
+            assert!(block.contains(key), "{name}.toml does not state {key}");
+        }
+        assert!(
+            block.contains("# What its model code builds"),
+            "{name}.toml gives no source for what it builds"
+        );
+    }
+    let c = &by_name("llm.c").unwrap().can_run;
+    assert_eq!(c.architectures, vec![crate::model::Family::Gpt]);
+    assert!(!c.moe && !c.gqa);
+    assert_eq!(c.devices, vec![DeviceKind::Gpu]);
+    assert!(by_name("tessera")
+        .unwrap()
+        .can_run
+        .devices
+        .contains(&DeviceKind::Cpu));
+}
+
+#[test]
+fn a_profile_without_the_build_keys_builds_everything() {
+    let text = FILES.iter().find(|(n, _)| *n == "llm.c").unwrap().1;
+    let old: String = text
+        .lines()
+        .filter(|l| {
+            !["architectures", "moe =", "gqa =", "devices ="]
+                .iter()
+                .any(|k| l.starts_with(k))
+        })
+        .collect::<Vec<_>>()
+        .join("\n");
+    let p: Profile = toml::from_str(&old).unwrap();
+    assert_eq!(p.can_run.architectures, crate::model::Family::ALL.to_vec());
+    assert!(p.can_run.moe && p.can_run.gqa);
+    assert_eq!(p.can_run.devices.len(), 2);
+}
+
+#[test]
+fn a_profile_refuses_a_job_it_cannot_build_naming_the_key() {
+    use crate::spec::{self, ClusterOverrides, TrainingOverrides};
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let model = |n: &str| {
+        spec::load_model(
+            &root.join(format!("specs/models/{n}.toml")),
+            TrainingOverrides::default(),
+        )
+        .unwrap()
+    };
+    let cluster = |n: &str| {
+        spec::load_cluster(
+            &root.join(format!("specs/clusters/{n}.toml")),
+            ClusterOverrides::default(),
+        )
+        .unwrap()
+    };
+    let (h100, cpu) = (cluster("dgx-h100-80g"), cluster("cpu-8"));
+    let llmc = by_name("llm.c").unwrap();
+    assert!(builds(llmc, &model("gpt2-124m"), &h100).is_ok());
+    let e = builds(llmc, &model("llama3-8b"), &h100).unwrap_err();
+    assert_eq!(e.why.key, "can_run.architectures = [\"gpt\"]");
+    assert!(e.to_string().contains("specs/frameworks/llm.c.toml"), "{e}");
+    assert!(
+        e.why.fix.contains("torchtitan") && !e.why.fix.contains("llm.c"),
+        "{e}"
+    );
+    let e = builds(llmc, &model("gpt2-124m"), &cpu).unwrap_err();
+    assert!(e.why.key.starts_with("can_run.devices"), "{e}");
+    assert!(e.why.fix.contains("--framework tessera"), "{e}");
+    let e = builds(by_name("deepspeed").unwrap(), &model("tiny-moe"), &h100).unwrap_err();
+    assert_eq!(e.why.key, "can_run.moe = false", "{e}");
+    // The defaults build every preset on their devices, as before.
+    for n in ["llama3-8b", "mixtral-8x7b", "deepseek-v3", "gpt3-175b"] {
+        assert!(
+            builds(by_name(DEFAULT_GPU).unwrap(), &model(n), &h100).is_ok(),
+            "{n}"
+        );
+    }
+    for n in ["tiny", "tiny-moe", "gpt2-124m"] {
+        assert!(
+            builds(by_name(DEFAULT_CPU).unwrap(), &model(n), &cpu).is_ok(),
+            "{n}"
+        );
     }
 }

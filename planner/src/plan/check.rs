@@ -35,6 +35,24 @@ impl Plan {
             .cluster
             .check()
             .map_err(|p| p.with_fix_of(REPLAN).in_json(src, "job.cluster"))?;
+        // A stated framework must build the model on these devices (a default one is the
+        // planner's own choice, and the search refuses what it cannot build).
+        if crate::framework::stated(&self.job.model) {
+            let profile = crate::framework::of(&self.job.model, &self.job.cluster);
+            if let Err(e) = crate::framework::builds(profile, &self.job.model, &self.job.cluster) {
+                let field = "job.model.training.framework";
+                return Err(Diagnostic::new(
+                    &src.path,
+                    field,
+                    e.problem(),
+                    format!(
+                        "{}; then re-create the plan with `tessera plan … -o plan.json`",
+                        e.why.fix
+                    ),
+                )
+                .at(src.json_key(field)));
+            }
+        }
         let p = &self.parallel;
         for (field, v) in [
             ("parallel.dp", p.dp),

@@ -17,7 +17,9 @@ mod space;
 mod tests;
 mod why;
 
-pub use space::{check_size, count_layouts, SearchError, SpaceSize, MAX_LAYOUTS};
+pub use space::{
+    check_size, count_layouts, searched_cps, SearchError, SpaceSize, CP_MIN_TOKENS, MAX_LAYOUTS,
+};
 
 use std::collections::{BTreeMap, HashMap};
 
@@ -45,7 +47,8 @@ pub struct Pins {
     pub tp: Option<u64>,
     /// Context parallelism (unpinned: 1, or more where the sequence is long).
     pub cp: Option<u64>,
-    /// How CP exchanges K and V (unpinned: both are tried where CP > 1).
+    /// How CP exchanges K and V (unpinned: both are tried where CP > 1; pinned with `cp`
+    /// unpinned: only CP > 1 is tried).
     pub cp_comm: Option<crate::layout::CpComm>,
     /// Expert parallelism (unpinned: every EP dividing both the experts and DP × CP for an
     /// MoE model, 1 for a dense one).
@@ -387,9 +390,12 @@ pub fn search_with(
     match search_checked(model, cluster, pins, options) {
         Ok(r) => r,
         Err(e) => {
-            let SearchError::TooManyLayouts { layouts, .. } = &e;
+            let (rule, count) = match &e {
+                SearchError::TooManyLayouts { layouts, .. } => (TOO_MANY_LAYOUTS, *layouts),
+                SearchError::CannotBuild(_) => (crate::framework::CANNOT_BUILD, 1),
+            };
             let group = RejectionGroup {
-                count: *layouts,
+                count,
                 example: e.to_string(),
                 fix: None,
             };
@@ -398,7 +404,7 @@ pub fn search_with(
                 evaluated: 0,
                 simulated: 0,
                 closest_miss: None,
-                rejected: BTreeMap::from([(TOO_MANY_LAYOUTS.to_string(), group)]),
+                rejected: BTreeMap::from([(rule.to_string(), group)]),
             }
         }
     }
@@ -417,6 +423,8 @@ pub fn search_checked(
     options: SearchOptions,
 ) -> Result<SearchResult, SearchError> {
     let model = &*crate::precision::for_device(model, cluster);
+    let profile = crate::framework::of(model, cluster);
+    crate::framework::builds(profile, model, cluster).map_err(SearchError::CannotBuild)?;
     space::check_size(model, cluster, pins)?;
     let mut fits = Vec::new();
     let mut rejected: BTreeMap<String, RejectionGroup> = BTreeMap::new();
@@ -434,7 +442,6 @@ pub fn search_checked(
             });
         g.count += 1;
     };
-    let profile = crate::framework::of(model, cluster);
     space::for_each_layout(model, cluster, pins, &mut |layout| {
         if let Err(why) = layout
             .check(model, cluster)

@@ -51,6 +51,9 @@ pub enum SearchError {
         /// `--tp (208 values)`.
         narrow: Vec<String>,
     },
+    /// The job's framework profile cannot build the model or does not run on its devices.
+    #[error("{0}")]
+    CannotBuild(crate::framework::CannotBuild),
 }
 
 fn pick<T: Copy>(pin: Option<T>, all: Vec<T>) -> Vec<T> {
@@ -161,23 +164,31 @@ impl<'a> Lists<'a> {
     }
 
     /// Context-parallel degrees for `tp`: 1, and where the sequence is long, every CP that
-    /// splits it into 2·CP equal chunks and leaves each rank at least [`CP_MIN_TOKENS`].
+    /// splits it into 2·CP equal chunks and leaves each rank at least [`CP_MIN_TOKENS`]. A
+    /// pinned exchange (`--cp-comm`) asks for CP: then only CP > 1 is tried, so that the plan
+    /// runs the exchange it names.
     fn cps(&mut self, tp: u64) -> Vec<u64> {
         if let Some(cp) = self.pins.cp {
             return vec![cp];
         }
         let s = self.model.training.seq_len;
         let rest = self.cluster.devices / tp.max(1);
-        if s < 2 * CP_MIN_TOKENS {
-            return vec![1];
-        }
-        let Some(f) = self.factors(rest) else {
-            return vec![1];
+        let factors = if s < 2 * CP_MIN_TOKENS {
+            None
+        } else {
+            self.factors(rest)
         };
-        divisors::up_to(&f, rest.min(s / CP_MIN_TOKENS))
-            .into_iter()
-            .filter(|&c| c == 1 || s.is_multiple_of(2 * c))
-            .collect()
+        let mut cps = match factors {
+            None => vec![1],
+            Some(f) => divisors::up_to(&f, rest.min(s / CP_MIN_TOKENS))
+                .into_iter()
+                .filter(|&c| c == 1 || s.is_multiple_of(2 * c))
+                .collect(),
+        };
+        if self.pins.cp_comm.is_some() {
+            cps.retain(|&c| c > 1);
+        }
+        cps
     }
 
     /// How CP exchanges K and V: both ways where there is CP (unless pinned), else the ring.
@@ -478,6 +489,18 @@ pub fn check_size(model: &Model, cluster: &Cluster, pins: &Pins) -> Result<Space
         limit: MAX_LAYOUTS,
         narrow,
     })
+}
+
+/// The CP degrees above 1 the search tries when `--cp` is not pinned, at the pinned TP (at TP
+/// 1 otherwise, which leaves the most): empty where the sequence is too short for CP or no
+/// degree both splits it and divides the devices.
+pub fn searched_cps(model: &Model, cluster: &Cluster, pins: &Pins) -> Vec<u64> {
+    let free = Pins {
+        cp: None,
+        cp_comm: Some(CpComm::P2p),
+        ..*pins
+    };
+    Lists::new(model, cluster, &free, true).cps(pins.tp.unwrap_or(1))
 }
 
 /// The fewest tokens per rank the search leaves under context parallelism: Llama 3 trained at

@@ -5,7 +5,7 @@
 //! rules that `Plan::load` applies to a plan's `parallel` section.
 
 use tessera_planner::schedule::ScheduleKind;
-use tessera_planner::search::{divisors, Pins};
+use tessera_planner::search::{self, divisors, Pins};
 use tessera_planner::{Cluster, Model, Recompute};
 
 use super::{cli_error, Format, PlanArgs};
@@ -62,6 +62,7 @@ pub(super) fn check(args: &PlanArgs, model: &Model, cluster: &Cluster) -> anyhow
     }
     check_recompute(&p, model)?;
     check_schedule(&p)?;
+    check_cp_comm(&p, model, cluster)?;
     if p.sp == Some(true) && p.tp == Some(1) {
         return refuse(
             "--sp",
@@ -73,6 +74,38 @@ pub(super) fn check(args: &PlanArgs, model: &Model, cluster: &Cluster) -> anyhow
         check_hybrid(&p, cluster)?;
     }
     Ok(())
+}
+
+/// `--cp-comm` chooses how CP exchanges keys and values, so it must come with CP > 1: pinned
+/// (`--cp 2` or more), or, with `--cp` free, a search that tries only CP > 1 (it does, under a
+/// pinned exchange) and has such a degree to try.
+fn check_cp_comm(p: &Pins, model: &Model, cluster: &Cluster) -> anyhow::Result<()> {
+    let Some(comm) = p.cp_comm else {
+        return Ok(());
+    };
+    let flag = format!("--cp-comm {}", comm.name().replace('_', "-"));
+    let what = format!("{flag} chooses how context parallelism exchanges keys and values");
+    match p.cp {
+        Some(1) => refuse(
+            "--cp-comm",
+            format!("{what}, and --cp 1 has no context parallelism (CP 1 has one rank): it would change nothing"),
+            "pin --cp 2 or more with --cp-comm, or drop --cp-comm".into(),
+        ),
+        Some(_) => Ok(()),
+        None if search::searched_cps(model, cluster, p).is_empty() => {
+            let s = model.training.seq_len;
+            refuse(
+                "--cp-comm",
+                format!(
+                    "{what}, and --cp is not pinned: the search tries CP only where each rank keeps at least {} tokens and 2 × CP splits the sequence, which seq_len {s} on {} devices does not allow, so every plan would have CP 1 and ignore it",
+                    search::CP_MIN_TOKENS,
+                    cluster.devices
+                ),
+                "pin --cp 2 or more (dividing the devices, with 2 × CP dividing seq_len) with --cp-comm, or drop --cp-comm".into(),
+            )
+        }
+        None => Ok(()),
+    }
 }
 
 fn check_recompute(p: &Pins, model: &Model) -> anyhow::Result<()> {

@@ -46,6 +46,7 @@ pub(super) const SUPPORTED: &str =
 /// runtime initialises as GPT-2 does (std 0.02, residual projections 0.02/√(2·layers)), and
 /// `--init-from` replaces the initial weights anyway. `pretraining_tp`: transformers 5 ignores
 /// it (before, it split the matmuls into slices summed back: the same product).
+/// `architectures` is checked against `model_type` only (`Keys::architectures_agree`).
 /// `max_position_embeddings` of the Llama family: the context length the model was trained for;
 /// RoPE has no table, so it bounds nothing (it is read only as the default
 /// `original_max_position_embeddings` of a `llama3` `rope_scaling`).
@@ -244,6 +245,34 @@ impl Family {
         })
     }
 
+    /// The prefix of every transformers class of the family (`LlamaForCausalLM`,
+    /// `LlamaModel`, `GPT2LMHeadModel`, …).
+    fn class_prefix(self) -> &'static str {
+        match self {
+            Family::Llama => "Llama",
+            Family::Mistral => "Mistral",
+            Family::Qwen2 => "Qwen2",
+            Family::Gpt2 => "GPT2",
+            Family::Mixtral => "Mixtral",
+            Family::Qwen2Moe => "Qwen2Moe",
+            Family::Qwen3Moe => "Qwen3Moe",
+            Family::DeepseekV3 => "DeepseekV3",
+        }
+    }
+
+    /// Whether `class` is one of the family's transformers classes: the prefix, then `For…`
+    /// (`ForCausalLM`, `ForSequenceClassification`, …), `Model`, or GPT-2's `LMHeadModel` and
+    /// `DoubleHeadsModel`. `Qwen2MoeForCausalLM` is not Qwen2's.
+    fn has_class(self, class: &str) -> bool {
+        class.strip_prefix(self.class_prefix()).is_some_and(|rest| {
+            rest.starts_with("For")
+                || rest == "Model"
+                || rest == "PreTrainedModel"
+                || rest == "LMHeadModel"
+                || rest == "DoubleHeadsModel"
+        })
+    }
+
     /// The transformers class that builds the family's causal LM.
     fn class(self) -> &'static str {
         match self {
@@ -426,6 +455,47 @@ impl<'a> Keys<'a> {
     /// A positive number at the top level, `default` when absent or `null`.
     fn number(&self, key: &str, default: f64) -> Result<f64, Diagnostic> {
         Ok(self.number_in(self.v, key, key)?.unwrap_or(default))
+    }
+
+    /// `architectures` names classes of the `model_type`'s family: a config whose
+    /// `architectures` says another model (`"model_type": "gpt2"` with `LlamaForCausalLM`)
+    /// contradicts itself, and transformers would build whichever the loader reads.
+    fn architectures_agree(&self, family: Family) -> Result<(), Diagnostic> {
+        let Some(x) = self.get("architectures") else {
+            return Ok(());
+        };
+        let classes = x
+            .as_array()
+            .and_then(|a| a.iter().map(Value::as_str).collect::<Option<Vec<&str>>>());
+        let Some(classes) = classes else {
+            return Err(self.err(
+                "architectures",
+                format!(
+                    "must be a list of transformers class names, found {}",
+                    describe(x)
+                ),
+                format!(
+                    "write \"architectures\": [\"{}\"], or remove it",
+                    family.class()
+                ),
+            ));
+        };
+        match classes.into_iter().find(|c| !family.has_class(c)) {
+            None => Ok(()),
+            Some(c) => Err(self.err(
+                "architectures",
+                format!(
+                    "\"architectures\" names {c}, and \"model_type\" is \"{}\", whose classes are {}…: the two keys name different models",
+                    self.model_type,
+                    family.class_prefix()
+                ),
+                format!(
+                    "make them agree: \"architectures\": [\"{}\"] for model_type \"{}\", or the model_type of {c}'s family",
+                    family.class(),
+                    self.model_type
+                ),
+            )),
+        }
     }
 
     /// Every top-level key is read by `family`, listed as changing nothing, or refused.
@@ -650,17 +720,28 @@ impl<'a> Keys<'a> {
                 // Qwen2Config makes the layers from `max_window_layers` on sliding.
                 let sliding_layers = match self.layer_types_slide(layers)? {
                     Some(slides) => slides,
-                    None => {
-                        let from = self
-                            .int(&["max_window_layers"], false, false)?
-                            .unwrap_or(28);
-                        from < layers
-                    }
+                    None => self.max_window_layers(layers)? < layers,
                 };
                 Ok(window.filter(|_| sliding_layers))
             }
             _ => Ok(None),
         }
+    }
+
+    /// `max_window_layers` (default 28), a layer index read with `use_sliding_window`: one past
+    /// the config's layers is refused, naming both (no layer it could name exists).
+    pub(super) fn max_window_layers(&self, layers: u64) -> Result<u64, Diagnostic> {
+        let Some(n) = self.int(&["max_window_layers"], false, false)? else {
+            return Ok(28);
+        };
+        if n > layers {
+            return Err(self.err(
+                "max_window_layers",
+                format!("is {n}, past the config's {layers} layers (num_hidden_layers): with use_sliding_window it names the layer where sliding-window attention starts or stops, and layer {n} does not exist"),
+                format!("set \"max_window_layers\" to a layer index of 0 … {layers}, or \"use_sliding_window\" to false"),
+            ));
+        }
+        Ok(n)
     }
 
     /// Whether the config's `layer_types` (one entry per layer, `"full_attention"` or
@@ -889,6 +970,7 @@ impl<'a> Keys<'a> {
     /// The architecture of the config's family.
     pub fn architecture(&self, family: Family) -> Result<Architecture, Diagnostic> {
         self.known_keys(family)?;
+        self.architectures_agree(family)?;
         match family {
             Family::Gpt2 => self.gpt2(),
             Family::DeepseekV3 => self.deepseek_v3(),

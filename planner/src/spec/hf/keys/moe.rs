@@ -229,11 +229,7 @@ impl Keys<'_> {
         }
         let slides = match self.layer_types_slide(layers)? {
             Some(slides) => slides,
-            None => {
-                self.int(&["max_window_layers"], false, false)?
-                    .unwrap_or(28)
-                    > 0
-            }
+            None => self.max_window_layers(layers)? > 0,
         };
         Ok(window.filter(|_| slides))
     }
@@ -316,6 +312,18 @@ impl Keys<'_> {
                 })?
             }
         };
+        if let Some(past) = dense.iter().find(|l| **l >= layers) {
+            return Err(self.err(
+                "mlp_only_layers",
+                format!(
+                    "lists layer {past}, and the config has {layers} layers (num_hidden_layers), numbered 0 … {}",
+                    layers.saturating_sub(1)
+                ),
+                format!(
+                    "remove {past} from \"mlp_only_layers\" (its entries are 0-based layer indices below {layers}), or correct \"num_hidden_layers\""
+                ),
+            ));
+        }
         if !dense.is_empty() {
             if layers > MAX_LISTED_LAYERS {
                 return Err(self.err(
