@@ -299,7 +299,7 @@ fn bad_shards_are_refused_naming_the_file() {
             "--eval-every",
             "1",
         ],
-        &["validation split is empty"],
+        &["holds no text"],
     );
     // Shorter than one sequence (32 + 1).
     let short = dir.path("short.bin");
@@ -366,4 +366,314 @@ fn prepare_refuses_bad_arguments_before_writing() {
     let r = run(&["data", "prepare", &s(&text), "-o", &s(&out)]);
     refused(&r, &["validation split would be empty"]);
     assert_eq!(std::fs::read_dir(&out).unwrap().count(), 0);
+}
+
+/// A small Hugging Face tokenizer.json (word level, `</s>` as the separator).
+fn word_tokenizer(dir: &Scratch) -> PathBuf {
+    let p = dir.path("tokenizer.json");
+    std::fs::write(
+        &p,
+        r#"{"version":"1.0","truncation":null,"padding":null,"added_tokens":[],
+        "normalizer":null,"pre_tokenizer":{"type":"Whitespace"},"post_processor":null,
+        "decoder":null,"model":{"type":"WordLevel","vocab":{"hello":0,"world":1,"</s>":2,"[UNK]":3},
+        "unk_token":"[UNK]"}}"#,
+    )
+    .unwrap();
+    p
+}
+
+/// `tessera data prepare INPUTS -o OUT` with `extra` flags.
+fn prepare(inputs: &[&Path], out: &Path, extra: &[&str]) -> Ran {
+    let mut args = vec!["data".to_string(), "prepare".into()];
+    args.extend(inputs.iter().map(|p| s(p)));
+    args.extend(["-o".into(), s(out)]);
+    args.extend(extra.iter().map(|a| a.to_string()));
+    run(&args.iter().map(String::as_str).collect::<Vec<_>>())
+}
+
+fn utf16le(text: &str) -> Vec<u8> {
+    text.encode_utf16().flat_map(u16::to_le_bytes).collect()
+}
+
+#[test]
+fn utf16_and_other_encodings_are_refused_naming_the_file() {
+    let dir = Scratch::new();
+    let text = std::fs::read_to_string(root().join("examples/data/parallelism.txt")).unwrap();
+    let p = plan(&dir);
+    let cases: [(&str, Vec<u8>, &str); 3] = [
+        ("no-bom.txt", utf16le(&text), "UTF-16LE"),
+        (
+            "bom.txt",
+            [&[0xff, 0xfe][..], &utf16le(&text)].concat(),
+            "UTF-16LE",
+        ),
+        ("latin1.txt", b"caf\xe9 au lait, ".repeat(100), "not UTF-8"),
+    ];
+    for (name, bytes, what) in &cases {
+        let f = dir.path(name);
+        std::fs::write(&f, bytes).unwrap();
+        let r = run(&["run", &s(&p), "--steps", "1", "--data", &s(&f)]);
+        refused(&r, &[&s(&f), what, "  fix: "]);
+        let r = run(&[
+            "run",
+            &s(&p),
+            "--steps",
+            "1",
+            "--eval-every",
+            "1",
+            "--val-data",
+            &s(&f),
+        ]);
+        refused(&r, &[&s(&f), what]);
+        let r = prepare(&[&f], &dir.path("out"), &["--val-fraction", "0"]);
+        refused(&r, &[&s(&f), what, "  fix: "]);
+        assert!(!dir.path("out").exists());
+    }
+    // A UTF-8 byte-order mark is dropped: the shards are those of the text without it.
+    let plain = dir.path("plain.txt");
+    std::fs::write(&plain, &text).unwrap();
+    let bom = dir.path("utf8-bom.txt");
+    std::fs::write(&bom, [b"\xef\xbb\xbf", text.as_bytes()].concat()).unwrap();
+    ok(&prepare(
+        &[&plain],
+        &dir.path("a"),
+        &["--val-fraction", "0"],
+    ));
+    ok(&prepare(&[&bom], &dir.path("b"), &["--val-fraction", "0"]));
+    let shard = |d: &str| std::fs::read(dir.path(d).join("data_train_000000.bin")).unwrap();
+    assert_eq!(shard("a"), shard("b"));
+}
+
+#[test]
+fn inputs_with_no_text_are_refused_alike_under_every_tokenizer() {
+    let dir = Scratch::new();
+    let tok = word_tokenizer(&dir);
+    let good = dir.path("good.txt");
+    std::fs::write(&good, "hello world ".repeat(50)).unwrap();
+    let p = plan(&dir);
+    for (name, bytes) in [
+        ("empty.txt", &b""[..]),
+        ("blank.txt", &b"\n  \n\t\n"[..]),
+        ("empty.jsonl", &b"{\"text\": \"\"}\n"[..]),
+    ] {
+        let f = dir.path(name);
+        std::fs::write(&f, bytes).unwrap();
+        let mut messages = Vec::new();
+        for t in ["gpt2", "bytes", &s(&tok)] {
+            // Alone or beside a good input, it is refused, naming it, before any shard.
+            for inputs in [vec![f.as_path()], vec![good.as_path(), f.as_path()]] {
+                let out = dir.path("out");
+                let r = prepare(&inputs, &out, &["--tokenizer", t, "--val-fraction", "0"]);
+                refused(&r, &[&s(&f), "holds no text", "  fix: "]);
+                assert!(!out.exists(), "no shard of separators is left");
+                messages.push(r.stderr);
+            }
+            let r = run(&[
+                "run",
+                &s(&p),
+                "--steps",
+                "1",
+                "--data",
+                &s(&f),
+                "--tokenizer",
+                t,
+            ]);
+            refused(&r, &[&s(&f), "holds no text", "  fix: "]);
+        }
+        assert!(
+            messages.windows(2).all(|w| w[0] == w[1]),
+            "{name}: one message under every tokenizer: {messages:#?}"
+        );
+    }
+}
+
+/// Rewrites a prepared folder's tessera-data.json through `edit`.
+fn edit_meta(dir: &Path, edit: impl FnOnce(&mut serde_json::Value)) {
+    let path = dir.join("tessera-data.json");
+    let mut m: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    edit(&mut m);
+    std::fs::write(&path, m.to_string()).unwrap();
+}
+
+#[test]
+fn tessera_data_json_is_checked_against_the_shards_beside_it() {
+    let dir = Scratch::new();
+    let inputs = corpus(&dir);
+    let out = dir.path("prepared");
+    ok(&prepare(
+        &[&inputs[0], &inputs[1]],
+        &out,
+        &["--shard-tokens", "3000", "--val-fraction", "0.1"],
+    ));
+    let meta = std::fs::read(out.join("tessera-data.json")).unwrap();
+    let p = plan(&dir);
+    let train = |extra: &[&str]| {
+        let mut args = vec!["run", p.to_str().unwrap(), "--steps", "1"];
+        args.extend(extra);
+        run(&args)
+    };
+    ok(&train(&["--data", &s(&out)]));
+    // shards: [val 0, train 0, train 1, ...]
+    type Edit = fn(&mut serde_json::Value);
+    let edits: [(Edit, &str); 7] = [
+        (
+            |m| m["shards"][1]["tokens"] = 2999.into(),
+            "shards[1].tokens",
+        ),
+        (
+            |m| m["shards"][0]["split"] = "train".into(),
+            "shards[0].split",
+        ),
+        (
+            |m| m["shards"][2]["file"] = "data_train_000009.bin".into(),
+            "data_train_000009.bin",
+        ),
+        (
+            |m| {
+                m["shards"].as_array_mut().unwrap().pop();
+            },
+            "not listed",
+        ),
+        (|m| m["token_bytes"] = 4.into(), "token_bytes"),
+        (|m| m["vocab"] = 256.into(), "vocab"),
+        (|m| m["tokenizer"]["name"] = "bytes".into(), "tokenizer"),
+    ];
+    for (edit, field) in edits {
+        edit_meta(&out, edit);
+        let r = train(&["--data", &s(&out)]);
+        refused(&r, &["tessera-data.json", field, "  fix: "]);
+        let r = train(&["--val-data", &s(&out), "--eval-every", "1"]);
+        refused(&r, &["tessera-data.json", field]);
+        std::fs::write(out.join("tessera-data.json"), &meta).unwrap();
+    }
+    // A listed shard removed from the folder.
+    let gone = out.join("data_train_000001.bin");
+    let kept = std::fs::read(&gone).unwrap();
+    std::fs::remove_file(&gone).unwrap();
+    refused(
+        &train(&["--data", &s(&out)]),
+        &["tessera-data.json", "data_train_000001.bin", "  fix: "],
+    );
+    std::fs::write(&gone, kept).unwrap();
+    ok(&train(&["--data", &s(&out)]));
+}
+
+#[test]
+fn data_of_different_tokenizers_is_not_mixed() {
+    let dir = Scratch::new();
+    let inputs = corpus(&dir);
+    let gpt2 = dir.path("g");
+    let bytes = dir.path("b");
+    for (out, t) in [(&gpt2, "gpt2"), (&bytes, "bytes")] {
+        ok(&prepare(
+            &[&inputs[0], &inputs[1]],
+            out,
+            &[
+                "--tokenizer",
+                t,
+                "--val-fraction",
+                "0.1",
+                "--shard-tokens",
+                "4000",
+            ],
+        ));
+    }
+    let p = plan(&dir);
+    let train = |extra: &[&str]| {
+        let mut args = vec![
+            "run",
+            p.to_str().unwrap(),
+            "--steps",
+            "1",
+            "--eval-every",
+            "1",
+        ];
+        args.extend(extra);
+        run(&args)
+    };
+    // A folder of GPT-2 tokens validated on byte tokens, and the other way round.
+    let r = train(&["--data", &s(&gpt2), "--val-data", &s(&bytes)]);
+    refused(&r, &[&s(&bytes), "bytes", "gpt2", "  fix: "]);
+    let r = train(&["--data", &s(&bytes), "--val-data", &s(&gpt2)]);
+    refused(&r, &[&s(&gpt2), "bytes", "gpt2"]);
+    // Text validated against a GPT-2 folder, read with another tokenizer than the folder's.
+    let r = train(&[
+        "--data",
+        &s(&gpt2),
+        "--val-data",
+        &s(&inputs[0]),
+        "--tokenizer",
+        "bytes",
+    ]);
+    refused(&r, &["bytes", "gpt2"]);
+    // Text beside a GPT-2 folder without --tokenizer is read with the folder's tokenizer.
+    ok(&train(&["--data", &s(&gpt2), "--val-data", &s(&inputs[0])]));
+    // A glob across both folders.
+    let pattern = dir.path("*/data_train_*.bin");
+    let r = train(&["--data", &s(&pattern)]);
+    refused(&r, &["tokenizer", "bytes", "gpt2", "  fix: "]);
+    // A glob within one folder is fine (its val shards are the validation split).
+    ok(&train(&["--data", &s(&gpt2.join("data_*.bin"))]));
+}
+
+#[test]
+fn run_reads_jsonl_as_data_prepare_does() {
+    let dir = Scratch::new();
+    let readme = std::fs::read_to_string(root().join("README.md")).unwrap();
+    let jsonl: String = readme
+        .split("\n\n")
+        .filter(|p| !p.trim().is_empty())
+        .map(|p| serde_json::json!({ "text": p, "id": 7 }).to_string() + "\n")
+        .collect();
+    let docs = dir.path("docs.jsonl");
+    std::fs::write(&docs, jsonl).unwrap();
+    let out = dir.path("prepared");
+    let r = prepare(&[&docs], &out, &["--val-fraction", "0"]);
+    ok(&r);
+    let prepared: u64 = r.stdout.split_whitespace().nth(1).unwrap().parse().unwrap();
+    let p = plan(&dir);
+    let train = |data: &Path| {
+        run(&[
+            "run",
+            p.to_str().unwrap(),
+            "--steps",
+            "2",
+            "--data",
+            &s(data),
+            "--tokenizer",
+            "gpt2",
+        ])
+    };
+    let from_text = train(&docs);
+    ok(&from_text);
+    assert!(
+        from_text
+            .stdout
+            .contains(&format!("text, {prepared} tokens")),
+        "the run reads the {prepared} tokens prepare writes:\n{}",
+        from_text.stdout
+    );
+    // The same tokens in the same order: the same losses as on the prepared shard.
+    let from_shards = run(&[
+        "run",
+        p.to_str().unwrap(),
+        "--steps",
+        "2",
+        "--data",
+        &s(&out),
+    ]);
+    ok(&from_shards);
+    let losses = |t: &str| {
+        t.lines()
+            .filter(|l| l.starts_with("loss "))
+            .map(str::to_string)
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(losses(&from_text.stdout), losses(&from_shards.stdout));
+    assert!(
+        !losses(&from_text.stdout).is_empty(),
+        "{}",
+        from_text.stdout
+    );
 }

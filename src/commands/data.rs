@@ -13,10 +13,10 @@ use std::time::Instant;
 use anyhow::{anyhow, bail, Context};
 use clap::{Args, Subcommand};
 use indicatif::{ProgressBar, ProgressStyle};
-use tessera_runtime::data::prepare::{documents, encode_documents, val_count, Sharder};
+use tessera_runtime::data::prepare::{val_count, Sharder};
 use tessera_runtime::data::shard::{write_shard, Width, MAX_SHARD_TOKENS};
 use tessera_runtime::data::{
-    split_of, DataMeta, ShardEntry, Split, Tokenizer, TokenizerRef, META_FILE, META_FORMAT,
+    split_of, text, DataMeta, ShardEntry, Split, Tokenizer, TokenizerRef, META_FILE, META_FORMAT,
 };
 
 use crate::files::write_output;
@@ -36,7 +36,8 @@ enum DataCommand {
 #[derive(Args)]
 struct PrepareArgs {
     /// UTF-8 text files; each is a document, except a .jsonl file, whose lines are JSON
-    /// objects with a "text" field, one document each.
+    /// objects with a "text" field, one document each. A file with no text, or not in UTF-8
+    /// (UTF-16, UTF-32, invalid bytes), is refused.
     #[arg(required = true)]
     inputs: Vec<PathBuf>,
     /// The folder to write (created if missing; it may not hold shards already).
@@ -202,11 +203,9 @@ fn prepare(args: PrepareArgs) -> anyhow::Result<ExitCode> {
             let bytes = std::fs::read(input).map_err(|e| {
                 anyhow!("{shown}: cannot read it: {e}\n  fix: pass readable text files")
             })?;
-            let text = std::str::from_utf8(&bytes).map_err(|e| {
-                anyhow!("{shown}: not UTF-8 text ({e})\n  fix: pass UTF-8 text files (convert it, e.g. with iconv)")
-            })?;
-            let docs = documents(&shown, text)?;
-            let ids = encode_documents(&tokenizer, &docs)?;
+            // The encoding rule, a .jsonl file's documents and the refusal of an input with no
+            // text are the run's too (tessera_runtime::data::text).
+            let ids = text::tokens_to_prepare(&shown, &bytes, &tokenizer)?;
             let v = val_count(ids.len(), args.val_fraction);
             val.push(&ids[..v], &mut sink)?;
             train.push(&ids[v..], &mut sink)?;

@@ -288,21 +288,34 @@ impl Tokens {
                 fix: "plan a model whose vocab covers the tokenizer's (GPT-2: vocab = 50257), or prepare the data with a smaller tokenizer".into(),
             });
         }
+        let first_at = |p: &Part, limit: u64| {
+            p.first_at_or_above(limit.min(u64::from(u32::MAX)) as u32)
+                .map_or(String::new(), |i| format!(" (first at token {i})"))
+        };
         for p in &self.parts {
-            let Some(max) = p.max_id().filter(|m| u64::from(*m) >= vocab) else {
-                continue;
-            };
-            let at = p
-                .first_at_or_above(vocab.min(u64::from(u32::MAX)) as u32)
-                .map_or(String::new(), |i| format!(" (first at token {i})"));
-            return Err(DataError::Invalid {
-                path: p.path.clone(),
-                problem: format!(
-                    "token id {max} does not fit the model's vocabulary of {vocab}{at}"
-                ),
-                fix: "use a model whose vocab covers the data (bytes need 256, GPT-2 50257), or re-tokenize"
-                    .into(),
-            });
+            let Some(max) = p.max_id() else { continue };
+            if u64::from(max) >= vocab {
+                return Err(DataError::Invalid {
+                    path: p.path.clone(),
+                    problem: format!(
+                        "token id {max} does not fit the model's vocabulary of {vocab}{}",
+                        first_at(p, vocab)
+                    ),
+                    fix: "use a model whose vocab covers the data (bytes need 256, GPT-2 50257), or re-tokenize"
+                        .into(),
+                });
+            }
+            // The same scan finds the ids that the folder's record says cannot be there.
+            if let Some(declared) = self.declared_vocab.filter(|d| u64::from(max) >= *d) {
+                return Err(DataError::Invalid {
+                    path: p.path.clone(),
+                    problem: format!(
+                        "token id {max} is outside the vocabulary of {declared} that its folder's tessera-data.json declares (\"vocab\"){}",
+                        first_at(p, declared)
+                    ),
+                    fix: "prepare the folder again with `tessera data prepare`: its shards do not hold what its record says".into(),
+                });
+            }
         }
         let seq = usize::try_from(seq_len).unwrap_or(usize::MAX);
         let starts = self.start_counts(seq).last().copied().unwrap_or(0);

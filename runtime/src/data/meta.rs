@@ -1,12 +1,22 @@
 //! `tessera-data.json`: what `tessera data prepare` wrote into a folder (the tokenizer, its
 //! vocabulary, the shards), so that `tessera run` can check the model's vocabulary against it
 //! and `tessera sample` can decode with the same tokenizer.
+//!
+//! A record is checked before its shards are read ([`DataMeta::check`]): against itself (a
+//! tokenizer tessera knows, the vocabulary and separator of a named tokenizer, a token width
+//! that holds the vocabulary) and against the token files beside it (each listed shard there
+//! when the folder is read, each file read listed, its split as its name says, its width and
+//! token count as its header says). Token ids at or above the vocabulary it declares are found
+//! by the run's check of the ids against the model ([`super::Tokens::check`]), in the same scan.
 
-use std::path::Path;
+use std::collections::HashSet;
+use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-use super::tokenizer::{sha256_hex, Tokenizer};
+use super::open::{split_of, Split};
+use super::shard::{self, Width};
+use super::tokenizer::{sha256_hex, Tokenizer, GPT2_EOT, GPT2_VOCAB};
 use super::DataError;
 
 /// The file's name in a prepared folder.
@@ -72,6 +82,24 @@ impl TokenizerRef {
                 problem: format!("unknown tokenizer {name:?}"),
                 fix: "prepare the data again with `tessera data prepare`".into(),
             }),
+        }
+    }
+
+    /// Whether `other` names the same tokenizer (a tokenizer.json by its SHA-256, wherever
+    /// it is).
+    pub fn same_as(&self, other: &TokenizerRef) -> bool {
+        self.name == other.name && (self.name != "tokenizer.json" || self.sha256 == other.sha256)
+    }
+
+    /// For messages: `the gpt2 tokenizer`, or `the tokenizer.json PATH (SHA-256 0123abcd…)`.
+    pub fn describe(&self) -> String {
+        match (&self.path, &self.sha256) {
+            (Some(p), Some(sum)) => format!(
+                "the {} {p} (SHA-256 {}…)",
+                self.name,
+                sum.get(..12).unwrap_or(sum)
+            ),
+            _ => format!("the {} tokenizer", self.name),
         }
     }
 
@@ -143,9 +171,191 @@ impl DataMeta {
         Ok(Some(meta))
     }
 
+    /// Checks the record at `meta_path` against itself and against `files`, token files of
+    /// its folder, field by field (the module's docs). `whole`: `files` are all the folder's
+    /// token files (the folder was named), so every listed shard must be among them; otherwise
+    /// (a glob pattern, one file) only the entries of `files` are checked. The refusal names
+    /// the record and the field.
+    pub fn check(&self, meta_path: &Path, files: &[PathBuf], whole: bool) -> Result<(), DataError> {
+        let refuse = |problem: String| {
+            DataError::Invalid {
+            path: meta_path.display().to_string(),
+            problem,
+            fix: format!("prepare the folder again with `tessera data prepare` (or restore its {META_FILE}), or remove {META_FILE} to read the shards without it"),
+        }
+        };
+        let t = &self.tokenizer;
+        let (vocab, separator) = match (t.name.as_str(), &t.path, &t.sha256) {
+            ("bytes", _, _) => (Some(256), Some(None)),
+            ("gpt2", _, _) => (Some(GPT2_VOCAB), Some(Some(GPT2_EOT))),
+            ("tokenizer.json", Some(_), Some(sum))
+                if sum.len() == 64 && sum.bytes().all(|b| b.is_ascii_hexdigit()) =>
+            {
+                (None, None)
+            }
+            ("tokenizer.json", _, _) => {
+                return Err(refuse(
+                    "tokenizer.name is \"tokenizer.json\" without a tokenizer.path and the file's tokenizer.sha256 (64 hex digits)".into(),
+                ))
+            }
+            (other, _, _) => {
+                return Err(refuse(format!(
+                    "tokenizer.name is {other:?}, which is not a tokenizer tessera prepares with (bytes, gpt2, tokenizer.json)"
+                )))
+            }
+        };
+        if let Some(v) = vocab.filter(|v| *v != self.vocab) {
+            return Err(refuse(format!(
+                "vocab is {}, and {} (tokenizer.name) has a vocabulary of {v}",
+                self.vocab,
+                t.describe()
+            )));
+        }
+        if self.vocab == 0 || self.vocab > 1 << 32 {
+            return Err(refuse(format!(
+                "vocab is {}: token ids are 32-bit, so it is between 1 and 2^32",
+                self.vocab
+            )));
+        }
+        if let Some(sep) = separator.filter(|s| *s != self.separator) {
+            let show = |s: Option<u32>| s.map_or("none".to_string(), |s| s.to_string());
+            return Err(refuse(format!(
+                "separator is {}, and {} (tokenizer.name) puts {} before each document",
+                show(self.separator),
+                t.describe(),
+                show(sep)
+            )));
+        }
+        if let Some(sep) = self.separator.filter(|s| u64::from(*s) >= self.vocab) {
+            return Err(refuse(format!(
+                "separator {sep} is not below vocab {}",
+                self.vocab
+            )));
+        }
+        let width = match self.token_bytes {
+            2 if self.vocab <= 1 << 16 => Width::U16,
+            4 => Width::U32,
+            2 => {
+                return Err(refuse(format!(
+                    "token_bytes is 2, and vocab {} has ids above 65535, which need 4",
+                    self.vocab
+                )))
+            }
+            other => {
+                return Err(refuse(format!(
+                    "token_bytes is {other}: shards hold 2-byte (uint16) or 4-byte (uint32) tokens"
+                )))
+            }
+        };
+        let name_of = |p: &PathBuf| {
+            p.file_name()
+                .map_or(String::new(), |n| n.to_string_lossy().into_owned())
+        };
+        let mut listed = HashSet::new();
+        for (i, e) in self.shards.iter().enumerate() {
+            let plain =
+                !e.file.is_empty() && !e.file.starts_with('.') && !e.file.contains(['/', '\\']);
+            if !plain {
+                return Err(refuse(format!(
+                    "shards[{i}].file is {:?}, which is not the name of a file in the folder",
+                    e.file
+                )));
+            }
+            if !listed.insert(e.file.as_str()) {
+                return Err(refuse(format!(
+                    "shards[{i}].file {} is listed twice",
+                    e.file
+                )));
+            }
+            let split = match e.split.as_str() {
+                "train" => Split::Train,
+                "val" => Split::Val,
+                other => {
+                    return Err(refuse(format!(
+                        "shards[{i}].split is {other:?}: \"train\" or \"val\""
+                    )))
+                }
+            };
+            if split != split_of(&e.file) {
+                let named = if split == Split::Train {
+                    "validation"
+                } else {
+                    "training"
+                };
+                return Err(refuse(format!(
+                    "shards[{i}].split is {:?}, and the name {} makes it a {named} shard (files named *_val_* are the validation split)",
+                    e.split, e.file
+                )));
+            }
+            let Some(path) = files.iter().find(|f| name_of(f) == e.file) else {
+                if whole {
+                    return Err(refuse(format!(
+                        "shards[{i}].file {} is not in the folder (removed or renamed?)",
+                        e.file
+                    )));
+                }
+                continue;
+            };
+            let Some(h) = shard_header(path)? else {
+                return Err(refuse(format!(
+                    "shards[{i}].file {} is not an llm.c shard (its first bytes are not the magic), and `tessera data prepare` writes only llm.c shards",
+                    e.file
+                )));
+            };
+            if h.width != width {
+                return Err(refuse(format!(
+                    "token_bytes is {}, and shards[{i}] {} holds {}-byte ({}) tokens",
+                    self.token_bytes,
+                    e.file,
+                    h.width.bytes(),
+                    h.width.name()
+                )));
+            }
+            if h.tokens != e.tokens {
+                return Err(refuse(format!(
+                    "shards[{i}].tokens is {}, and the header of {} says {}",
+                    e.tokens, e.file, h.tokens
+                )));
+            }
+        }
+        if let Some(extra) = files.iter().find(|f| !listed.contains(name_of(f).as_str())) {
+            return Err(refuse(format!(
+                "{} is in the folder and not listed in its shards (added by hand, or by another prepare?)",
+                name_of(extra)
+            )));
+        }
+        Ok(())
+    }
+
     /// The tokenizer it names: a tokenizer.json is loaded from its path and must still have
     /// the SHA-256 recorded.
     pub fn tokenizer(&self, meta_path: &Path) -> Result<Tokenizer, DataError> {
         self.tokenizer.load(meta_path)
     }
+}
+
+/// The header of a token file, if it is an llm.c shard (its first four bytes are the magic);
+/// a damaged header is refused, naming the file, as loading it would.
+fn shard_header(path: &Path) -> Result<Option<shard::Header>, DataError> {
+    use std::io::Read;
+    let read_error = |source| DataError::Read {
+        path: path.display().to_string(),
+        source,
+    };
+    let file = std::fs::File::open(path).map_err(read_error)?;
+    let len = file.metadata().map_err(read_error)?.len();
+    let mut head = Vec::with_capacity(shard::HEADER_BYTES);
+    file.take(shard::HEADER_BYTES as u64)
+        .read_to_end(&mut head)
+        .map_err(read_error)?;
+    if !shard::has_magic(&head) {
+        return Ok(None);
+    }
+    shard::parse_header(&head, len)
+        .map(Some)
+        .map_err(|(problem, fix)| DataError::Invalid {
+            path: path.display().to_string(),
+            problem,
+            fix,
+        })
 }

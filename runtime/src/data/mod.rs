@@ -12,8 +12,10 @@
 //! - `sampler`: [`Sampler`]: sequence `i` of step `t` depends only on (seed, t, i), so every
 //!   layout sees the same global batch. A DP replica takes its contiguous slice of the global
 //!   batch, and a micro-batch its contiguous slice of that.
-//! - `meta`: a prepared folder's `tessera-data.json`; `prepare`: the pieces of
-//!   `tessera data prepare`.
+//! - `text`: what a text input is (the encoding rule, a `.jsonl` file's documents, no text
+//!   refused), the same for `tessera run` and `tessera data prepare`.
+//! - `meta`: a prepared folder's `tessera-data.json`, checked against its shards; `prepare`:
+//!   the pieces of `tessera data prepare`.
 
 mod corpus;
 mod meta;
@@ -21,6 +23,7 @@ mod open;
 pub mod prepare;
 mod sampler;
 pub mod shard;
+pub mod text;
 mod tokenizer;
 
 pub use corpus::{Part, PartKind, Tokens, FULL_HASH_TOKENS};

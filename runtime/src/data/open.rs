@@ -10,7 +10,13 @@
 //! magic instead of reading it as headerless tokens). A folder's `.bin`/`.u32` files, sorted by
 //! name, are the corpus; those named like llm.c's validation shards (`*_val_*`, `*_val.bin`)
 //! are the validation split, the others the training set. A glob pattern's matches are read
-//! the same way. Token files are memory-mapped: nothing is read whole.
+//! the same way. Token files are memory-mapped: nothing is read whole. Text is read by
+//! `data::text`'s rule, as `tessera data prepare` reads it.
+//!
+//! A token file beside a `tessera-data.json` is read as that record says: the record is
+//! checked against the files (`DataMeta::check`), and the corpus takes its tokenizer and
+//! vocabulary. A corpus whose files were made by two different tokenizers (text read with one,
+//! folders prepared with another) is refused.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -18,6 +24,7 @@ use std::sync::Arc;
 use super::corpus::{Backing, Part, PartKind, Store, Tokens};
 use super::meta::{DataMeta, TokenizerRef};
 use super::shard::{self, Width};
+use super::text;
 use super::tokenizer::Tokenizer;
 use super::DataError;
 
@@ -224,17 +231,10 @@ fn open_file(path: &Path, opts: &LoadOptions) -> Result<Part, DataError> {
     };
     let store = match kind {
         PartKind::Text => {
-            let text = std::str::from_utf8(backing.bytes()).map_err(|_| {
-                invalid(
-                    "not UTF-8 text, and not a .bin (u16) or .u32 token file".into(),
-                    "pass a UTF-8 text file, or name a token file .bin (u16 LE, or an llm.c shard) or .u32 (u32 LE)",
-                )
-            })?;
-            let ids = opts
-                .tokenizer
-                .as_ref()
-                .unwrap_or(&Tokenizer::Bytes)
-                .encode(text)?;
+            // As `tessera data prepare` reads it: the encoding rule, a .jsonl file's
+            // documents, and no text refused (data::text).
+            let tokenizer = opts.tokenizer.as_ref().unwrap_or(&Tokenizer::Bytes);
+            let ids = text::tokens_to_run(&name, backing.bytes(), tokenizer)?;
             Store::Memory(Arc::new(ids))
         }
         PartKind::Llmc => {
@@ -267,22 +267,107 @@ fn open_file(path: &Path, opts: &LoadOptions) -> Result<Part, DataError> {
     Ok(Part::new(name, kind, file_bytes, store))
 }
 
-fn corpus(files: &[PathBuf], source: String, opts: &LoadOptions) -> Result<Tokens, DataError> {
+/// The folder a file is in (`.` for a bare name).
+fn dir_of(f: &Path) -> PathBuf {
+    match f.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
+        _ => PathBuf::from("."),
+    }
+}
+
+/// The `tessera-data.json` of each folder that token files are in, checked against them
+/// ([`DataMeta::check`]); `folder`: the folder named, whose token files are all of `files`.
+/// Files read as text have none.
+fn records(
+    files: &[PathBuf],
+    folder: Option<&Path>,
+    opts: &LoadOptions,
+) -> Result<Vec<(PathBuf, DataMeta)>, DataError> {
+    if opts.format == DataFormat::Text {
+        return Ok(Vec::new());
+    }
+    let mut dirs: Vec<(PathBuf, Vec<PathBuf>)> = Vec::new();
+    for f in files
+        .iter()
+        .filter(|f| matches!(extension(f), "bin" | "u32"))
+    {
+        let dir = dir_of(f);
+        match dirs.iter_mut().find(|(d, _)| *d == dir) {
+            Some((_, fs)) => fs.push(f.clone()),
+            None => dirs.push((dir, vec![f.clone()])),
+        }
+    }
+    let mut out = Vec::new();
+    for (dir, fs) in dirs {
+        if let Some(meta) = DataMeta::read(&dir)? {
+            meta.check(&dir.join(super::META_FILE), &fs, folder.is_some())?;
+            out.push((dir, meta));
+        }
+    }
+    Ok(out)
+}
+
+/// The corpus of `files`, labelled with its tokenizer: text is made by the options'
+/// tokenizer (bytes by default), a token file by its folder's record's; token files without
+/// one are of no known tokenizer. Tokens of two different tokenizers are refused.
+fn corpus(
+    files: &[PathBuf],
+    source: String,
+    opts: &LoadOptions,
+    records: &[(PathBuf, DataMeta)],
+) -> Result<Tokens, DataError> {
     let parts = files
         .iter()
         .map(|f| open_file(f, opts))
         .collect::<Result<Vec<Part>, DataError>>()?;
-    // Text is tokenized here, with the options' tokenizer (bytes by default); token files
-    // do not say which tokenizer made them.
-    let tokenizer = parts
-        .iter()
-        .all(|p| p.kind == PartKind::Text)
-        .then(|| TokenizerRef::of(opts.tokenizer.as_ref().unwrap_or(&Tokenizer::Bytes)));
+    let text_tokenizer = TokenizerRef::of(opts.tokenizer.as_ref().unwrap_or(&Tokenizer::Bytes));
+    let mut known: Option<(TokenizerRef, String)> = None;
+    let mut unknown = false;
+    let mut declared_vocab: Option<u64> = None;
+    for (f, p) in files.iter().zip(&parts) {
+        let record = records.iter().find(|(d, _)| *d == dir_of(f));
+        let (t, said) = match (p.kind, record) {
+            (PartKind::Text, _) => (
+                text_tokenizer.clone(),
+                format!(
+                    "{} is text read with {}",
+                    f.display(),
+                    text_tokenizer.describe()
+                ),
+            ),
+            (_, Some((dir, m))) => {
+                declared_vocab = declared_vocab.max(Some(m.vocab));
+                (
+                    m.tokenizer.clone(),
+                    format!(
+                        "{} was prepared with {}",
+                        dir.display(),
+                        m.tokenizer.describe()
+                    ),
+                )
+            }
+            (_, None) => {
+                unknown = true;
+                continue;
+            }
+        };
+        match &known {
+            None => known = Some((t, said)),
+            Some((k, first)) if !k.same_as(&t) => {
+                return Err(DataError::Invalid {
+                    path: source,
+                    problem: format!("mixes the tokens of two tokenizers: {first}, and {said}"),
+                    fix: "pass the data of one tokenizer (a folder, or a pattern within one prepared folder), or prepare the text again with one tokenizer".into(),
+                });
+            }
+            Some(_) => {}
+        }
+    }
     Ok(Tokens {
         parts,
         source,
-        declared_vocab: None,
-        tokenizer,
+        declared_vocab,
+        tokenizer: if unknown { None } else { known.map(|k| k.0) },
     })
 }
 
@@ -301,18 +386,23 @@ fn non_empty_val(val: Tokens) -> Result<Tokens, DataError> {
 
 impl DataSet {
     /// The corpus `path` names (see the module's rule), with its validation split when it is
-    /// a folder or pattern with val shards.
+    /// a folder or pattern with val shards. The `tessera-data.json` of each folder read is
+    /// checked against its token files.
     pub fn open(path: &Path, opts: &LoadOptions) -> Result<DataSet, DataError> {
         let shown = path.display().to_string();
         match resolve(path)? {
-            Named::File(f) => Ok(DataSet {
-                train: corpus(&[f], shown, opts)?,
-                val: None,
-                meta: None,
-            }),
+            Named::File(f) => {
+                let records = records(std::slice::from_ref(&f), None, opts)?;
+                Ok(DataSet {
+                    train: corpus(&[f], shown, opts, &records)?,
+                    val: None,
+                    meta: None,
+                })
+            }
             Named::Many { files, folder } => {
+                let records = records(&files, folder.as_deref(), opts)?;
                 let meta = match &folder {
-                    Some(dir) => DataMeta::read(dir)?,
+                    Some(_) => records.first().map(|(_, m)| m.clone()),
                     None => None,
                 };
                 let (val, train): (Vec<PathBuf>, Vec<PathBuf>) = files
@@ -328,22 +418,16 @@ impl DataSet {
                         fix: "pass the folder or pattern of the training shards (named *_train_*.bin by llm.c and `tessera data prepare`) as --data, and these as --val-data".into(),
                     });
                 }
-                let declared_vocab = meta.as_ref().map(|m| m.vocab);
-                let declared_tokenizer = meta.as_ref().map(|m| m.tokenizer.clone());
-                let mut train = corpus(&train, shown.clone(), opts)?;
-                train.declared_vocab = declared_vocab;
-                if declared_tokenizer.is_some() {
-                    train.tokenizer.clone_from(&declared_tokenizer);
-                }
+                let train = corpus(&train, shown.clone(), opts, &records)?;
                 let val = if val.is_empty() {
                     None
                 } else {
-                    let mut v = non_empty_val(corpus(&val, format!("{shown} (val)"), opts)?)?;
-                    v.declared_vocab = declared_vocab;
-                    if declared_tokenizer.is_some() {
-                        v.tokenizer = declared_tokenizer;
-                    }
-                    Some(v)
+                    Some(non_empty_val(corpus(
+                        &val,
+                        format!("{shown} (val)"),
+                        opts,
+                        &records,
+                    )?)?)
                 };
                 Ok(DataSet { train, val, meta })
             }
@@ -361,29 +445,24 @@ impl Tokens {
     /// shards (all its token files if none is named as one). An empty one is refused.
     pub fn open_val(path: &Path, opts: &LoadOptions) -> Result<Tokens, DataError> {
         let shown = path.display().to_string();
-        let mut meta = None;
-        let files = match resolve(path)? {
-            Named::File(f) => vec![f],
+        let (files, records) = match resolve(path)? {
+            Named::File(f) => {
+                let records = records(std::slice::from_ref(&f), None, opts)?;
+                (vec![f], records)
+            }
             Named::Many { files, folder } => {
-                if let Some(dir) = &folder {
-                    meta = DataMeta::read(dir)?;
-                }
+                let records = records(&files, folder.as_deref(), opts)?;
                 let val: Vec<PathBuf> = files
                     .iter()
                     .filter(|f| split_of(&file_name(f)) == Split::Val)
                     .cloned()
                     .collect();
                 match folder {
-                    Some(_) if !val.is_empty() => val,
-                    _ => files,
+                    Some(_) if !val.is_empty() => (val, records),
+                    _ => (files, records),
                 }
             }
         };
-        let mut t = non_empty_val(corpus(&files, shown, opts)?)?;
-        if let Some(m) = meta {
-            t.declared_vocab = Some(m.vocab);
-            t.tokenizer = Some(m.tokenizer);
-        }
-        Ok(t)
+        non_empty_val(corpus(&files, shown, opts, &records)?)
     }
 }

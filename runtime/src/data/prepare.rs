@@ -8,37 +8,7 @@ use super::meta::ShardEntry;
 use super::tokenizer::Tokenizer;
 use super::DataError;
 
-/// The documents of an input file: a `.jsonl` file's lines are JSON objects whose `text`
-/// field is one document each (as Hugging Face data sets such as FineWeb ship them); any other
-/// file is one document.
-pub fn documents<'a>(
-    path: &str,
-    text: &'a str,
-) -> Result<Vec<std::borrow::Cow<'a, str>>, DataError> {
-    if !path.ends_with(".jsonl") {
-        return Ok(vec![std::borrow::Cow::Borrowed(text)]);
-    }
-    let mut docs = Vec::new();
-    for (i, line) in text.lines().enumerate() {
-        if line.trim().is_empty() {
-            continue;
-        }
-        let bad = |problem: String| {
-            DataError::Invalid {
-            path: format!("{path}:{}", i + 1),
-            problem,
-            fix: "give each line as a JSON object with a \"text\" string, or name the file other than .jsonl to read it as plain text".into(),
-        }
-        };
-        let v: serde_json::Value =
-            serde_json::from_str(line).map_err(|e| bad(format!("not JSON: {e}")))?;
-        match v.get("text").and_then(serde_json::Value::as_str) {
-            Some(t) => docs.push(std::borrow::Cow::Owned(t.to_string())),
-            None => return Err(bad("no \"text\" string in this object".into())),
-        }
-    }
-    Ok(docs)
-}
+pub use super::text::documents;
 
 /// The tokens of `docs`, each document preceded by the tokenizer's separator if it has one
 /// (GPT-2: `<|endoftext|>`, as llm.c's and nanoGPT's preparation scripts do). Documents are

@@ -187,12 +187,28 @@ impl DataOptions {
         }
         let val = match &self.val_data {
             None => val,
-            Some(path) => Some(
-                Tokens::open_val(path, &opts).map_err(|e| SessionError::Data {
+            Some(path) => {
+                // Text validation data is read with the training data's tokenizer when
+                // --tokenizer does not say (a prepared folder's: the one --tokenizer's help
+                // names as the default).
+                let mut val_opts = opts.clone();
+                if let (None, Some(made_by)) = (&tokenizer, &train.tokenizer) {
+                    if is_text(path, opts.format) && made_by.name != "bytes" {
+                        let record = Path::new(&train.source);
+                        val_opts.tokenizer =
+                            Some(made_by.load(record).map_err(|e| SessionError::Data {
+                                context: "cannot load the training data's tokenizer to read the text of --val-data".into(),
+                                source: e,
+                            })?);
+                    }
+                }
+                let v = Tokens::open_val(path, &val_opts).map_err(|e| SessionError::Data {
                     context: "cannot load the validation data (--val-data)".into(),
                     source: e,
-                })?,
-            ),
+                })?;
+                same_tokenizer(&train, &v, path)?;
+                Some(v)
+            }
         };
         if !self.bundled() {
             obs.say(&format!("data: {}", train.describe()));
@@ -202,6 +218,36 @@ impl DataOptions {
         }
         Ok(Loaded { train, val })
     }
+}
+
+/// Whether `path` is read as text: a regular file that is not a token file (a folder or a
+/// pattern is read by its token files).
+fn is_text(path: &Path, format: DataFormat) -> bool {
+    let ext = path.extension().and_then(|e| e.to_str()).unwrap_or("");
+    path.is_file()
+        && (format == DataFormat::Text
+            || (format == DataFormat::Auto && !matches!(ext, "bin" | "u32")))
+}
+
+/// Refuses validation data made by another tokenizer than the training data, where both are
+/// known: a loss on another tokenizer's ids measures nothing.
+fn same_tokenizer(train: &Tokens, val: &Tokens, val_path: &Path) -> Result<(), SessionError> {
+    let (Some(t), Some(v)) = (&train.tokenizer, &val.tokenizer) else {
+        return Ok(());
+    };
+    if t.same_as(v) {
+        return Ok(());
+    }
+    Err(refused(
+        format!(
+            "--val-data {}: its tokens are made by {}, and the training data's ({}) by {}: the validation loss would be measured on another tokenizer's ids",
+            val_path.display(),
+            v.describe(),
+            train.source,
+            t.describe()
+        ),
+        "pass validation data made with the training data's tokenizer (`tessera data prepare --tokenizer`), or, where the data is text, --tokenizer to read it with the other one",
+    ))
 }
 
 /// Text is held in memory as u32 tokens: refuses a text file that would not fit beside the run
