@@ -173,3 +173,37 @@ fn an_exchange_pinned_without_cp_is_honoured_or_refused() {
         &["--cp-comm", "CP 1 has one rank", "fix: pin --cp 2 or more"],
     );
 }
+
+/// The degrees a "CP does not divide the sequence" refusal suggests each pass that rule (an
+/// odd sequence gets CP 1): a suggestion never fails with the same error.
+#[test]
+fn the_cp_degrees_a_refusal_suggests_pass_its_rule() {
+    let plan = |cp: &str, seq: &str| {
+        common::run(&[
+            "plan",
+            "specs/models/tiny.toml",
+            "specs/clusters/cpu-8.toml",
+            "--cp",
+            cp,
+            "--seq-len",
+            seq,
+        ])
+    };
+    let r = plan("4", "35");
+    common::refused(&r, &["2 × CP", "use CP 1"]);
+    assert!(!r.stderr.contains("17"), "{}", r.stderr);
+    let r = plan("4", "36");
+    common::refused(&r, &["2 × CP"]);
+    let fix = r.stderr.lines().find(|l| l.contains("fix:")).unwrap();
+    let list = &fix[fix.rfind('(').unwrap() + 1..fix.rfind(')').unwrap()];
+    let degrees: Vec<&str> = list.split(", ").collect();
+    assert!(!degrees.is_empty() && !degrees.contains(&"9"), "{fix}");
+    for cp in degrees {
+        let r = plan(cp, "36");
+        assert!(
+            !r.stderr.contains("2 × CP") && !r.stderr.contains("does not divide the 8 devices"),
+            "--cp {cp}, suggested by `{fix}`, fails the same way:\n{}",
+            r.stderr
+        );
+    }
+}

@@ -279,11 +279,25 @@ impl Layout {
                     t.seq_len % (2 * self.cp)
                 ),
             )
-            .with_fix(format!(
-                "use a CP with 2 × CP dividing seq_len {}{}",
-                t.seq_len,
-                divisor_list(t.seq_len / 2)
-            )));
+            .with_fix(if t.seq_len.is_multiple_of(2) {
+                // The degrees that pass this rule and divide the devices: divisors of
+                // gcd(seq_len / 2, devices).
+                let (mut a, mut b) = (t.seq_len / 2, cluster.devices.max(1));
+                while b != 0 {
+                    (a, b) = (b, a % b);
+                }
+                format!(
+                    "use a CP with 2 × CP dividing seq_len {} and CP dividing the {} devices{}",
+                    t.seq_len,
+                    cluster.devices,
+                    divisor_list(a)
+                )
+            } else {
+                format!(
+                    "use CP 1: an odd seq_len ({}) cannot split into 2 × CP equal chunks; or an even seq_len",
+                    t.seq_len
+                )
+            }));
         }
         if self.ep != 1 || a.moe.is_some() {
             self.check_moe(model)?;
