@@ -94,19 +94,18 @@ fn bad_flags_and_a_damaged_checkpoint_are_refused() {
 #[test]
 fn a_checkpoint_of_gpt2_tokens_is_sampled_with_gpt2() {
     let dir = Scratch::new();
-    let plan = dir.path("plan.json");
-    let r = run(&[
-        "plan",
-        "tests/fixtures/tiny-gpt2-vocab.toml",
-        "specs/clusters/cpu-8.toml",
-        "--devices",
-        "1",
-        "--micro-batch",
-        "2",
-        "-o",
-        &s(&plan),
-    ]);
-    assert_eq!(r.code, Some(0), "{}", r.stderr);
+    let plan = plan_file(
+        &dir,
+        "plan.json",
+        &[
+            "tests/fixtures/tiny-gpt2-vocab.toml",
+            "specs/clusters/cpu-8.toml",
+            "--devices",
+            "1",
+            "--micro-batch",
+            "2",
+        ],
+    );
     let ck = dir.path("ck");
     let r = run(&[
         "run",
