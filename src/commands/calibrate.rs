@@ -283,18 +283,6 @@ fn emit(output: Option<&std::path::Path>, text: &str) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// The input spec's `[overhead]` table, as both calibrations keep it.
-pub(super) fn overhead_table(o: &tessera_planner::spec::Overhead) -> String {
-    format!(
-        "[overhead]  # the input spec's\ncontext_gib = {}\nfragmentation = {}\ncuda_context_mib = {}\ncublas_workspace_mib = {}\nnccl_mib_per_communicator = {}\n",
-        o.context_gib,
-        o.fragmentation,
-        o.cuda_context_mib,
-        o.cublas_workspace_mib,
-        o.nccl_mib_per_communicator
-    )
-}
-
 /// `--gpu` / `--from-json`: the GPU cluster's `[calibration]` from kernel measurements.
 fn gpu(args: &CalibrateArgs, cluster: &tessera_planner::Cluster) -> anyhow::Result<ExitCode> {
     if cluster.device.kind != DeviceKind::Gpu {
@@ -496,7 +484,7 @@ fn spec_text(c: &tessera_planner::Cluster, m: &Measured) -> String {
             );
         }
     }
-    let _ = writeln!(s, "{}", overhead_table(&c.overhead));
+    let _ = writeln!(s, "{}", c.overhead.toml_table());
     let _ = writeln!(
         s,
         "[calibration]\n# Measured: each size's GEMM rate over the best one.\nmatmul_efficiency = [{}]\nmemory_efficiency = {}\nflash_attention_efficiency = {}  # the input spec's\nintra_node_efficiency = {}\ninter_node_efficiency = {}",

@@ -85,6 +85,21 @@ pub struct Overhead {
     pub nccl_mib_per_communicator: f64,
 }
 
+impl Overhead {
+    /// The `[overhead]` table of a cluster spec as a calibration writes it: these values, kept
+    /// from the input spec (`tessera calibrate`, on the CPU and with `--gpu`).
+    pub fn toml_table(&self) -> String {
+        format!(
+            "[overhead]  # the input spec's\ncontext_gib = {}\nfragmentation = {}\ncuda_context_mib = {}\ncublas_workspace_mib = {}\nnccl_mib_per_communicator = {}\n",
+            self.context_gib,
+            self.fragmentation,
+            self.cuda_context_mib,
+            self.cublas_workspace_mib,
+            self.nccl_mib_per_communicator
+        )
+    }
+}
+
 /// A cluster, resolved. `devices` is how many of its devices the plan uses.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]

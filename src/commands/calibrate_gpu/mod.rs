@@ -399,7 +399,7 @@ pub fn spec_text(c: &Cluster, m: &Measurement, at: &str, origin: &str) -> Result
             l.bandwidth_gbps, l.latency_us
         );
     }
-    let _ = writeln!(s, "\n{}", super::calibrate::overhead_table(&c.overhead));
+    let _ = writeln!(s, "\n{}", c.overhead.toml_table());
     let _ = writeln!(
         s,
         "[calibration]\n# {} GEMMs (cuBLAS through `a @ b`), by smallest dimension: the median over the shapes\n\
