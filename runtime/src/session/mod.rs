@@ -170,8 +170,9 @@ impl RunOptions {
     /// What can be refused from the options alone, before anything is read: optimizer
     /// settings the spec's rules refuse, and flags that would be ignored. `tessera run` and
     /// `tessera launch` (for what it passes to each rank) call it; [`Session::prepare`] too.
-    pub fn check(&self, plan: &Plan) -> Result<(), SessionError> {
-        self.optim.settings(plan)?;
+    /// Returns the run's optimizer settings (the plan's with the overrides applied).
+    pub fn check(&self, plan: &Plan) -> Result<(Optimizer, Schedule), SessionError> {
+        let settings = self.optim.settings(plan)?;
         if let (Some(v), None) = (&self.data.val_data, self.eval.eval_every) {
             return Err(refused(
                 format!(
@@ -181,20 +182,20 @@ impl RunOptions {
                 "add --eval-every N to compute the validation loss every N steps, or drop --val-data",
             ));
         }
-        Ok(())
+        Ok(settings)
     }
 }
 
 impl<'p> Session<'p> {
-    /// Checks and loads everything the run needs before its first step; writes nothing.
+    /// Checks and loads everything the run needs before its first step. It writes nothing but
+    /// the claim of `--save-dir` (the folder and its lock file).
     pub fn prepare(
         plan: &'p Plan,
         opts: RunOptions,
         obs: &mut dyn Observer,
     ) -> Result<Session<'p>, SessionError> {
-        opts.check(plan)?;
+        let settings = opts.check(plan)?;
         opts.checkpoint.check()?;
-        let settings = opts.optim.settings(plan)?;
         let on_cpu = opts.gpus.is_none();
         let need = if on_cpu { host_bytes_needed(plan) } else { 0.0 };
         if let Some(have) = crate::calibrate::available_memory_bytes().filter(|_| on_cpu) {

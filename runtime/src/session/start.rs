@@ -13,6 +13,14 @@ use crate::exec::InitialParams;
 
 use super::{refused, Observer, SessionError};
 
+/// `--resume auto` without `--save-dir`.
+fn auto_without_save_dir() -> SessionError {
+    refused(
+        "--resume auto: resumes the newest checkpoint in --save-dir, and no --save-dir was given",
+        "add --save-dir DIR, or pass --resume DIR",
+    )
+}
+
 /// `--init-from` given a Tessera checkpoint: refused, pointing at `--resume` and the export.
 fn init_from_checkpoint(dir: &Path) -> SessionError {
     refused(
@@ -140,10 +148,7 @@ impl CheckpointOptions {
             }
         }
         if let (Some("auto"), None) = (self.resume.as_deref(), &self.save_dir) {
-            return Err(refused(
-                "--resume auto: resumes the newest checkpoint in --save-dir, and no --save-dir was given",
-                "add --save-dir DIR, or pass --resume DIR",
-            ));
+            return Err(auto_without_save_dir());
         }
         if let Some(p) = self.resume.as_deref().filter(|p| *p != "auto") {
             if !Path::new(p).exists() {
@@ -221,30 +226,19 @@ impl CheckpointOptions {
             })
     }
 
-    /// The checkpoint to resume, opened and checked (every shard against its index), or
-    /// `None` for a fresh start. Refuses a save directory that is a file, `auto` without
-    /// `--save-dir`, and a checkpoint at or past `steps` (the run would train nothing).
-    pub fn resume(
+    /// The checkpoint to resume, opened and checked (every shard against its index, the index
+    /// against itself and its tensors), or `None` for a fresh start. Refuses a checkpoint at
+    /// or past `steps` (the run would train nothing). Called after [`Self::check`].
+    pub(super) fn resume(
         &self,
         steps: u64,
         obs: &mut dyn Observer,
     ) -> Result<Option<Arc<Checkpoint>>, SessionError> {
-        if let Some(dir) = &self.save_dir {
-            if dir.exists() && !dir.is_dir() {
-                return Err(refused(
-                    format!("--save-dir {}: is not a directory", dir.display()),
-                    "pass a directory (it is created if missing)",
-                ));
-            }
-        }
         let path = match self.resume.as_deref() {
             None => return Ok(None),
             Some("auto") => {
                 let Some(dir) = &self.save_dir else {
-                    return Err(refused(
-                        "--resume auto: resumes the newest checkpoint in --save-dir, and no --save-dir was given",
-                        "add --save-dir DIR, or pass --resume DIR",
-                    ));
+                    return Err(auto_without_save_dir());
                 };
                 let survey = Survey::of(dir);
                 if !survey.holds_checkpoints() {
@@ -321,7 +315,8 @@ impl CheckpointOptions {
     }
 
     /// The weights of `--init-from`, read and checked against the plan's model, or `None`.
-    pub fn init_from(
+    /// Called after [`Self::check`] (which refuses a Tessera checkpoint here).
+    pub(super) fn init_from(
         &self,
         plan: &Plan,
         obs: &mut dyn Observer,
@@ -329,9 +324,6 @@ impl CheckpointOptions {
         let Some(dir) = &self.init_from else {
             return Ok(None);
         };
-        if dir.join(checkpoint::INDEX).is_file() || dir.join(checkpoint::LATEST).is_file() {
-            return Err(init_from_checkpoint(dir));
-        }
         let w =
             crate::hf::load(dir, &plan.job.model.architecture).map_err(SessionError::InitFrom)?;
         obs.say(&format!(
