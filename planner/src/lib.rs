@@ -9,6 +9,7 @@
 pub mod cost;
 pub mod error;
 pub mod export;
+pub mod finetune;
 pub mod framework;
 pub mod layout;
 pub mod memory;

@@ -279,6 +279,17 @@ pub struct Training {
     /// GPUs, `tessera` on CPUs). Plans written before the key existed read as absent.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub framework: Option<String>,
+    /// How the job fine-tunes (`training.method`, `--method`; `crate::finetune`): plans written
+    /// before the key existed, and plans of `full`, carry no key.
+    #[serde(default, skip_serializing_if = "crate::finetune::Method::is_full")]
+    pub method: crate::finetune::Method,
+    /// The optimizer's moments: the policy's own, or bitsandbytes' 8-bit ones
+    /// (`training.optimizer_states`, `--optimizer-states`).
+    #[serde(
+        default,
+        skip_serializing_if = "crate::finetune::OptimizerStates::is_policy"
+    )]
+    pub optimizer_states: crate::finetune::OptimizerStates,
 }
 
 /// A model spec, resolved.
@@ -295,6 +306,9 @@ pub struct Model {
     /// The learning-rate schedule (spec table `[schedule]`); defaults as `optimizer`.
     #[serde(default)]
     pub schedule: crate::optimizer::Schedule,
+    /// The adapters of a LoRA or QLoRA job (spec table `[lora]`); absent for `full`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lora: Option<crate::finetune::Lora>,
 }
 
 /// Parameters of one transformer layer, split by how tensor parallelism treats them.

@@ -101,6 +101,19 @@ const F32_GRAD: State = State {
     why: "fp32 gradient, accumulated across micro-batches (and the buffer reduced over DP)",
 };
 
+const ADAM_M_BF16: State = State {
+    name: "adam_m_bf16",
+    bytes: 2,
+    class: StateClass::Optim,
+    why: "Adam first moment, in the weights' bf16 (torch.optim.AdamW keeps its states in the parameter's dtype)",
+};
+const ADAM_V_BF16: State = State {
+    name: "adam_v_bf16",
+    bytes: 2,
+    class: StateClass::Optim,
+    why: "Adam second moment, in the weights' bf16",
+};
+
 const POLICIES: &[Policy] = &[
     Policy {
         name: "default",
@@ -126,7 +139,23 @@ const POLICIES: &[Policy] = &[
         states: &[F32_WEIGHT, F32_GRAD, ADAM_M, ADAM_V],
         activation_bytes: 4,
     },
+    Policy {
+        name: "bf16",
+        summary: "pure bf16 AdamW, 8 B/param: bf16 weight 2 + bf16 grad 2 + Adam m, v in bf16 4, no fp32 master copy (torchtune's recipes' dtype = bf16, litgpt's bf16-true)",
+        states: &[BF16_WEIGHT, BF16_GRAD, ADAM_M_BF16, ADAM_V_BF16],
+        activation_bytes: 2,
+    },
 ];
+
+/// One per-parameter state as the memory model counts it, in bytes that need not be whole
+/// (an 8-bit moment carries its block scales).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Term {
+    pub name: &'static str,
+    pub bytes: f64,
+    pub class: StateClass,
+    pub why: &'static str,
+}
 
 /// The model as it runs on `cluster`: a device that states its precision policy (the CPU
 /// backend's `fp32`) runs only that one, so it replaces the model spec's `training.precision`;
@@ -155,6 +184,40 @@ impl Policy {
     pub fn all() -> &'static [Policy] {
         POLICIES
     }
+    /// The states a trainable parameter carries with the optimizer's moments as `states` keeps
+    /// them: the policy's own, or bitsandbytes' AdamW8bit (1 B per moment plus one fp32 absmax
+    /// per block of 256: `bitsandbytes/optim/optimizer.py`, `Optimizer8bit`), the master copy
+    /// and gradients unchanged.
+    pub fn terms(&self, states: crate::finetune::OptimizerStates) -> Vec<Term> {
+        let eight = states == crate::finetune::OptimizerStates::Bit8;
+        self.states
+            .iter()
+            .map(|s| {
+                let moment = s.name.starts_with("adam_m") || s.name.starts_with("adam_v");
+                if eight && moment {
+                    let m = s.name.starts_with("adam_m");
+                    Term {
+                        name: if m { "adam_m_8bit" } else { "adam_v_8bit" },
+                        bytes: 1.0 + 4.0 / crate::finetune::BNB_8BIT_BLOCK,
+                        class: s.class,
+                        why: if m {
+                            "Adam first moment, 8-bit with an fp32 absmax per 256 (bitsandbytes AdamW8bit)"
+                        } else {
+                            "Adam second moment, 8-bit with an fp32 absmax per 256 (bitsandbytes AdamW8bit)"
+                        },
+                    }
+                } else {
+                    Term {
+                        name: s.name,
+                        bytes: f64::from(s.bytes),
+                        class: s.class,
+                        why: s.why,
+                    }
+                }
+            })
+            .collect()
+    }
+
     /// Bytes per parameter with nothing sharded.
     pub fn bytes_per_param(&self) -> u32 {
         self.states.iter().map(|s| s.bytes).sum()
@@ -180,6 +243,20 @@ mod tests {
         assert_eq!(Policy::by_name("mixed16").unwrap().bytes_per_param(), 16);
         // f32 weight 4 + f32 grad 4 + Adam m 4 + v 4, counted by hand.
         assert_eq!(Policy::by_name("fp32").unwrap().bytes_per_param(), 16);
+        // torchtune's bf16 AdamW: weight 2 + grad 2 + m 2 + v 2.
+        assert_eq!(Policy::by_name("bf16").unwrap().bytes_per_param(), 8);
+    }
+
+    #[test]
+    fn adamw_8bit_moments() {
+        // bitsandbytes AdamW8bit on the default policy: 2 + 2 + 4 + 4 (master) + 2 × (1 + 4/256).
+        let p = Policy::by_name("default").unwrap();
+        let t = p.terms(crate::finetune::OptimizerStates::Bit8);
+        let total: f64 = t.iter().map(|t| t.bytes).sum();
+        assert!(
+            (total - (12.0 + 2.0 * (1.0 + 4.0 / 256.0))).abs() < 1e-12,
+            "{total}"
+        );
     }
 
     #[test]

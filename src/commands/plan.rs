@@ -15,6 +15,7 @@ use tessera_planner::{Cluster, Diagnostic, Layout, Model, Recompute};
 use crate::files::{check_outputs, named, write_output};
 use crate::output::{gib, memory_tables, table};
 
+mod finetune;
 mod no_fit;
 mod pins;
 
@@ -74,6 +75,8 @@ pub struct PlanArgs {
     global_batch: Option<u64>,
     #[command(flatten)]
     degrees: DegreePins,
+    #[command(flatten)]
+    finetune: finetune::FineTuneArgs,
     /// Predict for this framework (a profile of specs/frameworks/: megatron-core, torchtitan,
     /// deepspeed, pytorch-eager, ...; overrides the spec's `training.framework`): the search
     /// offers only what it can run, and its loss, host dispatch and memory are charged.
@@ -261,7 +264,8 @@ pub fn run(args: PlanArgs) -> anyhow::Result<ExitCode> {
         seq_len: args.seq_len,
         global_batch: args.global_batch,
     };
-    let model = spec::load_model(&args.model, over)?;
+    let mut model = spec::load_model(&args.model, over)?;
+    args.finetune.overrides().apply(&mut model)?;
     let cluster = spec::load_cluster(
         &args.cluster,
         ClusterOverrides {

@@ -64,7 +64,29 @@ pub fn layer_times(
     // ZeRO-3 gathers a layer's weights before its forward (and backward) and reduce-scatters
     // its gradients after the backward: the dense weights over DP × CP, the experts over the
     // expert-data-parallel group.
+    // A LoRA or QLoRA block: ZeRO-3 gathers the frozen weights (QLoRA's linears in NF4) and the
+    // adapters, and reduce-scatters only the adapters' gradients.
+    let adapters = model
+        .lora
+        .as_ref()
+        .filter(|_| model.training.method.adapters())
+        .map(|l| {
+            let nf4 = if model.training.method == crate::finetune::Method::Qlora {
+                crate::finetune::linear_weights(a).per_tp_rank(tp)
+            } else {
+                0.0
+            };
+            (l.layer_params(a).per_tp_rank(tp), nf4)
+        });
     let gathers = |dense: f64, experts: f64| {
+        if let Some((trainable, nf4)) = adapters {
+            let bytes =
+                (dense - nf4 + trainable) * weight + nf4 * crate::finetune::NF4_BYTES_PER_PARAM;
+            return (
+                dp_group.all_gather(bytes),
+                dp_group.reduce_scatter(trainable * grad),
+            );
+        }
         let (xg, xs) = if experts > 0.0 {
             (
                 expert_group.all_gather(experts * weight),

@@ -8,6 +8,7 @@
 //! did not hide, plus the optimizer step (costed by its bytes). Constants come from the cluster
 //! spec's `[calibration]` only. This module predicts; it does not choose layouts or print.
 
+mod adapters;
 mod blocking;
 pub mod comm;
 pub mod gemm;
@@ -301,7 +302,15 @@ pub fn evaluate(
                     .head_params_at(a.tied_embeddings && pp == 1, tp, options.pad_vocab)
                     .per_tp_rank(tp);
             }
-            p
+            // A LoRA or QLoRA job trains, syncs and updates only its blocks' adapters.
+            match model
+                .lora
+                .as_ref()
+                .filter(|_| model.training.method.adapters())
+            {
+                Some(l) => l.layer_params(a).per_tp_rank(tp) * (dense + moe) as f64,
+                None => p,
+            }
         })
         .collect();
     let (grad, weight, update) = dtype_bytes(model);
@@ -373,7 +382,7 @@ pub fn evaluate(
             g - hidden + slowed + after_step[s]
         })
         .collect();
-    if a.tied_embeddings && pp > 1 {
+    if a.tied_embeddings && pp > 1 && !model.training.method.adapters() {
         // The first and last stage all-reduce the shared embedding's gradient.
         sync[0] += links
             .first_last

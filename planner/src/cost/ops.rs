@@ -100,6 +100,15 @@ impl<'a> Device<'a> {
         let bwd = self.matmul(m, n, k, 1.0) + self.matmul(k, m, n, 1.0);
         (fwd, bwd)
     }
+
+    /// [`Device::linear`] of a frozen weight (`frozen`): no weight-gradient GEMM.
+    pub fn linear_of(&self, frozen: bool, m: f64, k: f64, n: f64) -> (f64, f64) {
+        if frozen {
+            (self.matmul(m, k, n, 1.0), self.matmul(m, n, k, 1.0))
+        } else {
+            self.linear(m, k, n)
+        }
+    }
 }
 
 /// Compute time of one transformer layer for one micro-batch on one TP rank, in seconds.
@@ -185,10 +194,11 @@ pub fn layer(model: &Model, dev: &Device, tp: u64, sp: bool, b: u64) -> LayerCom
 /// parallelism (they run before the gather: `t_rep` rows); the others are split by heads.
 fn attention_linears(model: &Model, dev: &Device, x: &Shapes) -> Vec<((f64, f64), f64)> {
     let att = &x.att;
+    let frozen = model.training.method.adapters();
     let Some(m) = &model.architecture.mla else {
         return vec![
-            (dev.linear(x.t, x.h, att.q + att.k + att.v), 1.0),
-            (dev.linear(x.t, att.o, x.h), 1.0),
+            (dev.linear_of(frozen, x.t, x.h, att.q + att.k + att.v), 1.0),
+            (dev.linear_of(frozen, x.t, att.o, x.h), 1.0),
         ];
     };
     let mut v = Vec::with_capacity(5);
@@ -230,8 +240,12 @@ pub fn layer_cp(model: &Model, dev: &Device, tp: u64, sp: bool, b: u64, cp: u64)
     };
     // (forward, backward) of each linear layer, and how many of it a layer has.
     let mut linears = attention_linears(model, dev, &x);
-    linears.push((dev.linear(x.t, x.h, x.f), mlp_in));
-    linears.push((dev.linear(x.t, x.f, x.h), 1.0));
+    let frozen = model.training.method.adapters();
+    linears.push((dev.linear_of(frozen, x.t, x.h, x.f), mlp_in));
+    linears.push((dev.linear_of(frozen, x.t, x.f, x.h), 1.0));
+    // The adapters (and QLoRA's dequantization) beside the frozen linears.
+    let adapters = super::adapters::layer(model, dev, tp, x.t);
+    linears.push((adapters, 1.0));
     let linear_fwd: f64 = linears.iter().map(|((f, _), n)| f * n).sum();
     for ((f, b), n) in linears {
         add((f * n, b * n));
@@ -370,10 +384,13 @@ pub fn embedding(model: &Model, dev: &Device, tp: u64, sp: bool, b: u64) -> (f64
     if model.training.dropout > 0.0 {
         fwd += 5.0;
     }
-    (
-        dev.memory(x.t * x.h * fwd) + dev.launches(1.0),
-        dev.memory(x.t * x.h * 10.0) + dev.launches(1.0),
-    )
+    // A frozen embedding (LoRA, QLoRA) has no gradient to scatter.
+    let bwd = if model.training.method.adapters() {
+        0.0
+    } else {
+        dev.memory(x.t * x.h * 10.0) + dev.launches(1.0)
+    };
+    (dev.memory(x.t * x.h * fwd) + dev.launches(1.0), bwd)
 }
 
 /// Final norm, output projection and loss on the last stage: forward and backward seconds for
@@ -396,7 +413,7 @@ pub fn head(
     let v = rows as f64;
     let element = crate::memory::activations::element_bytes(model) as u64;
     let slow = super::loss::gemm_slowdown(rows, element, dev.tensor_cores);
-    let (lf, lb) = dev.linear(x.t, x.h, v);
+    let (lf, lb) = dev.linear_of(model.training.method.adapters(), x.t, x.h, v);
     let (lf, lb) = (lf * slow, lb * slow);
     let norm_f = dev.memory(x.t_rep * x.h * 4.0);
     let norm_b = dev.memory(x.t_rep * x.h * 6.0);

@@ -40,9 +40,12 @@ fn gpt(h: u64, heads: u64, s: u64, v: u64) -> Model {
             flash_kernel: Default::default(),
             dropout: 0.0,
             framework: None,
+            method: Default::default(),
+            optimizer_states: Default::default(),
         },
         optimizer: Default::default(),
         schedule: Default::default(),
+        lora: None,
     }
 }
 

@@ -71,6 +71,9 @@ pub enum Split {
     Replicated,
     /// Each TP rank holds 1/t (its heads or its slice of the MLP).
     Sharded,
+    /// Whole on every TP rank, with or without sequence parallelism (a LoRA adapter's rank-r
+    /// intermediate, and its dropped copy of a gathered input).
+    Whole,
 }
 
 /// One tensor a layer keeps for backward.
@@ -264,6 +267,7 @@ pub fn layer_tensors(model: &Model, b: u64) -> Vec<Stored> {
         };
         x.sdpa_output = matches!(x.name, "softmax_lse_fp32" | "attn_proj_input");
     }
+    super::adapters::adjust(model, b, &mut v);
     v
 }
 
@@ -278,7 +282,7 @@ pub fn kept_bytes(x: &Stored, tp: u64, sp: bool, keep: Keep) -> f64 {
         Keep::OpSac => 0.0,
         Keep::Input => f64::from(x.layer_input),
     };
-    let divided = sp || x.split == Split::Sharded;
+    let divided = x.split == Split::Sharded || (sp && x.split == Split::Replicated);
     share
         * if divided {
             x.bytes / tp as f64
@@ -352,9 +356,12 @@ mod tests {
                 flash_kernel: Default::default(),
                 dropout: 0.1,
                 framework: None,
+                method: Default::default(),
+                optimizer_states: Default::default(),
             },
             optimizer: Default::default(),
             schedule: Default::default(),
+            lora: None,
         }
     }
 

@@ -6,8 +6,10 @@
 //! the cluster spec. This module only counts; it does not decide anything.
 
 pub mod activations;
+mod adapters;
 mod allocator;
 mod cpu_runtime;
+mod frozen;
 mod fsdp;
 pub mod logits;
 pub mod moe;
@@ -168,6 +170,8 @@ struct Ctx<'a> {
     /// The profile's FSDP and allocator mechanisms (none under the default profiles), with its
     /// loss and vocabulary padding.
     fsdp: fsdp::Fsdp,
+    /// The adapters and frozen base of a LoRA or QLoRA fine-tune (`None` for `full`).
+    adapters: Option<frozen::Adapters<'a>>,
 }
 
 impl<'a> Ctx<'a> {
@@ -191,7 +195,25 @@ impl<'a> Ctx<'a> {
             },
             moe_params: moe::moe_layer_params_per_rank(model, layout),
             mixes: moe::stage_mixes(model, layout, split),
+            adapters: frozen::Adapters::of(
+                model,
+                policy,
+                layout.sharding.zero_stage,
+                layout.shard_degree(cluster),
+            ),
             fsdp,
+        }
+    }
+
+    /// Trainable parameters one rank of `stage` holds before ZeRO: the adapters of its blocks
+    /// under LoRA or QLoRA, else every parameter.
+    fn trainable(&self, stage: u64) -> f64 {
+        match &self.adapters {
+            Some(ad) => {
+                ad.layer_trainable(&self.model.architecture, self.layout.tp)
+                    * self.layers(stage) as f64
+            }
+            None => self.params(stage),
         }
     }
 
@@ -259,7 +281,61 @@ impl<'a> Ctx<'a> {
             tensors += bytes.round().max(0.0);
             sink.term(name, kind, bytes, reason);
         };
-        for s in self.policy.states {
+        if let Some(ad) = &self.adapters {
+            let a = &model.architecture;
+            let layers = self.layers(stage) as f64;
+            let trainable = self.trainable(stage);
+            let l = ad.lora;
+            for t in &ad.terms {
+                let bpp = frozen::per_term(t, zero, shard);
+                add(sink, t.name, "model_states", trainable * bpp, &|| {
+                    let how = if zero >= t.class.sharded_from_stage() && shard > 1 {
+                        format!("{bpp:.3} B/param, sharded over {shard} DP ranks by ZeRO-{zero}")
+                    } else {
+                        format!("{bpp} B/param")
+                    };
+                    format!("{}; {how} × {trainable:.0} adapter params (LoRA rank {} on {} of each of {layers} blocks)", t.why, l.rank, l.targets.iter().map(|t| t.name()).collect::<Vec<_>>().join(","))
+                });
+            }
+            let (w, q) = ad.layer_frozen(a, tp);
+            // The embedding and the head (on the end stages) are frozen and stay 16-bit.
+            let rest = dense_params - a.layer_params().per_tp_rank(tp) * layers;
+            let (w, q) = (w * layers + rest, q * layers);
+            let on = if zero >= 3 && shard > 1 {
+                format!(", sharded over {shard} DP ranks by ZeRO-3")
+            } else {
+                String::new()
+            };
+            add(
+                sink,
+                "frozen_weights",
+                "model_states",
+                w * ad.frozen_bpp,
+                &|| {
+                    let what = if q > 0.0 {
+                        "norms, biases, embedding and head"
+                    } else {
+                        "every base weight"
+                    };
+                    format!("the frozen base ({what}): {} B/param{on} × {w:.0} params, with no gradient, master copy or optimizer state", ad.weight_bytes)
+                },
+            );
+            add(
+                sink,
+                "frozen_weights_nf4",
+                "model_states",
+                q * ad.nf4_bpp,
+                &|| {
+                    format!("the blocks' linear weights in NF4 with double quantization (QLoRA; bitsandbytes quantize_4bit, block 64): 0.5 + 1/64 + 4/16384 = {:.5} B/param{on} × {q:.0} params", crate::finetune::NF4_BYTES_PER_PARAM)
+                },
+            );
+        }
+        for s in self
+            .policy
+            .states
+            .iter()
+            .filter(|_| self.adapters.is_none())
+        {
             let sharded = zero >= s.class.sharded_from_stage() && shard > 1;
             let bpp = per_param(s, zero, shard);
             let ebpp = per_param(s, zero, eshard);
@@ -282,7 +358,18 @@ impl<'a> Ctx<'a> {
                 }
             });
         }
-        if zero == 3 && shard > 1 && !self.fsdp.fsdp2 {
+        if let (Some(ad), true) = (&self.adapters, zero == 3 && shard > 1) {
+            let bytes = ad.gathered_layers(&model.architecture, tp);
+            add(
+                sink,
+                "zero3_gathered_layers",
+                "model_states",
+                bytes,
+                &|| {
+                    "ZeRO-3 all-gathers the current and the prefetched block's frozen weights (in their stored widths) and adapters; frozen weights have no gradient to hold".into()
+                },
+            );
+        } else if zero == 3 && shard > 1 && !self.fsdp.fsdp2 {
             let (common, experts) = self.moe_params;
             let full = self
                 .model
@@ -350,6 +437,18 @@ impl<'a> Ctx<'a> {
                 },
             );
         }
+        if let Some(ad) = &self.adapters {
+            let bytes = ad.dequantized(model, layout);
+            add(
+                sink,
+                "qlora_dequantized_weight",
+                "activations",
+                bytes,
+                &|| {
+                    "QLoRA dequantizes each NF4 linear just before its GEMM: the largest linear of a block on this rank, held once in the activations' width".into()
+                },
+            );
+        }
         let ring = cp_ring_bytes(model, layout);
         if ring > 0.0 {
             add(sink, "cp_ring_buffers", "activations", ring, &|| {
@@ -366,14 +465,19 @@ impl<'a> Ctx<'a> {
             add(sink, "backward_workspace", "activations", ws, &|| {
                 "the CPU runtime's gradient buffers of one layer's backward for one micro-batch, shared by the stage's layers".into()
             });
-            let zb = cpu_runtime::zero_buffers(self.policy, params, zero, shard, v);
+            let trainable = self.trainable(stage);
+            let zb = cpu_runtime::zero_buffers(self.policy, trainable, zero, shard, v);
             if zb > 0.0 {
                 add(sink, "zero_shard_buffers", "model_states", zb, &|| {
                     format!("the CPU runtime's ZeRO-{zero} buffers, kept between steps: the reduce-scattered gradient shard (fp32) and the shard the all-gather sends, each 1/{shard} of the largest chunk's parameters")
                 });
             }
-            let dp_msgs = cpu_runtime::dp_messages(params, layout.dp, zero, v);
-            let tied = cpu_runtime::tied_messages(model, layout, stage);
+            let dp_msgs = cpu_runtime::dp_messages(trainable, layout.dp, zero, v);
+            let tied = if self.adapters.is_some() {
+                0.0
+            } else {
+                cpu_runtime::tied_messages(model, layout, stage)
+            };
             if dp_msgs + tied > 0.0 {
                 add(sink, "comm_messages", "overhead", dp_msgs + tied, &|| {
                     "the thread communicator's pooled message buffers, kept for reuse: the DP gradient sync's messages (the largest chunk's gradients, or the reduce-scatter's chunks under ZeRO) and the tied embedding's gradient sum between the end stages".into()

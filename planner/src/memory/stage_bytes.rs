@@ -61,7 +61,13 @@ impl StageBytes {
             0.0
         };
         let bpp = bpp + per_param_bufs;
-        let layer_states = a.layer_params().per_tp_rank(tp) * bpp;
+        let adapters = super::frozen::Adapters::of(model, policy, zero, shard);
+        let layer_states = match &adapters {
+            Some(ad) => ad.layer_bytes(a, tp) + ad.layer_trainable(a, tp) * per_param_bufs,
+            None => a.layer_params().per_tp_rank(tp) * bpp,
+        };
+        // The embedding and head: frozen under adapters.
+        let end_bpp = adapters.as_ref().map_or(bpp, |ad| ad.frozen_bpp);
         // MoE layers: the dense part at the DP × CP shard, the experts at the expert-DP one.
         let eshard = moe::expert_shard_degree(layout, cluster);
         let ebpp: f64 = policy
@@ -78,12 +84,17 @@ impl StageBytes {
             0.0
         };
         let mixes = moe::stage_mixes(model, layout, &layout.split_layers(a.layers));
-        if zero == 3 && shard > 1 && !fsdp.fsdp2 {
+        if let Some(ad) = &adapters {
+            fixed_all += ad.dequantized(model, layout);
+            if zero == 3 && shard > 1 {
+                fixed_all += ad.gathered_layers(a, tp);
+            }
+        } else if zero == 3 && shard > 1 && !fsdp.fsdp2 {
             let wb = policy.class_bytes(StateClass::Param) as f64;
             fixed_all += a.layer_params().per_tp_rank(tp).max(common + experts) * (2.0 * wb + 2.0);
         }
         let held0 = in_flight(layout.schedule, pp, m, 1, 0).min(m) as f64;
-        let first = a.embedding_params_at(tp, fsdp.pad_vocab).per_tp_rank(tp) * bpp
+        let first = a.embedding_params_at(tp, fsdp.pad_vocab).per_tp_rank(tp) * end_bpp
             + activations::embedding_bytes(&local, b, tp, sp) * held0;
         let held_last = if layout.schedule == ScheduleKind::Gpipe {
             m
@@ -93,7 +104,7 @@ impl StageBytes {
         let last = a
             .head_params_at(a.tied_embeddings && pp == 1, tp, fsdp.pad_vocab)
             .per_tp_rank(tp)
-            * bpp
+            * end_bpp
             + activations::head_terms(&local, b, tp, sp, fsdp.loss, fsdp.pad_vocab)
                 .iter()
                 .map(|(_, x, _)| x * held_last)
@@ -116,7 +127,7 @@ impl StageBytes {
             if n_moe > 0 {
                 f += moe::dispatch_buffer_bytes(model, layout);
             }
-            if cpu {
+            if cpu && adapters.is_none() {
                 f += cpu_runtime::tied_messages(model, layout, s);
             }
             if s == 0 {

@@ -440,6 +440,7 @@ impl Model {
             ));
         }
         crate::optimizer::check(&self.optimizer, &self.schedule)?;
+        crate::finetune::check(a, t.method, self.lora.as_ref())?;
         Ok(())
     }
 }

@@ -95,6 +95,8 @@ pub fn parse_hf_config(src: &Source, over: TrainingOverrides) -> Result<Model, D
         flash_kernel: Default::default(),
         dropout: 0.0,
         framework: None,
+        method: Default::default(),
+        optimizer_states: Default::default(),
     };
     let name = v
         .get("_name_or_path")
@@ -113,6 +115,7 @@ pub fn parse_hf_config(src: &Source, over: TrainingOverrides) -> Result<Model, D
         training,
         optimizer: Default::default(),
         schedule: Default::default(),
+        lora: None,
     };
     model.check().map_err(|p| {
         // A config names the position table `n_positions` (GPT-2) or `max_position_embeddings`.

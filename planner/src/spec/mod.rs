@@ -6,6 +6,7 @@
 mod check;
 mod cluster;
 mod fields;
+mod finetune;
 mod hf;
 mod model;
 mod moe;
@@ -16,6 +17,7 @@ pub use cluster::{
     parse_cluster_toml, Calibration, Cluster, ClusterOverrides, Device, DeviceKind, Link, Overhead,
     GIB,
 };
+pub use finetune::{parse_targets, peft_default_targets, FineTuneOverrides};
 pub use hf::parse_hf_config;
 pub use model::{parse_model_toml, TrainingOverrides, DEFAULT_VOCAB_DIVISIBLE_BY};
 pub use moe::DEFAULT_ROUTER_AUX_LOSS_COEF;

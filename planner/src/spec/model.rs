@@ -21,6 +21,7 @@ struct RawModel {
     training: Option<RawTraining>,
     optimizer: Option<super::optim::RawOptimizer>,
     schedule: Option<super::optim::RawSchedule>,
+    lora: Option<Spanned<super::finetune::RawLora>>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -97,6 +98,10 @@ pub(crate) struct RawTraining {
     pub flash_kernel: Field<String>,
     pub dropout: Field<Num>,
     pub framework: Field<String>,
+    /// `full` | `lora` | `qlora` (spec/finetune.rs).
+    pub method: Field<String>,
+    /// `policy` | `8bit`.
+    pub optimizer_states: Field<String>,
 }
 
 /// All keys of a model spec, for near-key suggestions.
@@ -174,6 +179,13 @@ pub const MODEL_KEYS: &[&str] = &[
     "decay",
     "decay_steps",
     "wsd_decay_fraction",
+    // fine-tuning (spec/finetune.rs)
+    "method",
+    "optimizer_states",
+    "lora",
+    "rank",
+    "alpha",
+    "targets",
 ];
 
 /// Training values given on the command line; they override the spec's `[training]`.
@@ -218,13 +230,24 @@ pub fn parse_model_toml(src: &Source, overrides: TrainingOverrides) -> Result<Mo
         .at(Some((1, 1))));
     };
     let architecture = resolve_architecture(&f, &arch)?;
-    let training = resolve_training(&f, &raw.training.unwrap_or_default(), overrides)?;
+    let raw_training = raw.training.unwrap_or_default();
+    let mut training = resolve_training(&f, &raw_training, overrides)?;
+    let (method, states, lora) = super::finetune::resolve(
+        &f,
+        &architecture,
+        &raw_training.method,
+        &raw_training.optimizer_states,
+        raw.lora.as_ref(),
+    )?;
+    training.method = method;
+    training.optimizer_states = states;
     let model = Model {
         name,
         architecture: finish_positions(architecture, &training),
         training,
         optimizer: super::optim::resolve_optimizer(&f, &raw.optimizer.unwrap_or_default())?,
         schedule: super::optim::resolve_schedule(&f, &raw.schedule.unwrap_or_default())?,
+        lora,
     };
     model.check().map_err(|p| {
         // A training value given on the command line is blamed on its flag, not the file.
@@ -532,5 +555,7 @@ pub(crate) fn resolve_training(
         flash_kernel,
         dropout,
         framework,
+        method: Default::default(),
+        optimizer_states: Default::default(),
     })
 }

@@ -232,6 +232,7 @@ pub fn resolve(r: &Value, p: &Presets) -> Result<Run, String> {
         training,
         optimizer: Default::default(),
         schedule: Default::default(),
+        lora: None,
     };
     let (pins, open) = pins(r, family, stated.is_some(), conventions)?;
     Ok(Run {
@@ -378,6 +379,8 @@ fn training(
         flash_kernel,
         dropout,
         framework: Some(profile.name.clone()),
+        method: Default::default(),
+        optimizer_states: Default::default(),
     })
 }
 

@@ -132,9 +132,12 @@ pub(super) fn no_fit(
         need_bytes: miss.peak_bytes,
         have_bytes: cluster.memory_bytes() as u64,
         fix: format!(
-            "use more devices (--nodes), devices with at least {} of memory, or a smaller global batch; of {} layouts evaluated none fits",
+            "use more devices (--nodes), devices with at least {} of memory, or a smaller global batch; of {} layouts evaluated none fits{}",
             units::bytes(miss.peak_bytes as f64),
-            result.evaluated
+            result.evaluated,
+            super::finetune::alternatives(model, cluster, pins, miss.peak_bytes)
+                .map(|s| format!("\n  fine-tuning: {s}"))
+                .unwrap_or_default()
         ),
     }
     )

@@ -1,0 +1,102 @@
+//! Model states of a fine-tune with adapters (`lora`, `qlora`): the adapters carry the
+//! precision policy's full state; the frozen base carries only its weights, with no gradient,
+//! master copy or optimizer state: 16-bit (the policy's weight width: f32 on the CPU backend),
+//! or, under QLoRA, the blocks' linear weights in NF4 with bitsandbytes' double quantization
+//! and the rest (embeddings, norms, biases, the output head) in the weight width. ZeRO-3 (FSDP)
+//! shards the frozen base over the data-parallel group; below it every rank holds it whole.
+
+use super::per_param;
+use crate::finetune::{self, Lora, Method};
+use crate::layout::Layout;
+use crate::model::{Architecture, Model};
+use crate::precision::{Policy, StateClass, Term};
+
+/// Per-parameter bytes of a fine-tune's states on one rank.
+pub(crate) struct Adapters<'a> {
+    pub lora: &'a Lora,
+    pub method: Method,
+    /// The trainable states: the policy's, with the optimizer's moments as the job keeps them.
+    pub terms: Vec<Term>,
+    /// Bytes per trainable parameter, ZeRO applied.
+    pub trainable_bpp: f64,
+    /// Bytes per frozen 16-bit (or f32) weight, ZeRO-3 applied.
+    pub frozen_bpp: f64,
+    /// Bytes per NF4 weight, ZeRO-3 applied.
+    pub nf4_bpp: f64,
+    /// The weights' width (2, or 4 on the CPU backend).
+    pub weight_bytes: f64,
+}
+
+impl<'a> Adapters<'a> {
+    /// `None` for a full fine-tune.
+    pub fn of(model: &'a Model, policy: &Policy, zero: u8, shard: u64) -> Option<Self> {
+        let method = model.training.method;
+        let lora = model.lora.as_ref().filter(|_| method.adapters())?;
+        let terms = policy.terms(model.training.optimizer_states);
+        let trainable_bpp = terms.iter().map(|t| per_term(t, zero, shard)).sum();
+        let weight_bytes = f64::from(policy.class_bytes(StateClass::Param));
+        let base_shard = if zero >= 3 { shard.max(1) as f64 } else { 1.0 };
+        Some(Adapters {
+            lora,
+            method,
+            terms,
+            trainable_bpp,
+            frozen_bpp: weight_bytes / base_shard,
+            nf4_bpp: finetune::NF4_BYTES_PER_PARAM / base_shard,
+            weight_bytes,
+        })
+    }
+
+    /// Adapter parameters of one block on a TP rank.
+    pub fn layer_trainable(&self, a: &Architecture, tp: u64) -> f64 {
+        self.lora.layer_params(a).per_tp_rank(tp)
+    }
+
+    /// The frozen base of one block on a TP rank: `(16-bit params, NF4 params)`.
+    pub fn layer_frozen(&self, a: &Architecture, tp: u64) -> (f64, f64) {
+        let all = a.layer_params().per_tp_rank(tp);
+        match self.method {
+            Method::Qlora => {
+                let q = finetune::linear_weights(a).per_tp_rank(tp);
+                (all - q, q)
+            }
+            _ => (all, 0.0),
+        }
+    }
+
+    /// Bytes of one block's states on a TP rank.
+    pub fn layer_bytes(&self, a: &Architecture, tp: u64) -> f64 {
+        let (w, q) = self.layer_frozen(a, tp);
+        self.layer_trainable(a, tp) * self.trainable_bpp + w * self.frozen_bpp + q * self.nf4_bpp
+    }
+
+    /// The weights ZeRO-3 gathers for one block (the current and the prefetched one), with no
+    /// gradient to hold: the frozen base in its stored widths, and the adapters' weights.
+    pub fn gathered_layers(&self, a: &Architecture, tp: u64) -> f64 {
+        let (w, q) = self.layer_frozen(a, tp);
+        2.0 * (w * self.weight_bytes
+            + q * finetune::NF4_BYTES_PER_PARAM
+            + self.layer_trainable(a, tp) * self.weight_bytes)
+    }
+
+    /// QLoRA's transient: the largest linear of a block dequantized into the activations'
+    /// width, once at a time (0 for LoRA).
+    pub fn dequantized(&self, model: &Model, layout: &Layout) -> f64 {
+        if self.method != Method::Qlora {
+            return 0.0;
+        }
+        finetune::largest_linear(&model.architecture, layout.tp)
+            * super::activations::element_bytes(model)
+    }
+}
+
+/// Bytes per parameter one rank keeps of a state under ZeRO over `shard` ranks.
+pub(crate) fn per_term(t: &Term, zero: u8, shard: u64) -> f64 {
+    let s = crate::precision::State {
+        name: t.name,
+        bytes: 1,
+        class: t.class,
+        why: t.why,
+    };
+    t.bytes * per_param(&s, zero, shard)
+}
