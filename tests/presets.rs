@@ -1,13 +1,22 @@
-//! Presets: parameter counts against the published ones.
+//! Presets: parameter counts against the published ones; cluster presets against their
+//! datasheets, and every GPU cluster preset planning a small model.
 
 use std::path::Path;
 
-use tessera_planner::spec::{load_model, read_model, TrainingOverrides};
+mod common;
+
+use tessera_planner::spec::{
+    load_cluster, load_model, read_model, ClusterOverrides, DeviceKind, TrainingOverrides,
+};
 
 fn preset(name: &str) -> std::path::PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("specs/models")
         .join(format!("{name}.toml"))
+}
+
+fn cluster_dir() -> std::path::PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("specs/clusters")
 }
 
 fn params(name: &str) -> u64 {
@@ -120,5 +129,96 @@ fn moe_presets_load_to_plan() {
         let m = load_model(&preset(name), TrainingOverrides::default())
             .unwrap_or_else(|e| panic!("{name}: {e}"));
         assert!(m.architecture.moe.is_some(), "{name}");
+    }
+}
+
+/// The single-node presets for the GPUs fine-tuners own hold their datasheets' memory and
+/// dense bf16 peak. The expected values are the published figures, written here from the
+/// sources named, not read from the presets.
+#[test]
+fn finetuning_cluster_presets_match_their_datasheets() {
+    let table: [(&str, f64, f64); 6] = [
+        // NVIDIA Ada GPU Architecture whitepaper, Appendix A (GeForce RTX 4090): 24 GB GDDR6X;
+        // "Peak BF16 Tensor TFLOPS with FP32 Accumulate 165.2/330.4" (dense/sparse).
+        ("rtx4090-24g", 24.0, 165.2),
+        // NVIDIA publishes no A10G datasheet; Baseten's A10 vs A10G spec sheet
+        // (baseten.co/blog/nvidia-a10-vs-a10g-for-ml-model-inference): 24 GB GDDR6, BF16 70 TFLOPS.
+        ("a10g-24g", 24.0, 70.0),
+        // NVIDIA L4 datasheet: 24 GB GDDR6; BF16 Tensor Core 242 TFLOPS with sparsity, 121 dense.
+        ("l4-24g", 24.0, 121.0),
+        // NVIDIA L40S datasheet: 48 GB GDDR6; "BFLOAT16 Tensor Core TFLOPS 362.05 | 733*"
+        // (* with sparsity).
+        ("l40s-48g", 48.0, 362.05),
+        // NVIDIA A100 datasheet, A100 40GB SXM: 40 GB HBM2; "BFLOAT16 Tensor Core 312 TFLOPS |
+        // 624 TFLOPS*" (* with sparsity).
+        ("a100-40g", 40.0, 312.0),
+        // NVIDIA H100 PCIe: 80 GB; BF16 Tensor Core 1,513 TFLOPS with sparsity, 756 dense
+        // (stas00/ml-engineering compute/accelerator/README.md; ../shared/groundtruth s6).
+        ("h100-pcie-80g", 80.0, 756.0),
+    ];
+    for (name, memory_gib, peak_tflops) in table {
+        let path = cluster_dir().join(format!("{name}.toml"));
+        let c = load_cluster(&path, ClusterOverrides::default())
+            .unwrap_or_else(|e| panic!("{name}: {e}"));
+        assert_eq!(c.device.memory_gib, memory_gib, "{name}: memory_gib");
+        assert_eq!(c.device.peak_tflops, peak_tflops, "{name}: peak_tflops");
+        assert!(
+            c.calibrated,
+            "{name}: a GPU preset carries its [calibration]"
+        );
+    }
+}
+
+/// Every GPU cluster preset in specs/clusters/ plans GPT-2 124M on one of its devices, with its
+/// own calibration: a preset added to the folder is covered without being listed here.
+#[test]
+fn every_gpu_cluster_preset_plans_gpt2_on_one_device() {
+    let model = common::s(&preset("gpt2-124m"));
+    let mut planned = Vec::new();
+    for entry in std::fs::read_dir(cluster_dir()).unwrap() {
+        let path = entry.unwrap().path();
+        if path.extension().is_none_or(|e| e != "toml") {
+            continue;
+        }
+        let name = path.file_stem().unwrap().to_string_lossy().into_owned();
+        let c = load_cluster(&path, ClusterOverrides::default())
+            .unwrap_or_else(|e| panic!("{name}: {e}"));
+        if c.device.kind != DeviceKind::Gpu {
+            continue;
+        }
+        let cluster = common::s(&path);
+        let out = common::run(&[
+            "plan",
+            &model,
+            &cluster,
+            "--devices",
+            "1",
+            "--format",
+            "json",
+        ]);
+        assert_eq!(out.code, Some(0), "{name}: {}", out.stderr);
+        let plan: serde_json::Value = serde_json::from_str(&out.stdout).expect("plan.json");
+        assert_eq!(plan["feasible"], true, "{name}");
+        let step = plan["predicted"]["step_time_s"].as_f64().unwrap();
+        assert!(step > 0.0 && step.is_finite(), "{name}: step {step}");
+        let caveats = plan["predicted"]["caveats"].to_string();
+        assert!(
+            !caveats.contains("uncalibrated_cluster"),
+            "{name}: {caveats}"
+        );
+        planned.push(name);
+    }
+    for name in [
+        "rtx4090-24g",
+        "a10g-24g",
+        "l4-24g",
+        "l40s-48g",
+        "a100-40g",
+        "h100-pcie-80g",
+    ] {
+        assert!(
+            planned.iter().any(|p| p == name),
+            "{name} not planned: {planned:?}"
+        );
     }
 }
