@@ -57,9 +57,12 @@ fn gpt2(layers: u64, hidden: u64, heads: u64, vocab: u64, precision: &str) -> Mo
             flash_kernel: Default::default(),
             dropout: 0.0,
             framework: None,
+            method: Default::default(),
+            optimizer_states: Default::default(),
         },
         optimizer: Default::default(),
         schedule: Default::default(),
+        lora: None,
     }
 }
 

@@ -79,6 +79,22 @@ fn check(path: &Path) -> anyhow::Result<String> {
     if a.moe.is_some() {
         what += &format!(", {} active per token", a.active_param_count());
     }
+    // A LoRA or QLoRA spec: the counts as PEFT's `print_trainable_parameters` gives them.
+    if let Some(l) = m.lora.as_ref().filter(|_| m.training.method.adapters()) {
+        let c = tessera_planner::finetune::counts(a, m.training.method, Some(l));
+        let all = c.trainable + c.frozen;
+        what += &format!(
+            "; {} rank {} on {} ({}): trainable params: {} || all params: {} || trainable%: {:.4} ({} frozen)",
+            m.training.method.name(),
+            l.rank,
+            l.targets.iter().map(|t| t.name()).collect::<Vec<_>>().join(","),
+            l.peft_modules(a).unwrap_or_default().join(","),
+            c.trainable,
+            all,
+            100.0 * c.trainable as f64 / all as f64,
+            c.frozen
+        );
+    }
     if let Err(p) = m.plannable() {
         what += &format!(" (`plan` refuses it at `{}`)", p.field);
     }

@@ -112,6 +112,18 @@ pub fn export_with(plan: &Plan, target: Target, force: bool) -> Result<String, E
             "re-plan without --force, or export it anyway with `tessera export --force`",
         ));
     }
+    // No writer here states adapters yet: each would write a job that trains every weight.
+    let m = &plan.job.model;
+    if m.training.method.adapters() {
+        return Err(refuse(
+            target,
+            format!(
+                "a {} fine-tune (adapters on a frozen base): this export writes full training, which would train every weight",
+                m.training.method.name()
+            ),
+            "plan it to size it; export a full fine-tune (--method full), or wait for the PEFT and torchtune exports (issue 37)",
+        ));
+    }
     let gpu_engine = matches!(
         target,
         Target::Megatron | Target::DeepSpeed | Target::Torchtitan

@@ -172,6 +172,16 @@ impl RunOptions {
     /// `tessera launch` (for what it passes to each rank) call it; [`Session::prepare`] too.
     /// Returns the run's optimizer settings (the plan's with the overrides applied).
     pub fn check(&self, plan: &Plan) -> Result<(Optimizer, Schedule), SessionError> {
+        let method = plan.job.model.training.method;
+        if method.adapters() {
+            return Err(refused(
+                format!(
+                    "the plan fine-tunes with {} (training.method), and the runtime does not train adapters yet: it would train every weight",
+                    method.name()
+                ),
+                "run a plan of --method full; LoRA and QLoRA are planned only (issue 37)",
+            ));
+        }
         let settings = self.optim.settings(plan)?;
         if let (Some(v), None) = (&self.data.val_data, self.eval.eval_every) {
             return Err(refused(
