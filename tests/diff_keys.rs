@@ -272,7 +272,30 @@ fn plans(dir: &Scratch) -> Vec<Value> {
             "--sp",
         ],
     );
-    [readme, every, rope, cp, moe]
+    // A LoRA fine-tune with every [lora] key and 8-bit optimizer states.
+    let lora = plan_file(
+        dir,
+        "lora.json",
+        &[
+            "specs/models/tiny.toml",
+            "specs/clusters/dgx-h100-80g.toml",
+            "--devices",
+            "1",
+            "--method",
+            "lora",
+            "--lora-rank",
+            "4",
+            "--lora-alpha",
+            "8",
+            "--lora-dropout",
+            "0.1",
+            "--lora-targets",
+            "qkv,o",
+            "--optimizer-states",
+            "8bit",
+        ],
+    );
+    [readme, every, rope, cp, moe, lora]
         .iter()
         .map(|p| {
             Plan::load(p).unwrap_or_else(|e| panic!("{e}"));
