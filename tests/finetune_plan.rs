@@ -362,3 +362,41 @@ fn validate_prints_pefts_counts() {
         "{text}"
     );
 }
+
+/// A plan whose optimizer keeps 8-bit moments is refused by `run`, whose AdamW keeps them in the
+/// policy's width: never trained as something other than planned.
+#[test]
+fn eight_bit_optimizer_states_are_refused_by_run() {
+    let s = common::Scratch::new();
+    let plan_file = s.path("8bit.json");
+    let out = plan(&[
+        "specs/models/gpt2-124m.toml",
+        "specs/clusters/cpu-8.toml",
+        "--devices",
+        "1",
+        "--optimizer-states",
+        "8bit",
+        "--seq-len",
+        "128",
+        "--global-batch",
+        "8",
+        "-o",
+        plan_file.to_str().unwrap(),
+    ]);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let run = common::bin()
+        .args(["run", plan_file.to_str().unwrap(), "--steps", "1"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&run.stderr);
+    assert_eq!(run.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("8 bits") && err.contains("--optimizer-states policy"),
+        "{err}"
+    );
+}

@@ -182,6 +182,18 @@ impl RunOptions {
                 "run a plan of --method full; LoRA and QLoRA are planned only (issue 37)",
             ));
         }
+        if !plan.job.model.training.optimizer_states.is_policy() {
+            return Err(refused(
+                "the plan keeps Adam's moments in 8 bits (training.optimizer_states = \"8bit\"), and the runtime's AdamW keeps them in the precision policy's width: it would train and hold something else than planned",
+                "plan with --optimizer-states policy to run it; 8-bit moments are planned only",
+            ));
+        }
+        if plan.job.model.training.precision == "bf16" {
+            return Err(refused(
+                "the plan's precision policy is \"bf16\" (pure bf16 weights and Adam states, no fp32 master copy), and the runtime keeps f32 master weights wherever it computes in 16 bits: it would train something else than planned",
+                "plan with training.precision = \"default\" to run it; pure bf16 is planned only",
+            ));
+        }
         let settings = self.optim.settings(plan)?;
         if let (Some(v), None) = (&self.data.val_data, self.eval.eval_every) {
             return Err(refused(
