@@ -4,9 +4,10 @@
 # exports are checked"):
 #   bash scripts/check-exports-env.sh engines      a venv with torch, DeepSpeed, torchtitan,
 #                                                  megatron-core (Megatron-LM's megatron/training;
-#                                                  Python >= 3.12 only), kubernetes-validate and
-#                                                  transformers (added to an existing venv by a
-#                                                  step of its own); prints its python
+#                                                  Python >= 3.12 only), kubernetes-validate,
+#                                                  transformers, and peft with bitsandbytes (each
+#                                                  added to an existing venv by a step of its
+#                                                  own); prints its python
 #   bash scripts/check-exports-env.sh kubernetes   kubernetes-validate alone (pip --target); prints
 #                                                  the directory to put on PYTHONPATH
 # The cache is $TESSERA_CHECK_CACHE, else ${XDG_CACHE_HOME:-$HOME/.cache}/tessera-ci; each install
@@ -25,6 +26,12 @@ KUBERNETES_VALIDATE=1.37.0
 # the engines venv as a second step with its own marker, so adding it never rebuilds the venv.
 TRANSFORMERS=5.23.0
 HF_PINS=("transformers==$TRANSFORMERS" safetensors==0.8.0 regex==2026.11.19)
+# peft and bitsandbytes for scripts/check_nf4.py (runtime/tests/nf4_bitsandbytes.rs): a third step
+# with its own marker, after transformers (peft needs it). accelerate, which peft needs and the
+# constraints file does not pin, is pinned here.
+PEFT=0.21.2
+BITSANDBYTES=0.50.2
+PEFT_PINS=("peft==$PEFT" "bitsandbytes==$BITSANDBYTES" accelerate==1.15.0)
 CONSTRAINTS=$PWD/scripts/check-exports-constraints.txt
 CACHE=${TESSERA_CHECK_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/tessera-ci}
 PIP=(-m pip install --no-cache-dir --disable-pip-version-check --progress-bar off --quiet)
@@ -49,6 +56,22 @@ find_python() {
     done
   done
   command -v python3
+}
+
+# A step added to an existing engines venv ($dir, Python $pyv): installs the pins given after
+# its marker name unless $dir/.complete-MARKER exists, then replaces the markers of its older
+# pins (those that start with the same word).
+added_step() {
+  local marker=$1
+  shift
+  if [ ! -f "$dir/.complete-$marker" ]; then
+    log "$* into $dir"
+    local c=()
+    case $pyv in 3.12 | 3.13) c=(-c "$CONSTRAINTS") ;; esac
+    "$dir/bin/python" "${PIP[@]}" "${c[@]}" "$@"
+    rm -f "$dir/.complete-${marker%%-*}"-*
+    touch "$dir/.complete-$marker"
+  fi
 }
 
 mkdir -p "$CACHE"
@@ -104,14 +127,8 @@ engines)
     touch "$dir/.complete"
     log "done in $((SECONDS - start)) s, $(du -sh "$dir" | cut -f1)"
   fi
-  if [ ! -f "$dir/.complete-transformers-$TRANSFORMERS" ]; then
-    log "${HF_PINS[*]} into $dir"
-    c=()
-    case $pyv in 3.12 | 3.13) c=(-c "$CONSTRAINTS") ;; esac
-    "$dir/bin/python" "${PIP[@]}" "${c[@]}" "${HF_PINS[@]}"
-    rm -f "$dir"/.complete-transformers-*
-    touch "$dir/.complete-transformers-$TRANSFORMERS"
-  fi
+  added_step "transformers-$TRANSFORMERS" "${HF_PINS[@]}"
+  added_step "peft-$PEFT-bitsandbytes-$BITSANDBYTES" "${PEFT_PINS[@]}"
   echo "$dir/bin/python"
   ;;
 *)

@@ -13,6 +13,7 @@ pub mod launch;
 pub mod layers;
 pub mod optim;
 pub mod params;
+pub mod quant;
 pub mod rng;
 pub mod session;
 

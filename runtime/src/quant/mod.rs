@@ -1,0 +1,25 @@
+//! Quantized storage of frozen weights: QLoRA's NF4 with bitsandbytes' block-wise absmax and
+//! double quantization (docs/finetuning.md, "NF4 (QLoRA)"). Checked against bitsandbytes' own
+//! code by `tests/nf4_bitsandbytes.rs` (scripts/check_nf4.py).
+
+pub mod blockwise8;
+pub mod nf4;
+
+pub use nf4::{Absmax, Nf4Tensor, BLOCKSIZE, NESTED_BLOCKSIZE, NF4_LEVELS};
+
+/// Why a tensor cannot be quantized or dequantized.
+#[derive(Debug, thiserror::Error, PartialEq)]
+pub enum QuantError {
+    #[error("shape {shape:?} holds {numel} elements but {len} were given")]
+    Shape {
+        shape: Vec<usize>,
+        numel: usize,
+        len: usize,
+    },
+    #[error("shape {shape:?} holds no elements: nothing to quantize")]
+    Empty { shape: Vec<usize> },
+    #[error("element {index} is {value}: only finite values can be quantized")]
+    NonFinite { index: usize, value: f32 },
+    #[error("the output buffer holds {len} elements but the tensor has {numel}")]
+    OutputLength { numel: usize, len: usize },
+}
