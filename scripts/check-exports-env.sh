@@ -9,6 +9,9 @@
 #                                                  step of its own); prints its python
 #   bash scripts/check-exports-env.sh kubernetes   kubernetes-validate alone (pip --target); prints
 #                                                  the directory to put on PYTHONPATH
+#   bash scripts/check-exports-env.sh torchtune    a venv of its own with torchtune 0.6.1 (its last
+#                                                  release), the torch, torchao and bitsandbytes it
+#                                                  runs with; prints its python
 # The cache is $TESSERA_CHECK_CACHE, else ${XDG_CACHE_HOME:-$HOME/.cache}/tessera-ci; each install
 # lives in a directory named by its pins and is used only once complete (a marker file written
 # last), so an interrupted install is redone. The Python is $TESSERA_CHECK_PYTHON, else the first
@@ -25,6 +28,15 @@ KUBERNETES_VALIDATE=1.37.0
 # the engines venv as a second step with its own marker, so adding it never rebuilds the venv.
 TRANSFORMERS=5.23.0
 HF_PINS=("transformers==$TRANSFORMERS" safetensors==0.8.0 regex==2026.11.19)
+# Hugging Face PEFT for the peft export's check (scripts/check_exports_peft.py) and
+# scripts/peft_counts.py: a third step of its own into the engines venv.
+PEFT=0.21.2
+# torchtune's last release pins torchdata 0.11.0 and imports torchao at its top; it predates the
+# engines' torch 2.15 by far, so it gets a venv of its own: torch 2.7.1 (torchtune 0.6's),
+# torchao 0.11.0 (built for torch 2.7), bitsandbytes 0.46.1 (its 8-bit AdamW, which the exports
+# name for optimizer_states = "8bit"; it imports without a GPU).
+TORCHTUNE=0.6.1
+TORCHTUNE_PINS=("torchtune==$TORCHTUNE" torch==2.7.1 torchao==0.11.0 torchdata==0.11.0 bitsandbytes==0.46.1)
 CONSTRAINTS=$PWD/scripts/check-exports-constraints.txt
 CACHE=${TESSERA_CHECK_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/tessera-ci}
 PIP=(-m pip install --no-cache-dir --disable-pip-version-check --progress-bar off --quiet)
@@ -112,10 +124,36 @@ engines)
     rm -f "$dir"/.complete-transformers-*
     touch "$dir/.complete-transformers-$TRANSFORMERS"
   fi
+  if [ ! -f "$dir/.complete-peft-$PEFT" ]; then
+    log "peft $PEFT into $dir"
+    c=()
+    case $pyv in 3.12 | 3.13) c=(-c "$CONSTRAINTS") ;; esac
+    "$dir/bin/python" "${PIP[@]}" "${c[@]}" "peft==$PEFT"
+    touch "$dir/.complete-peft-$PEFT"
+  fi
+  echo "$dir/bin/python"
+  ;;
+torchtune)
+  py=$(find_python)
+  pyv=$("$py" -c 'import sys; print("%d.%d" % sys.version_info[:2])')
+  key=torchtune-py$pyv-$(printf '%s\n' "${TORCHTUNE_PINS[@]}" | sha256sum | cut -c1-12)
+  dir=$CACHE/$key
+  if [ ! -f "$dir/.complete" ]; then
+    start=$SECONDS
+    for old in "$CACHE"/torchtune-*; do
+      [ "$old" = "$dir" ] || [ ! -d "$old" ] || { log "removing $old"; rm -rf "$old"; }
+    done
+    rm -rf "$dir"
+    log "creating $dir with $py (Python $pyv): ${TORCHTUNE_PINS[*]}"
+    "$py" -m venv "$dir"
+    "$dir/bin/python" "${PIP[@]}" "${TORCHTUNE_PINS[@]}"
+    touch "$dir/.complete"
+    log "done in $((SECONDS - start)) s, $(du -sh "$dir" | cut -f1)"
+  fi
   echo "$dir/bin/python"
   ;;
 *)
-  echo "usage: $0 engines|kubernetes" >&2
+  echo "usage: $0 engines|kubernetes|torchtune" >&2
   exit 2
   ;;
 esac
