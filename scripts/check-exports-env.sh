@@ -37,6 +37,9 @@ PEFT=0.21.2
 # name for optimizer_states = "8bit"; it imports without a GPU).
 TORCHTUNE=0.6.1
 TORCHTUNE_PINS=("torchtune==$TORCHTUNE" torch==2.7.1 torchao==0.11.0 torchdata==0.11.0 bitsandbytes==0.46.1)
+# Every other package of that venv (torchtune's dependencies are unpinned: datasets,
+# huggingface_hub, omegaconf, …), as the engines' are.
+TORCHTUNE_CONSTRAINTS=$PWD/scripts/check-exports-torchtune-constraints.txt
 CONSTRAINTS=$PWD/scripts/check-exports-constraints.txt
 CACHE=${TESSERA_CHECK_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/tessera-ci}
 PIP=(-m pip install --no-cache-dir --disable-pip-version-check --progress-bar off --quiet)
@@ -136,7 +139,7 @@ engines)
 torchtune)
   py=$(find_python)
   pyv=$("$py" -c 'import sys; print("%d.%d" % sys.version_info[:2])')
-  key=torchtune-py$pyv-$(printf '%s\n' "${TORCHTUNE_PINS[@]}" | sha256sum | cut -c1-12)
+  key=torchtune-py$pyv-torchtune$TORCHTUNE-$(cat <(printf '%s\n' "${TORCHTUNE_PINS[@]}") "$TORCHTUNE_CONSTRAINTS" | sha256sum | cut -c1-12)
   dir=$CACHE/$key
   if [ ! -f "$dir/.complete" ]; then
     start=$SECONDS
@@ -146,7 +149,9 @@ torchtune)
     rm -rf "$dir"
     log "creating $dir with $py (Python $pyv): ${TORCHTUNE_PINS[*]}"
     "$py" -m venv "$dir"
-    "$dir/bin/python" "${PIP[@]}" "${TORCHTUNE_PINS[@]}"
+    c=()
+    case $pyv in 3.12 | 3.13) c=(-c "$TORCHTUNE_CONSTRAINTS") ;; esac
+    "$dir/bin/python" "${PIP[@]}" "${c[@]}" "${TORCHTUNE_PINS[@]}"
     touch "$dir/.complete"
     log "done in $((SECONDS - start)) s, $(du -sh "$dir" | cut -f1)"
   fi
