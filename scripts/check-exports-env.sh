@@ -10,6 +10,9 @@
 #                                                  own); prints its python
 #   bash scripts/check-exports-env.sh kubernetes   kubernetes-validate alone (pip --target); prints
 #                                                  the directory to put on PYTHONPATH
+#   bash scripts/check-exports-env.sh torchtune    a venv of its own with torchtune 0.6.1 (its last
+#                                                  release), the torch, torchao and bitsandbytes it
+#                                                  runs with; prints its python
 # The cache is $TESSERA_CHECK_CACHE, else ${XDG_CACHE_HOME:-$HOME/.cache}/tessera-ci; each install
 # lives in a directory named by its pins and is used only once complete (a marker file written
 # last), so an interrupted install is redone. The Python is $TESSERA_CHECK_PYTHON, else the first
@@ -26,12 +29,22 @@ KUBERNETES_VALIDATE=1.37.0
 # the engines venv as a second step with its own marker, so adding it never rebuilds the venv.
 TRANSFORMERS=5.23.0
 HF_PINS=("transformers==$TRANSFORMERS" safetensors==0.8.0 regex==2026.11.19)
-# peft and bitsandbytes for scripts/check_nf4.py (runtime/tests/nf4_bitsandbytes.rs): a third step
+# peft and bitsandbytes for scripts/check_nf4.py (runtime/tests/nf4_bitsandbytes.rs), the peft
+# export's check (scripts/check_exports_peft.py) and scripts/peft_counts.py: a third step
 # with its own marker, after transformers (peft needs it). accelerate, which peft needs and the
 # constraints file does not pin, is pinned here.
 PEFT=0.21.2
 BITSANDBYTES=0.50.2
 PEFT_PINS=("peft==$PEFT" "bitsandbytes==$BITSANDBYTES" accelerate==1.15.0)
+# torchtune's last release pins torchdata 0.11.0 and imports torchao at its top; it predates the
+# engines' torch 2.15 by far, so it gets a venv of its own: torch 2.7.1 (torchtune 0.6's),
+# torchao 0.11.0 (built for torch 2.7), bitsandbytes 0.46.1 (its 8-bit AdamW, which the exports
+# name for optimizer_states = "8bit"; it imports without a GPU).
+TORCHTUNE=0.6.1
+TORCHTUNE_PINS=("torchtune==$TORCHTUNE" torch==2.7.1 torchao==0.11.0 torchdata==0.11.0 bitsandbytes==0.46.1)
+# Every other package of that venv (torchtune's dependencies are unpinned: datasets,
+# huggingface_hub, omegaconf, …), as the engines' are.
+TORCHTUNE_CONSTRAINTS=$PWD/scripts/check-exports-torchtune-constraints.txt
 CONSTRAINTS=$PWD/scripts/check-exports-constraints.txt
 CACHE=${TESSERA_CHECK_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/tessera-ci}
 PIP=(-m pip install --no-cache-dir --disable-pip-version-check --progress-bar off --quiet)
@@ -131,8 +144,29 @@ engines)
   added_step "peft-$PEFT-bitsandbytes-$BITSANDBYTES" "${PEFT_PINS[@]}"
   echo "$dir/bin/python"
   ;;
+torchtune)
+  py=$(find_python)
+  pyv=$("$py" -c 'import sys; print("%d.%d" % sys.version_info[:2])')
+  key=torchtune-py$pyv-torchtune$TORCHTUNE-$(cat <(printf '%s\n' "${TORCHTUNE_PINS[@]}") "$TORCHTUNE_CONSTRAINTS" | sha256sum | cut -c1-12)
+  dir=$CACHE/$key
+  if [ ! -f "$dir/.complete" ]; then
+    start=$SECONDS
+    for old in "$CACHE"/torchtune-*; do
+      [ "$old" = "$dir" ] || [ ! -d "$old" ] || { log "removing $old"; rm -rf "$old"; }
+    done
+    rm -rf "$dir"
+    log "creating $dir with $py (Python $pyv): ${TORCHTUNE_PINS[*]}"
+    "$py" -m venv "$dir"
+    c=()
+    case $pyv in 3.12 | 3.13) c=(-c "$TORCHTUNE_CONSTRAINTS") ;; esac
+    "$dir/bin/python" "${PIP[@]}" "${c[@]}" "${TORCHTUNE_PINS[@]}"
+    touch "$dir/.complete"
+    log "done in $((SECONDS - start)) s, $(du -sh "$dir" | cut -f1)"
+  fi
+  echo "$dir/bin/python"
+  ;;
 *)
-  echo "usage: $0 engines|kubernetes" >&2
+  echo "usage: $0 engines|kubernetes|torchtune" >&2
   exit 2
   ;;
 esac

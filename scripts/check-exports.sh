@@ -8,7 +8,7 @@
 #               table says. CI runs this (.ci/run). The engines come from
 #               TESSERA_TORCH_PYTHON, else from scripts/check-exports-env.sh (a venv cached
 #               outside the clone: torch, DeepSpeed, torchtitan, megatron-core, PyPI only).
-#   megatron | deepspeed | torchtitan | kubernetes
+#   megatron | deepspeed | torchtitan | kubernetes | peft | torchtune
 #               the matrix's column of that target alone
 #     megatron    Megatron-LM's parse_args, validate_args, TransformerConfig (megatron-core's
 #                 wheel, or the Megatron-LM tree MEGATRON_LM); skipped, with the reason, where
@@ -16,6 +16,11 @@
 #     deepspeed   DeepSpeed's DeepSpeedConfig
 #     torchtitan  torchtitan 0.2's ConfigManager, ParallelDims' mesh, apply_ac (0.3 reads no TOML)
 #     kubernetes  kubernetes-validate --strict, offline, and the pods, ranks, GPUs and token
+#     peft        PEFT's LoraConfig.from_pretrained, get_peft_model on the plan's transformers
+#                 model (meta device): its trainable count is the plan's (engines venv + peft)
+#     torchtune   torchtune 0.6.1's recipe parser and config.instantiate on the meta device: the
+#                 model, LoRA and trainable count, batch, dtype, optimizer are the plan's (a venv
+#                 of its own: scripts/check-exports-env.sh torchtune)
 #     (sbatch)    in the matrix: bash -n and the #SBATCH lines against the plan
 #   sbatch      the matrix's sbatch column, then every script it exports through `sbatch
 #               --test-only` against a slurmctld of its own on loopback (by hand, as root, with
@@ -30,14 +35,14 @@ TESSERA=${TESSERA:-$PWD/target/release/tessera}
 export PYTHONDONTWRITEBYTECODE=1 # no __pycache__ in scripts/
 TMP=$(mktemp -d)
 trap 'rm -rf "$TMP"' EXIT
-TARGETS=(megatron deepspeed torchtitan sbatch kubernetes)
+TARGETS=(megatron deepspeed torchtitan sbatch kubernetes peft torchtune)
 MODE=${1:-}
 case "$MODE" in
 matrix) COLUMNS_=("${TARGETS[@]}") ;;
-kubernetes | deepspeed | megatron | torchtitan | sbatch) COLUMNS_=("$MODE") ;;
+kubernetes | deepspeed | megatron | torchtitan | sbatch | peft | torchtune) COLUMNS_=("$MODE") ;;
 megatron-deepspeed) COLUMNS_=() ;;
 *)
-  echo "usage: $0 matrix|megatron|deepspeed|torchtitan|kubernetes|sbatch|megatron-deepspeed" >&2
+  echo "usage: $0 matrix|megatron|deepspeed|torchtitan|kubernetes|sbatch|peft|torchtune|megatron-deepspeed" >&2
   exit 2
   ;;
 esac
@@ -106,39 +111,70 @@ PLAN[tiny-cpu]="specs/models/tiny.toml specs/clusters/cpu-8.toml --dp 2 --pp 2 -
 # bias, group-limited top-8, a shared expert, the first 3 layers dense).
 PLAN[mixtral-ep]="specs/models/mixtral-8x7b.toml specs/clusters/dgx-h100-80g.toml --nodes 8 --seq-len 4096 --global-batch 256 --tp 1 --pp 4 --dp 16 --ep 8 --micro-batch 1 --zero 1 --recompute none --schedule interleaved --virtual-stages 8 --no-hybrid-shard"
 PLAN[deepseek-v3-ep]="specs/models/deepseek-v3.toml specs/clusters/h800-deepseek.toml --tp 1 --pp 16 --ep 64 --dp 128 --zero 1 --micro-batch 1 --schedule 1f1b --recompute full --no-hybrid-shard"
+# Fine-tuning (docs/finetuning.md): Llama 3 8B with adapters as torchtune's
+# llama3/8B_lora_single_device runs it (specs/finetune/llama3-8b-lora-torchtune.toml: pure bf16,
+# rank 8 on q, v, o and the MLP, cosine to 0), LoRA and QLoRA on one RTX 4090, LoRA with 8-bit
+# Adam states, LoRA on a DGX H100 with FSDP (ZeRO-3), and refused by torchtune with ZeRO-1 or TP;
+# the QLoRA spec as given (its "default" mixed precision: torchtune has no fp32 master weights);
+# GPT-2 LoRA from its HF config (PEFT's Conv1D names; torchtune has no GPT-2); and the full
+# fine-tune of the same spec (decay on every tensor, as torchtune's optimizer takes
+# model.parameters()), on one H100 and with FSDP.
+FT=specs/finetune/llama3-8b-lora-torchtune.toml
+sed -e 's/^method = "lora"/method = "full"/' -e 's/^weight_decay = 0.01$/&\ndecay_on = "all"/' -e '/^# PEFT/,$d' "$FT" > "$TMP/llama3-8b-full-torchtune.toml"
+FULL=$TMP/llama3-8b-full-torchtune.toml
+PLAN[ft-lora-1gpu]="$FT specs/clusters/rtx4090-24g.toml --devices 1 --micro-batch 2 --recompute full"
+PLAN[ft-qlora-1gpu]="$FT specs/clusters/rtx4090-24g.toml --devices 1 --method qlora --micro-batch 2 --recompute full"
+PLAN[ft-lora-8bit]="$FT specs/clusters/rtx4090-24g.toml --devices 1 --optimizer-states 8bit --micro-batch 2 --recompute full"
+PLAN[ft-lora-fsdp]="$FT specs/clusters/dgx-h100-80g.toml --nodes 1 --dp 8 --tp 1 --pp 1 --zero 3 --no-hybrid-shard --micro-batch 2 --recompute none"
+PLAN[ft-lora-zero1]="$FT specs/clusters/dgx-h100-80g.toml --nodes 1 --dp 8 --tp 1 --pp 1 --zero 1 --micro-batch 2 --recompute none"
+PLAN[ft-lora-tp]="$FT specs/clusters/dgx-h100-80g.toml --nodes 1 --dp 4 --tp 2 --pp 1 --sp --zero 3 --no-hybrid-shard --micro-batch 2 --recompute none"
+PLAN[ft-qlora-spec]="specs/finetune/llama3-8b-qlora.toml specs/clusters/rtx4090-24g.toml --devices 1 --micro-batch 1 --recompute full"
+PLAN[ft-gpt2-lora]="tests/fixtures/hf/gpt2/config.json specs/clusters/rtx4090-24g.toml --devices 1 --seq-len 1024 --global-batch 8 --method lora --lora-rank 4 --lora-targets all --micro-batch 1 --recompute none"
+PLAN[ft-full-1gpu]="$FULL specs/clusters/dgx-h100-80g.toml --devices 1 --micro-batch 1 --recompute full"
+PLAN[ft-full-fsdp]="$FULL specs/clusters/dgx-h100-80g.toml --nodes 1 --dp 8 --tp 1 --pp 1 --zero 3 --no-hybrid-shard --micro-batch 2 --recompute full"
 # A layout that does not fit, written with --force ("feasible": false): refused by every target;
 # exported with `tessera export --force` it is an ordinary DDP plan every target takes.
 PLAN[llama-infeasible]="${LLAMA[*]} --nodes 1 --dp 8 --tp 1 --pp 1 --micro-batch 4 --zero 0 --recompute none --force"
 
 EXPECTED=$(
   cat << 'TABLE'
-# plan                         megatron            deepspeed           torchtitan          sbatch            kubernetes
-gpt3-interleaved               ok                  refuse:interleaved  refuse:ZeRO-1       ok                ok
-gpt3-1f1b                      ok                  ok                  refuse:ZeRO-1       ok                ok
-llama-pp1                      ok                  ok                  ok                  ok                ok
-llama-pp1-torchtitan           refuse:framework_profile refuse:framework_profile ok          ok                ok
-llama-pp2                      ok                  refuse:uneven       refuse:ZeRO-1       ok                ok
-llama-pp2-fsdp                 refuse:ZeRO-3       refuse:ZeRO-3       ok                  ok                ok
-llama-pp2-fsdp-selective       refuse:ZeRO-3       refuse:selective    ok                  ok                ok
-llama-interleaved-uneven       ok                  refuse:interleaved  refuse:ZeRO-1       ok                ok
-llama-interleaved-uneven-fsdp  refuse:ZeRO-3       refuse:interleaved  ok                  ok                ok
-llama-ends-short               ok                  refuse:interleaved  refuse:ZeRO-1       ok                ok
-llama-cp                       ok                  refuse:context      refuse:ZeRO-1       ok                ok
-llama-cp-fsdp                  refuse:ZeRO-3       refuse:context      ok                  ok                ok
-llama-cp-ag                    ok                  refuse:context      refuse:ZeRO-1       ok                ok
-llama-cp-ag-fsdp               refuse:ZeRO-3       refuse:context      ok                  ok                ok
-llama-zero3-2-nodes            refuse:ZeRO-3       ok                  ok                  ok                ok
-llama-hsdp                     refuse:ZeRO-3       refuse:hybrid       ok                  ok                ok
-llama-every4                   ok                  refuse:some_layers  refuse:ZeRO-1       ok                ok
-llama-every4-pp2-fsdp          refuse:ZeRO-3       refuse:some_layers  ok                  ok                ok
-gpt3-13b-every4-uneven         refuse:every_4th    refuse:some_layers  refuse:ZeRO-1       ok                ok
-gpt3-13b-every4-uneven-fsdp    refuse:ZeRO-3       refuse:some_layers  ok                  ok                ok
-llama-12-gpus                  ok                  ok                  ok                  refuse:12_ranks   refuse:12_ranks
-mixtral-ep                     ok                  refuse:mixture      refuse:mixture      ok                ok
-deepseek-v3-ep                 ok                  refuse:Latent       refuse:Latent       ok                ok
-tiny-cpu                       refuse:CPU          refuse:CPU          refuse:CPU          ok                ok
-llama-infeasible               refuse:feasible     refuse:feasible     refuse:feasible     refuse:feasible   refuse:feasible
-llama-infeasible+force         ok                  ok                  ok                  ok                ok
+# plan                         megatron                  deepspeed                 torchtitan                sbatch                    kubernetes                peft                      torchtune
+gpt3-interleaved               ok                        refuse:interleaved        refuse:ZeRO-1             ok                        ok                        refuse:full_fine-tune     refuse:gpt_family
+gpt3-1f1b                      ok                        ok                        refuse:ZeRO-1             ok                        ok                        refuse:full_fine-tune     refuse:gpt_family
+llama-pp1                      ok                        ok                        ok                        ok                        ok                        refuse:full_fine-tune     refuse:precision
+llama-pp1-torchtitan           refuse:framework_profile  refuse:framework_profile  ok                        ok                        ok                        refuse:full_fine-tune     refuse:framework_profile
+llama-pp2                      ok                        refuse:uneven             refuse:ZeRO-1             ok                        ok                        refuse:full_fine-tune     refuse:precision
+llama-pp2-fsdp                 refuse:ZeRO-3             refuse:ZeRO-3             ok                        ok                        ok                        refuse:full_fine-tune     refuse:precision
+llama-pp2-fsdp-selective       refuse:ZeRO-3             refuse:selective          ok                        ok                        ok                        refuse:full_fine-tune     refuse:precision
+llama-interleaved-uneven       ok                        refuse:interleaved        refuse:ZeRO-1             ok                        ok                        refuse:full_fine-tune     refuse:precision
+llama-interleaved-uneven-fsdp  refuse:ZeRO-3             refuse:interleaved        ok                        ok                        ok                        refuse:full_fine-tune     refuse:precision
+llama-ends-short               ok                        refuse:interleaved        refuse:ZeRO-1             ok                        ok                        refuse:full_fine-tune     refuse:precision
+llama-cp                       ok                        refuse:context            refuse:ZeRO-1             ok                        ok                        refuse:full_fine-tune     refuse:precision
+llama-cp-fsdp                  refuse:ZeRO-3             refuse:context            ok                        ok                        ok                        refuse:full_fine-tune     refuse:precision
+llama-cp-ag                    ok                        refuse:context            refuse:ZeRO-1             ok                        ok                        refuse:full_fine-tune     refuse:precision
+llama-cp-ag-fsdp               refuse:ZeRO-3             refuse:context            ok                        ok                        ok                        refuse:full_fine-tune     refuse:precision
+llama-zero3-2-nodes            refuse:ZeRO-3             ok                        ok                        ok                        ok                        refuse:full_fine-tune     refuse:precision
+llama-hsdp                     refuse:ZeRO-3             refuse:hybrid             ok                        ok                        ok                        refuse:full_fine-tune     refuse:precision
+llama-every4                   ok                        refuse:some_layers        refuse:ZeRO-1             ok                        ok                        refuse:full_fine-tune     refuse:precision
+llama-every4-pp2-fsdp          refuse:ZeRO-3             refuse:some_layers        ok                        ok                        ok                        refuse:full_fine-tune     refuse:precision
+gpt3-13b-every4-uneven         refuse:every_4th          refuse:some_layers        refuse:ZeRO-1             ok                        ok                        refuse:full_fine-tune     refuse:gpt_family
+gpt3-13b-every4-uneven-fsdp    refuse:ZeRO-3             refuse:some_layers        ok                        ok                        ok                        refuse:full_fine-tune     refuse:gpt_family
+llama-12-gpus                  ok                        ok                        ok                        refuse:12_ranks           refuse:12_ranks           refuse:full_fine-tune     refuse:precision
+mixtral-ep                     ok                        refuse:mixture            refuse:mixture            ok                        ok                        refuse:full_fine-tune     refuse:mixture
+deepseek-v3-ep                 ok                        refuse:Latent             refuse:Latent             ok                        ok                        refuse:full_fine-tune     refuse:Latent
+tiny-cpu                       refuse:CPU                refuse:CPU                refuse:CPU                ok                        ok                        refuse:full_fine-tune     refuse:CPU
+ft-lora-1gpu                   refuse:adapters           refuse:adapters           refuse:adapters           refuse:adapters           refuse:adapters           ok                        ok
+ft-qlora-1gpu                  refuse:adapters           refuse:adapters           refuse:adapters           refuse:adapters           refuse:adapters           ok                        ok
+ft-lora-8bit                   refuse:adapters           refuse:adapters           refuse:adapters           refuse:adapters           refuse:adapters           ok                        ok
+ft-lora-fsdp                   refuse:adapters           refuse:adapters           refuse:adapters           refuse:adapters           refuse:adapters           ok                        ok
+ft-lora-zero1                  refuse:adapters           refuse:adapters           refuse:adapters           refuse:adapters           refuse:adapters           ok                        refuse:ZeRO-1
+ft-lora-tp                     refuse:adapters           refuse:adapters           refuse:adapters           refuse:adapters           refuse:adapters           ok                        refuse:tensor
+ft-qlora-spec                  refuse:adapters           refuse:adapters           refuse:adapters           refuse:adapters           refuse:adapters           ok                        refuse:precision
+ft-gpt2-lora                   refuse:adapters           refuse:adapters           refuse:adapters           refuse:adapters           refuse:adapters           ok                        refuse:gpt_family
+ft-full-1gpu                   refuse:every_tensor       refuse:every_tensor       refuse:clipping           ok                        ok                        refuse:full_fine-tune     ok
+ft-full-fsdp                   refuse:ZeRO-3             refuse:every_tensor       refuse:clipping           ok                        ok                        refuse:full_fine-tune     ok
+llama-infeasible               refuse:feasible           refuse:feasible           refuse:feasible           refuse:feasible           refuse:feasible           refuse:feasible           refuse:feasible
+llama-infeasible+force         ok                        ok                        ok                        ok                        ok                        refuse:full_fine-tune     refuse:precision
 TABLE
 )
 column_of() { # TARGET: its column in the table (plan is 1)
@@ -231,7 +267,7 @@ skip() { # TARGET REASON: every export of the target is recorded as skipped
 }
 PY=${TESSERA_TORCH_PYTHON:-}
 for target in "${COLUMNS_[@]}"; do
-  case $target in megatron | deepspeed | torchtitan)
+  case $target in megatron | deepspeed | torchtitan | peft)
     [ -n "${CHECK[$target]:-}" ] && [ -z "$PY" ] && PY=$(bash scripts/check-exports-env.sh engines) ;;
   esac
 done
@@ -251,6 +287,18 @@ for target in "${COLUMNS_[@]}"; do
     ;;
   torchtitan)
     run_check torchtitan "$PY" -W ignore
+    ;;
+  peft)
+    # PEFT is a step of its own in the engines venv (check-exports-env.sh); a
+    # TESSERA_TORCH_PYTHON needs transformers and peft.
+    run_check peft "$PY" -W ignore
+    ;;
+  torchtune)
+    # torchtune 0.6.1 pins its own torch (2.7): a venv of its own, whatever TESSERA_TORCH_PYTHON is.
+    if [ -n "${CHECK[torchtune]:-}" ]; then
+      TT_PY=${TESSERA_TORCHTUNE_PYTHON:-$(bash scripts/check-exports-env.sh torchtune)}
+      run_check torchtune "$TT_PY" -W ignore
+    fi
     ;;
   megatron)
     # Megatron-LM's code: a tree (MEGATRON_LM) ahead of megatron-core's wheel. Skipped, with the

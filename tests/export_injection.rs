@@ -17,7 +17,8 @@ use tessera_planner::plan::Plan;
 
 /// Plans tiny on cpu-8 (a CPU plan), and Llama-3 8B on two DGX H100 nodes on one stage with
 /// ZeRO-1 (which Megatron-LM and DeepSpeed take) and on two stages with ZeRO-3 (which
-/// torchtitan takes), so that every writer's text is produced for some plan.
+/// torchtitan takes), and a LoRA fine-tune on one RTX 4090 (which PEFT and torchtune take), so
+/// that every writer's text is produced for some plan.
 fn base_plans(dir: &Scratch) -> Vec<Plan> {
     let mut paths = vec![tiny_plan(dir)];
     for (zero, pp, dp) in [("1", "1", "8"), ("3", "2", "4")] {
@@ -30,6 +31,20 @@ fn base_plans(dir: &Scratch) -> Vec<Plan> {
         args.extend(pins.split_whitespace());
         paths.push(plan_file(dir, &name, &args));
     }
+    paths.push(plan_file(
+        dir,
+        "lora.json",
+        &[
+            "specs/finetune/llama3-8b-lora-torchtune.toml",
+            "specs/clusters/rtx4090-24g.toml",
+            "--devices",
+            "1",
+            "--micro-batch",
+            "2",
+            "--recompute",
+            "full",
+        ],
+    ));
     paths
         .iter()
         .map(|p| serde_json::from_str(&std::fs::read_to_string(p).unwrap()).unwrap())
@@ -194,6 +209,27 @@ fn check_export(dir: &Path, plan: &Plan, target: Target, marker: &Path) {
         }
         Target::DeepSpeed => {
             let _: serde_json::Value = serde_json::from_str(&text).unwrap();
+        }
+        Target::Peft => {
+            let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+            assert_eq!(v["peft_type"], "LORA", "{text}");
+        }
+        Target::Torchtune => {
+            // Every line before the YAML is a comment; the YAML is one mapping.
+            let body: String = text
+                .lines()
+                .skip_while(|l| l.starts_with('#'))
+                .map(|l| format!("{l}\n"))
+                .collect();
+            assert!(text.lines().take_while(|l| l.starts_with('#')).count() >= 3);
+            let v: serde_yaml_ng::Value =
+                serde_yaml_ng::from_str(&text).unwrap_or_else(|e| panic!("{e}\n{text}"));
+            let b: serde_yaml_ng::Value = serde_yaml_ng::from_str(&body).unwrap();
+            assert_eq!(v, b, "a comment line ended early:\n{text}");
+            assert!(v["model"]["_component_"]
+                .as_str()
+                .unwrap()
+                .starts_with("torchtune.models."));
         }
     }
     assert!(

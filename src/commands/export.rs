@@ -1,4 +1,4 @@
-//! `tessera export plan.json --to megatron|deepspeed|torchtitan|sbatch|kubernetes [-o FILE]`:
+//! `tessera export plan.json --to megatron|deepspeed|torchtitan|sbatch|kubernetes|peft|torchtune [-o FILE]`:
 //! the plan in the language of the engine or scheduler that will run it (docs/exports.md). A
 //! plan the target cannot express exactly is refused with exit 2; no file is written. A plan
 //! marked infeasible is refused unless `--force`.
@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Args, ValueEnum};
-use tessera_planner::export::{deepspeed_flags, export_with, Target};
+use tessera_planner::export::{deepspeed_flags, export_with, peft_note, Target};
 use tessera_planner::plan::Plan;
 
 use crate::files::{check_outputs, named, write_output};
@@ -24,6 +24,10 @@ enum To {
     Sbatch,
     /// A Kubernetes indexed Job and headless Service that run `tessera launch` per node.
     Kubernetes,
+    /// Hugging Face PEFT's LoraConfig (adapter_config.json) of a LoRA or QLoRA plan.
+    Peft,
+    /// A torchtune 0.6.1 recipe config (YAML): LoRA, QLoRA or full, one device or FSDP.
+    Torchtune,
 }
 
 #[derive(Args)]
@@ -55,6 +59,8 @@ pub fn run(args: ExportArgs) -> anyhow::Result<ExitCode> {
         To::Torchtitan => Target::Torchtitan,
         To::Sbatch => Target::Sbatch,
         To::Kubernetes => Target::Kubernetes,
+        To::Peft => Target::Peft,
+        To::Torchtune => Target::Torchtune,
     };
     let text = export_with(&plan, target, args.force)
         .map_err(|e| anyhow::anyhow!("{}: {e}", args.plan.display()))?;
@@ -73,6 +79,11 @@ pub fn run(args: ExportArgs) -> anyhow::Result<ExitCode> {
             "Megatron-DeepSpeed flags the config cannot hold: {}",
             deepspeed_flags(&plan)
         );
+    }
+    if target == Target::Peft {
+        if let Some(note) = peft_note(&plan) {
+            eprintln!("{}: note: {note}", args.plan.display());
+        }
     }
     Ok(ExitCode::SUCCESS)
 }

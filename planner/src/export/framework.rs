@@ -14,6 +14,10 @@ pub fn profiles(target: Target) -> &'static [&'static str] {
         Target::DeepSpeed => &["deepspeed"],
         Target::Torchtitan => &["torchtitan"],
         Target::Sbatch | Target::Kubernetes => &["tessera"],
+        // A LoraConfig launches nothing: any plan's adapters are the same adapters. Tessera has
+        // no torchtune profile: its plans are predicted for the default one (a warning says so).
+        Target::Peft => &[],
+        Target::Torchtune => &["megatron-core"],
     }
 }
 
@@ -29,7 +33,7 @@ fn plan_profile(plan: &Plan) -> &'static str {
 pub(super) fn check(plan: &Plan, target: Target) -> Result<(), ExportError> {
     let engine = matches!(
         target,
-        Target::Megatron | Target::DeepSpeed | Target::Torchtitan
+        Target::Megatron | Target::DeepSpeed | Target::Torchtitan | Target::Torchtune
     );
     let used = plan_profile(plan);
     if engine && framework::stated(&plan.job.model) && !profiles(target).contains(&used) {
@@ -38,10 +42,14 @@ pub(super) fn check(plan: &Plan, target: Target) -> Result<(), ExportError> {
             format!(
                 "the plan was made for the framework profile \"{used}\": its layout was searched among what {used} runs, and its step time and memory are {used}'s"
             ),
-            format!(
-                "re-plan with `tessera plan ... --framework {}` and export that plan",
-                profiles(target)[0]
-            ),
+            if target == Target::Torchtune {
+                "re-plan without --framework (Tessera has no torchtune profile) and export that plan".to_string()
+            } else {
+                format!(
+                    "re-plan with `tessera plan ... --framework {}` and export that plan",
+                    profiles(target)[0]
+                )
+            },
         ));
     }
     Ok(())
@@ -53,6 +61,14 @@ pub(super) fn check(plan: &Plan, target: Target) -> Result<(), ExportError> {
 /// `tessera run`.
 pub fn warning(plan: &Plan, target: Target) -> Option<String> {
     let used = plan_profile(plan);
+    if target == Target::Peft {
+        return None;
+    }
+    if target == Target::Torchtune {
+        return Some(format!(
+            "warning: this plan's step time and memory were predicted for the framework profile \"{used}\"; Tessera has no torchtune profile, so torchtune's own run (its FSDP2, its kernels) may differ"
+        ));
+    }
     if profiles(target).contains(&used) {
         return None;
     }

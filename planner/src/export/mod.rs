@@ -1,6 +1,7 @@
 //! A plan in the languages of the engines and schedulers users run: Megatron-LM's
 //! `pretrain_gpt.py` arguments, a DeepSpeed config, a torchtitan job config, a Slurm batch
-//! script and a Kubernetes indexed Job. Each writer states the plan exactly or refuses: a plan
+//! script and a Kubernetes indexed Job; and for fine-tuning, PEFT's `LoraConfig` and a torchtune
+//! recipe config. Each writer states the plan exactly or refuses: a plan
 //! feature the target lacks is an [`ExportError`] naming it, never a file that silently means
 //! something else. Pure: text in, text out.
 //!
@@ -19,11 +20,14 @@ mod deepspeed;
 pub mod framework;
 mod launch;
 mod megatron;
+mod peft;
 mod scheduler;
 mod torchtitan;
+mod torchtune;
 
 pub use deepspeed::deepspeed_flags;
 pub use launch::Launch;
+pub use peft::peft_note;
 
 use crate::plan::Plan;
 use crate::spec::DeviceKind;
@@ -36,6 +40,8 @@ pub enum Target {
     Torchtitan,
     Sbatch,
     Kubernetes,
+    Peft,
+    Torchtune,
 }
 
 impl Target {
@@ -46,15 +52,19 @@ impl Target {
             Target::Torchtitan => "torchtitan",
             Target::Sbatch => "sbatch",
             Target::Kubernetes => "kubernetes",
+            Target::Peft => "peft",
+            Target::Torchtune => "torchtune",
         }
     }
 
-    pub const ALL: [Target; 5] = [
+    pub const ALL: [Target; 7] = [
         Target::Megatron,
         Target::DeepSpeed,
         Target::Torchtitan,
         Target::Sbatch,
         Target::Kubernetes,
+        Target::Peft,
+        Target::Torchtune,
     ];
 }
 
@@ -112,21 +122,24 @@ pub fn export_with(plan: &Plan, target: Target, force: bool) -> Result<String, E
             "re-plan without --force, or export it anyway with `tessera export --force`",
         ));
     }
-    // No writer here states adapters yet: each would write a job that trains every weight.
+    // Adapters on a frozen base: PEFT's config and torchtune's LoRA recipes state them; the
+    // other targets would launch a job that trains every weight.
     let m = &plan.job.model;
     if m.training.method.adapters() {
-        return Err(refuse(
-            target,
-            format!(
-                "a {} fine-tune (adapters on a frozen base): this export writes full training, which would train every weight",
-                m.training.method.name()
-            ),
-            "plan it to size it; export a full fine-tune (--method full), or wait for the PEFT and torchtune exports (issue 37)",
-        ));
+        if let Some(why) = adapters_missing(target) {
+            return Err(refuse(
+                target,
+                format!(
+                    "a {} fine-tune (adapters on a frozen base): {why}, so its job would train every weight",
+                    m.training.method.name()
+                ),
+                "export it to peft (the adapters' LoraConfig) or torchtune (a LoRA recipe config)",
+            ));
+        }
     }
     let gpu_engine = matches!(
         target,
-        Target::Megatron | Target::DeepSpeed | Target::Torchtitan
+        Target::Megatron | Target::DeepSpeed | Target::Torchtitan | Target::Torchtune
     );
     if gpu_engine && plan.job.cluster.device.kind == DeviceKind::Cpu {
         return Err(refuse(
@@ -147,6 +160,21 @@ pub fn export_with(plan: &Plan, target: Target, force: bool) -> Result<String, E
         Target::Torchtitan => torchtitan::torchtitan(plan),
         Target::Sbatch => scheduler::sbatch(plan, &launch),
         Target::Kubernetes => scheduler::kubernetes(plan, &launch),
+        Target::Peft => peft::peft(plan),
+        Target::Torchtune => torchtune::torchtune(plan),
+    }
+}
+
+/// Why `target` cannot state adapters on a frozen base; `None` where it can.
+fn adapters_missing(target: Target) -> Option<&'static str> {
+    match target {
+        Target::Megatron => Some("Megatron-LM's pretrain_gpt.py has no adapters (LoRA on Megatron-Core is NeMo's PEFT, not its arguments)"),
+        // A PEFT run reaches DeepSpeed through accelerate or the HF Trainer; this export's
+        // client is Megatron-DeepSpeed, whose flags it prints and which has no adapters.
+        Target::DeepSpeed => Some("the DeepSpeed export is Megatron-DeepSpeed's config and flags, which have no adapters (a PEFT run's ZeRO config is accelerate's, with the LoRA part PEFT's)"),
+        Target::Torchtitan => Some("torchtitan 0.2 has no adapters"),
+        Target::Sbatch | Target::Kubernetes => Some("the script runs `tessera run`, whose runtime trains every weight (it refuses adapter plans)"),
+        Target::Peft | Target::Torchtune => None,
     }
 }
 
