@@ -21,6 +21,7 @@ mod start;
 use std::path::PathBuf;
 use std::sync::Arc;
 
+use tessera_planner::finetune::Method;
 use tessera_planner::optimizer::{Optimizer, Schedule};
 use tessera_planner::plan::Plan;
 
@@ -173,13 +174,17 @@ impl RunOptions {
     /// Returns the run's optimizer settings (the plan's with the overrides applied).
     pub fn check(&self, plan: &Plan) -> Result<(Optimizer, Schedule), SessionError> {
         let method = plan.job.model.training.method;
-        if method.adapters() {
+        if method == Method::Qlora {
             return Err(refused(
-                format!(
-                    "the plan fine-tunes with {} (training.method), and the runtime does not train adapters yet: it would train every weight",
-                    method.name()
-                ),
-                "run a plan of --method full; LoRA and QLoRA are planned only (issue 37)",
+                "the plan fine-tunes with qlora (training.method), and the runtime does not store a base in NF4 yet: it would train LoRA adapters on a full-precision base",
+                "run the plan's model with --method lora, or plan it for the CPU runtime later (issue 37)",
+            ));
+        }
+        let ck = &self.checkpoint;
+        if method.adapters() && (ck.save_dir.is_some() || ck.resume.is_some()) {
+            return Err(refused(
+                "the plan trains LoRA adapters, and checkpoints do not hold a frozen base yet: a save would miss it and a resume could not start",
+                "run the adapter plan without --save-dir and --resume",
             ));
         }
         let settings = self.optim.settings(plan)?;
