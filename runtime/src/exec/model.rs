@@ -8,6 +8,7 @@
 
 use std::ops::Range;
 
+use tessera_planner::finetune::Lora;
 use tessera_planner::model::Architecture;
 use tessera_planner::plan::Plan;
 
@@ -109,22 +110,20 @@ impl StageModel {
                 ))
             }
         };
-        let build = |layout: ParamLayout| {
+        built(lora.as_ref(), |layout| {
             let (pp, sp) = (p.pp as usize, p.sequence_parallel);
             Self::build_chunks(a, chunks, pp, sp, tp, ep, layout, lora.as_ref())
-        };
-        match &lora {
-            None => build(ParamLayout::new()),
-            // Once to learn how many elements the adapters take, then with the frozen base
-            // packed right after them.
-            Some(_) => build(ParamLayout::frozen_at(
-                build(ParamLayout::frozen_at(0))?.layout.trainable_len(),
-            )),
-        }
+        })
     }
 
     /// The whole model on one rank (TP 1, one stage): what a checkpoint's forward runs.
     pub fn whole(a: &Architecture) -> Result<StageModel, LayerError> {
+        Self::whole_with(a, None)
+    }
+
+    /// [`whole`](Self::whole) with the adapters of `lora` on its frozen base (a LoRA
+    /// checkpoint's tensors).
+    pub fn whole_with(a: &Architecture, lora: Option<&Lora>) -> Result<StageModel, LayerError> {
         let chunk = tessera_planner::plan::Chunk {
             chunk: 0,
             virtual_stage: 0,
@@ -132,8 +131,12 @@ impl StageModel {
             embedding: true,
             head: true,
         };
+        let s = lora.map(LoraSettings::from_plan).transpose()?;
         let (tp, ep) = (TpShard::new(0, 1), EpShard::SINGLE);
-        Self::build_chunks(a, &[chunk], 1, false, tp, ep, ParamLayout::new(), None)
+        let chunks = std::slice::from_ref(&chunk);
+        built(s.as_ref(), |layout| {
+            Self::build_chunks(a, chunks, 1, false, tp, ep, layout, s.as_ref())
+        })
     }
 
     /// Builds `chunks` of a model of `pp` stages, with `tp` its tensor-parallel shard, into
@@ -294,6 +297,21 @@ impl StageModel {
             .flat_map(crate::layers::lora_attach::adapters)
             .map(|a| a.tp_summed().range())
             .collect()
+    }
+}
+
+/// The model `build` makes into a fresh layout; with adapters, built twice: once to learn
+/// how many elements the adapters take, then with the frozen base packed right after them.
+fn built(
+    lora: Option<&LoraSettings>,
+    build: impl Fn(ParamLayout) -> Result<StageModel, LayerError>,
+) -> Result<StageModel, LayerError> {
+    match lora {
+        None => build(ParamLayout::new()),
+        Some(_) => {
+            let trainable = build(ParamLayout::frozen_at(0))?.layout.trainable_len();
+            build(ParamLayout::frozen_at(trainable))
+        }
     }
 }
 

@@ -180,13 +180,6 @@ impl RunOptions {
                 "run the plan's model with --method lora, or plan it for the CPU runtime later (issue 37)",
             ));
         }
-        let ck = &self.checkpoint;
-        if method.adapters() && (ck.save_dir.is_some() || ck.resume.is_some()) {
-            return Err(refused(
-                "the plan trains LoRA adapters, and checkpoints do not hold a frozen base yet: a save would miss it and a resume could not start",
-                "run the adapter plan without --save-dir and --resume",
-            ));
-        }
         let settings = self.optim.settings(plan)?;
         if let (Some(v), None) = (&self.data.val_data, self.eval.eval_every) {
             return Err(refused(
