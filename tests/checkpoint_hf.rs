@@ -51,6 +51,52 @@ fn logits(ck: &Path, tokens: &str) -> Vec<f64> {
         .collect()
 }
 
+/// A LoRA plan `--init-from` a GPT-2 export trains its adapters on that base: after two steps
+/// the checkpoint's frozen tensors are the exported checkpoint's, bit for bit, and adapters
+/// were added (B moved off zero).
+fn lora_on_the_export(dir: &Scratch, full_ck: &Path, hf: &Path) {
+    let lora = plan_file(
+        dir,
+        "gpt-lora.json",
+        &[
+            "specs/models/tiny.toml",
+            "specs/clusters/cpu-8.toml",
+            "--devices",
+            "1",
+            "--method",
+            "lora",
+            "--lora-targets",
+            "qkv,o,up,down",
+        ],
+    );
+    let ck = dir.path("gpt-lora-ck");
+    let args = ["run", &s(&lora), "--steps", "2", "--init-from", &s(hf)];
+    let r = run(&[&args[..], &["--save-dir", &s(&ck)]].concat());
+    assert_eq!(r.code, Some(0), "{}", r.stderr);
+    let open = |p: &Path| tessera_runtime::checkpoint::Checkpoint::open(p).unwrap();
+    let (base, tuned) = (open(&full_ck.join("step-4")), open(&ck.join("step-2")));
+    let base: std::collections::BTreeMap<&str, &[f32]> =
+        base.params().map(|(n, _, v)| (n, v)).collect();
+    let mut adapters = 0;
+    for (name, _, v) in tuned.params() {
+        match base.get(name) {
+            Some(b) => assert!(*b == v, "frozen {name} differs from the export's"),
+            None => {
+                assert!(name.contains(".lora_"), "{name}");
+                adapters += 1;
+                if name.contains("lora_B") {
+                    assert!(v.iter().any(|&x| x != 0.0), "{name} trained");
+                }
+            }
+        }
+    }
+    assert_eq!(
+        adapters,
+        2 * 4 * 4,
+        "A and B on qkv, o, up, down of 4 layers"
+    );
+}
+
 #[test]
 fn inspect_export_and_init_from_round_trip() {
     let dir = Scratch::new();
@@ -72,6 +118,7 @@ fn inspect_export_and_init_from_round_trip() {
     let (gpt_hf, llama_hf) = (dir.path("gpt-hf"), dir.path("llama-hf"));
     export(&gpt_ck, &gpt_hf);
     export(&llama_ck, &llama_hf);
+    lora_on_the_export(&dir, &gpt_ck, &gpt_hf);
     let cfg: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(llama_hf.join("config.json")).unwrap())
             .unwrap();

@@ -22,6 +22,9 @@ pub enum Init {
     Normal { std: f32 },
     /// Every element equal (norm weights 1, biases 0).
     Const(f32),
+    /// `U(-bound, bound)` from the counter RNG keyed by the tensor's global name (LoRA's A:
+    /// PEFT's `kaiming_uniform_(a=√5)`, i.e. `bound = 1/√in`).
+    Uniform { bound: f32 },
 }
 
 /// How a tensor is split across the ranks of its tensor-parallel group.
@@ -64,6 +67,9 @@ pub struct ParamInfo {
     /// True when split over TP; false when every TP rank holds a copy (count it once in norms).
     pub tp_sharded: bool,
     pub init: Init,
+    /// Trains (has a gradient and optimizer state); false for a frozen base's tensors, which
+    /// sit in the layout's frozen region, past every trainable one.
+    pub trainable: bool,
 }
 
 /// Why a parameter cannot be registered.
@@ -86,6 +92,8 @@ pub enum ParamError {
     },
     #[error("parameter {name} registered twice")]
     Duplicate { name: String },
+    #[error("tensors cannot be appended to a layout with a frozen region (routed experts under adapter fine-tuning)")]
+    Frozen,
 }
 
 /// A view of one tensor (or several adjacent ones) in the flat buffers.
@@ -179,16 +187,31 @@ impl ParamInfo {
                     rng::fill_normal(&mut out[l..l + n], seed, stream, g as u64, std);
                 }
             }
+            Init::Uniform { bound } => {
+                let stream = rng::stream_id(&self.name);
+                for (l, g, n) in self.runs() {
+                    rng::fill_uniform(&mut out[l..l + n], seed, stream, g as u64, bound);
+                }
+            }
         }
     }
 }
 
 /// The list of parameter shards of one rank (one pipeline stage's share of the model), in
 /// registration order, packed without gaps into a flat buffer of `len()` elements.
+///
+/// A layout made by [`ParamLayout::frozen_at`] (adapter fine-tuning) keeps two regions:
+/// [`add`](Self::add) registers a FROZEN tensor in the region that starts at the given offset,
+/// [`add_trainable`](Self::add_trainable) a trainable one at the trainable cursor. With the
+/// frozen region starting where the trainable tensors end, `[0, trainable_len())` holds every
+/// trainable tensor: the gradient buffer, the optimizer and ZeRO cover that prefix only.
 #[derive(Debug, Clone, Default)]
 pub struct ParamLayout {
     entries: Vec<ParamInfo>,
+    /// The trainable cursor.
     len: usize,
+    /// `(start, len)` of the frozen region, when [`add`](Self::add) freezes.
+    frozen: Option<(usize, usize)>,
 }
 
 impl ParamLayout {
@@ -196,8 +219,38 @@ impl ParamLayout {
         Self::default()
     }
 
-    /// Registers a tensor shard at the end of the flat buffer.
+    /// A layout whose [`add`](Self::add) registers frozen tensors, packed from `start` on.
+    /// Build twice: once at `0` to learn [`trainable_len`](Self::trainable_len), then at it.
+    pub fn frozen_at(start: usize) -> Self {
+        Self {
+            frozen: Some((start, 0)),
+            ..Self::default()
+        }
+    }
+
+    /// Whether [`add`](Self::add) registers frozen tensors.
+    pub fn freezing(&self) -> bool {
+        self.frozen.is_some()
+    }
+
+    /// Elements of the trainable prefix `[0, trainable_len())` (all of them unless freezing).
+    pub fn trainable_len(&self) -> usize {
+        self.len
+    }
+
+    /// Registers a tensor shard at the end of the flat buffer (of its frozen region when the
+    /// layout freezes).
     pub fn add(&mut self, spec: ParamSpec) -> Result<ParamRef, ParamError> {
+        let frozen = self.frozen.is_some();
+        self.register(spec, !frozen)
+    }
+
+    /// Registers a trainable tensor shard at the trainable cursor (an adapter).
+    pub fn add_trainable(&mut self, spec: ParamSpec) -> Result<ParamRef, ParamError> {
+        self.register(spec, true)
+    }
+
+    fn register(&mut self, spec: ParamSpec, trainable: bool) -> Result<ParamRef, ParamError> {
         if self.entries.iter().any(|e| e.name == spec.name) {
             return Err(ParamError::Duplicate { name: spec.name });
         }
@@ -230,29 +283,40 @@ impl ParamLayout {
             }
         };
         let len = shard_shape.iter().product();
-        let r = ParamRef {
-            offset: self.len,
-            len,
+        let offset = match (trainable, self.frozen.as_mut()) {
+            (false, Some((start, flen))) => {
+                *flen += len;
+                *start + *flen - len
+            }
+            _ => {
+                self.len += len;
+                self.len - len
+            }
         };
         self.entries.push(ParamInfo {
             name: spec.name,
             global_shape: spec.global_shape,
             shard_start,
             shard_shape,
-            offset: self.len,
+            offset,
             len,
             decay: spec.decay,
             tp_sharded,
             init: spec.init,
+            trainable,
         });
-        self.len += len;
-        Ok(r)
+        Ok(ParamRef { offset, len })
     }
 
-    /// Appends every tensor of `other` after this layout's, their offsets moved by this
-    /// layout's length, which is returned (where `other`'s flat buffer now starts).
+    /// Appends every tensor of `other` (a layout that does not freeze) after this layout's
+    /// trainable ones, their offsets moved by this layout's trainable length, which is
+    /// returned (where `other`'s flat buffer now starts). A freezing layout takes an empty
+    /// `other` only (its frozen region would move).
     pub fn append(&mut self, other: ParamLayout) -> Result<usize, ParamError> {
         let base = self.len;
+        if other.frozen.is_some() || (self.frozen.is_some() && !other.entries.is_empty()) {
+            return Err(ParamError::Frozen);
+        }
         for mut e in other.entries {
             if self.entries.iter().any(|x| x.name == e.name) {
                 return Err(ParamError::Duplicate { name: e.name });
@@ -268,22 +332,25 @@ impl ParamLayout {
         &self.entries
     }
 
-    /// Total elements of the flat buffer.
+    /// Total elements of the flat buffer (the frozen region included).
     pub fn len(&self) -> usize {
-        self.len
+        match self.frozen {
+            Some((start, flen)) => self.len.max(start + flen),
+            None => self.len,
+        }
     }
 
     pub fn is_empty(&self) -> bool {
-        self.len == 0
+        self.len() == 0
     }
 
     pub fn get(&self, name: &str) -> Option<&ParamInfo> {
         self.entries.iter().find(|e| e.name == name)
     }
 
-    /// A zeroed flat buffer (for grads or optimizer state).
+    /// A zeroed flat buffer of [`len`](Self::len) elements.
     pub fn zeros(&self) -> Vec<f32> {
-        vec![0.0; self.len]
+        vec![0.0; self.len()]
     }
 
     /// The flat parameter buffer initialised from `seed` by global index.
@@ -389,5 +456,20 @@ mod tests {
         ));
         let segs: Vec<_> = l.segments(4..7).map(|(r, e)| (r, e.name.clone())).collect();
         assert_eq!(segs, vec![(4..6, "a".to_string()), (6..7, "b".to_string())]);
+    }
+
+    #[test]
+    fn a_frozen_region_follows_the_trainable_prefix() {
+        let mut l = ParamLayout::frozen_at(3);
+        assert!(l.freezing());
+        let w = l.add(spec("w", &[2, 2], Shard::Replicated)).unwrap();
+        let a = l.add_trainable(spec("a", &[3], Shard::Replicated)).unwrap();
+        assert_eq!((w.offset, w.len, a.offset, a.len), (3, 4, 0, 3));
+        assert_eq!((l.trainable_len(), l.len()), (3, 7));
+        assert!(!l.get("w").unwrap().trainable && l.get("a").unwrap().trainable);
+        let mut other = ParamLayout::new();
+        other.add(spec("e", &[1], Shard::Replicated)).unwrap();
+        assert_eq!(l.append(other), Err(ParamError::Frozen));
+        assert_eq!(l.append(ParamLayout::new()), Ok(3));
     }
 }

@@ -57,6 +57,14 @@ pub fn fill_normal(out: &mut [f32], seed: u64, stream: u64, first: u64, std: f32
     }
 }
 
+/// `out[i] = U(-bound, bound)` for global indices `first..first + out.len()` of `stream`.
+pub fn fill_uniform(out: &mut [f32], seed: u64, stream: u64, first: u64, bound: f32) {
+    let bound = f64::from(bound);
+    for (i, o) in (first..).zip(out.iter_mut()) {
+        *o = (bound * (2.0 * uniform(seed, stream, i) - 1.0)) as f32;
+    }
+}
+
 /// 64-bit FNV-1a: a stable hash (std's hasher may change between Rust releases). Keys the
 /// kernel compile cache and the rendezvous token.
 pub fn fnv1a64(bytes: &[u8]) -> u64 {

@@ -117,6 +117,23 @@ fn second_half(plan: &Plan, dir: &Path) -> TrainReport {
     r
 }
 
+/// The halves `a` then `b` of a resumed run lose and end as the `straight` run, bit for bit.
+fn assert_resumed_is_straight(
+    a: &TrainReport,
+    b: &TrainReport,
+    straight: &TrainReport,
+    what: &str,
+) {
+    let losses = |r: &TrainReport| r.steps.iter().map(|s| s.loss.to_bits()).collect::<Vec<_>>();
+    let mut resumed = losses(a);
+    resumed.extend(losses(b));
+    assert_eq!(resumed, losses(straight), "{what}: losses differ");
+    assert!(
+        bits(&b.params) == bits(&straight.params),
+        "{what}: final parameters differ"
+    );
+}
+
 fn bits(params: &BTreeMap<String, Vec<f32>>) -> BTreeMap<&String, Vec<u32>> {
     params
         .iter()
@@ -167,14 +184,7 @@ fn resume_is_bit_identical_under_every_kind_of_layout() {
         assert_eq!(latest.trim(), "step-3", "{what}");
         assert!(!dir.join("step-2").exists(), "{what}: keep 1 prunes step-2");
         let b = second_half(&p, &dir);
-        let losses = |r: &TrainReport| r.steps.iter().map(|s| s.loss.to_bits()).collect::<Vec<_>>();
-        let mut resumed = losses(&a);
-        resumed.extend(losses(&b));
-        assert_eq!(resumed, losses(&straight), "{what}: losses differ");
-        assert!(
-            bits(&b.params) == bits(&straight.params),
-            "{what}: final parameters differ"
-        );
+        assert_resumed_is_straight(&a, &b, &straight, &what);
         std::fs::remove_dir_all(&dir).ok();
     }
 }
@@ -473,6 +483,60 @@ fn an_moe_checkpoint_resumes_on_its_layout_and_across_ep() {
             );
         }
         tiny::assert_params_close(&b.params, &single.params, &format!("EP 2 → {i}"));
+        std::fs::remove_dir_all(&dir).ok();
+    }
+}
+
+/// The tiny model fine-tuned with LoRA (r 4, alpha 8, on qkv, o, up, down) under `l`.
+fn lora_plan(l: L) -> Plan {
+    let mut m = tiny::model();
+    m.training.method = tessera_planner::finetune::Method::Lora;
+    m.lora = Some(tessera_planner::finetune::Lora {
+        rank: 4,
+        alpha: 8.0,
+        dropout: 0.0,
+        targets: {
+            use tessera_planner::finetune::Target::*;
+            vec![Qkv, O, Up, Down]
+        },
+    });
+    let layout = Layout {
+        sequence_parallel: l.sp,
+        ..tiny::layout(l.dp, l.pp, l.tp, l.zero, l.schedule, l.v, l.recompute)
+    };
+    tiny::plan(&m, &layout)
+}
+
+/// A LoRA run's checkpoint holds the adapters with their moments and the frozen base (its
+/// weights, zero moments): N/2 + save + resume + N/2 equals N straight bit for bit, and a full
+/// plan refuses to resume it.
+#[test]
+fn a_lora_run_resumes_bit_identically() {
+    let layouts = [
+        l(1, 1, 1, 0),
+        l(2, 1, 2, 3),
+        L {
+            sp: true,
+            recompute: Recompute::Full,
+            ..l(2, 2, 2, 1)
+        },
+    ];
+    for (i, layout) in layouts.into_iter().enumerate() {
+        let what = format!("lora {layout:?}");
+        let p = lora_plan(layout);
+        let straight = run(&p, &opts());
+        let dir = scratch(&format!("lora-{i}"));
+        let a = first_half(&p, &dir);
+        let b = second_half(&p, &dir);
+        assert_resumed_is_straight(&a, &b, &straight, &what);
+        if i == 0 {
+            let ck = Checkpoint::open(&dir).unwrap();
+            let err = ck
+                .check_compatible(&plan(l(1, 1, 1, 0)), &tiny::data())
+                .unwrap_err()
+                .to_string();
+            assert!(err.contains("lora"), "{err}");
+        }
         std::fs::remove_dir_all(&dir).ok();
     }
 }

@@ -88,6 +88,8 @@ pub fn run(args: CheckpointArgs) -> anyhow::Result<ExitCode> {
             if t == 0 {
                 bail!("--seq-len 0: a sequence needs at least one token\n  fix: pass --seq-len N with N > 0");
             }
+            tessera_runtime::exec::refuse_adapters(&ck)
+                .map_err(|e| anyhow!("{}: {e}", dir.display()))?;
             let a = &ck.index().model;
             let logits = tessera_runtime::exec::forward_logits(a, t, &tokens, |layout| {
                 Ok(ck.restore(layout, &[])?.params)

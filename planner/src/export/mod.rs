@@ -173,7 +173,7 @@ fn adapters_missing(target: Target) -> Option<&'static str> {
         // client is Megatron-DeepSpeed, whose flags it prints and which has no adapters.
         Target::DeepSpeed => Some("the DeepSpeed export is Megatron-DeepSpeed's config and flags, which have no adapters (a PEFT run's ZeRO config is accelerate's, with the LoRA part PEFT's)"),
         Target::Torchtitan => Some("torchtitan 0.2 has no adapters"),
-        Target::Sbatch | Target::Kubernetes => Some("the script runs `tessera run`, whose runtime trains every weight (it refuses adapter plans)"),
+        Target::Sbatch | Target::Kubernetes => Some("the script launches `tessera run` on the cluster's GPUs, and the runtime trains adapters on the CPU backend only (it refuses an adapter plan on GPUs)"),
         Target::Peft | Target::Torchtune => None,
     }
 }

@@ -186,7 +186,10 @@ impl<'a> Ctx<'a> {
             split: split.to_vec(),
             microbatches: layout.microbatches(model),
             shard: layout.shard_degree(cluster),
-            per_layer_act: per_layer_act(model, layout),
+            per_layer_act: per_layer_act(
+                &cpu_runtime::activation_model(model, cluster.device.kind == DeviceKind::Cpu),
+                layout,
+            ),
             expert_shard: moe::expert_shard_degree(layout, cluster),
             moe_act: if model.architecture.moe.is_some() {
                 moe::moe_layer_act(model, layout)

@@ -41,7 +41,8 @@ impl StageBytes {
             .iter()
             .map(|s| per_param(s, zero, shard))
             .sum();
-        let act = per_layer_act(model, layout);
+        let cpu = cluster.device.kind == DeviceKind::Cpu;
+        let act = per_layer_act(&cpu_runtime::activation_model(model, cpu), layout);
         // A framework that reports the allocator's reserved bytes gets `allocator_reserved`
         // (fixed per stage) instead of the flat fragmentation.
         let grow = if fsdp.reserved {
@@ -49,7 +50,6 @@ impl StageBytes {
         } else {
             1.0 + cluster.overhead.fragmentation
         };
-        let cpu = cluster.device.kind == DeviceKind::Cpu;
         let local = layout.rank_tokens(model);
         let mut fixed_all =
             cpu_runtime::workspace_bytes(&local, cpu, b, tp, sp) + cp_ring_bytes(model, layout);

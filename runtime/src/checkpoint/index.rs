@@ -5,6 +5,7 @@
 use std::path::Path;
 
 use serde::{Deserialize, Serialize};
+use tessera_planner::finetune::Lora;
 use tessera_planner::model::Architecture;
 use tessera_planner::plan::{Parallel, Plan, Stage};
 
@@ -40,6 +41,17 @@ pub struct Index {
     /// written before it was recorded.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub lineage: Option<String>,
+    /// The LoRA adapters the run trained on a frozen base (`job.model.lora` of an adapter
+    /// plan): the shards hold the base's weights (zero moments) and the adapters'. Absent for
+    /// full training.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lora: Option<Lora>,
+}
+
+/// The adapters `plan` trains, if any.
+pub fn plan_lora(plan: &Plan) -> Option<Lora> {
+    let m = &plan.job.model;
+    m.lora.clone().filter(|_| m.training.method.adapters())
 }
 
 /// The training settings the data order depends on.
@@ -303,6 +315,19 @@ impl Index {
                     );
                 }
             }
+        }
+        let run_lora = plan_lora(plan);
+        if self.lora != run_lora {
+            let show = |l: &Option<Lora>| match l {
+                Some(l) => serde_json::to_string(l).unwrap_or_default(),
+                None => "none (full training)".into(),
+            };
+            return incompatible(
+                "lora",
+                show(&self.lora),
+                show(&run_lora),
+                "resume with a plan of the checkpoint's training method and [lora] settings",
+            );
         }
         let t = &plan.job.model.training;
         let batch_fix = "resume with the seq_len and global_batch the checkpoint was trained with";

@@ -161,6 +161,7 @@ impl SliceMeta {
             decay: false,
             tp_sharded: false,
             init: crate::params::Init::Const(0.0),
+            trainable: true,
         };
         let (lo, hi) = (self.elements.start, self.elements.end);
         info.runs()

@@ -124,6 +124,7 @@ impl Saver {
             generator: format!("tessera {}", env!("CARGO_PKG_VERSION")),
             step: 0,
             model: plan.job.model.architecture.clone(),
+            lora: super::index::plan_lora(plan),
             training: TrainingShape {
                 seq_len: t.seq_len,
                 global_batch: t.global_batch,

@@ -16,9 +16,19 @@ use crate::params::ParamLayout;
 pub type InitialParams = BTreeMap<String, (Vec<usize>, Vec<f32>)>;
 
 /// The flat parameter buffer of the rank `layout` describes, cut from global tensors `init`.
-pub fn shard_initial(layout: &ParamLayout, init: &InitialParams) -> Result<Vec<f32>, RunError> {
+/// Under adapter fine-tuning `init` is the base: a trainable tensor it lacks (a LoRA adapter)
+/// starts from its initialiser with `seed`, as in a run from scratch.
+pub fn shard_initial(
+    layout: &ParamLayout,
+    init: &InitialParams,
+    seed: u64,
+) -> Result<Vec<f32>, RunError> {
     let mut params = layout.zeros();
     for e in layout.entries() {
+        if layout.freezing() && e.trainable && !init.contains_key(&e.name) {
+            e.init_shard(seed, e.param_ref().of_mut(&mut params));
+            continue;
+        }
         let refuse = |what: String| RunError::Unsupported {
             what,
             fix: "start from weights of the plan's model".into(),
@@ -59,7 +69,7 @@ pub(super) fn initial_state<B: Backend>(
     };
     let init = match (&mut resumed, &opts.init) {
         (Some(s), _) => std::mem::take(&mut s.params),
-        (None, Some(p)) => shard_initial(layout, p)?,
+        (None, Some(p)) => shard_initial(layout, p, opts.seed)?,
         (None, None) => layout.init(opts.seed),
     };
     let params = be.upload(Storage::Bf16, &init)?;
@@ -121,6 +131,23 @@ impl<B: Backend, C: Collective<B>> Rank<'_, B, C> {
                     param: weights[sub].to_vec(),
                     exp_avg: m[rel.clone()].to_vec(),
                     exp_avg_sq: v[rel].to_vec(),
+                });
+            }
+        }
+        if self.model.adapters && self.dp_rank == 0 {
+            // The frozen base, replicated over DP (ZeRO shards the adapters only): its weights
+            // as they are, with zero moments (it has no optimizer state), so the checkpoint is
+            // a whole model and a resume reads it back like any other.
+            let frozen = self.model.layout.trainable_len()..self.model.layout.len();
+            let skip = self.model.tied_copy.as_ref();
+            let owned = owned_pieces(&self.model.layout, &[frozen], self.tp.rank, skip);
+            for (sub, meta) in owned {
+                let zeros = vec![0.0; sub.len()];
+                pieces.push(Piece {
+                    meta,
+                    param: weights[sub].to_vec(),
+                    exp_avg: zeros.clone(),
+                    exp_avg_sq: zeros,
                 });
             }
         }

@@ -26,6 +26,7 @@ pub struct Generator {
 impl Generator {
     /// The model in `ck` (saved under any layout), with the window it was trained on.
     pub fn from_checkpoint(ck: &Checkpoint) -> Result<Generator, RunError> {
+        super::refuse_adapters(ck)?;
         let arch = ck.index().model.clone();
         let layout = StageModel::whole(&arch)?.layout;
         let params = ck.restore(&layout, &[])?.params;

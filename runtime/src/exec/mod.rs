@@ -302,8 +302,21 @@ pub fn check_supported(plan: &Plan) -> Result<(), RunError> {
 /// against the tensors its shards hold (`Checkpoint::check_model` on that model's single-rank
 /// layout). Every command that reads a checkpoint calls it after opening.
 pub fn check_checkpoint(ck: &Checkpoint) -> Result<(), RunError> {
-    let layout = StageModel::whole(&ck.index().model)?.layout;
+    let i = ck.index();
+    let layout = StageModel::whole_with(&i.model, i.lora.as_ref())?.layout;
     Ok(ck.check_model(&layout)?)
+}
+
+/// Refuses a LoRA checkpoint where only the base model's forward runs (logits, sampling):
+/// its adapters would be silently left out.
+pub fn refuse_adapters(ck: &Checkpoint) -> Result<(), RunError> {
+    match ck.index().lora {
+        Some(_) => Err(RunError::Unsupported {
+            what: "the checkpoint holds LoRA adapters on a frozen base, and this forward runs the base model only: it would leave the adapters out".into(),
+            fix: "use a checkpoint of full training; forwards through adapters are not implemented yet (issue 37)".into(),
+        }),
+        None => Ok(()),
+    }
 }
 
 /// Trains for `opts.steps` steps on the CPU backend (threads are ranks); `on_step` sees each

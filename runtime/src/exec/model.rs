@@ -8,9 +8,11 @@
 
 use std::ops::Range;
 
+use tessera_planner::finetune::Lora;
 use tessera_planner::model::Architecture;
 use tessera_planner::plan::Plan;
 
+use crate::layers::lora::LoraSettings;
 use crate::layers::{
     BlockConfig, ColumnParallelLinear, EpShard, LayerError, Norm, PositionEmbedding, TpShard,
     TransformerBlock, VocabParallelEmbedding,
@@ -65,6 +67,9 @@ pub struct StageModel {
     /// The last stage's copy of a tied embedding table living on stage 0 (PP > 1): its
     /// gradient is summed with stage 0's and it is counted once in the gradient norm.
     pub tied_copy: Option<Range<usize>>,
+    /// Adapter fine-tuning: only the LoRA adapters train. Every other tensor sits in the
+    /// layout's frozen region, past [`ParamLayout::trainable_len`], with no gradient.
+    pub adapters: bool,
 }
 
 /// Name of the token embedding table (shared by a tied output layer).
@@ -95,11 +100,30 @@ impl StageModel {
         let p = &plan.parallel;
         let a = &plan.job.model.architecture;
         let chunks = &plan.stages[stage].chunks;
-        Self::build_chunks(a, chunks, p.pp as usize, p.sequence_parallel, tp, ep)
+        let m = &plan.job.model;
+        let lora = match (m.training.method.adapters(), &m.lora) {
+            (false, _) => None,
+            (true, Some(l)) => Some(LoraSettings::from_plan(l)?),
+            (true, None) => {
+                return Err(LayerError::Config(
+                    "the plan trains adapters but has no [lora] settings".into(),
+                ))
+            }
+        };
+        built(lora.as_ref(), |layout| {
+            let (pp, sp) = (p.pp as usize, p.sequence_parallel);
+            Self::build_chunks(a, chunks, pp, sp, tp, ep, layout, lora.as_ref())
+        })
     }
 
     /// The whole model on one rank (TP 1, one stage): what a checkpoint's forward runs.
     pub fn whole(a: &Architecture) -> Result<StageModel, LayerError> {
+        Self::whole_with(a, None)
+    }
+
+    /// [`whole`](Self::whole) with the adapters of `lora` on its frozen base (a LoRA
+    /// checkpoint's tensors).
+    pub fn whole_with(a: &Architecture, lora: Option<&Lora>) -> Result<StageModel, LayerError> {
         let chunk = tessera_planner::plan::Chunk {
             chunk: 0,
             virtual_stage: 0,
@@ -107,10 +131,17 @@ impl StageModel {
             embedding: true,
             head: true,
         };
-        Self::build_chunks(a, &[chunk], 1, false, TpShard::new(0, 1), EpShard::SINGLE)
+        let s = lora.map(LoraSettings::from_plan).transpose()?;
+        let (tp, ep) = (TpShard::new(0, 1), EpShard::SINGLE);
+        let chunks = std::slice::from_ref(&chunk);
+        built(s.as_ref(), |layout| {
+            Self::build_chunks(a, chunks, 1, false, tp, ep, layout, s.as_ref())
+        })
     }
 
-    /// Builds `chunks` of a model of `pp` stages, with `tp` its tensor-parallel shard.
+    /// Builds `chunks` of a model of `pp` stages, with `tp` its tensor-parallel shard, into
+    /// `layout` (a freezing one with `lora`).
+    #[allow(clippy::too_many_arguments)]
     fn build_chunks(
         a: &Architecture,
         chunks_of_stage: &[tessera_planner::plan::Chunk],
@@ -118,16 +149,23 @@ impl StageModel {
         sequence_parallel: bool,
         tp: TpShard,
         ep: EpShard,
+        mut layout: ParamLayout,
+        lora: Option<&LoraSettings>,
     ) -> Result<StageModel, LayerError> {
+        if lora.is_some() && a.moe.is_some() {
+            return Err(LayerError::Config(
+                "LoRA adapters on a mixture-of-experts model are not supported by the runtime yet"
+                    .into(),
+            ));
+        }
         let cfg = BlockConfig::from_architecture(a)?;
         let (c, vocab) = (us(a.hidden), us(a.padded_vocab(tp.size as u64)));
         let local = vocab / tp.size;
         let vocab_real = us(a.vocab).saturating_sub(tp.rank * local).min(local);
-        let mut layout = ParamLayout::new();
         let mut chunks = Vec::new();
         let mut tied_copy = None;
         for ch in chunks_of_stage {
-            let start = layout.len();
+            let start = layout.trainable_len();
             let embedding = if ch.embedding {
                 let wte = VocabParallelEmbedding::new(&mut layout, WTE, vocab, c, tp, 0.02)?;
                 let wpe = match cfg.rope_theta {
@@ -162,6 +200,9 @@ impl StageModel {
                         )?,
                         _ => TransformerBlock::new(&mut layout, &prefix, &cfg, tp)?,
                     };
+                    if let Some(l) = lora {
+                        crate::layers::lora_attach::attach(&mut layout, &mut b, &prefix, l)?;
+                    }
                     b.sequence_parallel = sequence_parallel;
                     Ok(b)
                 })
@@ -180,7 +221,9 @@ impl StageModel {
                             copy.w
                         }
                     };
-                    ColumnParallelLinear::tied(table, c)
+                    let mut proj = ColumnParallelLinear::tied(table, c);
+                    proj.frozen = layout.freezing();
+                    proj
                 } else {
                     ColumnParallelLinear::new(&mut layout, "lm_head", c, vocab, false, tp, 0.02)?
                 }
@@ -200,8 +243,8 @@ impl StageModel {
                 embedding,
                 blocks,
                 head,
-                region: start..layout.len(),
-                experts: base..layout.len(),
+                region: start..layout.trainable_len(),
+                experts: base..layout.trainable_len(),
             });
         }
         Ok(StageModel {
@@ -211,6 +254,7 @@ impl StageModel {
             vocab,
             vocab_real,
             tied_copy,
+            adapters: lora.is_some(),
         })
     }
 }
@@ -226,8 +270,48 @@ impl StageModel {
                 .chain(c.head.as_ref().map(|h| &h.norm))
         });
         norms
+            .filter(|n| !n.frozen)
             .flat_map(|n| std::iter::once(n.w.range()).chain(n.b.map(|b| b.range())))
             .collect()
+    }
+
+    /// The gradient ranges summed over TP (of `tp` ranks) at the end of a step: the
+    /// sequence-parallel norms' and the adapters' partial sums.
+    pub fn tp_summed(&self, sequence_parallel: bool, tp: usize) -> Vec<Range<usize>> {
+        if tp == 1 {
+            return Vec::new();
+        }
+        let mut r = match sequence_parallel {
+            true => self.norm_ranges(),
+            false => Vec::new(),
+        };
+        r.extend(self.adapter_tp_ranges());
+        r
+    }
+
+    /// The flat ranges of the adapter tensors replicated over TP whose gradients are partial
+    /// sums per TP rank (`Adapter::tp_summed`), in order.
+    pub fn adapter_tp_ranges(&self) -> Vec<Range<usize>> {
+        let blocks = self.chunks.iter().flat_map(|c| c.blocks.iter());
+        blocks
+            .flat_map(crate::layers::lora_attach::adapters)
+            .map(|a| a.tp_summed().range())
+            .collect()
+    }
+}
+
+/// The model `build` makes into a fresh layout; with adapters, built twice: once to learn
+/// how many elements the adapters take, then with the frozen base packed right after them.
+fn built(
+    lora: Option<&LoraSettings>,
+    build: impl Fn(ParamLayout) -> Result<StageModel, LayerError>,
+) -> Result<StageModel, LayerError> {
+    match lora {
+        None => build(ParamLayout::new()),
+        Some(_) => {
+            let trainable = build(ParamLayout::frozen_at(0))?.layout.trainable_len();
+            build(ParamLayout::frozen_at(trainable))
+        }
     }
 }
 

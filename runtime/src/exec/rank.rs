@@ -286,7 +286,7 @@ impl<'a, B: Backend, C: Collective<B>> Rank<'a, B, C> {
             .map_or((dp, dp_rank), |c| (c.size(), c.rank()));
         let has_experts = model.chunks.iter().any(|c| !c.experts.is_empty());
         let ranges: Vec<Range<usize>> = match (zero, has_experts) {
-            (0, false) => std::iter::once(0..model.layout.len()).collect(),
+            (0, false) => std::iter::once(0..model.layout.trainable_len()).collect(),
             // Dense and expert parameters are summed over different groups: one optimizer range
             // each, so a checkpoint can tell which ranks write them.
             (0, true) => model
@@ -311,7 +311,8 @@ impl<'a, B: Backend, C: Collective<B>> Rank<'a, B, C> {
                 })
                 .collect(),
         };
-        let grads = be.alloc(Storage::F32, model.layout.len())?;
+        // Trainable parameters only: a frozen base sits past them, with no gradient.
+        let grads = be.alloc(Storage::F32, model.layout.trainable_len())?;
         let cfg = ctx.opts.adamw(plan);
         let (params, master, optimizers) =
             ckpt::initial_state(be, ctx.opts, &model.layout, ranges, cfg)?;
@@ -359,11 +360,7 @@ impl<'a, B: Backend, C: Collective<B>> Rank<'a, B, C> {
             outbox: HashMap::new(),
             grad_bufs: ShardBufs::default(),
             param_bufs: ShardBufs::default(),
-            tp_summed: if p.sequence_parallel && tp.size > 1 {
-                model.norm_ranges()
-            } else {
-                Vec::new()
-            },
+            tp_summed: model.tp_summed(p.sequence_parallel, tp.size),
             last_backward,
             bucketed: vec![false; chunks],
             trace: Vec::new(),
@@ -693,8 +690,10 @@ impl<'a, B: Backend, C: Collective<B>> Rank<'a, B, C> {
                         "runs backward of micro-batch {mb} before embedding it"
                     ))
                 })?;
-                e.wte.backward(be, B::rb(&mut g), &inputs, v(&dx))?;
-                if let Some(wpe) = &e.wpe {
+                if !self.model.adapters {
+                    e.wte.backward(be, B::rb(&mut g), &inputs, v(&dx))?;
+                }
+                if let Some(wpe) = e.wpe.as_ref().filter(|_| !self.model.adapters) {
                     let (gg, cp) = (B::rb(&mut g), self.cp.as_ref());
                     cp::positions_backward(be, wpe, gg, v(&dx), self.dims.t, cp)?;
                 }

@@ -69,6 +69,9 @@ impl<'a, B: Backend, C: Collective<B>> Rank<'a, B, C> {
     /// the end of the step (stage 0's table, or the last stage's copy of it).
     fn tied_range(&self) -> Option<Range<usize>> {
         self.ctx.embedding?;
+        if self.model.adapters {
+            return None; // frozen: no gradient
+        }
         Some(match &self.model.tied_copy {
             Some(r) => r.clone(),
             None => self.model.chunks[0].embedding.as_ref()?.wte.w.range(),

@@ -393,12 +393,14 @@ impl ParallelAttention {
                 true,
             )?;
         }
-        if let Some(kb) = self.k_bias {
+        // A frozen bias has no gradient to protect.
+        let k_bias = self.k_bias.filter(|_| !self.qkv.frozen);
+        if let Some(kb) = k_bias {
             be.copy(B::view_mut(&mut gr.k_bias), kb.view::<B>(B::ro(&g)))?;
         }
         self.qkv
             .backward_partial(be, p, B::rb(&mut g), x, B::view(&gr.dqkv), dx)?;
-        if let Some(kb) = self.k_bias {
+        if let Some(kb) = k_bias {
             be.copy(kb.view_mut::<B>(g), B::view(&gr.k_bias))?;
         }
         Ok(())

@@ -14,6 +14,7 @@
 use crate::backend::{Backend, Collective};
 use crate::params::{Init, ParamLayout, ParamRef, ParamSpec, Shard};
 
+use super::lora::Adapter;
 use super::tp::{copy_to_tp_backward, reduce_from_tp_forward, TpShard};
 use super::LayerError;
 
@@ -26,6 +27,10 @@ pub struct ColumnParallelLinear {
     pub b: Option<ParamRef>,
     pub in_features: usize,
     pub out_local: usize,
+    /// The weight and bias are frozen (adapter fine-tuning): no gradient is computed for them.
+    pub frozen: bool,
+    /// A LoRA adapter added to the output ([`super::lora`]).
+    pub lora: Option<Box<Adapter>>,
 }
 
 fn weight_spec(name: String, shape: [usize; 2], shard: Shard, std: f32) -> ParamSpec {
@@ -101,6 +106,8 @@ impl ColumnParallelLinear {
             b,
             in_features,
             out_local,
+            frozen: layout.freezing(),
+            lora: None,
         })
     }
 
@@ -117,6 +124,8 @@ impl ColumnParallelLinear {
             b: None,
             in_features,
             out_local: w.len / in_features,
+            frozen: false,
+            lora: None,
         }
     }
 
@@ -156,10 +165,8 @@ impl ColumnParallelLinear {
         x: B::Ref<'_>,
         y: B::Mut<'_>,
     ) -> Result<(), LayerError> {
-        let n = B::len(x) / self.in_features;
-        let w = self.w.view::<B>(p);
-        be.matmul_bt(y, x, w, n, self.in_features, self.out_local, false)?;
-        Ok(())
+        let (k, m) = (self.in_features, self.out_local);
+        matmul_forward(be, p, x, y, self.w, k, m, self.lora.as_deref())
     }
 
     /// `dW += dyᵀ·x`, `db += Σ dy`, `dx (N, in) = all_reduce(dy · W_local)` (overwritten).
@@ -184,19 +191,14 @@ impl ColumnParallelLinear {
         &self,
         be: &B,
         p: B::Ref<'_>,
-        mut g: B::Mut<'_>,
+        g: B::Mut<'_>,
         x: B::Ref<'_>,
         dy: B::Ref<'_>,
         dx: B::Mut<'_>,
     ) -> Result<(), LayerError> {
-        let n = B::len(x) / self.in_features;
         let (k, m) = (self.in_features, self.out_local);
-        be.matmul_at(self.w.view_mut::<B>(B::rb(&mut g)), dy, x, m, n, k, true)?;
-        if let Some(b) = self.b {
-            be.bias_backward(b.view_mut::<B>(g), dy)?;
-        }
-        be.matmul(dx, dy, self.w.view::<B>(p), n, m, k, false)?;
-        Ok(())
+        let weights = Weights::of(self.w, self.b, self.frozen, self.lora.as_deref());
+        matmul_backward(be, p, g, x, dy, dx, weights, k, m)
     }
 
     /// [`backward_partial`](Self::backward_partial) without the bias gradient, for a caller
@@ -210,11 +212,9 @@ impl ColumnParallelLinear {
         dy: B::Ref<'_>,
         dx: B::Mut<'_>,
     ) -> Result<(), LayerError> {
-        let n = B::len(x) / self.in_features;
         let (k, m) = (self.in_features, self.out_local);
-        be.matmul_at(self.w.view_mut::<B>(g), dy, x, m, n, k, true)?;
-        be.matmul(dx, dy, self.w.view::<B>(p), n, m, k, false)?;
-        Ok(())
+        let weights = Weights::of(self.w, None, self.frozen, self.lora.as_deref());
+        matmul_backward(be, p, g, x, dy, dx, weights, k, m)
     }
 }
 
@@ -227,6 +227,10 @@ pub struct RowParallelLinear {
     pub b: Option<ParamRef>,
     pub in_local: usize,
     pub out_features: usize,
+    /// The weight and bias are frozen (adapter fine-tuning): no gradient is computed for them.
+    pub frozen: bool,
+    /// A LoRA adapter added to this rank's partial output ([`super::lora`]).
+    pub lora: Option<Box<Adapter>>,
 }
 
 impl RowParallelLinear {
@@ -263,6 +267,8 @@ impl RowParallelLinear {
             b,
             in_local,
             out_features,
+            frozen: layout.freezing(),
+            lora: None,
         })
     }
 
@@ -289,10 +295,8 @@ impl RowParallelLinear {
         x: B::Ref<'_>,
         y: B::Mut<'_>,
     ) -> Result<(), LayerError> {
-        let n = B::len(x) / self.in_local;
-        let w = self.w.view::<B>(p);
-        be.matmul_bt(y, x, w, n, self.in_local, self.out_features, false)?;
-        Ok(())
+        let (k, m) = (self.in_local, self.out_features);
+        matmul_forward(be, p, x, y, self.w, k, m, self.lora.as_deref())
     }
 
     /// `y += b` on the reduced output (rows of any count).
@@ -314,20 +318,79 @@ impl RowParallelLinear {
         &self,
         be: &B,
         p: B::Ref<'_>,
-        mut g: B::Mut<'_>,
+        g: B::Mut<'_>,
         x: B::Ref<'_>,
         dy: B::Ref<'_>,
         dx: B::Mut<'_>,
     ) -> Result<(), LayerError> {
-        let n = B::len(x) / self.in_local;
         let (k, m) = (self.in_local, self.out_features);
-        be.matmul_at(self.w.view_mut::<B>(B::rb(&mut g)), dy, x, m, n, k, true)?;
-        if let Some(b) = self.b {
-            be.bias_backward(b.view_mut::<B>(g), dy)?;
-        }
-        be.matmul(dx, dy, self.w.view::<B>(p), n, m, k, false)?;
-        Ok(())
+        let weights = Weights::of(self.w, self.b, self.frozen, self.lora.as_deref());
+        matmul_backward(be, p, g, x, dy, dx, weights, k, m)
     }
+}
+
+/// `y (N, m) = x (N, k) · Wᵀ`, plus the adapter's `s·(x·Aᵀ)·Bᵀ`.
+#[allow(clippy::too_many_arguments)]
+fn matmul_forward<B: Backend>(
+    be: &B,
+    p: B::Ref<'_>,
+    x: B::Ref<'_>,
+    mut y: B::Mut<'_>,
+    w: ParamRef,
+    k: usize,
+    m: usize,
+    lora: Option<&Adapter>,
+) -> Result<(), LayerError> {
+    let n = B::len(x) / k;
+    be.matmul_bt(B::rb(&mut y), x, w.view::<B>(p), n, k, m, false)?;
+    if let Some(l) = lora {
+        l.forward::<B>(p, x, y)?;
+    }
+    Ok(())
+}
+
+/// What a linear's backward touches.
+struct Weights<'a> {
+    w: ParamRef,
+    /// The bias whose gradient the backward sums (none where a fused kernel does).
+    b: Option<ParamRef>,
+    /// No gradient for `w` and `b` (the weight-gradient GEMM is skipped).
+    frozen: bool,
+    lora: Option<&'a Adapter>,
+}
+
+impl<'a> Weights<'a> {
+    fn of(w: ParamRef, b: Option<ParamRef>, frozen: bool, lora: Option<&'a Adapter>) -> Self {
+        Self { w, b, frozen, lora }
+    }
+}
+
+/// `dW += dyᵀ·x` and `db += Σ dy` unless frozen; `dx (N, k) = dy · W` (overwritten), plus the
+/// adapter's gradients and its part of `dx`.
+#[allow(clippy::too_many_arguments)]
+fn matmul_backward<B: Backend>(
+    be: &B,
+    p: B::Ref<'_>,
+    mut g: B::Mut<'_>,
+    x: B::Ref<'_>,
+    dy: B::Ref<'_>,
+    mut dx: B::Mut<'_>,
+    t: Weights<'_>,
+    k: usize,
+    m: usize,
+) -> Result<(), LayerError> {
+    let n = B::len(x) / k;
+    if !t.frozen {
+        be.matmul_at(t.w.view_mut::<B>(B::rb(&mut g)), dy, x, m, n, k, true)?;
+        if let Some(b) = t.b {
+            be.bias_backward(b.view_mut::<B>(B::rb(&mut g)), dy)?;
+        }
+    }
+    be.matmul(B::rb(&mut dx), dy, t.w.view::<B>(p), n, m, k, false)?;
+    if let Some(l) = t.lora {
+        l.backward::<B>(p, g, x, dy, dx)?;
+    }
+    Ok(())
 }
 
 #[cfg(test)]

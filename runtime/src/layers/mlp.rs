@@ -143,7 +143,9 @@ impl ParallelMlp {
             // GELU's backward and the fc bias gradient in one kernel on a device, then the
             // fc matmuls (`Backend::gelu_backward_bias`).
             Activation::Gelu => {
-                let db = self.fc.b.map(|b| b.view_mut::<B>(B::rb(&mut g)));
+                let fc = &self.fc;
+                let db = fc.b.filter(|_| !fc.frozen);
+                let db = db.map(|b| b.view_mut::<B>(B::rb(&mut g)));
                 be.gelu_backward_bias(B::rb(&mut dh), db, h, da)?;
                 self.fc.backward_matmuls(be, p, g, x, B::ro(&dh), dx)
             }

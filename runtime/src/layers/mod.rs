@@ -21,6 +21,8 @@ pub mod config;
 pub mod context_parallel;
 pub mod embedding;
 pub mod linear;
+pub mod lora;
+pub mod lora_attach;
 pub mod loss;
 pub mod mlp;
 pub mod moe;

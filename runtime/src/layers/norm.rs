@@ -4,7 +4,7 @@
 //! column-parallel backward makes them so), so its parameter gradients come out bitwise
 //! identical on every TP rank and need no communication. Must not communicate.
 
-use crate::backend::Backend;
+use crate::backend::{Backend, Storage};
 use crate::params::{Init, ParamLayout, ParamRef, ParamSpec, Shard};
 
 use super::{LayerError, NormKind};
@@ -19,6 +19,8 @@ pub struct Norm {
     pub b: Option<ParamRef>,
     pub c: usize,
     pub eps: f32,
+    /// Frozen (adapter fine-tuning): the backward computes `dx` only.
+    pub frozen: bool,
 }
 
 impl Norm {
@@ -42,7 +44,15 @@ impl Norm {
             NormKind::LayerNorm => Some(layout.add(spec("bias", 0.0))?),
             NormKind::RmsNorm => None,
         };
-        Ok(Self { kind, w, b, c, eps })
+        let frozen = layout.freezing();
+        Ok(Self {
+            kind,
+            w,
+            b,
+            c,
+            eps,
+            frozen,
+        })
     }
 
     /// `out (N, c)`, saving `mean (N)` (LayerNorm only; may be empty for RMSNorm) and `rstd (N)`.
@@ -107,6 +117,18 @@ impl Norm {
         dx: B::Mut<'_>,
     ) -> Result<(), LayerError> {
         let w = self.w.view::<B>(p);
+        if self.frozen {
+            // The kernels write the weight gradient with `dx`: into a scratch of its own.
+            let mut gw = be.alloc(Storage::F32, 2 * self.c)?;
+            let (gw, gb) = B::split_at_mut(B::view_mut(&mut gw), self.c);
+            match self.kind {
+                NormKind::LayerNorm => {
+                    be.layernorm_backward(dx, gw, Some(gb), dout, x, w, mean, rstd, self.c)?
+                }
+                NormKind::RmsNorm => be.rmsnorm_backward(dx, gw, dout, x, w, rstd, self.c)?,
+            }
+            return Ok(());
+        }
         match self.kind {
             NormKind::LayerNorm => {
                 let b = self.b.expect("LayerNorm has a bias");

@@ -21,6 +21,7 @@ mod start;
 use std::path::PathBuf;
 use std::sync::Arc;
 
+use tessera_planner::finetune::Method;
 use tessera_planner::optimizer::{Optimizer, Schedule};
 use tessera_planner::plan::Plan;
 
@@ -173,13 +174,10 @@ impl RunOptions {
     /// Returns the run's optimizer settings (the plan's with the overrides applied).
     pub fn check(&self, plan: &Plan) -> Result<(Optimizer, Schedule), SessionError> {
         let method = plan.job.model.training.method;
-        if method.adapters() {
+        if method == Method::Qlora {
             return Err(refused(
-                format!(
-                    "the plan fine-tunes with {} (training.method), and the runtime does not train adapters yet: it would train every weight",
-                    method.name()
-                ),
-                "run a plan of --method full; LoRA and QLoRA are planned only (issue 37)",
+                "the plan fine-tunes with qlora (training.method), and the runtime does not store a base in NF4 yet: it would train LoRA adapters on a full-precision base",
+                "run the plan's model with --method lora, or plan it for the CPU runtime later (issue 37)",
             ));
         }
         if !plan.job.model.training.optimizer_states.is_policy() {
@@ -219,6 +217,12 @@ impl<'p> Session<'p> {
         let settings = opts.check(plan)?;
         opts.checkpoint.check()?;
         let on_cpu = opts.gpus.is_none();
+        if !on_cpu && plan.job.model.training.method.adapters() {
+            return Err(refused(
+                "the plan trains LoRA adapters, which the runtime trains on the CPU backend only so far: the CUDA backend's buffers and kernels have no frozen base",
+                "run it on the CPU backend (a plan for a CPU cluster), or plan --method full for GPUs (issue 37)",
+            ));
+        }
         let need = if on_cpu { host_bytes_needed(plan) } else { 0.0 };
         if let Some(have) = crate::calibrate::available_memory_bytes().filter(|_| on_cpu) {
             if need > have {

@@ -1,0 +1,251 @@
+//! LoRA adapters on a frozen base (Hu et al. 2021; Hugging Face PEFT's `LoraLayer`):
+//! `y = base(x) + s · B(A(x))` with `A (r, in)`, `B (out, r)` and `s = alpha / r`.
+//!
+//! An adapter is two ordinary trainable tensors, `{linear}.lora_A.weight` and
+//! `{linear}.lora_B.weight` (PEFT's names under the runtime's linear name), registered with
+//! [`ParamLayout::add_trainable`] while the base sits in the layout's frozen region. `A` is
+//! initialised as PEFT does (`kaiming_uniform_(a=√5)`: `U(-1/√in, 1/√in)`, here from the counter
+//! RNG by global element index), `B` at zero, so training starts from the base model.
+//!
+//! Tensor parallelism follows the base linear (NeMo's rule):
+//! - column-parallel (q/k/v, fc/up): `A` replicated, `B` split by output rows as `W` is. The
+//!   rank-r intermediate `u = x·Aᵀ` is whole on every rank; `dA = Σ_tp duᵀ·x` is a partial sum
+//!   per rank, summed over TP at the end of the step ([`Adapter::tp_summed`]).
+//! - row-parallel (o, down/proj): `A` split by input columns as `W` is, `B` replicated. NeMo
+//!   all-reduces the intermediate `u = Σ_tp x_t·A_tᵀ` before `B`; since `B` is replicated,
+//!   `(Σ_t u_t)·Bᵀ = Σ_t (u_t·Bᵀ)`, so each rank adds `s·u_t·Bᵀ` to its partial output and the
+//!   base's own TP reduction (all-reduce, or reduce-scatter under sequence parallelism) sums
+//!   the intermediate with it: no extra collective. `dB = Σ_t s·dyᵀ·u_t` is summed over TP at
+//!   the end of the step; `du = s·dy·B` is whole (`dy` is), so `dA_t` and `dx_t` are exact.
+//!
+//! The intermediate is not kept between forward and backward: the backward recomputes it from
+//! the linear's input, which the base keeps anyway. The adapter runs on host memory (the CPU
+//! backend) and allocates its `(N, r)` temporaries per call.
+
+use tessera_planner::finetune::{Lora, Target};
+
+use crate::backend::cpu::kernels as cpu;
+use crate::backend::Backend;
+use crate::params::{Init, ParamLayout, ParamRef, ParamSpec, Shard};
+
+use super::tp::TpShard;
+use super::LayerError;
+
+/// What the plan asks of the adapters (`job.model.lora`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct LoraSettings {
+    pub rank: usize,
+    /// `alpha / rank`.
+    pub scaling: f32,
+    pub targets: Vec<Target>,
+}
+
+impl LoraSettings {
+    pub fn from_plan(l: &Lora) -> Result<Self, LayerError> {
+        let rank = usize::try_from(l.rank)
+            .ok()
+            .filter(|&r| r > 0)
+            .ok_or_else(|| LayerError::Config(format!("LoRA rank {} is not usable", l.rank)))?;
+        Ok(Self {
+            rank,
+            scaling: l.scaling() as f32,
+            targets: l.targets.clone(),
+        })
+    }
+
+    pub fn targets(&self, t: Target) -> bool {
+        self.targets.contains(&t)
+    }
+}
+
+/// One linear's adapter on this rank: `A_local (r, x_width)`, `B_local (y_width, r)`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Adapter {
+    pub a: ParamRef,
+    pub b: ParamRef,
+    pub rank: usize,
+    pub scaling: f32,
+    /// Row width of the linear's input on this rank (`in`, or `in / t` row-parallel).
+    pub x_width: usize,
+    /// Row width of the linear's output on this rank (`out / t` column-parallel, or `out`).
+    pub y_width: usize,
+    /// Column-parallel (`A` replicated) or row-parallel (`B` replicated).
+    pub column: bool,
+}
+
+fn off_host() -> LayerError {
+    LayerError::Config("LoRA adapters run on the CPU backend only (host memory)".into())
+}
+
+fn host<'a, B: Backend>(v: B::Ref<'a>) -> Result<&'a [f32], LayerError> {
+    B::host(v).ok_or_else(off_host)
+}
+
+fn host_mut<'a, B: Backend>(v: B::Mut<'a>) -> Result<&'a mut [f32], LayerError> {
+    B::host_mut(v).ok_or_else(off_host)
+}
+
+fn spec(name: String, shape: Vec<usize>, shard: Shard, init: Init) -> ParamSpec {
+    ParamSpec {
+        name,
+        global_shape: shape,
+        shard,
+        decay: true,
+        init,
+    }
+}
+
+fn a_init(in_features: usize) -> Init {
+    Init::Uniform {
+        bound: 1.0 / (in_features as f32).sqrt(),
+    }
+}
+
+impl Adapter {
+    /// The adapter of a column-parallel linear `name` (`in` → the `parts`' outputs, fused when
+    /// several): `A (r, in)` replicated; `B (out, r)` split by rows. A fused linear of equal
+    /// parts (GPT-2's `c_attn`) gets one `B` of global shape `(parts, out_part, r)` split on
+    /// its middle dimension, so each rank's rows are `[q_local | k_local | v_local]` as the
+    /// base's output is, and the global tensor flattens to PEFT's `(3·out_part, r)`.
+    pub fn column(
+        layout: &mut ParamLayout,
+        name: &str,
+        in_features: usize,
+        parts: &[usize],
+        s: &LoraSettings,
+        tp: TpShard,
+    ) -> Result<Self, LayerError> {
+        let r = s.rank;
+        let a = layout.add_trainable(spec(
+            format!("{name}.lora_A.weight"),
+            vec![r, in_features],
+            Shard::Replicated,
+            a_init(in_features),
+        ))?;
+        let (shape, shard) = match parts {
+            [o] => (vec![*o, r], tp.shard(0)),
+            [o, rest @ ..] if rest.iter().all(|x| x == o) => {
+                (vec![parts.len(), *o, r], tp.shard(1))
+            }
+            _ => {
+                return Err(LayerError::Config(format!(
+                    "{name}: one adapter over fused projections of unequal widths {parts:?} (grouped-query attention) is not supported"
+                )))
+            }
+        };
+        let b = layout.add_trainable(spec(
+            format!("{name}.lora_B.weight"),
+            shape,
+            shard,
+            Init::Const(0.0),
+        ))?;
+        let out: usize = parts.iter().sum();
+        Ok(Self {
+            a,
+            b,
+            rank: r,
+            scaling: s.scaling,
+            x_width: in_features,
+            y_width: out / tp.size,
+            column: true,
+        })
+    }
+
+    /// The adapter of a row-parallel linear `name`: `A (r, in)` split by input columns,
+    /// `B (out, r)` replicated.
+    pub fn row(
+        layout: &mut ParamLayout,
+        name: &str,
+        in_features: usize,
+        out_features: usize,
+        s: &LoraSettings,
+        tp: TpShard,
+    ) -> Result<Self, LayerError> {
+        let r = s.rank;
+        let a = layout.add_trainable(spec(
+            format!("{name}.lora_A.weight"),
+            vec![r, in_features],
+            tp.shard(1),
+            a_init(in_features),
+        ))?;
+        let b = layout.add_trainable(spec(
+            format!("{name}.lora_B.weight"),
+            vec![out_features, r],
+            Shard::Replicated,
+            Init::Const(0.0),
+        ))?;
+        Ok(Self {
+            a,
+            b,
+            rank: r,
+            scaling: s.scaling,
+            x_width: in_features / tp.size,
+            y_width: out_features,
+            column: false,
+        })
+    }
+
+    /// The tensor replicated over TP whose gradient is a per-rank partial sum (column: `A`;
+    /// row: `B`): the executor sums it over TP before the DP sync.
+    pub fn tp_summed(&self) -> ParamRef {
+        if self.column {
+            self.a
+        } else {
+            self.b
+        }
+    }
+
+    /// `u = s · x·Aᵀ (N, r)`.
+    fn intermediate(&self, p: &[f32], x: &[f32]) -> Vec<f32> {
+        let (n, k, r) = (x.len() / self.x_width, self.x_width, self.rank);
+        let mut u = vec![0.0; n * r];
+        cpu::matmul_bt(&mut u, x, self.a.of(p), n, k, r, false);
+        u.iter_mut().for_each(|v| *v *= self.scaling);
+        u
+    }
+
+    /// `y (N, y_width) += s · (x·Aᵀ)·Bᵀ`.
+    pub fn forward<B: Backend>(
+        &self,
+        p: B::Ref<'_>,
+        x: B::Ref<'_>,
+        y: B::Mut<'_>,
+    ) -> Result<(), LayerError> {
+        let (p, x, y) = (host::<B>(p)?, host::<B>(x)?, host_mut::<B>(y)?);
+        let u = self.intermediate(p, x);
+        let n = x.len() / self.x_width;
+        cpu::matmul_bt(y, &u, self.b.of(p), n, self.rank, self.y_width, true);
+        Ok(())
+    }
+
+    /// `dB += s·dyᵀ·u`, `du = s·dy·B`, `dA += duᵀ·x`, `dx += du·A` (the base wrote `dx`).
+    pub fn backward<B: Backend>(
+        &self,
+        p: B::Ref<'_>,
+        g: B::Mut<'_>,
+        x: B::Ref<'_>,
+        dy: B::Ref<'_>,
+        dx: B::Mut<'_>,
+    ) -> Result<(), LayerError> {
+        let (p, x, dy) = (host::<B>(p)?, host::<B>(x)?, host::<B>(dy)?);
+        let (g, dx) = (host_mut::<B>(g)?, host_mut::<B>(dx)?);
+        let (n, k, r, m) = (
+            x.len() / self.x_width,
+            self.x_width,
+            self.rank,
+            self.y_width,
+        );
+        let u = self.intermediate(p, x);
+        cpu::matmul_at(self.b.of_mut(g), dy, &u, m, n, r, true);
+        let mut du = vec![0.0; n * r];
+        cpu::matmul(&mut du, dy, self.b.of(p), n, m, r, false);
+        du.iter_mut().for_each(|v| *v *= self.scaling);
+        cpu::matmul_at(self.a.of_mut(g), &du, x, r, n, k, true);
+        cpu::matmul(dx, &du, self.a.of(p), n, r, k, true);
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+#[path = "lora_tests.rs"]
+mod tests;

@@ -1,0 +1,72 @@
+//! The adapter's backward against central differences of `L = Σ w ⊙ y` (`y` is linear in
+//! each of `x`, `A`, `B`, so the differences are exact up to rounding).
+
+use super::*;
+use crate::backend::cpu::Cpu;
+use crate::rng;
+
+fn randn(n: usize, stream: u64) -> Vec<f32> {
+    let mut v = vec![0.0; n];
+    rng::fill_normal(&mut v, 7, stream, 0, 0.5);
+    v
+}
+
+#[test]
+fn gradients_match_central_differences() {
+    let s = LoraSettings {
+        rank: 3,
+        scaling: 1.5,
+        targets: vec![Target::O],
+    };
+    let (n, k, m) = (5, 6, 4);
+    for column in [true, false] {
+        let mut layout = ParamLayout::frozen_at(0);
+        let tp = TpShard::new(0, 1);
+        let ad = match column {
+            true => Adapter::column(&mut layout, "lin", k, &[m], &s, tp).unwrap(),
+            false => Adapter::row(&mut layout, "lin", k, m, &s, tp).unwrap(),
+        };
+        assert_eq!(layout.trainable_len(), 3 * k + m * 3);
+        // A random B (not the zero init), so every gradient is non-zero.
+        let mut p = randn(layout.len(), 1);
+        let x = randn(n * k, 2);
+        let w = randn(n * m, 3);
+        let loss = |p: &[f32], x: &[f32]| {
+            let mut y = vec![0.0; n * m];
+            ad.forward::<Cpu>(p, x, &mut y).unwrap();
+            y.iter().zip(&w).map(|(a, b)| f64::from(a * b)).sum::<f64>()
+        };
+        let mut g = vec![0.0; layout.trainable_len()];
+        let mut dx = vec![0.0; n * k];
+        ad.backward::<Cpu>(&p, &mut g, &x, &w, &mut dx).unwrap();
+        let h = 1e-2;
+        let close = |num: f64, got: f32, what: &str| {
+            assert!(
+                (num - f64::from(got)).abs() <= 1e-3 * (1.0 + num.abs()),
+                "column {column}: {what}: {num} vs {got}"
+            );
+        };
+        for i in 0..p.len() {
+            let v = p[i];
+            p[i] = v + h;
+            let up = loss(&p, &x);
+            p[i] = v - h;
+            let down = loss(&p, &x);
+            p[i] = v;
+            close(
+                (up - down) / (2.0 * f64::from(h)),
+                g[i],
+                &format!("param {i}"),
+            );
+        }
+        let mut xx = x.clone();
+        for i in 0..x.len() {
+            xx[i] = x[i] + h;
+            let up = loss(&p, &xx);
+            xx[i] = x[i] - h;
+            let down = loss(&p, &xx);
+            xx[i] = x[i];
+            close((up - down) / (2.0 * f64::from(h)), dx[i], &format!("x {i}"));
+        }
+    }
+}
