@@ -427,3 +427,22 @@ fn eight_bit_optimizer_states_are_refused_by_run() {
         "{err}"
     );
 }
+
+/// LoRA dropout is counted by the planner (its masks and dropped copies) but not run: a CPU
+/// plan, which `plan` checks the runtime can execute, is refused rather than trained without it.
+#[test]
+fn lora_dropout_is_refused_for_the_runtime() {
+    let out = plan(&[
+        "specs/models/tiny.toml",
+        "specs/clusters/cpu-8.toml",
+        "--devices",
+        "1",
+        "--method",
+        "lora",
+        "--lora-dropout",
+        "0.1",
+    ]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains("LoRA dropout 0.1") && err.contains("[lora] dropout = 0.0"), "{err}");
+}

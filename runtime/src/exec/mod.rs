@@ -295,6 +295,15 @@ pub fn check_supported(plan: &Plan) -> Result<(), RunError> {
             fix: "set [training] dropout = 0.0".into(),
         });
     }
+    if let Some(l) = plan.job.model.lora.as_ref().filter(|l| l.dropout > 0.0) {
+        return Err(RunError::Unsupported {
+            what: format!(
+                "the plan's adapters ask for LoRA dropout {}, which the runtime does not implement: it would train without it",
+                l.dropout
+            ),
+            fix: "set [lora] dropout = 0.0 (or plan without --lora-dropout)".into(),
+        });
+    }
     Ok(())
 }
 
