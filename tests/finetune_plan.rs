@@ -111,9 +111,18 @@ fn plan(args: &[&str]) -> std::process::Output {
     common::bin().arg("plan").args(args).output().unwrap()
 }
 
+/// `plan` with `args` must refuse with exit 2 and no panic; its stderr.
+fn plan_refused(args: &[&str]) -> String {
+    let out = plan(args);
+    let err = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(!err.contains("panicked"), "{err}");
+    err
+}
+
 #[test]
 fn a_target_the_family_lacks_is_refused_naming_the_family() {
-    let out = plan(&[
+    let err = plan_refused(&[
         "specs/models/gpt2-124m.toml",
         "specs/clusters/dgx-h100-80g.toml",
         "--devices",
@@ -123,8 +132,6 @@ fn a_target_the_family_lacks_is_refused_naming_the_family() {
         "--lora-targets",
         "qkv,gate",
     ]);
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(2), "{err}");
     assert!(err.contains("--lora-targets"), "{err}");
     assert!(
         err.contains("gpt family") && err.contains("no gate"),
@@ -136,7 +143,7 @@ fn a_target_the_family_lacks_is_refused_naming_the_family() {
 
 #[test]
 fn lora_flags_without_an_adapter_method_are_refused() {
-    let out = plan(&[
+    let err = plan_refused(&[
         "specs/models/gpt2-124m.toml",
         "specs/clusters/dgx-h100-80g.toml",
         "--devices",
@@ -144,8 +151,6 @@ fn lora_flags_without_an_adapter_method_are_refused() {
         "--lora-rank",
         "16",
     ]);
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(2), "{err}");
     assert!(
         err.contains("--lora-rank") && err.contains("--method lora"),
         "{err}"
@@ -432,7 +437,7 @@ fn eight_bit_optimizer_states_are_refused_by_run() {
 /// plan, which `plan` checks the runtime can execute, is refused rather than trained without it.
 #[test]
 fn lora_dropout_is_refused_for_the_runtime() {
-    let out = plan(&[
+    let err = plan_refused(&[
         "specs/models/tiny.toml",
         "specs/clusters/cpu-8.toml",
         "--devices",
@@ -442,7 +447,8 @@ fn lora_dropout_is_refused_for_the_runtime() {
         "--lora-dropout",
         "0.1",
     ]);
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(2), "{err}");
-    assert!(err.contains("LoRA dropout 0.1") && err.contains("[lora] dropout = 0.0"), "{err}");
+    assert!(
+        err.contains("LoRA dropout 0.1") && err.contains("[lora] dropout = 0.0"),
+        "{err}"
+    );
 }
