@@ -311,6 +311,16 @@ pub struct Model {
     pub lora: Option<crate::finetune::Lora>,
 }
 
+impl Model {
+    /// The adapters of a LoRA or QLoRA job; `None` for a full one (a `[lora]` table under
+    /// `full` is refused when the spec is read).
+    pub fn adapters(&self) -> Option<&crate::finetune::Lora> {
+        self.lora
+            .as_ref()
+            .filter(|_| self.training.method.adapters())
+    }
+}
+
 /// Parameters of one transformer layer, split by how tensor parallelism treats them.
 ///
 /// Counts saturate: `u64::MAX` stands for "more than u64 can count" (a spec with widths near

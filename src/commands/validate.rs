@@ -80,7 +80,7 @@ fn check(path: &Path) -> anyhow::Result<String> {
         what += &format!(", {} active per token", a.active_param_count());
     }
     // A LoRA or QLoRA spec: the counts as PEFT's `print_trainable_parameters` gives them.
-    if let Some(l) = m.lora.as_ref().filter(|_| m.training.method.adapters()) {
+    if let Some(l) = m.adapters() {
         let c = tessera_planner::finetune::counts(a, m.training.method, Some(l));
         let all = c.trainable + c.frozen;
         what += &format!(

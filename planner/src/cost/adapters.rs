@@ -15,11 +15,7 @@ use crate::model::Model;
 /// `(forward, backward)` seconds the adapters of one block add on a TP rank of `tp`, for `t`
 /// tokens.
 pub fn layer(model: &Model, dev: &Device, tp: u64, t: f64) -> (f64, f64) {
-    let Some(l) = model
-        .lora
-        .as_ref()
-        .filter(|_| model.training.method.adapters())
-    else {
+    let Some(l) = model.adapters() else {
         return (0.0, 0.0);
     };
     let a = &model.architecture;

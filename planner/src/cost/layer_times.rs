@@ -66,18 +66,14 @@ pub fn layer_times(
     // expert-data-parallel group.
     // A LoRA or QLoRA block: ZeRO-3 gathers the frozen weights (QLoRA's linears in NF4) and the
     // adapters, and reduce-scatters only the adapters' gradients.
-    let adapters = model
-        .lora
-        .as_ref()
-        .filter(|_| model.training.method.adapters())
-        .map(|l| {
-            let nf4 = if model.training.method == crate::finetune::Method::Qlora {
-                crate::finetune::linear_weights(a).per_tp_rank(tp)
-            } else {
-                0.0
-            };
-            (l.layer_params(a).per_tp_rank(tp), nf4)
-        });
+    let adapters = model.adapters().map(|l| {
+        let nf4 = if model.training.method == crate::finetune::Method::Qlora {
+            crate::finetune::linear_weights(a).per_tp_rank(tp)
+        } else {
+            0.0
+        };
+        (l.layer_params(a).per_tp_rank(tp), nf4)
+    });
     let gathers = |dense: f64, experts: f64| {
         if let Some((trainable, nf4)) = adapters {
             let bytes =

@@ -303,11 +303,7 @@ pub fn evaluate(
                     .per_tp_rank(tp);
             }
             // A LoRA or QLoRA job trains, syncs and updates only its blocks' adapters.
-            match model
-                .lora
-                .as_ref()
-                .filter(|_| model.training.method.adapters())
-            {
+            match model.adapters() {
                 Some(l) => l.layer_params(a).per_tp_rank(tp) * (dense + moe) as f64,
                 None => p,
             }

@@ -24,11 +24,7 @@ const GROUPS: [(&str, &[Target]); 4] = [
 
 /// Adjusts a layer's stored tensors for adapters on a frozen base (nothing for `full`).
 pub(crate) fn adjust(model: &Model, b: f64, v: &mut Vec<Stored>) {
-    let Some(l) = model
-        .lora
-        .as_ref()
-        .filter(|_| model.training.method.adapters())
-    else {
+    let Some(l) = model.adapters() else {
         return;
     };
     let a = &model.architecture;

@@ -5,7 +5,6 @@
 //! and the rest (embeddings, norms, biases, the output head) in the weight width. ZeRO-3 (FSDP)
 //! shards the frozen base over the data-parallel group; below it every rank holds it whole.
 
-use super::per_param;
 use crate::finetune::{self, Lora, Method};
 use crate::layout::Layout;
 use crate::model::{Architecture, Model};
@@ -31,7 +30,7 @@ impl<'a> Adapters<'a> {
     /// `None` for a full fine-tune.
     pub fn of(model: &'a Model, policy: &Policy, zero: u8, shard: u64) -> Option<Self> {
         let method = model.training.method;
-        let lora = model.lora.as_ref().filter(|_| method.adapters())?;
+        let lora = model.adapters()?;
         let terms = policy.terms(model.training.optimizer_states);
         let trainable_bpp = terms.iter().map(|t| per_term(t, zero, shard)).sum();
         let weight_bytes = f64::from(policy.class_bytes(StateClass::Param));
@@ -90,13 +89,12 @@ impl<'a> Adapters<'a> {
     }
 }
 
-/// Bytes per parameter one rank keeps of a state under ZeRO over `shard` ranks.
+/// Bytes per parameter one rank keeps of a state under ZeRO over `shard` ranks (as
+/// [`super::per_param`] for a policy's whole-byte states).
 pub(crate) fn per_term(t: &Term, zero: u8, shard: u64) -> f64 {
-    let s = crate::precision::State {
-        name: t.name,
-        bytes: 1,
-        class: t.class,
-        why: t.why,
-    };
-    t.bytes * per_param(&s, zero, shard)
+    if zero >= t.class.sharded_from_stage() {
+        t.bytes / shard as f64
+    } else {
+        t.bytes
+    }
 }

@@ -51,7 +51,7 @@ pub struct Index {
 /// The adapters `plan` trains, if any.
 pub fn plan_lora(plan: &Plan) -> Option<Lora> {
     let m = &plan.job.model;
-    m.lora.clone().filter(|_| m.training.method.adapters())
+    m.adapters().cloned()
 }
 
 /// The training settings the data order depends on.
