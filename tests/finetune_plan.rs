@@ -452,3 +452,68 @@ fn lora_dropout_is_refused_for_the_runtime() {
         "{err}"
     );
 }
+
+/// LoRA on a mixture-of-experts base: adapters on attention, the routed experts frozen with the
+/// rest of the base. `plan` lays it out with expert parallelism and `run` trains it on the CPU;
+/// adapters on the experts' MLP and QLoRA are refused, each with its fix.
+#[test]
+fn lora_on_attention_of_a_moe_base_plans_and_runs() {
+    let s = common::Scratch::new();
+    let plan_file = s.path("moe-lora.json");
+    let base = [
+        "specs/models/tiny-moe.toml",
+        "specs/clusters/cpu-8.toml",
+        "--devices",
+        "4",
+        "--method",
+        "lora",
+    ];
+    let mut args = base.to_vec();
+    let file = plan_file.to_str().unwrap();
+    args.extend([
+        "--lora-targets",
+        "qkv,o",
+        "--dp",
+        "4",
+        "--ep",
+        "2",
+        "-o",
+        file,
+    ]);
+    let out = plan(&args);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let p: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&plan_file).unwrap()).unwrap();
+    assert_eq!(p["parallel"]["ep"], 2, "{}", p["parallel"]);
+    let run = common::bin()
+        .args(["run", file, "--steps", "2"])
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&run.stdout);
+    assert_eq!(
+        run.status.code(),
+        Some(0),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&run.stderr)
+    );
+
+    let mut args = base.to_vec();
+    args.extend(["--lora-targets", "qkv,up"]);
+    let err = plan_refused(&args);
+    assert!(
+        err.contains("\"up\"") && err.contains("mixture-of-experts") && err.contains("attention"),
+        "{err}"
+    );
+    let mut args = base.to_vec();
+    args[5] = "qlora";
+    let err = plan_refused(&args);
+    assert!(
+        err.contains("QLoRA on a mixture-of-experts base") && err.contains("\"lora\""),
+        "{err}"
+    );
+}

@@ -368,15 +368,39 @@ pub fn check(a: &Architecture, method: Method, lora: Option<&Lora>) -> Result<()
             ),
         ));
     }
-    if a.moe.is_some() {
+    if a.mla.is_some() {
         return Err(Problem::new(
             "training.method",
             format!(
-                "adapters on a mixture-of-experts base are not supported yet (\"{}\")",
+                "adapters on multi-head latent attention (DeepSeek's MLA) are not supported yet (\"{}\")",
                 method.name()
             ),
             "fine-tune it with training.method = \"full\"",
         ));
+    }
+    if a.moe.is_some() {
+        // The routed experts are frozen with the rest of the base; adapters go on attention.
+        if method == Method::Qlora {
+            return Err(Problem::new(
+                "training.method",
+                "QLoRA on a mixture-of-experts base is not supported yet: its NF4 accounting covers dense blocks only",
+                "fine-tune it with training.method = \"lora\" (adapters on attention)",
+            ));
+        }
+        if let Some(t) = l
+            .targets
+            .iter()
+            .find(|t| matches!(t, Target::Gate | Target::Up | Target::Down))
+        {
+            return Err(Problem::new(
+                "lora.targets",
+                format!(
+                    "target \"{}\": adapters on the MLP of a mixture-of-experts base (one per routed expert, as PEFT adapts each expert's linears) are not supported yet",
+                    t.name()
+                ),
+                "target attention only, e.g. targets = [\"qkv\", \"o\"] (GPT family) or [\"q\", \"k\", \"v\", \"o\"]",
+            ));
+        }
     }
     let family = a.family();
     for t in &l.targets {

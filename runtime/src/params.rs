@@ -92,7 +92,7 @@ pub enum ParamError {
     },
     #[error("parameter {name} registered twice")]
     Duplicate { name: String },
-    #[error("tensors cannot be appended to a layout with a frozen region (routed experts under adapter fine-tuning)")]
+    #[error("a layout's tensors can be appended to another only when both freeze (the appended one holding frozen tensors only) or neither does")]
     Frozen,
 }
 
@@ -308,15 +308,29 @@ impl ParamLayout {
         Ok(ParamRef { offset, len })
     }
 
-    /// Appends every tensor of `other` (a layout that does not freeze) after this layout's
-    /// trainable ones, their offsets moved by this layout's trainable length, which is
-    /// returned (where `other`'s flat buffer now starts). A freezing layout takes an empty
-    /// `other` only (its frozen region would move).
+    /// Appends every tensor of `other` after this layout's tensors of its kind; returns where
+    /// `other`'s flat buffer (its offset 0) now starts.
+    /// - Neither freezes: `other` goes after the trainable tensors (routed experts in training).
+    /// - Both freeze and `other` holds frozen tensors only, its frozen region starting at 0:
+    ///   they go to the end of this layout's frozen region (routed experts of a frozen base
+    ///   under adapter fine-tuning), so the trainable prefix does not move.
+    ///
+    /// Any other mix would move a frozen region or interleave the two kinds.
     pub fn append(&mut self, other: ParamLayout) -> Result<usize, ParamError> {
-        let base = self.len;
-        if other.frozen.is_some() || (self.frozen.is_some() && !other.entries.is_empty()) {
-            return Err(ParamError::Frozen);
-        }
+        let base = match (self.frozen.as_mut(), other.frozen) {
+            (None, None) => {
+                let base = self.len;
+                self.len += other.len;
+                base
+            }
+            (Some((start, flen)), Some((0, olen))) if other.len == 0 => {
+                let base = *start + *flen;
+                *flen += olen;
+                base
+            }
+            _ if other.entries.is_empty() => return Ok(self.len),
+            _ => return Err(ParamError::Frozen),
+        };
         for mut e in other.entries {
             if self.entries.iter().any(|x| x.name == e.name) {
                 return Err(ParamError::Duplicate { name: e.name });
@@ -324,7 +338,6 @@ impl ParamLayout {
             e.offset += base;
             self.entries.push(e);
         }
-        self.len += other.len;
         Ok(base)
     }
 
@@ -471,5 +484,19 @@ mod tests {
         other.add(spec("e", &[1], Shard::Replicated)).unwrap();
         assert_eq!(l.append(other), Err(ParamError::Frozen));
         assert_eq!(l.append(ParamLayout::new()), Ok(3));
+        // A frozen layout's tensors (routed experts of a frozen base) join the frozen region.
+        let mut experts = ParamLayout::frozen_at(0);
+        let e = experts.add(spec("e", &[5], Shard::Replicated)).unwrap();
+        assert_eq!(e.offset, 0);
+        assert_eq!(l.append(experts), Ok(7));
+        assert_eq!((l.trainable_len(), l.len()), (3, 12));
+        let e = l.get("e").unwrap();
+        assert_eq!((e.offset, e.trainable), (7, false));
+        // One holding an adapter would interleave trainable tensors with frozen ones.
+        let mut mixed = ParamLayout::frozen_at(0);
+        mixed
+            .add_trainable(spec("m", &[1], Shard::Replicated))
+            .unwrap();
+        assert_eq!(l.append(mixed), Err(ParamError::Frozen));
     }
 }

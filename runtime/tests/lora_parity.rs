@@ -20,15 +20,28 @@ const STEPS: usize = 5;
 /// The tiny model fine-tuned with LoRA r = 4, alpha = 8 (scaling 2) on every linear of its
 /// blocks (GPT-2's c_attn, attn.c_proj, mlp.c_fc, mlp.c_proj).
 fn lora_model() -> Model {
-    let mut m = tiny::model();
+    with_lora(
+        tiny::model(),
+        vec![Target::Qkv, Target::O, Target::Up, Target::Down],
+    )
+}
+
+/// `m` fine-tuned with LoRA r = 4, alpha = 8 on `targets`.
+fn with_lora(mut m: Model, targets: Vec<Target>) -> Model {
     m.training.method = Method::Lora;
     m.lora = Some(Lora {
         rank: 4,
         alpha: 8.0,
         dropout: 0.0,
-        targets: vec![Target::Qkv, Target::O, Target::Up, Target::Down],
+        targets,
     });
     m
+}
+
+/// The tiny mixture-of-experts model (4 routed experts in layers 1..3) with adapters on
+/// attention: the routed experts, the router and the dense MLP of layer 0 stay frozen.
+fn lora_moe_model() -> Model {
+    with_lora(tiny::moe_model(), vec![Target::Qkv, Target::O])
 }
 
 fn plan(l: Layout) -> Plan {
@@ -114,7 +127,11 @@ fn assert_base_frozen(got: &TrainReport, init: &BTreeMap<String, Vec<f32>>, what
 }
 
 fn reference() -> TrainReport {
-    let p = plan(layout(1, 1, 1, 0, OneFOneB, 1, Recompute::None));
+    reference_of(&lora_model())
+}
+
+fn reference_of(model: &Model) -> TrainReport {
+    let p = tiny::plan(model, &layout(1, 1, 1, 0, OneFOneB, 1, Recompute::None));
     let r = run(&p);
     let (first, last) = (r.steps[0].loss, r.steps[STEPS - 1].loss);
     assert!(last < first, "the adapters learn: {first} → {last}");
@@ -174,10 +191,17 @@ fn the_gradient_buffer_holds_the_adapters_only() {
 }
 
 fn check(layouts: &[(Layout, &str)]) {
-    let want = reference();
-    let init = initial(&plan(layout(1, 1, 1, 0, OneFOneB, 1, Recompute::None)));
+    check_model(&lora_model(), layouts)
+}
+
+fn check_model(model: &Model, layouts: &[(Layout, &str)]) {
+    let want = reference_of(model);
+    let init = initial(&tiny::plan(
+        model,
+        &layout(1, 1, 1, 0, OneFOneB, 1, Recompute::None),
+    ));
     for (l, what) in layouts {
-        let got = run(&plan(*l));
+        let got = run(&tiny::plan(model, l));
         assert_same(&got, &want, what);
         assert_base_frozen(&got, &init, what);
     }
@@ -254,4 +278,63 @@ fn recompute_modes() {
             "selective recompute pp2 tp2",
         ),
     ]);
+}
+
+/// `l` with context parallelism `cp` and expert parallelism `ep` (cut from DP × CP).
+fn cp_ep(l: Layout, cp: u64, ep: u64) -> Layout {
+    Layout { cp, ep, ..l }
+}
+
+#[test]
+fn context_parallel_layouts() {
+    let none = Recompute::None;
+    check(&[
+        (cp_ep(l(1, 1, 1, 0, OneFOneB, 1, none), 2, 1), "cp2"),
+        (cp_ep(l(1, 1, 1, 0, OneFOneB, 1, none), 4, 1), "cp4"),
+        (
+            cp_ep(l(2, 1, 2, 1, OneFOneB, 1, none), 2, 1),
+            "dp2 cp2 tp2 zero1",
+        ),
+        (
+            cp_ep(l(1, 2, 1, 0, OneFOneB, 1, Recompute::Full), 2, 1),
+            "cp2 pp2 full recompute",
+        ),
+    ]);
+}
+
+/// LoRA on attention over a mixture-of-experts base: the routed experts sit in the frozen
+/// region with the rest of the base, so expert parallelism, ZeRO and the pipeline move only
+/// the adapters, and every layout keeps the single rank's losses and adapters.
+#[test]
+fn moe_base_with_expert_parallelism() {
+    let none = Recompute::None;
+    let model = lora_moe_model();
+    let p = tiny::plan(&model, &layout(1, 1, 1, 0, OneFOneB, 1, none));
+    let m = StageModel::build(&p, 0, TpShard::new(0, 1)).unwrap();
+    assert!(m.layout.get("h.1.mlp.experts.3.fc.weight").is_some());
+    for e in m.layout.entries() {
+        assert_eq!(e.trainable, is_adapter(&e.name), "{}", e.name);
+    }
+    assert!(m.chunks.iter().all(|c| c.experts.is_empty()));
+    check_model(
+        &model,
+        &[
+            (cp_ep(l(2, 1, 1, 0, OneFOneB, 1, none), 1, 2), "dp2 ep2"),
+            (cp_ep(l(4, 1, 1, 0, OneFOneB, 1, none), 1, 4), "dp4 ep4"),
+            (
+                sp(cp_ep(l(2, 1, 2, 0, OneFOneB, 1, none), 1, 2)),
+                "dp2 ep2 tp2 sp",
+            ),
+            (cp_ep(l(2, 2, 1, 0, OneFOneB, 1, none), 1, 2), "dp2 ep2 pp2"),
+            (
+                cp_ep(l(2, 1, 1, 3, OneFOneB, 1, none), 1, 2),
+                "dp2 ep2 zero3",
+            ),
+            (
+                cp_ep(l(2, 1, 1, 1, OneFOneB, 1, Recompute::Full), 1, 2),
+                "dp2 ep2 zero1 full recompute",
+            ),
+            (cp_ep(l(1, 1, 1, 0, OneFOneB, 1, none), 2, 2), "cp2 ep2"),
+        ],
+    );
 }

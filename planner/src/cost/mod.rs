@@ -289,6 +289,11 @@ pub fn evaluate(
         .collect();
     let (moe_common, moe_experts) = crate::memory::moe::moe_layer_params_per_rank(model, layout);
     let mixes = crate::memory::moe::stage_mixes(model, layout, split);
+    // Frozen experts (LoRA on an MoE base) have no gradient to sum.
+    let moe_experts = match model.adapters() {
+        Some(_) => 0.0,
+        None => moe_experts,
+    };
     let expert_params: Vec<f64> = mixes.iter().map(|m| moe_experts * m.1 as f64).collect();
     let params: Vec<f64> = (0..pp)
         .map(|s| {

@@ -19,7 +19,7 @@ use crate::model::{Activation, Model};
 
 /// Forward and backward seconds of an MLP (the two or three linears and the activation) on
 /// `tokens` tokens, `width` channels wide on this rank, costed as [`super::ops::layer_cp`]
-/// costs the dense MLP, without the activation's launch (the layer's launch count has it),
+/// costs the dense MLP (frozen under adapters), without the activation's launch (the layer's launch count has it),
 /// and split into `(fwd, bwd, linear forward, element-wise forward)`.
 pub(crate) fn mlp_time(model: &Model, dev: &Device, tokens: f64, width: f64) -> [f64; 4] {
     let a = &model.architecture;
@@ -28,8 +28,10 @@ pub(crate) fn mlp_time(model: &Model, dev: &Device, tokens: f64, width: f64) -> 
         Activation::Gelu => (1.0, 4.0, 6.0),
         Activation::Swiglu => (2.0, 6.0, 10.0),
     };
-    let (up_f, up_b) = dev.linear(tokens, h, width);
-    let (down_f, down_b) = dev.linear(tokens, width, h);
+    // A frozen base's (LoRA) MLPs and experts compute no weight gradient.
+    let frozen = model.training.method.adapters();
+    let (up_f, up_b) = dev.linear_of(frozen, tokens, h, width);
+    let (down_f, down_b) = dev.linear_of(frozen, tokens, width, h);
     let elems = tokens * width;
     let (ew_f, ew_b) = (
         dev.elementwise(elems * act_f, elems),
@@ -94,7 +96,7 @@ pub fn moe_layer_compute(
         linear_fwd += lin;
         elementwise_fwd += ew;
     }
-    let (router_f, router_b) = dev.linear(t_rep, h, e);
+    let (router_f, router_b) = dev.linear_of(model.training.method.adapters(), t_rep, h, e);
     let scores = t_rep * e;
     let topk_f = dev.elementwise(12.0 * scores, scores) + dev.launches(2.0);
     let topk_b = dev.memory(12.0 * scores) + dev.launches(2.0);

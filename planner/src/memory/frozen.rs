@@ -69,10 +69,36 @@ impl<'a> Adapters<'a> {
         self.layer_trainable(a, tp) * self.trainable_bpp + w * self.frozen_bpp + q * self.nf4_bpp
     }
 
+    /// Bytes per frozen routed-expert weight: ZeRO-3 shards the experts over the
+    /// expert-data-parallel group of `eshard` ranks.
+    pub fn expert_bpp(&self, zero: u8, eshard: u64) -> f64 {
+        match zero >= 3 {
+            true => self.weight_bytes / eshard.max(1) as f64,
+            false => self.weight_bytes,
+        }
+    }
+
+    /// Bytes of one MoE block's states on a rank: the adapters (on attention), its frozen dense
+    /// part `common` (attention, router, shared experts, norms) and its frozen routed `experts`.
+    pub fn moe_layer_bytes(
+        &self,
+        a: &Architecture,
+        tp: u64,
+        (common, experts): (f64, f64),
+        zero: u8,
+        eshard: u64,
+    ) -> f64 {
+        self.layer_trainable(a, tp) * self.trainable_bpp
+            + common * self.frozen_bpp
+            + experts * self.expert_bpp(zero, eshard)
+    }
+
     /// The weights ZeRO-3 gathers for one block (the current and the prefetched one), with no
-    /// gradient to hold: the frozen base in its stored widths, and the adapters' weights.
-    pub fn gathered_layers(&self, a: &Architecture, tp: u64) -> f64 {
+    /// gradient to hold: the frozen base in its stored widths, and the adapters' weights. An
+    /// MoE block's frozen weights are `moe_block` when larger than a dense block's.
+    pub fn gathered_layers(&self, a: &Architecture, tp: u64, moe_block: f64) -> f64 {
         let (w, q) = self.layer_frozen(a, tp);
+        let w = w.max(moe_block);
         2.0 * (w * self.weight_bytes
             + q * finetune::NF4_BYTES_PER_PARAM
             + self.layer_trainable(a, tp) * self.weight_bytes)

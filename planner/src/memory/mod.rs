@@ -301,9 +301,16 @@ impl<'a> Ctx<'a> {
                 });
             }
             let (w, q) = ad.layer_frozen(a, tp);
-            // The embedding and the head (on the end stages) are frozen and stay 16-bit.
-            let rest = dense_params - a.layer_params().per_tp_rank(tp) * layers;
-            let (w, q) = (w * layers + rest, q * layers);
+            let (w, q) = match self.mix(stage).1 {
+                0 => {
+                    // The embedding and the head (on the end stages) are frozen and stay 16-bit.
+                    let rest = dense_params - a.layer_params().per_tp_rank(tp) * layers;
+                    (w * layers + rest, q * layers)
+                }
+                // An MoE base (LoRA only): every dense weight, with the routed experts below.
+                _ => (dense_params, 0.0),
+            };
+            let ebpp = ad.expert_bpp(zero, eshard);
             let on = if zero >= 3 && shard > 1 {
                 format!(", sharded over {shard} DP ranks by ZeRO-3")
             } else {
@@ -313,14 +320,18 @@ impl<'a> Ctx<'a> {
                 sink,
                 "frozen_weights",
                 "model_states",
-                w * ad.frozen_bpp,
+                w * ad.frozen_bpp + expert_params * ebpp,
                 &|| {
                     let what = if q > 0.0 {
                         "norms, biases, embedding and head"
                     } else {
                         "every base weight"
                     };
-                    format!("the frozen base ({what}): {} B/param{on} × {w:.0} params, with no gradient, master copy or optimizer state", ad.weight_bytes)
+                    let experts = match expert_params > 0.0 {
+                        true => format!(" + {ebpp:.3} B/param × {expert_params:.0} routed-expert params ({} experts of each MoE layer on this rank{})", model.architecture.moe.as_ref().map_or(0, |m| m.experts / layout.ep.max(1)), if zero >= 3 && eshard > 1 { format!(", sharded over the {eshard} expert-data-parallel ranks by ZeRO-3") } else { String::new() }),
+                        false => String::new(),
+                    };
+                    format!("the frozen base ({what}): {} B/param{on} × {w:.0} params{experts}, with no gradient, master copy or optimizer state", ad.weight_bytes)
                 },
             );
             add(
@@ -362,7 +373,8 @@ impl<'a> Ctx<'a> {
             });
         }
         if let (Some(ad), true) = (&self.adapters, zero == 3 && shard > 1) {
-            let bytes = ad.gathered_layers(&model.architecture, tp);
+            let (common, experts) = self.moe_params;
+            let bytes = ad.gathered_layers(&model.architecture, tp, common + experts);
             add(
                 sink,
                 "zero3_gathered_layers",

@@ -152,12 +152,6 @@ impl StageModel {
         mut layout: ParamLayout,
         lora: Option<&LoraSettings>,
     ) -> Result<StageModel, LayerError> {
-        if lora.is_some() && a.moe.is_some() {
-            return Err(LayerError::Config(
-                "LoRA adapters on a mixture-of-experts model are not supported by the runtime yet"
-                    .into(),
-            ));
-        }
         let cfg = BlockConfig::from_architecture(a)?;
         let (c, vocab) = (us(a.hidden), us(a.padded_vocab(tp.size as u64)));
         let local = vocab / tp.size;
@@ -183,8 +177,11 @@ impl StageModel {
                 None
             };
             // Routed experts go to a layout of their own, appended after the chunk's dense
-            // parameters.
-            let mut expert_layout = ParamLayout::new();
+            // parameters (after its frozen ones when the base is frozen).
+            let mut expert_layout = match layout.freezing() {
+                true => ParamLayout::frozen_at(0),
+                false => ParamLayout::new(),
+            };
             let mut blocks = (ch.layers[0]..ch.layers[1])
                 .map(|l| {
                     let prefix = format!("h.{l}");
@@ -244,7 +241,8 @@ impl StageModel {
                 blocks,
                 head,
                 region: start..layout.trainable_len(),
-                experts: base..layout.trainable_len(),
+                // Frozen experts have no gradient to synchronise.
+                experts: base.min(layout.trainable_len())..layout.trainable_len(),
             });
         }
         Ok(StageModel {

@@ -76,6 +76,9 @@ pub struct MoeMlp {
     /// The weight of one micro-batch's load-balancing loss in the step's loss: one over the
     /// micro-batches of the global batch (the executor sets it; 0: the loss is not trained).
     pub aux_scale: f64,
+    /// The router, gate and experts are a frozen base's (adapter fine-tuning): the backward
+    /// computes the input gradient only.
+    pub frozen: bool,
 }
 
 /// The communicators and the load-balancing loss sum of a stage's MoE layers.
@@ -289,6 +292,7 @@ impl MoeMlp {
             expert_base: 0,
             tp,
             aux_scale: 0.0,
+            frozen: layout.freezing(),
         })
     }
 
@@ -553,9 +557,11 @@ impl MoeMlp {
             .first()
             .map_or((0, 0), |m| (m.h_width(), m.f_local));
         let mut dxe = vec![0.0f32; rows * c];
-        let (pe, ge) = {
-            let (_, ge) = g.split_at_mut(self.expert_base);
-            (&p[self.expert_base..], ge)
+        // Frozen experts sit past the gradient buffer, and their linears write no gradient.
+        let pe = &p[self.expert_base..];
+        let ge: &mut [f32] = match self.frozen {
+            true => &mut [],
+            false => g.split_at_mut(self.expert_base).1,
         };
         for (mlp, r) in self.experts.iter().zip(&s.expert_rows) {
             if r.is_empty() {
@@ -623,7 +629,9 @@ impl MoeMlp {
             let dz: Vec<f32> = (0..n)
                 .map(|t| dgate[t] * s.gate[t] * (1.0 - s.gate[t]))
                 .collect();
-            cpu::matmul_at(gw.of_mut(g), &dz, x, 1, n, c, true);
+            if !self.frozen {
+                cpu::matmul_at(gw.of_mut(g), &dz, x, 1, n, c, true);
+            }
             if self.lead() {
                 cpu::matmul(dx, &dz, gw.of(p), n, 1, c, true);
             }
@@ -640,7 +648,9 @@ impl MoeMlp {
         let mut dlogits = vec![0.0f32; n * e];
         self.spec
             .backward(&s.routing, dweights, dprob.as_deref(), &mut dlogits);
-        cpu::matmul_at(self.router.of_mut(g), &dlogits, x, e, n, c, true);
+        if !self.frozen {
+            cpu::matmul_at(self.router.of_mut(g), &dlogits, x, e, n, c, true);
+        }
         if self.lead() {
             cpu::matmul(dx, &dlogits, self.router.of(p), n, e, c, true);
         }
