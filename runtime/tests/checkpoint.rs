@@ -540,3 +540,52 @@ fn a_lora_run_resumes_bit_identically() {
         std::fs::remove_dir_all(&dir).ok();
     }
 }
+
+/// LoRA on attention over the MoE model, its routed experts frozen: saved under DP 4 × EP 2, the
+/// checkpoint holds every expert (each written by its expert-DP group's first rank) and resumes
+/// bit for bit on its own layout, and on one rank and under EP 4 within the parity tolerance.
+#[test]
+fn a_lora_run_on_a_moe_base_resumes_across_ep() {
+    let moe = |dp: u64, ep: u64, zero: u8| {
+        let layout = Layout {
+            ep,
+            ..tiny::layout(dp, 1, 1, zero, ScheduleKind::OneFOneB, 1, Recompute::None)
+        };
+        let mut m = tiny::moe_model();
+        m.training.method = tessera_planner::finetune::Method::Lora;
+        m.lora = Some(tessera_planner::finetune::Lora {
+            rank: 4,
+            alpha: 8.0,
+            dropout: 0.0,
+            targets: vec![
+                tessera_planner::finetune::Target::Qkv,
+                tessera_planner::finetune::Target::O,
+            ],
+        });
+        tiny::plan(&m, &layout)
+    };
+    let p = moe(4, 2, 1);
+    let straight = run(&p, &opts());
+    let dir = scratch("lora-moe-same");
+    let a = first_half(&p, &dir);
+    let b = second_half(&p, &dir);
+    assert_resumed_is_straight(&a, &b, &straight, "lora moe dp4 ep2 zero1");
+    std::fs::remove_dir_all(&dir).ok();
+    let single = run(&moe(1, 1, 0), &opts());
+    for (i, to) in [moe(1, 1, 0), moe(4, 4, 0)].iter().enumerate() {
+        let dir = scratch(&format!("lora-moe-reshard-{i}"));
+        let a = first_half(&moe(2, 2, 0), &dir);
+        let b = second_half(to, &dir);
+        for (got, want) in a.steps.iter().chain(&b.steps).zip(&single.steps) {
+            assert!(
+                (got.loss - want.loss).abs() <= 1e-5 * want.loss.abs(),
+                "lora EP 2 → {i}: step {} loss {} vs {}",
+                got.step,
+                got.loss,
+                want.loss
+            );
+        }
+        tiny::assert_params_close(&b.params, &single.params, &format!("lora EP 2 → {i}"));
+        std::fs::remove_dir_all(&dir).ok();
+    }
+}

@@ -134,13 +134,32 @@ impl<B: Backend, C: Collective<B>> Rank<'_, B, C> {
                 });
             }
         }
-        if self.model.adapters && self.dp_rank == 0 {
+        if self.model.adapters {
             // The frozen base, replicated over DP (ZeRO shards the adapters only): its weights
             // as they are, with zero moments (it has no optimizer state), so the checkpoint is
-            // a whole model and a resume reads it back like any other.
-            let frozen = self.model.layout.trainable_len()..self.model.layout.len();
+            // a whole model and a resume reads it back like any other. DP rank 0 writes the
+            // dense part; expert-DP rank 0 its routed experts (EP splits them over DP).
+            let experts: Vec<Range<usize>> = (self.model.chunks.iter())
+                .map(|c| c.frozen_experts.clone())
+                .filter(|r| !r.is_empty())
+                .collect();
+            let mut ranges = Vec::new();
+            let mut at = self.model.layout.trainable_len();
+            for e in &experts {
+                if self.dp_rank == 0 {
+                    ranges.push(at..e.start);
+                }
+                if self.edp_rank == 0 {
+                    ranges.push(e.clone());
+                }
+                at = e.end;
+            }
+            if self.dp_rank == 0 {
+                ranges.push(at..self.model.layout.len());
+            }
+            ranges.retain(|r| !r.is_empty());
             let skip = self.model.tied_copy.as_ref();
-            let owned = owned_pieces(&self.model.layout, &[frozen], self.tp.rank, skip);
+            let owned = owned_pieces(&self.model.layout, &ranges, self.tp.rank, skip);
             for (sub, meta) in owned {
                 let zeros = vec![0.0; sub.len()];
                 pieces.push(Piece {

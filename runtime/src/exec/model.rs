@@ -43,6 +43,9 @@ pub struct Chunk {
     /// The end of `region` that holds this rank's routed experts (empty in a dense chunk):
     /// their gradients are summed over the expert-DP group, the rest over DP.
     pub experts: Range<usize>,
+    /// Under adapter fine-tuning, where this chunk's routed experts sit in the frozen region
+    /// (empty otherwise): like `experts`, held per expert-DP group rather than per DP group.
+    pub frozen_experts: Range<usize>,
 }
 
 impl Chunk {
@@ -229,7 +232,12 @@ impl StageModel {
             } else {
                 None
             };
+            let frozen_experts = expert_layout.len();
             let base = layout.append(expert_layout)?;
+            let frozen_experts = match layout.freezing() {
+                true => base..base + frozen_experts,
+                false => base..base,
+            };
             for b in &mut blocks {
                 if let Some(m) = b.mlp.moe_mut() {
                     m.expert_base = base;
@@ -243,6 +251,7 @@ impl StageModel {
                 region: start..layout.trainable_len(),
                 // Frozen experts have no gradient to synchronise.
                 experts: base.min(layout.trainable_len())..layout.trainable_len(),
+                frozen_experts,
             });
         }
         Ok(StageModel {
