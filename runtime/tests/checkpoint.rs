@@ -214,16 +214,7 @@ fn a_checkpoint_resumes_on_another_layout() {
         let dir = scratch(&format!("reshard-{i}"));
         let a = first_half(&plan(from), &dir);
         let b = second_half(&plan(to), &dir);
-        for (got, want) in a.steps.iter().chain(&b.steps).zip(&straight.steps) {
-            assert!(
-                (got.loss - want.loss).abs() <= 1e-5 * want.loss.abs(),
-                "{what}: step {} loss {} vs {}",
-                got.step,
-                got.loss,
-                want.loss
-            );
-        }
-        tiny::assert_params_close(&b.params, &straight.params, &what);
+        assert_resharded(&a, &b, &straight, &what);
         std::fs::remove_dir_all(&dir).ok();
     }
 }
@@ -440,6 +431,21 @@ fn a_kill_at_any_instant_of_a_save_leaves_a_loadable_checkpoint() {
     std::fs::remove_dir_all(&dir).ok();
 }
 
+/// A run saved as `a` and resumed on another layout as `b` gives `single`'s losses and
+/// parameters within the parity tolerance.
+fn assert_resharded(a: &TrainReport, b: &TrainReport, single: &TrainReport, what: &str) {
+    for (got, want) in a.steps.iter().chain(&b.steps).zip(&single.steps) {
+        assert!(
+            (got.loss - want.loss).abs() <= 1e-5 * want.loss.abs(),
+            "{what}: step {} loss {} vs {}",
+            got.step,
+            got.loss,
+            want.loss
+        );
+    }
+    tiny::assert_params_close(&b.params, &single.params, what);
+}
+
 /// The MoE model (specs/models/tiny-moe.toml) with expert parallelism: a checkpoint saved
 /// under EP resumes bit for bit on its own layout, and on one rank and on another EP within
 /// the parity tolerance (expert tensors are written by their EP shards and regathered).
@@ -473,16 +479,7 @@ fn an_moe_checkpoint_resumes_on_its_layout_and_across_ep() {
         let dir = scratch(&format!("moe-reshard-{i}"));
         let a = first_half(&moe(2, 2, 0), &dir);
         let b = second_half(to, &dir);
-        for (got, want) in a.steps.iter().chain(&b.steps).zip(&single.steps) {
-            assert!(
-                (got.loss - want.loss).abs() <= 1e-5 * want.loss.abs(),
-                "EP 2 → {i}: step {} loss {} vs {}",
-                got.step,
-                got.loss,
-                want.loss
-            );
-        }
-        tiny::assert_params_close(&b.params, &single.params, &format!("EP 2 → {i}"));
+        assert_resharded(&a, &b, &single, &format!("EP 2 → {i}"));
         std::fs::remove_dir_all(&dir).ok();
     }
 }
@@ -576,16 +573,7 @@ fn a_lora_run_on_a_moe_base_resumes_across_ep() {
         let dir = scratch(&format!("lora-moe-reshard-{i}"));
         let a = first_half(&moe(2, 2, 0), &dir);
         let b = second_half(to, &dir);
-        for (got, want) in a.steps.iter().chain(&b.steps).zip(&single.steps) {
-            assert!(
-                (got.loss - want.loss).abs() <= 1e-5 * want.loss.abs(),
-                "lora EP 2 → {i}: step {} loss {} vs {}",
-                got.step,
-                got.loss,
-                want.loss
-            );
-        }
-        tiny::assert_params_close(&b.params, &single.params, &format!("lora EP 2 → {i}"));
+        assert_resharded(&a, &b, &single, &format!("lora EP 2 → {i}"));
         std::fs::remove_dir_all(&dir).ok();
     }
 }
