@@ -338,3 +338,53 @@ fn moe_base_with_expert_parallelism() {
         ],
     );
 }
+
+/// The tiny model made Llama-shaped (RoPE, RMSNorm, SwiGLU, GQA 4:2, no biases) with adapters
+/// on every one of PEFT's Llama modules: q_proj, k_proj, v_proj and gate_proj, up_proj are
+/// parts of the runtime's fused projections, each adapter adding to its part's columns.
+fn lora_llama_model() -> Model {
+    use tessera_planner::model::{Activation, Norm, Position};
+    let mut m = tiny::model();
+    let a = &mut m.architecture;
+    a.position = Position::Rope;
+    a.norm = Norm::Rmsnorm;
+    a.activation = Activation::Swiglu;
+    a.kv_heads = 2;
+    a.bias = false;
+    a.qkv_bias = false;
+    a.tied_embeddings = false;
+    use Target::*;
+    with_lora(m, vec![Q, K, V, O, Gate, Up, Down])
+}
+
+#[test]
+fn llama_per_module_targets_on_fused_projections() {
+    let none = Recompute::None;
+    let model = lora_llama_model();
+    let p = tiny::plan(&model, &layout(1, 1, 1, 0, OneFOneB, 1, none));
+    let init = initial(&p);
+    for part in [
+        "attn.q", "attn.k", "attn.v", "attn.o", "mlp.gate", "mlp.up", "mlp.proj",
+    ] {
+        assert!(
+            init.contains_key(&format!("h.0.{part}.lora_B.weight")),
+            "{part}"
+        );
+    }
+    // k's B is (kv_dim, r): GQA's 2 of 4 heads of 16.
+    assert_eq!(init["h.0.attn.k.lora_B.weight"].len(), 32 * 4);
+    check_model(
+        &model,
+        &[
+            (l(2, 1, 1, 0, OneFOneB, 1, none), "dp2"),
+            (l(1, 1, 2, 0, OneFOneB, 1, none), "tp2"),
+            (sp(l(2, 1, 2, 0, OneFOneB, 1, none)), "dp2 tp2 sp"),
+            (l(1, 2, 1, 0, Interleaved, 2, none), "pp2 interleaved×2"),
+            (l(2, 1, 1, 3, OneFOneB, 1, none), "zero3 dp2"),
+            (
+                l(1, 2, 2, 1, OneFOneB, 1, Recompute::Selective),
+                "pp2 tp2 selective recompute",
+            ),
+        ],
+    );
+}

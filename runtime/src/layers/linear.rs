@@ -29,8 +29,9 @@ pub struct ColumnParallelLinear {
     pub out_local: usize,
     /// The weight and bias are frozen (adapter fine-tuning): no gradient is computed for them.
     pub frozen: bool,
-    /// A LoRA adapter added to the output ([`super::lora`]).
-    pub lora: Option<Box<Adapter>>,
+    /// LoRA adapters added to the output ([`super::lora`]): one, or one per adapted part of a
+    /// fused projection.
+    pub lora: Vec<Adapter>,
 }
 
 fn weight_spec(name: String, shape: [usize; 2], shard: Shard, std: f32) -> ParamSpec {
@@ -107,7 +108,7 @@ impl ColumnParallelLinear {
             in_features,
             out_local,
             frozen: layout.freezing(),
-            lora: None,
+            lora: Vec::new(),
         })
     }
 
@@ -125,7 +126,7 @@ impl ColumnParallelLinear {
             in_features,
             out_local: w.len / in_features,
             frozen: false,
-            lora: None,
+            lora: Vec::new(),
         }
     }
 
@@ -166,7 +167,7 @@ impl ColumnParallelLinear {
         y: B::Mut<'_>,
     ) -> Result<(), LayerError> {
         let (k, m) = (self.in_features, self.out_local);
-        matmul_forward(be, p, x, y, self.w, k, m, self.lora.as_deref())
+        matmul_forward(be, p, x, y, self.w, k, m, &self.lora)
     }
 
     /// `dW += dyᵀ·x`, `db += Σ dy`, `dx (N, in) = all_reduce(dy · W_local)` (overwritten).
@@ -197,7 +198,7 @@ impl ColumnParallelLinear {
         dx: B::Mut<'_>,
     ) -> Result<(), LayerError> {
         let (k, m) = (self.in_features, self.out_local);
-        let weights = Weights::of(self.w, self.b, self.frozen, self.lora.as_deref());
+        let weights = Weights::of(self.w, self.b, self.frozen, &self.lora);
         matmul_backward(be, p, g, x, dy, dx, weights, k, m)
     }
 
@@ -213,7 +214,7 @@ impl ColumnParallelLinear {
         dx: B::Mut<'_>,
     ) -> Result<(), LayerError> {
         let (k, m) = (self.in_features, self.out_local);
-        let weights = Weights::of(self.w, None, self.frozen, self.lora.as_deref());
+        let weights = Weights::of(self.w, None, self.frozen, &self.lora);
         matmul_backward(be, p, g, x, dy, dx, weights, k, m)
     }
 }
@@ -229,8 +230,8 @@ pub struct RowParallelLinear {
     pub out_features: usize,
     /// The weight and bias are frozen (adapter fine-tuning): no gradient is computed for them.
     pub frozen: bool,
-    /// A LoRA adapter added to this rank's partial output ([`super::lora`]).
-    pub lora: Option<Box<Adapter>>,
+    /// LoRA adapters added to this rank's partial output ([`super::lora`]).
+    pub lora: Vec<Adapter>,
 }
 
 impl RowParallelLinear {
@@ -268,7 +269,7 @@ impl RowParallelLinear {
             in_local,
             out_features,
             frozen: layout.freezing(),
-            lora: None,
+            lora: Vec::new(),
         })
     }
 
@@ -296,7 +297,7 @@ impl RowParallelLinear {
         y: B::Mut<'_>,
     ) -> Result<(), LayerError> {
         let (k, m) = (self.in_local, self.out_features);
-        matmul_forward(be, p, x, y, self.w, k, m, self.lora.as_deref())
+        matmul_forward(be, p, x, y, self.w, k, m, &self.lora)
     }
 
     /// `y += b` on the reduced output (rows of any count).
@@ -324,12 +325,12 @@ impl RowParallelLinear {
         dx: B::Mut<'_>,
     ) -> Result<(), LayerError> {
         let (k, m) = (self.in_local, self.out_features);
-        let weights = Weights::of(self.w, self.b, self.frozen, self.lora.as_deref());
+        let weights = Weights::of(self.w, self.b, self.frozen, &self.lora);
         matmul_backward(be, p, g, x, dy, dx, weights, k, m)
     }
 }
 
-/// `y (N, m) = x (N, k) · Wᵀ`, plus the adapter's `s·(x·Aᵀ)·Bᵀ`.
+/// `y (N, m) = x (N, k) · Wᵀ`, plus each adapter's `s·(x·Aᵀ)·Bᵀ`.
 #[allow(clippy::too_many_arguments)]
 fn matmul_forward<B: Backend>(
     be: &B,
@@ -339,12 +340,12 @@ fn matmul_forward<B: Backend>(
     w: ParamRef,
     k: usize,
     m: usize,
-    lora: Option<&Adapter>,
+    lora: &[Adapter],
 ) -> Result<(), LayerError> {
     let n = B::len(x) / k;
     be.matmul_bt(B::rb(&mut y), x, w.view::<B>(p), n, k, m, false)?;
-    if let Some(l) = lora {
-        l.forward::<B>(p, x, y)?;
+    for l in lora {
+        l.forward::<B>(p, x, B::rb(&mut y))?;
     }
     Ok(())
 }
@@ -356,17 +357,17 @@ struct Weights<'a> {
     b: Option<ParamRef>,
     /// No gradient for `w` and `b` (the weight-gradient GEMM is skipped).
     frozen: bool,
-    lora: Option<&'a Adapter>,
+    lora: &'a [Adapter],
 }
 
 impl<'a> Weights<'a> {
-    fn of(w: ParamRef, b: Option<ParamRef>, frozen: bool, lora: Option<&'a Adapter>) -> Self {
+    fn of(w: ParamRef, b: Option<ParamRef>, frozen: bool, lora: &'a [Adapter]) -> Self {
         Self { w, b, frozen, lora }
     }
 }
 
 /// `dW += dyᵀ·x` and `db += Σ dy` unless frozen; `dx (N, k) = dy · W` (overwritten), plus the
-/// adapter's gradients and its part of `dx`.
+/// adapters' gradients and their part of `dx`.
 #[allow(clippy::too_many_arguments)]
 fn matmul_backward<B: Backend>(
     be: &B,
@@ -387,8 +388,8 @@ fn matmul_backward<B: Backend>(
         }
     }
     be.matmul(B::rb(&mut dx), dy, t.w.view::<B>(p), n, m, k, false)?;
-    if let Some(l) = t.lora {
-        l.backward::<B>(p, g, x, dy, dx)?;
+    for l in t.lora {
+        l.backward::<B>(p, B::rb(&mut g), x, dy, B::rb(&mut dx))?;
     }
     Ok(())
 }

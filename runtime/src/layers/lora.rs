@@ -71,6 +71,11 @@ pub struct Adapter {
     pub y_width: usize,
     /// Column-parallel (`A` replicated) or row-parallel (`B` replicated).
     pub column: bool,
+    /// Where this adapter's outputs start in a row of the linear's local output, and that
+    /// row's width: an adapter on one part of a fused projection (Llama's `q_proj` on the
+    /// runtime's fused q/k/v) adds to its part's columns only. `0` and `y_width` otherwise.
+    pub y_offset: usize,
+    pub y_stride: usize,
 }
 
 fn off_host() -> LayerError {
@@ -148,7 +153,28 @@ impl Adapter {
             x_width: in_features,
             y_width: out / tp.size,
             column: true,
+            y_offset: 0,
+            y_stride: out / tp.size,
         })
+    }
+
+    /// The adapter of part `part` of a fused column-parallel linear whose parts (named under
+    /// `prefix`, e.g. `h.3.attn`) have global widths `parts`: PEFT's adapter on the unfused
+    /// module (`q_proj`), `A (r, in)` replicated and `B (out_part, r)` split by rows, adding
+    /// to the part's columns of each rank's `[part_0 local | part_1 local | …]` output row.
+    pub fn column_part(
+        layout: &mut ParamLayout,
+        name: &str,
+        in_features: usize,
+        parts: &[usize],
+        part: usize,
+        s: &LoraSettings,
+        tp: TpShard,
+    ) -> Result<Self, LayerError> {
+        let mut a = Self::column(layout, name, in_features, &parts[part..=part], s, tp)?;
+        a.y_offset = parts[..part].iter().sum::<usize>() / tp.size;
+        a.y_stride = parts.iter().sum::<usize>() / tp.size;
+        Ok(a)
     }
 
     /// The adapter of a row-parallel linear `name`: `A (r, in)` split by input columns,
@@ -182,6 +208,8 @@ impl Adapter {
             x_width: in_features / tp.size,
             y_width: out_features,
             column: false,
+            y_offset: 0,
+            y_stride: out_features,
         })
     }
 
@@ -204,7 +232,21 @@ impl Adapter {
         u
     }
 
-    /// `y (N, y_width) += s · (x·Aᵀ)·Bᵀ`.
+    /// Whether the adapter covers only some columns of the linear's output rows.
+    fn strided(&self) -> bool {
+        self.y_stride != self.y_width
+    }
+
+    /// This adapter's columns of `y (N, y_stride)`, as `(N, y_width)`.
+    fn columns(&self, y: &[f32]) -> Vec<f32> {
+        let (o, w) = (self.y_offset, self.y_width);
+        y.chunks_exact(self.y_stride)
+            .flat_map(|row| &row[o..o + w])
+            .copied()
+            .collect()
+    }
+
+    /// `y (N, y_stride)[:, y_offset..][..y_width] += s · (x·Aᵀ)·Bᵀ`.
     pub fn forward<B: Backend>(
         &self,
         p: B::Ref<'_>,
@@ -214,11 +256,35 @@ impl Adapter {
         let (p, x, y) = (host::<B>(p)?, host::<B>(x)?, host_mut::<B>(y)?);
         let u = self.intermediate(p, x);
         let n = x.len() / self.x_width;
-        cpu::matmul_bt(y, &u, self.b.of(p), n, self.rank, self.y_width, true);
+        if !self.strided() {
+            cpu::matmul_bt(y, &u, self.b.of(p), n, self.rank, self.y_width, true);
+            return Ok(());
+        }
+        let mut part = vec![0.0; n * self.y_width];
+        cpu::matmul_bt(
+            &mut part,
+            &u,
+            self.b.of(p),
+            n,
+            self.rank,
+            self.y_width,
+            false,
+        );
+        let o = self.y_offset;
+        for (row, add) in y
+            .chunks_exact_mut(self.y_stride)
+            .zip(part.chunks_exact(self.y_width))
+        {
+            row[o..o + add.len()]
+                .iter_mut()
+                .zip(add)
+                .for_each(|(y, a)| *y += a);
+        }
         Ok(())
     }
 
-    /// `dB += s·dyᵀ·u`, `du = s·dy·B`, `dA += duᵀ·x`, `dx += du·A` (the base wrote `dx`).
+    /// `dB += s·dyᵀ·u`, `du = s·dy·B`, `dA += duᵀ·x`, `dx += du·A` (the base wrote `dx`), with
+    /// `dy` this adapter's columns of the output gradient.
     pub fn backward<B: Backend>(
         &self,
         p: B::Ref<'_>,
@@ -229,6 +295,14 @@ impl Adapter {
     ) -> Result<(), LayerError> {
         let (p, x, dy) = (host::<B>(p)?, host::<B>(x)?, host::<B>(dy)?);
         let (g, dx) = (host_mut::<B>(g)?, host_mut::<B>(dx)?);
+        let part;
+        let dy = match self.strided() {
+            true => {
+                part = self.columns(dy);
+                &part[..]
+            }
+            false => dy,
+        };
         let (n, k, r, m) = (
             x.len() / self.x_width,
             self.x_width,

@@ -1,8 +1,11 @@
 //! Which linears of a transformer block carry LoRA adapters, and their names: the runtime's
 //! linear names with PEFT's suffixes (`h.3.attn.qkv.lora_A.weight` is GPT-2's
 //! `h.3.attn.c_attn.lora_A.weight`, `h.3.attn.o` its `attn.c_proj`, `h.3.mlp.fc` its `mlp.c_fc`,
-//! `h.3.mlp.proj` its `mlp.c_proj`; `h.3.attn.o` and `h.3.mlp.proj` are Llama's `o_proj` and
-//! `down_proj`).
+//! `h.3.mlp.proj` its `mlp.c_proj`; `h.3.attn.q`, `.k`, `.v`, `.o` are Llama's `q_proj`,
+//! `k_proj`, `v_proj`, `o_proj`, and `h.3.mlp.gate`, `.up`, `.proj` its `gate_proj`, `up_proj`,
+//! `down_proj`). The runtime fuses Llama's q/k/v and gate/up into one projection each; an
+//! adapter on one of those parts adds to that part's columns of the fused output
+//! ([`Adapter::column_part`]), which is PEFT's adapter on the unfused module.
 
 use tessera_planner::finetune::Target;
 
@@ -13,10 +16,7 @@ use super::lora::{Adapter, LoraSettings};
 use super::{Activation, LayerError};
 
 fn unsupported(t: Target, why: &str) -> LayerError {
-    LayerError::Config(format!(
-        "a LoRA adapter on {}: {why}; the runtime trains adapters on qkv (fused), o, up (a GeLU MLP's fc) and down",
-        t.name()
-    ))
+    LayerError::Config(format!("a LoRA adapter on {}: {why}", t.name()))
 }
 
 /// Registers (trainable) the adapters `s` asks for on block `b` (named under `prefix`, e.g.
@@ -29,48 +29,58 @@ pub fn attach(
 ) -> Result<(), LayerError> {
     let cfg = b.cfg.clone();
     let (q, kv) = (cfg.heads * cfg.head_dim, cfg.kv_heads * cfg.head_dim);
+    let (c, f) = (cfg.hidden, cfg.ffn_hidden);
     let tp = b.tp;
     let mut targets = s.targets.clone();
     targets.sort();
     targets.dedup();
     for t in targets {
-        match t {
-            Target::Qkv => {
-                let name = format!("{prefix}.attn.qkv");
-                let a = Adapter::column(layout, &name, cfg.hidden, &[q, kv, kv], s, tp)?;
-                b.attn.qkv.lora = Some(Box::new(a));
+        let attn = format!("{prefix}.attn");
+        let qkv = [q, kv, kv];
+        let adapter = match t {
+            Target::Qkv => Adapter::column(layout, &format!("{attn}.qkv"), c, &qkv, s, tp)?,
+            Target::Q | Target::K | Target::V => {
+                let i = match t {
+                    Target::Q => 0,
+                    Target::K => 1,
+                    _ => 2,
+                };
+                let name = format!("{attn}.{}", t.name());
+                Adapter::column_part(layout, &name, c, &qkv, i, s, tp)?
             }
-            Target::O => {
-                let name = format!("{prefix}.attn.o");
-                let a = Adapter::row(layout, &name, q, cfg.hidden, s, tp)?;
-                b.attn.proj.lora = Some(Box::new(a));
-            }
-            Target::Up | Target::Down => {
+            Target::O => Adapter::row(layout, &format!("{attn}.o"), q, c, s, tp)?,
+            Target::Gate | Target::Up | Target::Down => {
                 let Mlp::Dense(mlp) = &mut b.mlp else {
                     return Err(unsupported(t, "the block's MLP is a mixture of experts"));
                 };
-                if t == Target::Down {
-                    let name = format!("{prefix}.mlp.proj");
-                    let (f, c) = (cfg.ffn_hidden, cfg.hidden);
-                    mlp.proj.lora = Some(Box::new(Adapter::row(layout, &name, f, c, s, tp)?));
-                } else if cfg.activation == Activation::Gelu {
-                    let name = format!("{prefix}.mlp.fc");
-                    let parts = [cfg.ffn_hidden];
-                    let a = Adapter::column(layout, &name, cfg.hidden, &parts, s, tp)?;
-                    mlp.fc.lora = Some(Box::new(a));
-                } else {
-                    return Err(unsupported(
-                        t,
-                        "SwiGLU fuses gate and up into one projection and adapters on one of its parts are not implemented yet",
-                    ));
+                let name = format!("{prefix}.mlp");
+                let a = match (t, cfg.activation) {
+                    (Target::Down, _) => {
+                        Adapter::row(layout, &format!("{name}.proj"), f, c, s, tp)?
+                    }
+                    (Target::Gate, Activation::Gelu) => {
+                        return Err(unsupported(t, "a GeLU MLP has no gate: target up"))
+                    }
+                    (_, Activation::Gelu) => {
+                        Adapter::column(layout, &format!("{name}.fc"), c, &[f], s, tp)?
+                    }
+                    // SwiGLU's fused projection is `[gate; up]`.
+                    (_, Activation::SwiGlu) => {
+                        let i = usize::from(t == Target::Up);
+                        let name = format!("{name}.{}", t.name());
+                        Adapter::column_part(layout, &name, c, &[f, f], i, s, tp)?
+                    }
+                };
+                match t {
+                    Target::Down => mlp.proj.lora.push(a),
+                    _ => mlp.fc.lora.push(a),
                 }
+                continue;
             }
-            Target::Q | Target::K | Target::V | Target::Gate => {
-                return Err(unsupported(
-                    t,
-                    "the runtime fuses it with its sibling projections and adapters on one part of a fused projection are not implemented yet",
-                ))
-            }
+        };
+        match t {
+            Target::O => b.attn.proj.lora.push(adapter),
+            _ => b.attn.qkv.lora.push(adapter),
         }
     }
     Ok(())
@@ -80,11 +90,12 @@ pub fn attach(
 pub fn adapters(b: &TransformerBlock) -> impl Iterator<Item = &Adapter> {
     let mlp = b.mlp.dense();
     [
-        b.attn.qkv.lora.as_deref(),
-        b.attn.proj.lora.as_deref(),
-        mlp.and_then(|m| m.fc.lora.as_deref()),
-        mlp.and_then(|m| m.proj.lora.as_deref()),
+        Some(&b.attn.qkv.lora),
+        Some(&b.attn.proj.lora),
+        mlp.map(|m| &m.fc.lora),
+        mlp.map(|m| &m.proj.lora),
     ]
     .into_iter()
+    .flatten()
     .flatten()
 }
