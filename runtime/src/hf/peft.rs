@@ -92,9 +92,11 @@ fn adapters(ck: &Checkpoint) -> Result<(&Lora, Vec<Pair<'_>>), HfError> {
         for part in &linear.parts {
             match globals.get(part.as_str()) {
                 Some(([r, c], _)) if *c == inputs => rows += r,
-                _ => return Err(damaged(format!(
+                _ => {
+                    return Err(damaged(format!(
                     "the base weight {part} does not fit {name}.lora_A.weight of shape {a_shape:?}"
-                ))),
+                )))
+                }
             }
         }
         if b_shape.last() != Some(&rank) || outputs != rows || rank as u64 != lora.rank {
