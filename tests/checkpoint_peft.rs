@@ -347,24 +347,9 @@ fn check_refusals(dir: &Scratch, t: &Tuned) {
 
 /// scripts/check_peft_export.py's verdict, or why it was skipped.
 fn reference(c: &Case, t: &Tuned) {
-    let Some(python) = std::env::var_os("TESSERA_TORCH_PYTHON") else {
-        println!("skipped the reference check: TESSERA_TORCH_PYTHON is not set (bash scripts/check-exports-env.sh engines prints one)");
+    let Some(python) = reference_python("torch, transformers, peft") else {
         return;
     };
-    let probe = Command::new(&python)
-        .args(["-c", "import torch, transformers, peft"])
-        .output();
-    if !probe.as_ref().is_ok_and(|o| o.status.success()) {
-        let why = probe.map_or_else(
-            |e| e.to_string(),
-            |o| String::from_utf8_lossy(&o.stderr).into_owned(),
-        );
-        println!(
-            "skipped the reference check: {} cannot import torch, transformers and peft: {why}",
-            python.to_string_lossy()
-        );
-        return;
-    }
     let out = Command::new(&python)
         .current_dir(root())
         .args([

@@ -46,8 +46,11 @@ pub fn export(ck: &Checkpoint, out: &Path) -> Result<ExportSummary, HfError> {
     export_globals(ck, &globals, out)
 }
 
-/// Tessera's global tensors by name: shape and values.
-pub(super) type Globals<'a> = BTreeMap<&'a str, (&'a [usize], &'a [f32])>;
+/// A Tessera global tensor: shape and values.
+pub(super) type Tensor<'a> = (&'a [usize], &'a [f32]);
+
+/// Tessera's global tensors by name.
+pub(super) type Globals<'a> = BTreeMap<&'a str, Tensor<'a>>;
 
 /// Writes `globals` (checkpoint `ck`'s tensors, or tensors made from them) as `ck`'s model in
 /// HF's layout to the folder `out`.

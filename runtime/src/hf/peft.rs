@@ -16,8 +16,8 @@ use std::path::Path;
 
 use tessera_planner::finetune::Lora;
 
-use super::export::{check_target, damaged, export_globals, write_folder, Globals, Out};
-use super::{family, linears, ExportSummary, HfError, Linear};
+use super::export::{check_target, damaged, export_globals, write_folder, Globals, Out, Tensor};
+use super::{family, modules, ExportSummary, HfError, Module};
 use crate::checkpoint::Checkpoint;
 
 /// The adapters file of a PEFT folder.
@@ -30,7 +30,7 @@ const PEFT_PREFIX: &str = "base_model.model.";
 
 /// One linear's adapter, read from a checkpoint: `A (r, in)` and `B (out, r)` (flattened).
 struct Pair<'a> {
-    linear: Linear,
+    linear: Module,
     rank: usize,
     inputs: usize,
     outputs: usize,
@@ -50,9 +50,9 @@ fn adapters(ck: &Checkpoint) -> Result<(&Lora, Vec<Pair<'_>>), HfError> {
     let a = &ck.index().model;
     let fam = family(a)?;
     let damaged = damaged(ck);
-    let mut modules = linears(a, fam);
+    let mut modules = modules(a, fam);
     let globals: Globals = ck.params().map(|(n, s, v)| (n, (s, v))).collect();
-    let mut halves: BTreeMap<&str, [Option<(&[usize], &[f32])>; 2]> = BTreeMap::new();
+    let mut halves: BTreeMap<&str, [Option<Tensor>; 2]> = BTreeMap::new();
     for (&name, &tensor) in &globals {
         let Some((linear, half)) = name.split_once(".lora_") else {
             continue;
