@@ -33,6 +33,59 @@ def token_ids(vocab, batch, seq_len):
     return rows
 
 
+def load_hf(folder, problems):
+    """The transformers model in `folder` (CPU, float32, eager attention), in eval mode; what
+    transformers reports missing, unexpected or mis-shaped, and a class other than the one
+    config.json names, is appended to `problems`."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    with open(f"{folder}/config.json") as f:
+        config = json.load(f)
+    model, info = AutoModelForCausalLM.from_pretrained(
+        folder,
+        dtype=torch.float32,
+        attn_implementation="eager",
+        output_loading_info=True,
+    )
+    model.eval()
+    if type(model).__name__ != config["architectures"][0]:
+        problems.append(f"loaded {type(model).__name__}, config names {config['architectures'][0]}")
+    for key in ("missing_keys", "unexpected_keys", "mismatched_keys"):
+        if info.get(key):
+            problems.append(f"{folder}: {key}: {sorted(map(str, info[key]))}")
+    return model, config
+
+
+def tessera_logits(tessera, checkpoint, ids):
+    """`tessera checkpoint logits` of the batch `ids` (rows of equal length), float64,
+    shaped (batch, seq_len, vocab)."""
+    import torch
+
+    flat = ",".join(str(t) for row in ids for t in row)
+    out = subprocess.run(
+        [tessera, "checkpoint", "logits", checkpoint, "--tokens", flat,
+         "--seq-len", str(len(ids[0]))],
+        check=True, capture_output=True, text=True,
+    )
+    doc = json.loads(out.stdout)
+    ours = torch.tensor(doc["logits"], dtype=torch.float64)
+    return ours.reshape(len(ids), len(ids[0]), doc["vocab"])
+
+
+def compare(reference, ours, tolerance, what, problems):
+    """max |reference - ours| / max |ours| and max |reference - ours|; a difference above
+    `tolerance` (or another shape) is appended to `problems`."""
+    if ours.shape != reference.shape:
+        problems.append(f"{what} logits shape: tessera {tuple(ours.shape)}, reference {tuple(reference.shape)}")
+        return float("inf"), float("inf")
+    abs_diff = (reference - ours).abs().max().item()
+    rel_diff = abs_diff / ours.abs().max().item()
+    if not rel_diff <= tolerance:
+        problems.append(f"{what}: max relative logit difference {rel_diff:.3e} > {tolerance:.0e}")
+    return rel_diff, abs_diff
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--tessera", required=True, help="the tessera binary")
@@ -45,45 +98,14 @@ def main():
 
     import torch
     import transformers
-    from transformers import AutoModelForCausalLM
 
-    with open(f"{args.export}/config.json") as f:
-        config = json.load(f)
-    vocab = config["vocab_size"]
-    ids = token_ids(vocab, args.batch, args.seq_len)
-
-    model, info = AutoModelForCausalLM.from_pretrained(
-        args.export,
-        dtype=torch.float32,
-        attn_implementation="eager",
-        output_loading_info=True,
-    )
-    model.eval()
     problems = []
-    if type(model).__name__ != config["architectures"][0]:
-        problems.append(f"loaded {type(model).__name__}, config names {config['architectures'][0]}")
-    for key in ("missing_keys", "unexpected_keys", "mismatched_keys"):
-        if info.get(key):
-            problems.append(f"{key}: {sorted(map(str, info[key]))}")
+    model, config = load_hf(args.export, problems)
+    ids = token_ids(config["vocab_size"], args.batch, args.seq_len)
     with torch.no_grad():
         hf = model(torch.tensor(ids, dtype=torch.long)).logits.to(torch.float64)
-
-    flat = ",".join(str(t) for row in ids for t in row)
-    out = subprocess.run(
-        [args.tessera, "checkpoint", "logits", args.checkpoint, "--tokens", flat,
-         "--seq-len", str(args.seq_len)],
-        check=True, capture_output=True, text=True,
-    )
-    ours = torch.tensor(json.loads(out.stdout)["logits"], dtype=torch.float64)
-    ours = ours.reshape(args.batch, args.seq_len, vocab)
-    if ours.shape != hf.shape:
-        problems.append(f"logits shape: tessera {tuple(ours.shape)}, transformers {tuple(hf.shape)}")
-        abs_diff = rel_diff = float("inf")
-    else:
-        abs_diff = (hf - ours).abs().max().item()
-        rel_diff = abs_diff / ours.abs().max().item()
-    if not rel_diff <= args.tolerance:
-        problems.append(f"max relative logit difference {rel_diff:.3e} > {args.tolerance:.0e}")
+    ours = tessera_logits(args.tessera, args.checkpoint, ids)
+    rel_diff, abs_diff = compare(hf, ours, args.tolerance, "transformers", problems)
     print(json.dumps({
         "export": args.export,
         "class": type(model).__name__,

@@ -230,24 +230,9 @@ fn inspect_export_and_init_from_round_trip() {
 /// them into config.json; transformers computes with them).
 #[test]
 fn transformers_reads_the_export_as_tessera_computes_it() {
-    let Some(python) = std::env::var_os("TESSERA_TORCH_PYTHON") else {
-        println!("skipped: TESSERA_TORCH_PYTHON is not set (bash scripts/check-exports-env.sh engines prints one)");
+    let Some(python) = reference_python("torch, transformers") else {
         return;
     };
-    let probe = Command::new(&python)
-        .args(["-c", "import torch, transformers"])
-        .output();
-    if !probe.as_ref().is_ok_and(|o| o.status.success()) {
-        let why = probe.map_or_else(
-            |e| e.to_string(),
-            |o| String::from_utf8_lossy(&o.stderr).into_owned(),
-        );
-        println!(
-            "skipped: {} cannot import torch and transformers: {why}",
-            python.to_string_lossy()
-        );
-        return;
-    }
     let dir = Scratch::new();
     for (name, spec) in [
         ("gpt", "specs/models/tiny.toml"),

@@ -1,7 +1,9 @@
-//! `tessera checkpoint inspect DIR` and `tessera checkpoint export DIR --to hf -o OUT`: what a
-//! checkpoint of `tessera run --save-dir` holds, and the model as a Hugging Face folder
-//! (`tessera_runtime::hf`; docs/checkpoints.md). `tessera checkpoint logits` (hidden) prints
-//! the runtime's forward on given token ids, for scripts/check_hf_export.py.
+//! `tessera checkpoint inspect DIR` and `tessera checkpoint export DIR --to hf|peft -o OUT`: what
+//! a checkpoint of `tessera run --save-dir` holds, and the model as a Hugging Face folder, a LoRA
+//! checkpoint's adapters as a PEFT folder or its model with the adapters merged (`--to hf
+//! --merge`) (`tessera_runtime::hf`; docs/checkpoints.md). `tessera checkpoint logits` (hidden)
+//! prints the runtime's forward (through the adapters of a LoRA checkpoint) on given token ids,
+//! for scripts/check_hf_export.py and scripts/check_peft_export.py.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -25,13 +27,19 @@ enum CheckpointCommand {
         /// A save directory (its newest checkpoint) or one of its step-N directories.
         dir: PathBuf,
     },
-    /// Write the model as a Hugging Face folder: model.safetensors and config.json.
+    /// Write the model as a Hugging Face folder (model.safetensors and config.json), or a LoRA
+    /// checkpoint's adapters as a PEFT folder (adapter_model.safetensors, adapter_config.json).
     Export {
         /// A save directory (its newest checkpoint) or one of its step-N directories.
         dir: PathBuf,
-        /// The format: `hf` (GPT2LMHeadModel or LlamaForCausalLM, by the architecture).
+        /// The format: `hf` (GPT2LMHeadModel or LlamaForCausalLM, by the architecture) or
+        /// `peft` (a LoRA checkpoint's adapters, for PeftModel.from_pretrained on the base).
         #[arg(long, value_enum)]
         to: ExportFormat,
+        /// With `--to hf`, of a LoRA checkpoint: merge the adapters into the base's weights
+        /// (W + alpha/r·B·A), as PEFT's merge_and_unload does.
+        #[arg(long)]
+        merge: bool,
         /// The folder to create (it must not exist, or be empty).
         #[arg(short, long)]
         output: PathBuf,
@@ -52,6 +60,7 @@ enum CheckpointCommand {
 #[derive(Clone, Copy, ValueEnum)]
 enum ExportFormat {
     Hf,
+    Peft,
 }
 
 /// The checkpoint in `dir`, checked against itself (its index's fields against each other and
@@ -65,19 +74,12 @@ fn open(dir: &std::path::Path) -> anyhow::Result<Checkpoint> {
 pub fn run(args: CheckpointArgs) -> anyhow::Result<ExitCode> {
     match args.command {
         CheckpointCommand::Inspect { dir } => inspect(&open(&dir)?)?,
-        CheckpointCommand::Export { dir, to, output } => {
-            let ExportFormat::Hf = to;
-            let ck = open(&dir)?;
-            let out = tessera_runtime::hf::export(&ck, &output).map_err(|e| anyhow!("{e}"))?;
-            println!(
-                "wrote {} ({}): {} tensors, {} parameters, {} bytes of model.safetensors, and config.json",
-                out.dir.display(),
-                out.family.class(),
-                out.tensors,
-                out.params,
-                out.bytes
-            );
-        }
+        CheckpointCommand::Export {
+            dir,
+            to,
+            merge,
+            output,
+        } => export(&dir, to, merge, &output)?,
         CheckpointCommand::Logits {
             dir,
             tokens,
@@ -88,19 +90,55 @@ pub fn run(args: CheckpointArgs) -> anyhow::Result<ExitCode> {
             if t == 0 {
                 bail!("--seq-len 0: a sequence needs at least one token\n  fix: pass --seq-len N with N > 0");
             }
-            tessera_runtime::exec::refuse_adapters(&ck)
+            let (a, lora) = (&ck.index().model, ck.index().lora.as_ref());
+            let logits =
+                tessera_runtime::exec::forward_logits_with(a, lora, t, &tokens, |layout| {
+                    Ok(ck.restore(layout, &[])?.params)
+                })
                 .map_err(|e| anyhow!("{}: {e}", dir.display()))?;
-            let a = &ck.index().model;
-            let logits = tessera_runtime::exec::forward_logits(a, t, &tokens, |layout| {
-                Ok(ck.restore(layout, &[])?.params)
-            })
-            .map_err(|e| anyhow!("{}: {e}", dir.display()))?;
             let rows: Vec<&[f32]> = logits.chunks(a.vocab as usize).collect();
             let doc = serde_json::json!({ "seq_len": t, "vocab": a.vocab, "logits": rows });
             println!("{doc}");
         }
     }
     Ok(ExitCode::SUCCESS)
+}
+
+fn export(
+    dir: &std::path::Path,
+    to: ExportFormat,
+    merge: bool,
+    output: &std::path::Path,
+) -> anyhow::Result<()> {
+    use tessera_runtime::hf;
+    if merge && matches!(to, ExportFormat::Peft) {
+        bail!("--merge with --to peft: a PEFT folder holds the adapters apart from the base, so there is nothing to merge\n  fix: pass --to hf --merge for the merged model, or drop --merge");
+    }
+    let ck = open(dir)?;
+    let (out, files) = match (to, merge) {
+        (ExportFormat::Hf, false) => (hf::export(&ck, output), [hf::WEIGHTS, hf::CONFIG]),
+        (ExportFormat::Hf, true) => (hf::export_merged(&ck, output), [hf::WEIGHTS, hf::CONFIG]),
+        (ExportFormat::Peft, _) => (
+            hf::export_peft(&ck, output),
+            [hf::ADAPTER_WEIGHTS, hf::ADAPTER_CONFIG],
+        ),
+    };
+    let out = out.map_err(|e| anyhow!("{e}"))?;
+    let what = match (to, merge) {
+        (ExportFormat::Hf, false) => out.family.class().to_string(),
+        (ExportFormat::Hf, true) => format!("{}, LoRA adapters merged", out.family.class()),
+        (ExportFormat::Peft, _) => format!("PEFT LoRA adapters for {}", out.family.class()),
+    };
+    println!(
+        "wrote {} ({what}): {} tensors, {} parameters, {} bytes of {}, and {}",
+        out.dir.display(),
+        out.tensors,
+        out.params,
+        out.bytes,
+        files[0],
+        files[1]
+    );
+    Ok(())
 }
 
 fn inspect(ck: &Checkpoint) -> anyhow::Result<()> {

@@ -277,3 +277,28 @@ pub fn edit_json(path: &Path, f: impl FnOnce(&mut serde_json::Value)) {
     f(&mut v);
     std::fs::write(path, serde_json::to_string_pretty(&v).unwrap()).unwrap();
 }
+
+/// The Python of TESSERA_TORCH_PYTHON where it imports `modules` (comma-separated, e.g.
+/// `torch, transformers`), for a check by the reference implementation; else `None`, having
+/// printed why the check is skipped (CI sets it: `bash scripts/check-exports-env.sh engines`).
+pub fn reference_python(modules: &str) -> Option<std::ffi::OsString> {
+    let Some(python) = std::env::var_os("TESSERA_TORCH_PYTHON") else {
+        println!("skipped: TESSERA_TORCH_PYTHON is not set (bash scripts/check-exports-env.sh engines prints one)");
+        return None;
+    };
+    let probe = Command::new(&python)
+        .args(["-c", &format!("import {modules}")])
+        .output();
+    if !probe.as_ref().is_ok_and(|o| o.status.success()) {
+        let why = probe.map_or_else(
+            |e| e.to_string(),
+            |o| String::from_utf8_lossy(&o.stderr).into_owned(),
+        );
+        println!(
+            "skipped: {} cannot import {modules}: {why}",
+            python.to_string_lossy()
+        );
+        return None;
+    }
+    Some(python)
+}

@@ -27,7 +27,7 @@ mod torchtune;
 
 pub use deepspeed::deepspeed_flags;
 pub use launch::Launch;
-pub use peft::peft_note;
+pub use peft::{adapter_config, peft_note};
 
 use crate::plan::Plan;
 use crate::spec::DeviceKind;

@@ -5,7 +5,8 @@
 //! [`peft_note`] prints beside the file; the layout and the batch are the trainer's.
 
 use super::{refuse, ExportError, Target};
-use crate::finetune::Method;
+use crate::finetune::{Lora, Method};
+use crate::model::Architecture;
 use crate::model::Family;
 use crate::plan::Plan;
 
@@ -31,15 +32,23 @@ pub(super) fn peft(plan: &Plan) -> Result<String, ExportError> {
         }
         (_, Some(l)) => l,
     };
-    let a = &m.architecture;
-    let modules = lora.peft_modules(a).map_err(|why| {
+    let config = adapter_config(&m.architecture, lora).map_err(|why| {
         refuse(
             t,
             format!("the adapters' targets have no transformers module names: {why}"),
             "re-plan with targets of the model's family",
         )
     })?;
-    let config = serde_json::json!({
+    Ok(serde_json::to_string_pretty(&config).expect("a JSON value serialises") + "\n")
+}
+
+/// PEFT's `LoraConfig` of the adapters `lora` on a model `a`, as its `adapter_config.json`
+/// holds it (no base model named: `base_model_name_or_path` is null), or why the targets have
+/// no transformers module names. `tessera export --to peft` writes it from a plan, `tessera
+/// checkpoint export --to peft` beside the trained adapters.
+pub fn adapter_config(a: &Architecture, lora: &Lora) -> Result<serde_json::Value, String> {
+    let modules = lora.peft_modules(a)?;
+    Ok(serde_json::json!({
         "peft_type": "LORA",
         "task_type": "CAUSAL_LM",
         "r": lora.rank,
@@ -55,8 +64,7 @@ pub(super) fn peft(plan: &Plan) -> Result<String, ExportError> {
         "modules_to_save": null,
         "base_model_name_or_path": null,
         "inference_mode": false,
-    });
-    Ok(serde_json::to_string_pretty(&config).expect("a JSON value serialises") + "\n")
+    }))
 }
 
 /// What a PEFT `adapter_config.json` cannot hold of the plan, printed beside it by

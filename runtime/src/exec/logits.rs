@@ -3,6 +3,7 @@
 //! stage), so that an exported checkpoint can be compared with another implementation's
 //! forward (scripts/check_hf_export.py) and a converted model can be checked against ours.
 
+use tessera_planner::finetune::Lora;
 use tessera_planner::model::Architecture;
 
 use super::model::StageModel;
@@ -17,6 +18,19 @@ use crate::params::ParamLayout;
 /// single-rank layout it is handed) `params` fills.
 pub fn forward_logits<P: AsRef<[f32]>>(
     a: &Architecture,
+    t: usize,
+    tokens: &[u32],
+    params: impl FnOnce(&ParamLayout) -> Result<P, RunError>,
+) -> Result<Vec<f32>, RunError> {
+    forward_logits_with(a, None, t, tokens, params)
+}
+
+/// [`forward_logits`] through the LoRA adapters `lora` on the model's linears (a LoRA
+/// checkpoint's model: the layout holds the frozen base and the adapters), as training runs
+/// them: what PEFT's `PeftModel` computes on the base.
+pub fn forward_logits_with<P: AsRef<[f32]>>(
+    a: &Architecture,
+    lora: Option<&Lora>,
     t: usize,
     tokens: &[u32],
     params: impl FnOnce(&ParamLayout) -> Result<P, RunError>,
@@ -43,7 +57,7 @@ pub fn forward_logits<P: AsRef<[f32]>>(
             fix: format!("pass --seq-len {w} or less"),
         });
     }
-    let model = StageModel::whole(a)?;
+    let model = StageModel::whole_with(a, lora)?;
     let flat = params(&model.layout)?;
     let flat = flat.as_ref();
     if flat.len() != model.layout.len() {

@@ -31,7 +31,7 @@ use crate::layers::LayerError;
 use crate::params::ParamLayout;
 
 pub use fault::{Fault, FaultKind};
-pub use logits::forward_logits;
+pub use logits::{forward_logits, forward_logits_with};
 pub use model::{shard_of, StageModel};
 pub use rank::ckpt::{shard_initial, InitialParams};
 pub use rank::eval::EvalSet;
@@ -316,8 +316,8 @@ pub fn check_checkpoint(ck: &Checkpoint) -> Result<(), RunError> {
     Ok(ck.check_model(&layout)?)
 }
 
-/// Refuses a LoRA checkpoint where only the base model's forward runs (logits, sampling):
-/// its adapters would be silently left out.
+/// Refuses a LoRA checkpoint where only the base model's forward runs (sampling): its adapters
+/// would be silently left out.
 pub fn refuse_adapters(ck: &Checkpoint) -> Result<(), RunError> {
     match ck.index().lora {
         Some(_) => Err(RunError::Unsupported {

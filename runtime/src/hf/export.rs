@@ -25,25 +25,44 @@ pub struct ExportSummary {
 }
 
 /// One HF tensor, ready to store.
-struct Out {
-    name: String,
-    shape: Vec<usize>,
-    values: Vec<f32>,
+pub(super) struct Out {
+    pub name: String,
+    pub shape: Vec<usize>,
+    pub values: Vec<f32>,
 }
 
-/// Writes checkpoint `ck` to the folder `out` (which must not exist, or be empty).
+/// Writes checkpoint `ck` to the folder `out` (which must not exist, or be empty). A LoRA
+/// checkpoint is refused: the base alone would drop what was trained, so the caller chooses
+/// [`export_merged`](super::export_merged) or [`export_peft`](super::export_peft).
 pub fn export(ck: &Checkpoint, out: &Path) -> Result<ExportSummary, HfError> {
+    if ck.index().lora.is_some() {
+        return Err(HfError::Invalid {
+            path: ck.dir().display().to_string(),
+            problem: "holds LoRA adapters on a frozen base; the base alone would leave out what the run trained".into(),
+            fix: "pass --merge to write the model with the adapters merged into its weights, or export the adapters with --to peft".into(),
+        });
+    }
+    let globals = ck.params().map(|(n, s, v)| (n, (s, v))).collect();
+    export_globals(ck, &globals, out)
+}
+
+/// A Tessera global tensor: shape and values.
+pub(super) type Tensor<'a> = (&'a [usize], &'a [f32]);
+
+/// Tessera's global tensors by name.
+pub(super) type Globals<'a> = BTreeMap<&'a str, Tensor<'a>>;
+
+/// Writes `globals` (checkpoint `ck`'s tensors, or tensors made from them) as `ck`'s model in
+/// HF's layout to the folder `out`.
+pub(super) fn export_globals(
+    ck: &Checkpoint,
+    globals: &Globals,
+    out: &Path,
+) -> Result<ExportSummary, HfError> {
     let a = &ck.index().model;
     let fam = family(a)?;
     check_target(out)?;
-    let index = ck.dir().join(crate::checkpoint::INDEX);
-    let damaged = |problem: String| HfError::Invalid {
-        path: index.display().to_string(),
-        problem,
-        fix: "export a checkpoint written by `tessera run --save-dir`".into(),
-    };
-    let globals: BTreeMap<&str, (&[usize], &[f32])> =
-        ck.params().map(|(n, s, v)| (n, (s, v))).collect();
+    let damaged = damaged(ck);
     let vocab = a.vocab as usize;
     let mut used = BTreeSet::new();
     let mut tensors = Vec::new();
@@ -101,13 +120,23 @@ pub fn export(ck: &Checkpoint, out: &Path) -> Result<ExportSummary, HfError> {
     }
     let max_positions = ck.index().training.seq_len;
     let cfg = config(a, fam, max_positions);
-    write_folder(out, &tensors, &cfg).map(|bytes| ExportSummary {
+    write_folder(out, (WEIGHTS, &tensors), (CONFIG, &cfg)).map(|bytes| ExportSummary {
         family: fam,
         dir: out.to_path_buf(),
         tensors: tensors.len(),
         params: tensors.iter().map(|t| t.values.len() as u64).sum(),
         bytes,
     })
+}
+
+/// The error of a checkpoint whose tensors do not fit its own model.
+pub(super) fn damaged(ck: &Checkpoint) -> impl Fn(String) -> HfError {
+    let index = ck.dir().join(crate::checkpoint::INDEX);
+    move |problem| HfError::Invalid {
+        path: index.display().to_string(),
+        problem,
+        fix: "export a checkpoint written by `tessera run --save-dir`".into(),
+    }
 }
 
 /// `(rows, cols)` row-major to `(cols, rows)`.
@@ -122,7 +151,7 @@ pub(crate) fn transpose(v: &[f32], rows: usize, cols: usize) -> Vec<f32> {
 }
 
 /// Refuses a target that is a file or a folder with anything in it.
-fn check_target(out: &Path) -> Result<(), HfError> {
+pub(super) fn check_target(out: &Path) -> Result<(), HfError> {
     let refuse = |problem: &str| {
         Err(HfError::Invalid {
             path: out.display().to_string(),
@@ -141,8 +170,14 @@ fn check_target(out: &Path) -> Result<(), HfError> {
     }
 }
 
-/// Writes the folder atomically; returns the weights file's size.
-fn write_folder(out: &Path, tensors: &[Out], cfg: &serde_json::Value) -> Result<u64, HfError> {
+/// Writes the folder atomically: `weights` is a safetensors file's name and its tensors,
+/// `config` a JSON file's name and content; returns the safetensors file's size.
+pub(super) fn write_folder(
+    out: &Path,
+    weights: (&str, &[Out]),
+    config: (&str, &serde_json::Value),
+) -> Result<u64, HfError> {
+    let (weights, tensors) = weights;
     let parent = match out.parent() {
         Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
         _ => PathBuf::from("."),
@@ -171,7 +206,7 @@ fn write_folder(out: &Path, tensors: &[Out], cfg: &serde_json::Value) -> Result<
                 fix: "report this as a bug".into(),
             })?;
         let meta = [("format".to_string(), "pt".to_string())];
-        let weights = tmp.join(WEIGHTS);
+        let weights = tmp.join(weights);
         let bytes = safetensors::tensor::serialize(views, Some(meta.into_iter().collect()))
             .map_err(|e| HfError::Invalid {
                 path: weights.display().to_string(),
@@ -179,9 +214,9 @@ fn write_folder(out: &Path, tensors: &[Out], cfg: &serde_json::Value) -> Result<
                 fix: "report this as a bug".into(),
             })?;
         write_synced(&weights, &bytes)?;
-        let mut text = serde_json::to_string_pretty(cfg).expect("a JSON value serialises");
+        let mut text = serde_json::to_string_pretty(config.1).expect("a JSON value serialises");
         text.push('\n');
-        write_synced(&tmp.join(CONFIG), text.as_bytes())?;
+        write_synced(&tmp.join(config.0), text.as_bytes())?;
         fsync_dir(&tmp)?;
         // Replaces nothing but an empty folder (`check_target`); rename(2) does that in one step.
         fs::rename(&tmp, out)

@@ -1,6 +1,7 @@
 //! Hugging Face transformers' layout of a model: the two classes a Tessera model can be written
 //! as and read from, `GPT2LMHeadModel` and `LlamaForCausalLM`, as a `model.safetensors` (f32)
-//! beside a `config.json` (docs/checkpoints.md, "Hugging Face").
+//! beside a `config.json` (docs/checkpoints.md, "Hugging Face"); and a LoRA checkpoint's
+//! adapters as PEFT's folder, or merged into the model (`peft.rs`).
 //!
 //! Which class is decided by the architecture: learned positions, LayerNorm, GELU, biases
 //! and a tied output layer are GPT-2; RoPE, RMSNorm, SwiGLU and no biases are Llama. Anything
@@ -16,11 +17,13 @@
 
 mod export;
 mod import;
+mod peft;
 
 use tessera_planner::model::{Activation, Architecture, Norm, Position};
 
 pub use export::{export, ExportSummary};
 pub use import::{load, HfWeights};
+pub use peft::{export_merged, export_peft, ADAPTER_CONFIG, ADAPTER_WEIGHTS};
 
 /// The weights file of an HF folder.
 pub const WEIGHTS: &str = "model.safetensors";
@@ -326,6 +329,58 @@ pub(crate) fn mapping(a: &Architecture, fam: Family) -> Vec<Map> {
                 ));
             }
         }
+    }
+    out
+}
+
+/// A module of the HF class that has a weight: its path (no `.weight`) and the Tessera weights
+/// it is made of, concatenated along their rows (`c_attn`: q, k, v).
+#[derive(Debug, Clone)]
+pub(crate) struct Module {
+    pub module: String,
+    pub parts: Vec<String>,
+}
+
+/// The HF class's modules of `a` that have a weight (the linears, and the norms and embeddings
+/// beside them), by the runtime's name: the weight's name without `.weight`, or for fused
+/// weights their parent and their names joined (`h.3.attn.q`, `.k`, `.v` are `h.3.attn.qkv`,
+/// GPT-2's `c_attn`). A LoRA adapter `{linear}.lora_A.weight` (`layers::lora_attach`) sits on
+/// the module of its linear.
+pub(crate) fn modules(a: &Architecture, fam: Family) -> std::collections::BTreeMap<String, Module> {
+    let mut out = std::collections::BTreeMap::new();
+    for m in mapping(a, fam) {
+        let (Some(module), Some(parts)) = (
+            m.hf.strip_suffix(".weight"),
+            m.ours
+                .iter()
+                .map(|n| n.strip_suffix(".weight"))
+                .collect::<Option<Vec<_>>>(),
+        ) else {
+            continue;
+        };
+        let name = match parts.as_slice() {
+            [one] => one.to_string(),
+            [first, ..] => {
+                let parent = first.rsplit_once('.').map_or("", |(p, _)| p);
+                let leaves: Option<String> = parts
+                    .iter()
+                    .map(|p| p.strip_prefix(parent)?.strip_prefix('.'))
+                    .collect();
+                match leaves {
+                    Some(l) => format!("{parent}.{l}"),
+                    None => continue,
+                }
+            }
+            [] => continue,
+        };
+        let parts = m.ours.clone();
+        out.insert(
+            name,
+            Module {
+                module: module.to_string(),
+                parts,
+            },
+        );
     }
     out
 }
