@@ -2,7 +2,8 @@
 //! on the release binary: a base trained 4 steps and exported to HF, a LoRA plan `--init-from`
 //! it trained 4 steps, then both exports. For GPT-2 (specs/models/tiny.toml, adapters on qkv,
 //! o, up and down: every Conv1D, c_attn fused) and a Llama with GQA and a padded vocabulary
-//! (tests/fixtures/tiny-llama.toml, adapters on o and down).
+//! (tests/fixtures/tiny-llama.toml, adapters on all seven of PEFT's Llama modules, five of them
+//! parts of the runtime's fused q/k/v and gate/up projections).
 //!
 //! The files are checked here against PEFT's layout as peft 0.21.2's save_pretrained writes it
 //! (keys, shapes, values, the LoraConfig's fields), and the merge against `W + (alpha/r)·B·A`
@@ -61,12 +62,27 @@ const GPT2: Case = Case {
 const LLAMA: Case = Case {
     name: "llama",
     spec: "tests/fixtures/tiny-llama.toml",
-    targets: "o,down",
-    peft_targets: &["o_proj", "down_proj"],
+    targets: "q,k,v,o,gate,up,down",
+    peft_targets: &[
+        "q_proj",
+        "k_proj",
+        "v_proj",
+        "o_proj",
+        "gate_proj",
+        "up_proj",
+        "down_proj",
+    ],
     layers: 2,
     blocks: "model.layers",
+    // q, k, v and gate, up are parts of the runtime's fused projections; k and v are GQA's
+    // 2 heads of 16.
     linears: &[
+        ("attn.q", "self_attn.q_proj", (64, 64)),
+        ("attn.k", "self_attn.k_proj", (64, 32)),
+        ("attn.v", "self_attn.v_proj", (64, 32)),
         ("attn.o", "self_attn.o_proj", (64, 64)),
+        ("mlp.gate", "mlp.gate_proj", (64, 128)),
+        ("mlp.up", "mlp.up_proj", (64, 128)),
         ("mlp.proj", "mlp.down_proj", (128, 64)),
     ],
     conv1d: false,

@@ -433,11 +433,13 @@ fn eight_bit_optimizer_states_are_refused_by_run() {
     );
 }
 
-/// LoRA dropout is counted by the planner (its masks and dropped copies) but not run: a CPU
-/// plan, which `plan` checks the runtime can execute, is refused rather than trained without it.
+/// LoRA dropout is planned and run: a CPU plan with `--lora-dropout` trains (the parity of
+/// every layout is runtime/tests/dropout_parity.rs's).
 #[test]
-fn lora_dropout_is_refused_for_the_runtime() {
-    let err = plan_refused(&[
+fn lora_dropout_plans_and_runs() {
+    let s = common::Scratch::new();
+    let plan_file = s.path("lora.json");
+    let out = plan(&[
         "specs/models/tiny.toml",
         "specs/clusters/cpu-8.toml",
         "--devices",
@@ -446,11 +448,23 @@ fn lora_dropout_is_refused_for_the_runtime() {
         "lora",
         "--lora-dropout",
         "0.1",
+        "-o",
+        plan_file.to_str().unwrap(),
     ]);
-    assert!(
-        err.contains("LoRA dropout 0.1") && err.contains("[lora] dropout = 0.0"),
-        "{err}"
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{err}");
+    let text = std::fs::read_to_string(&plan_file).unwrap();
+    assert!(text.contains("\"dropout\": 0.1"), "the plan carries it");
+    let run = common::bin()
+        .args(["run", plan_file.to_str().unwrap(), "--steps", "2"])
+        .output()
+        .unwrap();
+    let (stdout, err) = (
+        String::from_utf8_lossy(&run.stdout),
+        String::from_utf8_lossy(&run.stderr),
     );
+    assert_eq!(run.status.code(), Some(0), "{err}");
+    assert!(stdout.contains("loss"), "{stdout}");
 }
 
 /// LoRA on a mixture-of-experts base: adapters on attention, the routed experts frozen with the

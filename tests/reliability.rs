@@ -533,13 +533,25 @@ fn runtime_conditions_are_checked_by_plan_and_validate() {
         &run(&["validate", &s(&rope)]),
         &["architecture.head_dim", "even"],
     );
-    // Dropout: the CPU runtime does not implement it, so a CPU plan with it is refused.
+    // Dropout: the CPU runtime runs it (runtime/tests/dropout_parity.rs), except under context
+    // parallelism, whose ranks hold two chunks of each sequence: that plan is refused.
     let dropout = dir.copy_edit(TINY, &[("dropout = 0.0", "dropout = 0.1")]);
+    let r = run(&["plan", &s(&dropout), CPU8, "-o", &s(&dir.path("p.json"))]);
+    assert_eq!(r.code, Some(0), "{}", r.stderr);
+    assert!(dir.path("p.json").exists());
     refused(
-        &run(&["plan", &s(&dropout), CPU8, "-o", &s(&dir.path("p.json"))]),
-        &[&s(&dropout), "dropout"],
+        &run(&[
+            "plan",
+            &s(&dropout),
+            CPU8,
+            "--cp",
+            "2",
+            "-o",
+            &s(&dir.path("cp.json")),
+        ]),
+        &[&s(&dropout), "dropout", "parallel.cp 2", "--cp 1"],
     );
-    assert!(!dir.path("p.json").exists());
+    assert!(!dir.path("cp.json").exists());
     // More CPU ranks than the backend runs.
     let wide = dir.copy_edit(CPU8, &[("gpus_per_node = 8", "gpus_per_node = 2048")]);
     let batch = dir.copy_edit(TINY, &[("global_batch = 16", "global_batch = 4096")]);

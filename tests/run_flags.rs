@@ -1,7 +1,7 @@
 //! Every `tessera run` flag is honoured or refused before the first step (issue 36, "flags
 //! accepted and ignored"): `--val-data` without `--eval-every` is refused; a `--seed` a resume
 //! does not use is said; `--init-from` given a Tessera checkpoint points at `--resume`, and
-//! names, on one line before training, the config.json settings it does not apply.
+//! names, before training, the config.json dropout it applies and the settings it does not.
 
 mod common;
 
@@ -74,18 +74,32 @@ fn init_from_a_checkpoint_points_at_resume_and_names_the_settings_it_sets_aside(
         v["attn_pdrop"] = 0.1.into();
         v["resid_pdrop"] = 0.1.into();
         v["embd_pdrop"] = 0.0.into();
+        v["summary_first_dropout"] = 0.1.into();
     });
     let r = run(&["run", &s(&plan), "--steps", "2", "--init-from", &s(&hf)]);
     assert_eq!(r.code, Some(0), "{}", r.stderr);
+    // The config's rates are applied site by site, and the run says so.
+    let line = r
+        .stdout
+        .lines()
+        .chain(r.stderr.lines())
+        .find(|l| l.contains("dropout from"))
+        .unwrap_or_else(|| panic!("no line names the dropout applied:\n{}", r.stderr));
+    assert!(
+        line.contains("embedding 0 (embd_pdrop)")
+            && line.contains("attention 0.1 (attn_pdrop)")
+            && line.contains("residual 0.1 (resid_pdrop)")
+            && line.contains("in place of the plan's training.dropout 0"),
+        "{line}"
+    );
+    // A key the causal LM does not read is set aside, said on its own line.
     let line = r
         .stderr
         .lines()
         .find(|l| l.contains("does not apply"))
         .unwrap_or_else(|| panic!("no line names the settings set aside:\n{}", r.stderr));
     assert!(
-        line.contains("attn_pdrop 0.1")
-            && line.contains("resid_pdrop 0.1")
-            && !line.contains("embd_pdrop"),
+        line.contains("summary_first_dropout 0.1") && !line.contains("pdrop"),
         "{line}"
     );
     // Said before the first step.

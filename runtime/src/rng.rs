@@ -65,6 +65,19 @@ pub fn fill_uniform(out: &mut [f32], seed: u64, stream: u64, first: u64, bound: 
     }
 }
 
+/// Inverted dropout's factor for element `index` of `stream`: 0 where the element is dropped
+/// (probability `p`), `1 / (1 − p)` where it is kept, as `torch.nn.functional.dropout` scales.
+/// A pure function of its inputs, so a forward, its recompute and its backward draw the same
+/// mask without keeping it.
+#[inline]
+pub fn dropout_scale(p: f32, seed: u64, stream: u64, index: u64) -> f32 {
+    if uniform(seed, stream, index) < f64::from(p) {
+        0.0
+    } else {
+        1.0 / (1.0 - p)
+    }
+}
+
 /// 64-bit FNV-1a: a stable hash (std's hasher may change between Rust releases). Keys the
 /// kernel compile cache and the rendezvous token.
 pub fn fnv1a64(bytes: &[u8]) -> u64 {

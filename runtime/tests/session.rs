@@ -171,3 +171,29 @@ fn settings_are_refused_before_any_step_naming_the_flag() {
     assert!(e.starts_with("--resume auto: "), "{e}");
     assert!(obs.steps.is_empty() && obs.began.is_none());
 }
+
+/// On GPUs a plan with dropout (or LoRA dropout) is refused before anything starts: the CUDA
+/// backend has no dropout and would train without it. The same plan prepares on the CPU.
+#[test]
+fn dropout_on_gpus_is_refused_not_trained_without() {
+    let mut m = tiny::model();
+    m.training.dropout = 0.1;
+    let layout = tiny::layout(1, 1, 1, 0, ScheduleKind::OneFOneB, 1, Recompute::None);
+    let plan = tiny::plan(&m, &layout);
+    let mut obs = Recorder::default();
+    let mut opts = options(2);
+    opts.gpus = Some(tessera_runtime::session::Gpus {
+        visible: 1,
+        collectives: tessera_runtime::session::Collectives::Auto,
+    });
+    let e = Session::prepare(&plan, opts, &mut obs)
+        .err()
+        .expect("refused")
+        .to_string();
+    assert!(
+        e.contains("training.dropout 0.1") && e.contains("CPU backend only"),
+        "{e}"
+    );
+    assert!(e.contains("dropout = 0.0"), "the fix: {e}");
+    assert!(Session::prepare(&plan, options(2), &mut obs).is_ok());
+}

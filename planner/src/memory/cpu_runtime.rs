@@ -12,14 +12,17 @@ use crate::model::{Activation, Model};
 use crate::precision::{Policy, StateClass};
 
 /// The model whose layer activations a rank keeps: on the CPU runtime (`cpu`), an adapter
-/// plan's layers keep what full training's keep. The runtime saves the same tensors whatever
-/// trains (a frozen linear group keeps its input, unlike autograd's `MmBackward`), and each
-/// adapter recomputes its rank-r intermediate from that input in the backward
-/// (runtime/src/layers/lora.rs) instead of keeping it.
+/// plan's layers keep what full training's keep, and a plan with dropout keeps what one
+/// without keeps. The runtime saves the same tensors whatever trains (a frozen linear group
+/// keeps its input, unlike autograd's `MmBackward`), and each adapter recomputes its rank-r
+/// intermediate from that input in the backward (runtime/src/layers/lora.rs) instead of
+/// keeping it; it keeps no dropout mask nor dropped copy, but draws each mask again from the
+/// counter RNG where it is needed (runtime/src/layers/dropout.rs), as flash attention does.
 pub(crate) fn activation_model(model: &Model, cpu: bool) -> Cow<'_, Model> {
-    if cpu && model.training.method.adapters() {
+    if cpu && (model.training.method.adapters() || model.training.dropout > 0.0) {
         let mut m = model.clone();
         m.training.method = Method::Full;
+        m.training.dropout = 0.0;
         Cow::Owned(m)
     } else {
         Cow::Borrowed(model)
@@ -52,7 +55,31 @@ pub fn workspace_bytes(model: &Model, cpu: bool, b: u64, tp: u64, sp: bool) -> f
     let seq = model.training.seq_len as f64;
     let scratch = 4.0 * seq.min(64.0) * seq;
     let sp_rows = if sp && tp > 1 { 3.0 * n * h } else { 0.0 };
-    w * (2.0 * rows * h + n * (pre + f) + n * (q + 2.0 * kv) + n * q + sp_rows) + scratch
+    w * (2.0 * rows * h
+        + n * (pre + f)
+        + n * (q + 2.0 * kv)
+        + n * q
+        + sp_rows
+        + lora_dropout(model, n, tp))
+        + scratch
+}
+
+/// LoRA dropout's per-call temporary (runtime/src/layers/lora.rs), in elements: the dropped
+/// copy of an adapter's input, `N · in`, `in` the widest adapted input on the rank (whole for a
+/// column-parallel linear, 1/TP for a row-parallel one), made in the forward and again in the
+/// backward. 0 without LoRA dropout.
+fn lora_dropout(model: &Model, n: f64, tp: u64) -> f64 {
+    let Some(l) = model.adapters().filter(|l| l.dropout > 0.0) else {
+        return 0.0;
+    };
+    let widest = l.targets.iter().map(|t| {
+        let (i, _) = t.shape(&model.architecture);
+        match t.column_parallel() {
+            true => i as f64,
+            false => i as f64 / tp as f64,
+        }
+    });
+    n * widest.fold(0.0, f64::max)
 }
 
 /// The CPU runtime's ZeRO scratch (runtime/src/exec/sync.rs): a gradient shard and a

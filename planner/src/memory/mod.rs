@@ -502,7 +502,12 @@ impl<'a> Ctx<'a> {
         if stage == 0 {
             let held =
                 in_flight(layout.schedule, pp, self.microbatches, 1, 0).min(self.microbatches);
-            let bytes = activations::embedding_bytes(&local, b, tp, sp) * held as f64;
+            let bytes = activations::embedding_bytes(
+                &cpu_runtime::activation_model(&local, cpu),
+                b,
+                tp,
+                sp,
+            ) * held as f64;
             add(
                 sink,
                 "embedding_dropout_mask",

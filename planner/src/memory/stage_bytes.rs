@@ -101,7 +101,8 @@ impl StageBytes {
         }
         let held0 = in_flight(layout.schedule, pp, m, 1, 0).min(m) as f64;
         let first = a.embedding_params_at(tp, fsdp.pad_vocab).per_tp_rank(tp) * end_bpp
-            + activations::embedding_bytes(&local, b, tp, sp) * held0;
+            + activations::embedding_bytes(&cpu_runtime::activation_model(&local, cpu), b, tp, sp)
+                * held0;
         let held_last = if layout.schedule == ScheduleKind::Gpipe {
             m
         } else {

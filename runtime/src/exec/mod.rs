@@ -27,6 +27,7 @@ use crate::backend::{Backend, Collective, Cpu};
 use crate::checkpoint::{Checkpoint, CheckpointError, SaveOptions, Saver};
 use crate::comm::{local_groups, local_moe_groups, CommError, LocalComm, MoeGroups};
 use crate::data::{DataError, Tokens};
+use crate::layers::dropout::DropoutRates;
 use crate::layers::LayerError;
 use crate::params::ParamLayout;
 
@@ -102,6 +103,10 @@ pub struct TrainOptions {
     /// Evaluate the validation loss on these fixed sequences every `every` steps and after
     /// the last step (`eval.rs`); `None` for no evaluation.
     pub eval: Option<Arc<EvalSet>>,
+    /// The dropout rates of the embedding, attention and residual sites; `None`: the plan's
+    /// `training.dropout` (`--init-from` sets its config.json's). The adapters' rate is always
+    /// the plan's `[lora] dropout`.
+    pub dropout: Option<DropoutRates>,
 }
 
 impl Default for TrainOptions {
@@ -119,6 +124,7 @@ impl Default for TrainOptions {
             init: None,
             fault: None,
             eval: None,
+            dropout: None,
         }
     }
 }
@@ -142,6 +148,19 @@ impl TrainOptions {
     /// The AdamW settings of this run.
     pub fn adamw(&self, plan: &Plan) -> crate::optim::AdamWConfig {
         crate::optim::AdamWConfig::of(self.optimizer(plan))
+    }
+
+    /// The dropout rates of this run: the options' sites with the plan's `[lora] dropout`,
+    /// else the plan's.
+    pub fn dropout(&self, plan: &Plan) -> DropoutRates {
+        let planned = DropoutRates::of_plan(&plan.job.model);
+        match self.dropout {
+            Some(r) => DropoutRates {
+                lora: planned.lora,
+                ..r
+            },
+            None => planned,
+        }
     }
 
     /// The global gradient-norm clip of this run (0 for none).
@@ -286,22 +305,21 @@ pub fn check_supported(plan: &Plan) -> Result<(), RunError> {
         }
         _ => {}
     }
-    if plan.job.model.training.dropout > 0.0 {
+    check_dropout(plan, &DropoutRates::of_plan(&plan.job.model))?;
+    Ok(())
+}
+
+/// Refuses dropout `rates` where the runtime cannot draw the single rank's masks: under
+/// context parallelism a rank's tokens are two chunks of each sequence, and ring attention has
+/// no dropout.
+pub fn check_dropout(plan: &Plan, rates: &DropoutRates) -> Result<(), RunError> {
+    if rates.any() && plan.parallel.cp > 1 {
         return Err(RunError::Unsupported {
             what: format!(
-                "the model spec asks for dropout {}, which the runtime does not implement",
-                plan.job.model.training.dropout
+                "dropout (embedding {}, attention {}, residual {}, LoRA {}) with parallel.cp {}: the runtime draws dropout masks for whole sequences, and ring attention has no dropout",
+                rates.embedding, rates.attention, rates.residual, rates.lora, plan.parallel.cp
             ),
-            fix: "set [training] dropout = 0.0".into(),
-        });
-    }
-    if let Some(l) = plan.job.model.lora.as_ref().filter(|l| l.dropout > 0.0) {
-        return Err(RunError::Unsupported {
-            what: format!(
-                "the plan's adapters ask for LoRA dropout {}, which the runtime does not implement: it would train without it",
-                l.dropout
-            ),
-            fix: "set [lora] dropout = 0.0 (or plan without --lora-dropout)".into(),
+            fix: "re-plan with --cp 1, or set [training] dropout = 0.0 and [lora] dropout = 0.0".into(),
         });
     }
     Ok(())
@@ -355,6 +373,7 @@ where
     C: Collective<B>,
 {
     check_supported(plan)?;
+    check_dropout(plan, &opts.dropout(plan))?;
     tessera_planner::optimizer::check(opts.optimizer(plan), opts.schedule(plan)).map_err(|p| {
         RunError::Unsupported {
             what: format!("the run's {}: {}", p.field, p.problem),

@@ -21,6 +21,7 @@ use crate::backend::{Backend, Collective, Storage};
 use crate::checkpoint::Saver;
 use crate::comm::Comm;
 use crate::data::{Sampler, Tokens};
+use crate::layers::dropout::{DropCall, DropoutRates};
 use crate::layers::tp::{gather_rows, scatter_rows};
 use crate::layers::{
     vocab_parallel_cross_entropy_backward, vocab_parallel_cross_entropy_forward, BlockActs,
@@ -82,6 +83,8 @@ struct ChunkActs<B: Backend> {
     /// The micro-batch's input ids, on the chunk that embeds them (as the forward uploaded
     /// them, for the embedding backward).
     inputs: Option<B::Ids>,
+    /// The draw of the micro-batch's dropout masks (`None`: no dropout).
+    drop: Option<DropCall>,
 }
 
 type Key = (usize, usize);
@@ -235,6 +238,8 @@ struct Rank<'a, B: Backend, C: Collective<B>> {
     aux_sum: f64,
     /// The eval batch being computed, while `evaluate` runs (`eval.rs`).
     eval_batch: Option<usize>,
+    /// The run's dropout rates (`dropout.rs`).
+    drop: DropoutRates,
 }
 
 impl<'a, B: Backend, C: Collective<B>> Rank<'a, B, C> {
@@ -253,6 +258,8 @@ impl<'a, B: Backend, C: Collective<B>> Rank<'a, B, C> {
             size: ctx.mesh.ep as usize,
         };
         let mut model = StageModel::build_on(plan, stage, tp, ep)?;
+        let drop = ctx.opts.dropout(plan);
+        dropout::set_rates(&mut model, plan, stage, &drop);
         let t = &plan.job.model.training;
         // One micro-batch's load-balancing loss weighs 1 / (micro-batches per global batch).
         let aux_scale = p.micro_batch as f64 / t.global_batch as f64;
@@ -367,6 +374,7 @@ impl<'a, B: Backend, C: Collective<B>> Rank<'a, B, C> {
             loss_sum: 0.0,
             aux_sum: 0.0,
             eval_batch: None,
+            drop,
             model,
         };
         if zero == 3 {
@@ -494,6 +502,7 @@ impl<'a, B: Backend, C: Collective<B>> Rank<'a, B, C> {
             blocks,
             head: None,
             inputs: None,
+            drop: None,
         })
     }
 
@@ -509,6 +518,9 @@ impl<'a, B: Backend, C: Collective<B>> Rank<'a, B, C> {
             Some(a) => a,
             None => self.new_acts(chunk)?,
         };
+        let call = self.drop_call(step, mb);
+        acts.drop = call;
+        acts.blocks.iter_mut().for_each(|a| a.drop = call);
         let ch = &self.model.chunks[chunk];
         let p = B::view(&self.params);
         let (v, m) = (B::view, B::view_mut);
@@ -528,6 +540,7 @@ impl<'a, B: Backend, C: Collective<B>> Rank<'a, B, C> {
                     let cp = self.cp.as_ref();
                     cp::add_positions(be, wpe, p, m(&mut x), self.dims.t, first, cp)?;
                 }
+                dropout::drop_embedding::<B>(self.drop.embedding, c, m(&mut x), call, first)?;
                 acts.inputs = Some(inputs);
                 x
             }
@@ -685,6 +698,7 @@ impl<'a, B: Backend, C: Collective<B>> Rank<'a, B, C> {
                     gather_rows(tp, v(&dx), m(&mut full))?;
                     dx = full;
                 }
+                dropout::drop_embedding::<B>(self.drop.embedding, c, m(&mut dx), acts.drop, 0)?;
                 let inputs = acts.inputs.take().ok_or_else(|| {
                     schedule_bug(format!(
                         "runs backward of micro-batch {mb} before embedding it"
@@ -743,6 +757,9 @@ mod cp;
 
 #[path = "eval.rs"]
 pub(super) mod eval;
+
+#[path = "dropout.rs"]
+mod dropout;
 
 #[path = "ckpt.rs"]
 pub(super) mod ckpt;

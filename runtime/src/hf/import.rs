@@ -10,6 +10,8 @@ use safetensors::tensor::{Dtype, SafeTensors};
 use serde_json::Value;
 use tessera_planner::model::Architecture;
 
+use crate::layers::dropout::DropoutRates;
+
 use super::export::transpose;
 use super::{family, mapping, rope_parameters, Family, HfError, CONFIG, WEIGHTS};
 
@@ -19,19 +21,79 @@ pub struct HfWeights {
     pub family: Family,
     /// By Tessera name: the global shape (the real vocabulary rows, no padding) and values.
     pub tensors: BTreeMap<String, (Vec<usize>, Vec<f32>)>,
+    /// The config's dropout rates, as the family's model applies them ([`ConfigDropout`]).
+    pub dropout: ConfigDropout,
     /// The config's training settings this run does not apply, as `key value` (dropout
-    /// probabilities above 0: the runtime trains without dropout).
+    /// probabilities above 0 of keys the causal LM does not read, GPT-2's
+    /// `summary_first_dropout`).
     pub set_aside: Vec<String>,
 }
 
-/// The config's dropout probabilities above 0 (keys naming dropout, or GPT-2's `*_pdrop`), as
-/// `key value`: training settings the runtime does not implement, set aside by a load.
-fn dropouts(cfg: &Value) -> Vec<String> {
+/// The dropout of an HF config, site by site, as transformers' model applies it: GPT-2's
+/// `embd_pdrop`, `attn_pdrop` and `resid_pdrop` (0.1 each where absent, `GPT2Config`'s
+/// defaults); Llama's `attention_dropout` on the probabilities (0.0 where absent), and no
+/// embedding or residual dropout (`LlamaModel` has none).
+#[derive(Debug, Clone, PartialEq)]
+pub struct ConfigDropout {
+    pub rates: DropoutRates,
+    /// Each site's rate and the key it comes from, for the run's message.
+    pub sites: Vec<String>,
+}
+
+impl ConfigDropout {
+    /// The keys this reads: any other dropout key is set aside.
+    fn keys(fam: Family) -> &'static [&'static str] {
+        match fam {
+            Family::Gpt2 => &["embd_pdrop", "attn_pdrop", "resid_pdrop"],
+            Family::Llama => &["attention_dropout"],
+        }
+    }
+
+    fn of(cfg: &Value, fam: Family) -> Self {
+        let rate =
+            |key: &str, default: f64| cfg.get(key).and_then(Value::as_f64).unwrap_or(default);
+        let (embedding, attention, residual) = match fam {
+            Family::Gpt2 => (
+                rate("embd_pdrop", 0.1),
+                rate("attn_pdrop", 0.1),
+                rate("resid_pdrop", 0.1),
+            ),
+            Family::Llama => (0.0, rate("attention_dropout", 0.0), 0.0),
+        };
+        let sites = match fam {
+            Family::Gpt2 => vec![
+                format!("embedding {embedding} (embd_pdrop)"),
+                format!("attention {attention} (attn_pdrop)"),
+                format!("residual {residual} (resid_pdrop)"),
+            ],
+            Family::Llama => vec![
+                "embedding 0 (LlamaModel has none)".into(),
+                format!("attention {attention} (attention_dropout)"),
+                "residual 0 (LlamaModel has none)".into(),
+            ],
+        };
+        Self {
+            rates: DropoutRates {
+                embedding: embedding as f32,
+                attention: attention as f32,
+                residual: residual as f32,
+                lora: 0.0,
+            },
+            sites,
+        }
+    }
+}
+
+/// The config's dropout probabilities above 0 (keys naming dropout, or GPT-2's `*_pdrop`) that
+/// the family's causal LM does not read ([`ConfigDropout::keys`]), as `key value`: set aside
+/// by a load.
+fn dropouts(cfg: &Value, fam: Family) -> Vec<String> {
     let Some(map) = cfg.as_object() else {
         return Vec::new();
     };
     map.iter()
         .filter(|(k, _)| k.contains("dropout") || k.ends_with("_pdrop"))
+        .filter(|(k, _)| !ConfigDropout::keys(fam).contains(&k.as_str()))
         .filter_map(|(k, v)| v.as_f64().filter(|p| *p != 0.0).map(|p| format!("{k} {p}")))
         .collect()
 }
@@ -40,7 +102,7 @@ fn dropouts(cfg: &Value) -> Vec<String> {
 /// another model (naming the key) and tensors of other names, shapes or types.
 pub fn load(dir: &Path, a: &Architecture) -> Result<HfWeights, HfError> {
     let fam = family(a)?;
-    let set_aside = check_config(&dir.join(CONFIG), a, fam)?;
+    let (set_aside, dropout) = check_config(&dir.join(CONFIG), a, fam)?;
     let path = dir.join(WEIGHTS);
     let bytes = fs::read(&path).map_err(|e| HfError::io(&path, "read", e))?;
     let bad = |problem: String| {
@@ -133,6 +195,7 @@ pub fn load(dir: &Path, a: &Architecture) -> Result<HfWeights, HfError> {
     }
     Ok(HfWeights {
         set_aside,
+        dropout,
         family: fam,
         tensors,
     })
@@ -171,7 +234,11 @@ fn f16_to_f32(h: u16) -> f32 {
 const ROPE_THETA_DEFAULT: f64 = 10_000.0;
 
 /// Checks `config.json` against the model, key by key.
-fn check_config(path: &Path, a: &Architecture, fam: Family) -> Result<Vec<String>, HfError> {
+fn check_config(
+    path: &Path,
+    a: &Architecture,
+    fam: Family,
+) -> Result<(Vec<String>, ConfigDropout), HfError> {
     let text = fs::read(path).map_err(|e| HfError::io(path, "read", e))?;
     let cfg: Value = serde_json::from_slice(&text).map_err(|e| HfError::Invalid {
         path: path.display().to_string(),
@@ -325,5 +392,5 @@ fn check_config(path: &Path, a: &Architecture, fam: Family) -> Result<Vec<String
             }
         }
     }
-    Ok(dropouts(&cfg))
+    Ok((dropouts(&cfg, fam), ConfigDropout::of(&cfg, fam)))
 }

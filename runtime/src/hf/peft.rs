@@ -70,7 +70,7 @@ fn adapters(ck: &Checkpoint) -> Result<(&Lora, Vec<Pair<'_>>), HfError> {
             field: "lora.targets".into(),
             value: format!("an adapter on {name}"),
             why: format!("{} has no module for it", fam.class()),
-            fix: "train adapters on the targets of the model's family (qkv, o, up, down on GPT-2; o, down on Llama)".into(),
+            fix: "train adapters on the targets of the model's family (qkv, o, up, down on GPT-2; q, k, v, o, gate, up, down on Llama)".into(),
         })?;
         let (Some((a_shape, a_values)), Some((b_shape, b_values))) = (a_half, b_half) else {
             return Err(damaged(format!(

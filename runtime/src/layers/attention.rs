@@ -10,11 +10,15 @@
 //! log-sum-exp as its saved state.
 //! This module must not own activations or allocate in forward/backward.
 
+use crate::backend::cpu::kernels::attention_dropout::{
+    attention_backward_dropout, attention_values_dropout, AttnMask,
+};
 use crate::backend::cpu::kernels::{self as cpu, AttnShape};
 use crate::backend::{Backend, Collective, RopeShape, Storage};
 use crate::params::{ParamLayout, ParamRef};
 
 use super::context_parallel::CpRing;
+use super::dropout::{host, host_mut, Site};
 use super::linear::{ColumnParallelLinear, RowParallelLinear};
 use super::tp::{copy_to_tp_backward, reduce_from_tp_forward, TpShard};
 use super::{BlockConfig, Dims, LayerError};
@@ -121,6 +125,8 @@ pub struct ParallelAttention {
     /// runs as ring attention over the CP group (the [`CpRing`] its callers pass); set by the
     /// executor for CP > 1.
     pub context_parallel: bool,
+    /// Dropout on the probabilities (`h.{l}.attn.drop`; offset and width count query heads).
+    pub dropout: Site,
 }
 
 impl ParallelAttention {
@@ -180,6 +186,7 @@ impl ParallelAttention {
             rope,
             k_bias,
             context_parallel: false,
+            dropout: Site::default(),
         })
     }
 
@@ -216,6 +223,18 @@ impl ParallelAttention {
                     .into(),
             )),
         }
+    }
+
+    /// The probabilities' mask for the armed micro-batch, if any.
+    fn drop_mask(&self) -> Option<AttnMask> {
+        self.dropout.mask().map(|m| AttnMask {
+            p: m.p,
+            seed: m.seed,
+            stream: m.stream,
+            first_sequence: m.call.first_sequence,
+            head0: m.offset as usize,
+            heads: m.width as usize,
+        })
     }
 
     fn rope_check<'a, B: Backend>(
@@ -285,9 +304,18 @@ impl ParallelAttention {
             let (cos, sin) = (B::view(&r.cos), B::view(&r.sin));
             be.rope(B::rb(&mut qkv), self.rope_shape(d), cos, sin, false)?;
         }
-        match self.ring(ring)? {
-            Some(r) => r.forward::<B>(B::rb(&mut y), saved, B::ro(&qkv), self.shape(d))?,
-            None => be.attention_forward(B::rb(&mut y), saved, B::ro(&qkv), self.shape(d))?,
+        match (self.ring(ring)?, self.drop_mask()) {
+            (Some(_), Some(_)) => return Err(cp_dropout()),
+            (Some(r), None) => r.forward::<B>(B::rb(&mut y), saved, B::ro(&qkv), self.shape(d))?,
+            (None, None) => {
+                be.attention_forward(B::rb(&mut y), saved, B::ro(&qkv), self.shape(d))?
+            }
+            (None, Some(mk)) => {
+                let (s, qkv) = (self.shape(d), host::<B>(B::ro(&qkv))?);
+                let saved = host_mut::<B>(saved)?;
+                cpu::attention_probs(saved, qkv, s);
+                attention_values_dropout(host_mut::<B>(B::rb(&mut y))?, saved, qkv, s, &mk);
+            }
         }
         self.proj.forward_partial(be, p, B::ro(&y), out)
     }
@@ -369,11 +397,21 @@ impl ParallelAttention {
         let s = self.shape(d);
         self.proj
             .backward(be, p, B::rb(&mut g), y, dout, B::view_mut(&mut gr.dy))?;
-        match self.ring(ring)? {
-            Some(r) => {
+        match (self.ring(ring)?, self.drop_mask()) {
+            (Some(_), Some(_)) => return Err(cp_dropout()),
+            (Some(r), None) => {
                 r.backward::<B>(B::view_mut(&mut gr.dqkv), B::view(&gr.dy), qkv, y, saved, s)?
             }
-            None => be.attention_backward(
+            (None, Some(mk)) => attention_backward_dropout(
+                host_mut::<B>(B::view_mut(&mut gr.dqkv))?,
+                host_mut::<B>(B::view_mut(&mut gr.scratch))?,
+                host::<B>(B::view(&gr.dy))?,
+                host::<B>(qkv)?,
+                host::<B>(saved)?,
+                s,
+                &mk,
+            ),
+            (None, None) => be.attention_backward(
                 B::view_mut(&mut gr.dqkv),
                 B::view_mut(&mut gr.scratch),
                 B::view(&gr.dy),
@@ -405,4 +443,10 @@ impl ParallelAttention {
         }
         Ok(())
     }
+}
+
+fn cp_dropout() -> LayerError {
+    LayerError::Config(
+        "attention dropout under context parallelism (ring attention) is not implemented".into(),
+    )
 }

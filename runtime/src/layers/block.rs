@@ -30,6 +30,7 @@ pub use super::block_bufs::{BlockActs, BlockWorkspace};
 pub use super::block_mlp::Mlp;
 use super::block_mlp::{host, host_mut, moe_forward, tp_sum_host};
 use super::context_parallel::CpRing;
+use super::dropout::Site;
 use super::mlp::ParallelMlp;
 use super::moe::{EpShard, MoeMlp, MoeWorkspace};
 use super::norm::Norm;
@@ -47,6 +48,10 @@ pub struct TransformerBlock {
     pub mlp: Mlp,
     /// Megatron sequence parallelism: activations outside the TP regions are split by rows.
     pub sequence_parallel: bool,
+    /// Residual dropout on the attention's and the MLP's outputs, before each residual add
+    /// (GPT-2's `resid_pdrop`); the probabilities' dropout is the attention's own.
+    pub resid_attn: Site,
+    pub resid_mlp: Site,
 }
 
 impl TransformerBlock {
@@ -91,6 +96,8 @@ impl TransformerBlock {
                 f_local,
             },
             sequence_parallel: false,
+            resid_attn: Site::default(),
+            resid_mlp: Site::default(),
         })
     }
 
@@ -126,6 +133,8 @@ impl TransformerBlock {
             ln2,
             mlp: Mlp::Dense(mlp),
             sequence_parallel: false,
+            resid_attn: Site::default(),
+            resid_mlp: Site::default(),
         })
     }
 
@@ -179,11 +188,12 @@ impl TransformerBlock {
             d,
         )?;
         reduce_from_tp_forward(comm, m(&mut s.x2))?;
+        let bias = self.attn_out_dropout(be, p, m(&mut s.x2), 0)?;
         self.ln2.forward_residual(
             be,
             p,
             m(&mut s.x2),
-            self.attn.proj.b,
+            bias,
             x,
             m(&mut s.ln2),
             m(&mut s.ln2_mean),
@@ -198,8 +208,7 @@ impl TransformerBlock {
                 let o = Some(B::rb(&mut out));
                 moe_forward::<B>(moe, p, B::view(&s.ln2), &mut s.moe, o, moe_ws)?;
                 reduce_from_tp_forward(comm, B::rb(&mut out))?;
-                be.add_bias_residual(out, None, B::view(&s.x2))?;
-                return Ok(());
+                return self.mlp_out_residual(be, out, None, B::view(&s.x2), 0);
             }
         };
         mlp.forward_hidden(be, p, B::view(&s.ln2), m(&mut s.h), m(&mut s.a))?;
@@ -208,7 +217,7 @@ impl TransformerBlock {
                 .forward_partial(be, p, B::view(&s.a), B::rb(&mut out))?;
             reduce_from_tp_forward(comm, B::rb(&mut out))?;
             let bias = mlp.proj.b.map(|b| b.view::<B>(p));
-            be.add_bias_residual(out, bias, B::view(&s.x2))?;
+            self.mlp_out_residual(be, out, bias, B::view(&s.x2), 0)?;
         }
         Ok(())
     }
@@ -254,11 +263,13 @@ impl TransformerBlock {
             d,
         )?;
         scatter_rows(comm, v(&sp.partial), m(&mut s.x2))?;
+        let row = self.first_row(d);
+        let bias = self.attn_out_dropout(be, p, m(&mut s.x2), row)?;
         self.ln2.forward_residual(
             be,
             p,
             m(&mut s.x2),
-            self.attn.proj.b,
+            bias,
             x,
             m(&mut s.ln2),
             m(&mut s.ln2_mean),
@@ -274,8 +285,7 @@ impl TransformerBlock {
                 let partial = Some(m(&mut sp.partial));
                 moe_forward::<B>(moe, p, v(&sp.ln), &mut s.moe, partial, moe_ws)?;
                 scatter_rows(comm, v(&sp.partial), B::rb(&mut out))?;
-                be.add_bias_residual(out, None, v(&s.x2))?;
-                return Ok(());
+                return self.mlp_out_residual(be, out, None, v(&s.x2), row);
             }
         };
         mlp.forward_hidden(be, p, v(&sp.ln), m(&mut s.h), m(&mut s.a))?;
@@ -284,7 +294,7 @@ impl TransformerBlock {
                 .forward_partial(be, p, v(&s.a), m(&mut sp.partial))?;
             scatter_rows(comm, v(&sp.partial), B::rb(&mut out))?;
             let bias = mlp.proj.b.map(|b| b.view::<B>(p));
-            be.add_bias_residual(out, bias, v(&s.x2))?;
+            self.mlp_out_residual(be, out, bias, v(&s.x2), row)?;
         }
         Ok(())
     }
@@ -302,6 +312,7 @@ impl TransformerBlock {
     ) -> Result<(), LayerError> {
         let d = acts.dims;
         check_dims(ws.dims, d)?;
+        self.arm_dropout(acts.drop);
         be.copy(B::view_mut(&mut acts.x), x)?;
         let BlockWorkspace {
             rope,
@@ -359,6 +370,7 @@ impl TransformerBlock {
     ) -> Result<(), LayerError> {
         let d = acts.dims;
         check_dims(ws.dims, d)?;
+        self.arm_dropout(acts.drop);
         let BlockWorkspace {
             rope,
             att: ws_att,
@@ -424,13 +436,18 @@ impl TransformerBlock {
             );
         }
         let (m, v) = (B::view_mut, B::view);
+        // Residual dropout's backward: the MLP's output sees `dout ⊙ mask` (in `dx2`, free
+        // until the residual's copy below), the attention's `dx2 ⊙ mask` (in `dx`, free until
+        // its final copy). Without dropout the copies are exact: the same gradients.
+        be.copy(m(&mut gr.dx2), dout)?;
+        Self::drop_grad::<B>(&self.resid_mlp, m(&mut gr.dx2))?;
         self.mlp_backward_partial(
             be,
             p,
             B::rb(&mut g),
             v(&s.ln2),
             s,
-            dout,
+            v(&gr.dx2),
             m(&mut gr.dln),
             m(&mut gr.dh),
             m(&mut gr.da),
@@ -449,6 +466,8 @@ impl TransformerBlock {
             v(&s.ln2_rstd),
             m(&mut gr.dx2),
         )?;
+        be.copy(B::rb(&mut dx), v(&gr.dx2))?;
+        Self::drop_grad::<B>(&self.resid_attn, B::rb(&mut dx))?;
         self.attn.backward_partial(
             be,
             p,
@@ -457,7 +476,7 @@ impl TransformerBlock {
             v(&s.qkv),
             att,
             v(&s.y),
-            v(&gr.dx2),
+            B::ro(&dx),
             m(&mut gr.dln),
             &mut gr.attn,
             rope,
@@ -506,6 +525,7 @@ impl TransformerBlock {
     ) -> Result<(), LayerError> {
         let (m, v) = (B::view_mut, B::view);
         gather_rows(comm, dout, m(&mut sp.full_in))?;
+        Self::drop_grad::<B>(&self.resid_mlp, m(&mut sp.full_in))?;
         gather_rows(comm, v(&s.ln2), m(&mut sp.ln))?;
         self.mlp_backward_partial(
             be,
@@ -533,6 +553,7 @@ impl TransformerBlock {
             m(&mut gr.dx2),
         )?;
         gather_rows(comm, v(&gr.dx2), m(&mut sp.full_in))?;
+        Self::drop_grad::<B>(&self.resid_attn, m(&mut sp.full_in))?;
         gather_rows(comm, v(&s.ln1), m(&mut sp.ln))?;
         self.attn.backward_partial(
             be,
@@ -615,6 +636,9 @@ fn check_dims(ws: Dims, acts: Dims) -> Result<(), LayerError> {
         ))),
     }
 }
+
+#[path = "block_dropout.rs"]
+mod block_dropout;
 
 #[cfg(test)]
 #[path = "block_tests.rs"]

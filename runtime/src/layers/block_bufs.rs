@@ -83,6 +83,9 @@ pub struct BlockActs<B: Backend> {
     /// on a backend whose saved state is small (a flash kernel's log-sum-exp).
     pub(super) att: Option<B::Buf>,
     pub(super) floats: usize,
+    /// The micro-batch the block's dropout masks are drawn for (`None`: no dropout, as in
+    /// evaluation); the executor sets it before the forward.
+    pub drop: Option<super::dropout::DropCall>,
 }
 
 impl<B: Backend> BlockActs<B> {
@@ -113,6 +116,7 @@ impl<B: Backend> BlockActs<B> {
                 + saved.as_ref().map_or(0, |s| s.floats),
             saved,
             att,
+            drop: None,
         })
     }
 

@@ -21,6 +21,11 @@
 //! The intermediate is not kept between forward and backward: the backward recomputes it from
 //! the linear's input, which the base keeps anyway. The adapter runs on host memory (the CPU
 //! backend) and allocates its `(N, r)` temporaries per call.
+//!
+//! LoRA dropout (PEFT's `lora_dropout`) drops the adapter's input only, before `A`: the base
+//! sees the undropped `x`. The dropped copy is not kept either: forward and backward each make
+//! it from `x` and the mask (`super::dropout`, drawn by global row and input feature), a
+//! per-call `(N, x_width)` temporary like the intermediate.
 
 use tessera_planner::finetune::{Lora, Target};
 
@@ -28,6 +33,7 @@ use crate::backend::cpu::kernels as cpu;
 use crate::backend::Backend;
 use crate::params::{Init, ParamLayout, ParamRef, ParamSpec, Shard};
 
+use super::dropout::Site;
 use super::tp::TpShard;
 use super::LayerError;
 
@@ -38,6 +44,8 @@ pub struct LoraSettings {
     /// `alpha / rank`.
     pub scaling: f32,
     pub targets: Vec<Target>,
+    /// PEFT's `lora_dropout`.
+    pub dropout: f32,
 }
 
 impl LoraSettings {
@@ -50,6 +58,7 @@ impl LoraSettings {
             rank,
             scaling: l.scaling() as f32,
             targets: l.targets.clone(),
+            dropout: l.dropout as f32,
         })
     }
 
@@ -76,6 +85,8 @@ pub struct Adapter {
     /// runtime's fused q/k/v) adds to its part's columns only. `0` and `y_width` otherwise.
     pub y_offset: usize,
     pub y_stride: usize,
+    /// Dropout on the input (`{name}.lora_dropout`; its features are `A`'s columns).
+    pub dropout: Site,
 }
 
 fn off_host() -> LayerError {
@@ -155,6 +166,13 @@ impl Adapter {
             column: true,
             y_offset: 0,
             y_stride: out / tp.size,
+            dropout: Site::new(
+                &format!("{name}.lora_dropout"),
+                s.dropout,
+                0,
+                in_features,
+                in_features,
+            ),
         })
     }
 
@@ -210,6 +228,13 @@ impl Adapter {
             column: false,
             y_offset: 0,
             y_stride: out_features,
+            dropout: Site::new(
+                &format!("{name}.lora_dropout"),
+                s.dropout,
+                tp.rank * (in_features / tp.size),
+                in_features / tp.size,
+                in_features,
+            ),
         })
     }
 
@@ -246,6 +271,15 @@ impl Adapter {
             .collect()
     }
 
+    /// PEFT's `lora_dropout(x)` for the armed micro-batch (`x` holds all its rows), or `None`
+    /// without dropout.
+    fn dropped(&self, x: &[f32]) -> Option<Vec<f32>> {
+        let mask = self.dropout.mask()?;
+        let mut d = x.to_vec();
+        mask.apply(&mut d, 0);
+        Some(d)
+    }
+
     /// `y (N, y_stride)[:, y_offset..][..y_width] += s · (x·Aᵀ)·Bᵀ`.
     pub fn forward<B: Backend>(
         &self,
@@ -254,6 +288,8 @@ impl Adapter {
         y: B::Mut<'_>,
     ) -> Result<(), LayerError> {
         let (p, x, y) = (host::<B>(p)?, host::<B>(x)?, host_mut::<B>(y)?);
+        let dropped = self.dropped(x);
+        let x = dropped.as_deref().unwrap_or(x);
         let u = self.intermediate(p, x);
         let n = x.len() / self.x_width;
         if !self.strided() {
@@ -284,7 +320,8 @@ impl Adapter {
     }
 
     /// `dB += s·dyᵀ·u`, `du = s·dy·B`, `dA += duᵀ·x`, `dx += du·A` (the base wrote `dx`), with
-    /// `dy` this adapter's columns of the output gradient.
+    /// `dy` this adapter's columns of the output gradient; with dropout, `x` is the dropped
+    /// copy and `dx += (du·A) ⊙ mask`.
     pub fn backward<B: Backend>(
         &self,
         p: B::Ref<'_>,
@@ -309,13 +346,23 @@ impl Adapter {
             self.rank,
             self.y_width,
         );
+        let dropped = self.dropped(x);
+        let x = dropped.as_deref().unwrap_or(x);
         let u = self.intermediate(p, x);
         cpu::matmul_at(self.b.of_mut(g), dy, &u, m, n, r, true);
         let mut du = vec![0.0; n * r];
         cpu::matmul(&mut du, dy, self.b.of(p), n, m, r, false);
         du.iter_mut().for_each(|v| *v *= self.scaling);
         cpu::matmul_at(self.a.of_mut(g), &du, x, r, n, k, true);
-        cpu::matmul(dx, &du, self.a.of(p), n, r, k, true);
+        match self.dropout.mask() {
+            None => cpu::matmul(dx, &du, self.a.of(p), n, r, k, true),
+            Some(mask) => {
+                let mut dxa = vec![0.0; n * k];
+                cpu::matmul(&mut dxa, &du, self.a.of(p), n, r, k, false);
+                mask.apply(&mut dxa, 0);
+                dx.iter_mut().zip(&dxa).for_each(|(d, a)| *d += a);
+            }
+        }
         Ok(())
     }
 }

@@ -19,6 +19,7 @@ mod block_bufs;
 mod block_mlp;
 pub mod config;
 pub mod context_parallel;
+pub mod dropout;
 pub mod embedding;
 pub mod linear;
 pub mod lora;

@@ -155,6 +155,8 @@ pub struct Session<'p> {
     settings: (Optimizer, Schedule),
     resume: Option<Arc<Checkpoint>>,
     init: Option<Arc<InitialParams>>,
+    /// The dropout rates of `--init-from`'s config.json; `None`: the plan's.
+    dropout: Option<crate::layers::dropout::DropoutRates>,
     eval: Option<Arc<EvalSet>>,
     /// The save directory, held (locked) until the run ends.
     claim: Option<Claim>,
@@ -217,6 +219,16 @@ impl<'p> Session<'p> {
         let settings = opts.check(plan)?;
         opts.checkpoint.check()?;
         let on_cpu = opts.gpus.is_none();
+        let planned = crate::layers::dropout::DropoutRates::of_plan(&plan.job.model);
+        if !on_cpu && planned.any() {
+            return Err(refused(
+                format!(
+                    "the plan trains with dropout (training.dropout {}, [lora] dropout {}), which the runtime runs on the CPU backend only so far: the CUDA backend would train without it",
+                    plan.job.model.training.dropout, planned.lora
+                ),
+                "run it on the CPU backend (a plan for a CPU cluster), or plan for GPUs with [training] dropout = 0.0",
+            ));
+        }
         if !on_cpu && plan.job.model.training.method.adapters() {
             return Err(refused(
                 "the plan trains LoRA adapters, which the runtime trains on the CPU backend only so far: the CUDA backend's buffers and kernels have no frozen base",
@@ -244,7 +256,19 @@ impl<'p> Session<'p> {
         let nccl = gpu::nccl(plan, &opts)?;
         // A checkpoint to resume is opened and checked before any output exists.
         let resume = opts.checkpoint.resume(opts.steps, obs)?;
-        let init = opts.checkpoint.init_from(plan, obs)?;
+        let (init, dropout) = match opts.checkpoint.init_from(plan, obs)? {
+            Some((w, rates)) => (Some(w), Some(rates)),
+            None => (None, None),
+        };
+        if let Some(r) = dropout.filter(|r| !on_cpu && r.any()) {
+            return Err(refused(
+                format!(
+                    "--init-from's config.json asks for dropout (embedding {}, attention {}, residual {}), which the runtime runs on the CPU backend only so far: the CUDA backend would train without it",
+                    r.embedding, r.attention, r.residual
+                ),
+                "set the config.json's dropout keys to 0.0 to fine-tune on GPUs, or run on the CPU backend",
+            ));
+        }
         let claim = opts
             .checkpoint
             .claim(&opts.plan_file, resume.as_deref(), obs)?;
@@ -257,6 +281,7 @@ impl<'p> Session<'p> {
             settings,
             resume,
             init,
+            dropout,
             eval,
         })
     }
@@ -284,6 +309,7 @@ impl<'p> Session<'p> {
             init: self.init,
             fault: o.fault,
             eval: self.eval,
+            dropout: self.dropout,
         };
         if let Some(ck) = &opts.resume {
             let rng = &ck.index().rng;

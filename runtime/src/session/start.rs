@@ -10,6 +10,7 @@ use tessera_planner::plan::Plan;
 
 use crate::checkpoint::{self, Checkpoint, Claim, SaveOptions, Survey};
 use crate::exec::InitialParams;
+use crate::layers::dropout::DropoutRates;
 
 use super::{refused, Observer, SessionError};
 
@@ -314,13 +315,18 @@ impl CheckpointOptions {
         Ok(Some(Arc::new(ck)))
     }
 
-    /// The weights of `--init-from`, read and checked against the plan's model, or `None`.
-    /// Called after [`Self::check`] (which refuses a Tessera checkpoint here).
+    /// The weights of `--init-from`, read and checked against the plan's model, with the
+    /// dropout rates of its config.json, or `None`. Called after [`Self::check`] (which
+    /// refuses a Tessera checkpoint here).
+    ///
+    /// The config's rates are applied, site by site, in place of the plan's
+    /// `training.dropout` (a fine-tune of an HF model trains as transformers would train it):
+    /// the run says which, and says so where they differ from the plan's.
     pub(super) fn init_from(
         &self,
         plan: &Plan,
         obs: &mut dyn Observer,
-    ) -> Result<Option<Arc<InitialParams>>, SessionError> {
+    ) -> Result<Option<(Arc<InitialParams>, DropoutRates)>, SessionError> {
         let Some(dir) = &self.init_from else {
             return Ok(None);
         };
@@ -331,13 +337,27 @@ impl CheckpointOptions {
             w.family.class(),
             dir.display()
         ));
+        let planned = plan.job.model.training.dropout as f32;
+        let r = w.dropout.rates;
+        let differs = [r.embedding, r.attention, r.residual]
+            .iter()
+            .any(|&p| p != planned);
+        obs.say(&format!(
+            "dropout from {}'s config.json: {}{}",
+            dir.display(),
+            w.dropout.sites.join(", "),
+            match differs {
+                true => format!(" (in place of the plan's training.dropout {planned})"),
+                false => String::new(),
+            }
+        ));
         if !w.set_aside.is_empty() {
             obs.warn(&format!(
-                "--init-from {}: config.json sets {}, which this run does not apply (the runtime trains without dropout)",
+                "--init-from {}: config.json sets {}, which this run does not apply (the causal LM does not read it)",
                 dir.display(),
                 w.set_aside.join(", ")
             ));
         }
-        Ok(Some(Arc::new(w.tensors)))
+        Ok(Some((Arc::new(w.tensors), r)))
     }
 }

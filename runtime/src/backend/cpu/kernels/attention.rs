@@ -44,11 +44,11 @@ impl AttnShape {
     pub fn y_width(&self) -> usize {
         self.hq * self.hd
     }
-    fn scale(&self) -> f32 {
+    pub(super) fn scale(&self) -> f32 {
         1.0 / (self.hd as f32).sqrt()
     }
     /// Offsets of the q, k, v heads serving q head `h` of batch `b` in `qkv`.
-    fn heads(&self, b: usize, h: usize) -> (usize, usize, usize) {
+    pub(super) fn heads(&self, b: usize, h: usize) -> (usize, usize, usize) {
         let base = b * self.t * self.qkv_width();
         let g = h / (self.hq / self.hkv);
         (
@@ -57,7 +57,7 @@ impl AttnShape {
             base + (self.hq + self.hkv + g) * self.hd,
         )
     }
-    fn check(&self) {
+    pub(super) fn check(&self) {
         assert!(
             self.hkv > 0 && self.hq.is_multiple_of(self.hkv),
             "GQA needs hkv dividing hq, got hq={} hkv={}",
@@ -72,7 +72,7 @@ pub fn attention_scratch_len(s: &AttnShape) -> usize {
     BLOCK.min(s.t) * s.t
 }
 
-fn blocks(t: usize) -> impl Iterator<Item = (usize, usize)> {
+pub(super) fn blocks(t: usize) -> impl Iterator<Item = (usize, usize)> {
     (0..t)
         .step_by(BLOCK)
         .map(move |r0| (r0, (r0 + BLOCK).min(t)))

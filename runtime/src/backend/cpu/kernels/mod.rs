@@ -15,6 +15,7 @@
 pub mod act;
 pub mod adamw;
 pub mod attention;
+pub mod attention_dropout;
 pub mod crossentropy;
 pub mod embedding;
 pub mod matmul;
