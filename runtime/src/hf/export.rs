@@ -37,6 +37,15 @@ pub fn export(ck: &Checkpoint, out: &Path) -> Result<ExportSummary, HfError> {
     let fam = family(a)?;
     check_target(out)?;
     let index = ck.dir().join(crate::checkpoint::INDEX);
+    if ck.index().nf4_base {
+        // Writing the dequantized base would pass it off as the model that was fine-tuned
+        // from; the NF4 codes are not a Hugging Face checkpoint either.
+        return Err(HfError::Invalid {
+            path: index.display().to_string(),
+            problem: "the checkpoint is a QLoRA run's: its base is stored in NF4 (nf4_base), not as the f32 weights a Hugging Face model holds".into(),
+            fix: "export the model the QLoRA run started from instead (its --init-from folder), or fine-tune with --method lora to export the base".into(),
+        });
+    }
     let damaged = |problem: String| HfError::Invalid {
         path: index.display().to_string(),
         problem,

@@ -9,12 +9,16 @@
 //! - [`RowParallelLinear`]: rank r holds input columns `[r·k/t, (r+1)·k/t)`; forward
 //!   all-reduces the partial `y` (`reduce_from_tp`) and adds the (replicated) bias once after it.
 //!
-//! This module must not allocate in forward/backward.
+//! This module must not allocate in forward/backward (but for QLoRA's dequantized weight,
+//! [`super::nf4_base`]).
+
+use std::sync::Arc;
 
 use crate::backend::{Backend, Collective};
 use crate::params::{Init, ParamLayout, ParamRef, ParamSpec, Shard};
 
 use super::lora::Adapter;
+use super::nf4_base::Nf4Weights;
 use super::tp::{copy_to_tp_backward, reduce_from_tp_forward, TpShard};
 use super::LayerError;
 
@@ -31,6 +35,8 @@ pub struct ColumnParallelLinear {
     pub frozen: bool,
     /// A LoRA adapter added to the output ([`super::lora`]).
     pub lora: Option<Box<Adapter>>,
+    /// QLoRA: the weight is held in NF4 here, not in the flat buffer (`w` is empty).
+    pub nf4: Option<Arc<Nf4Weights>>,
 }
 
 fn weight_spec(name: String, shape: [usize; 2], shard: Shard, std: f32) -> ParamSpec {
@@ -79,6 +85,7 @@ impl ColumnParallelLinear {
     ) -> Result<Self, LayerError> {
         let mut w: Option<ParamRef> = None;
         let mut out_local = 0;
+        let mut nf4 = Vec::new();
         for &(name, out) in parts {
             out_local += tp
                 .split(out, "output features of a column-parallel linear")?
@@ -89,7 +96,10 @@ impl ColumnParallelLinear {
                 tp.shard(0),
                 std,
             );
-            let r = layout.add(spec)?;
+            let r = match layout.nf4_linears() {
+                true => nf4_part(&mut nf4, spec)?,
+                false => layout.add(spec)?,
+            };
             w = Some(w.map_or(r, |w| w.join(r)));
         }
         let mut b: Option<ParamRef> = None;
@@ -108,6 +118,7 @@ impl ColumnParallelLinear {
             out_local,
             frozen: layout.freezing(),
             lora: None,
+            nf4: nf4_weights(nf4),
         })
     }
 
@@ -126,6 +137,7 @@ impl ColumnParallelLinear {
             out_local: w.len / in_features,
             frozen: false,
             lora: None,
+            nf4: None,
         }
     }
 
@@ -166,7 +178,8 @@ impl ColumnParallelLinear {
         y: B::Mut<'_>,
     ) -> Result<(), LayerError> {
         let (k, m) = (self.in_features, self.out_local);
-        matmul_forward(be, p, x, y, self.w, k, m, self.lora.as_deref())
+        let w = Weight::of(self.w, self.nf4.as_deref());
+        matmul_forward(be, p, x, y, w, k, m, self.lora.as_deref())
     }
 
     /// `dW += dyᵀ·x`, `db += Σ dy`, `dx (N, in) = all_reduce(dy · W_local)` (overwritten).
@@ -197,7 +210,8 @@ impl ColumnParallelLinear {
         dx: B::Mut<'_>,
     ) -> Result<(), LayerError> {
         let (k, m) = (self.in_features, self.out_local);
-        let weights = Weights::of(self.w, self.b, self.frozen, self.lora.as_deref());
+        let w = Weight::of(self.w, self.nf4.as_deref());
+        let weights = Weights::of(w, self.b, self.frozen, self.lora.as_deref());
         matmul_backward(be, p, g, x, dy, dx, weights, k, m)
     }
 
@@ -213,7 +227,8 @@ impl ColumnParallelLinear {
         dx: B::Mut<'_>,
     ) -> Result<(), LayerError> {
         let (k, m) = (self.in_features, self.out_local);
-        let weights = Weights::of(self.w, None, self.frozen, self.lora.as_deref());
+        let w = Weight::of(self.w, self.nf4.as_deref());
+        let weights = Weights::of(w, None, self.frozen, self.lora.as_deref());
         matmul_backward(be, p, g, x, dy, dx, weights, k, m)
     }
 }
@@ -231,6 +246,8 @@ pub struct RowParallelLinear {
     pub frozen: bool,
     /// A LoRA adapter added to this rank's partial output ([`super::lora`]).
     pub lora: Option<Box<Adapter>>,
+    /// QLoRA: the weight is held in NF4 here, not in the flat buffer (`w` is empty).
+    pub nf4: Option<Arc<Nf4Weights>>,
 }
 
 impl RowParallelLinear {
@@ -252,7 +269,11 @@ impl RowParallelLinear {
             tp.shard(1),
             std,
         );
-        let w = layout.add(spec)?;
+        let mut nf4 = Vec::new();
+        let w = match layout.nf4_linears() {
+            true => nf4_part(&mut nf4, spec)?,
+            false => layout.add(spec)?,
+        };
         let b = if bias {
             Some(layout.add(bias_spec(
                 format!("{name}.bias"),
@@ -269,6 +290,7 @@ impl RowParallelLinear {
             out_features,
             frozen: layout.freezing(),
             lora: None,
+            nf4: nf4_weights(nf4),
         })
     }
 
@@ -296,7 +318,8 @@ impl RowParallelLinear {
         y: B::Mut<'_>,
     ) -> Result<(), LayerError> {
         let (k, m) = (self.in_local, self.out_features);
-        matmul_forward(be, p, x, y, self.w, k, m, self.lora.as_deref())
+        let w = Weight::of(self.w, self.nf4.as_deref());
+        matmul_forward(be, p, x, y, w, k, m, self.lora.as_deref())
     }
 
     /// `y += b` on the reduced output (rows of any count).
@@ -324,8 +347,35 @@ impl RowParallelLinear {
         dx: B::Mut<'_>,
     ) -> Result<(), LayerError> {
         let (k, m) = (self.in_local, self.out_features);
-        let weights = Weights::of(self.w, self.b, self.frozen, self.lora.as_deref());
+        let w = Weight::of(self.w, self.nf4.as_deref());
+        let weights = Weights::of(w, self.b, self.frozen, self.lora.as_deref());
         matmul_backward(be, p, g, x, dy, dx, weights, k, m)
+    }
+}
+
+/// A QLoRA weight part: described, not registered (it takes no room in the flat buffer).
+fn nf4_part(
+    parts: &mut Vec<crate::params::ParamInfo>,
+    spec: ParamSpec,
+) -> Result<ParamRef, LayerError> {
+    parts.push(ParamLayout::describe(spec)?);
+    Ok(ParamRef { offset: 0, len: 0 })
+}
+
+fn nf4_weights(parts: Vec<crate::params::ParamInfo>) -> Option<Arc<Nf4Weights>> {
+    (!parts.is_empty()).then(|| Arc::new(Nf4Weights::new(parts)))
+}
+
+/// Where a linear's weight is: the flat buffer, or NF4 storage (QLoRA).
+#[derive(Clone, Copy)]
+enum Weight<'a> {
+    Flat(ParamRef),
+    Nf4(&'a Nf4Weights),
+}
+
+impl<'a> Weight<'a> {
+    fn of(w: ParamRef, nf4: Option<&'a Nf4Weights>) -> Self {
+        nf4.map_or(Weight::Flat(w), Weight::Nf4)
     }
 }
 
@@ -336,13 +386,16 @@ fn matmul_forward<B: Backend>(
     p: B::Ref<'_>,
     x: B::Ref<'_>,
     mut y: B::Mut<'_>,
-    w: ParamRef,
+    w: Weight<'_>,
     k: usize,
     m: usize,
     lora: Option<&Adapter>,
 ) -> Result<(), LayerError> {
     let n = B::len(x) / k;
-    be.matmul_bt(B::rb(&mut y), x, w.view::<B>(p), n, k, m, false)?;
+    match w {
+        Weight::Flat(w) => be.matmul_bt(B::rb(&mut y), x, w.view::<B>(p), n, k, m, false)?,
+        Weight::Nf4(q) => q.forward::<B>(x, B::rb(&mut y), k, m)?,
+    }
     if let Some(l) = lora {
         l.forward::<B>(p, x, y)?;
     }
@@ -351,7 +404,7 @@ fn matmul_forward<B: Backend>(
 
 /// What a linear's backward touches.
 struct Weights<'a> {
-    w: ParamRef,
+    w: Weight<'a>,
     /// The bias whose gradient the backward sums (none where a fused kernel does).
     b: Option<ParamRef>,
     /// No gradient for `w` and `b` (the weight-gradient GEMM is skipped).
@@ -360,7 +413,7 @@ struct Weights<'a> {
 }
 
 impl<'a> Weights<'a> {
-    fn of(w: ParamRef, b: Option<ParamRef>, frozen: bool, lora: Option<&'a Adapter>) -> Self {
+    fn of(w: Weight<'a>, b: Option<ParamRef>, frozen: bool, lora: Option<&'a Adapter>) -> Self {
         Self { w, b, frozen, lora }
     }
 }
@@ -380,13 +433,20 @@ fn matmul_backward<B: Backend>(
     m: usize,
 ) -> Result<(), LayerError> {
     let n = B::len(x) / k;
+    let (w, nf4) = match t.w {
+        Weight::Flat(w) => (w, None),
+        Weight::Nf4(q) => (ParamRef { offset: 0, len: 0 }, Some(q)),
+    };
     if !t.frozen {
-        be.matmul_at(t.w.view_mut::<B>(B::rb(&mut g)), dy, x, m, n, k, true)?;
+        be.matmul_at(w.view_mut::<B>(B::rb(&mut g)), dy, x, m, n, k, true)?;
         if let Some(b) = t.b {
             be.bias_backward(b.view_mut::<B>(B::rb(&mut g)), dy)?;
         }
     }
-    be.matmul(B::rb(&mut dx), dy, t.w.view::<B>(p), n, m, k, false)?;
+    match nf4 {
+        Some(q) => q.input_grad::<B>(dy, B::rb(&mut dx), k, m)?,
+        None => be.matmul(B::rb(&mut dx), dy, w.view::<B>(p), n, m, k, false)?,
+    }
     if let Some(l) = t.lora {
         l.backward::<B>(p, g, x, dy, dx)?;
     }
