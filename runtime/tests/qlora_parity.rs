@@ -20,6 +20,17 @@ use tessera_runtime::layers::TpShard;
 use tessera_runtime::quant::Nf4Tensor;
 use tiny::layout;
 
+#[global_allocator]
+static ALLOC: tessera_runtime::alloc::TrackingAlloc = tessera_runtime::alloc::TrackingAlloc;
+
+/// The tracking allocator counts by rank number, which every run of the process shares: the
+/// tests take turns so that one's rank 0 is not charged another's bytes.
+static TURN: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn turn() -> std::sync::MutexGuard<'static, ()> {
+    TURN.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 const STEPS: usize = 4;
 
 fn model(method: Method) -> Model {
@@ -137,6 +148,7 @@ fn assert_nf4_base(got: &TrainReport, init: &BTreeMap<String, Vec<f32>>, what: &
 
 #[test]
 fn qlora_trains_on_an_nf4_base_unlike_lora() {
+    let _turn = turn();
     let init = initial();
     let q = run(&plan(single()));
     assert_nf4_base(&q, &init, "single rank");
@@ -151,6 +163,7 @@ fn qlora_trains_on_an_nf4_base_unlike_lora() {
 
 #[test]
 fn tensor_and_pipeline_parallel_qlora_equals_the_single_rank() {
+    let _turn = turn();
     let init = initial();
     let want = run(&plan(single()));
     for (l, what) in [
@@ -175,6 +188,7 @@ fn tensor_and_pipeline_parallel_qlora_equals_the_single_rank() {
 /// a tensor of fewer than 256 blocks holds one whole f32) and the 4-byte offset per tensor.
 #[test]
 fn the_nf4_bytes_each_rank_holds_are_the_plans() {
+    let _turn = turn();
     for l in [
         single(),
         layout(1, 1, 2, 0, OneFOneB, 1, Recompute::None),
@@ -214,6 +228,7 @@ fn scratch(name: &str) -> std::path::PathBuf {
 /// rank within the parity tolerance.
 #[test]
 fn a_qlora_checkpoint_resumes_and_reshards() {
+    let _turn = turn();
     let dir = scratch("resume");
     let p1 = plan(single());
     let straight = run(&p1);
@@ -264,4 +279,36 @@ fn a_qlora_checkpoint_resumes_and_reshards() {
     let err = train(&lora, &tiny::data(), &resume, &mut |_| {}).unwrap_err();
     assert!(err.to_string().contains("nf4_base"), "{err}");
     std::fs::remove_dir_all(&dir).ok();
+}
+
+/// What QLoRA saves against LoRA on the same layout, measured (the peak bytes of the training
+/// steps) and planned: the f32 block linears, less their NF4 bytes and the dequantized
+/// transient. The plan holds the transient at the peak; the runtime frees it after each GEMM,
+/// and its peak (the head's logits) comes when none is held, so the measured saving lies
+/// between the planned one and the planned one plus the transient.
+#[test]
+fn qlora_saves_the_memory_the_plan_says() {
+    let _turn = turn();
+    for l in [
+        single(),
+        sp(layout(1, 1, 2, 0, OneFOneB, 1, Recompute::None)),
+    ] {
+        let stage = |p: &Plan| p.predicted.memory.per_stage[0].clone();
+        let (q, f) = (plan(l), tiny::plan(&model(Method::Lora), &l));
+        let two = TrainOptions { steps: 2, ..opts() };
+        let (rq, rf) = (run_with(&q, &two), run_with(&f, &two));
+        let measured = rf.peak_bytes[0] as i64 - rq.peak_bytes[0] as i64;
+        let planned = stage(&f).total_bytes as i64 - stage(&q).total_bytes as i64;
+        let transient = stage(&q)
+            .terms
+            .iter()
+            .find(|t| t.name == "qlora_dequantized_weight")
+            .unwrap()
+            .bytes as i64;
+        assert!(
+            planned <= measured && measured <= planned + transient,
+            "{}: QLoRA saves {measured} B measured, {planned} B planned (+ {transient} B transient)",
+            l.label()
+        );
+    }
 }
