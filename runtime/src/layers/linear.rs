@@ -96,10 +96,7 @@ impl ColumnParallelLinear {
                 tp.shard(0),
                 std,
             );
-            let r = match layout.nf4_linears() {
-                true => nf4_part(&mut nf4, spec)?,
-                false => layout.add(spec)?,
-            };
+            let r = add_weight(layout, &mut nf4, spec)?;
             w = Some(w.map_or(r, |w| w.join(r)));
         }
         let mut b: Option<ParamRef> = None;
@@ -178,8 +175,7 @@ impl ColumnParallelLinear {
         y: B::Mut<'_>,
     ) -> Result<(), LayerError> {
         let (k, m) = (self.in_features, self.out_local);
-        let w = Weight::of(self.w, self.nf4.as_deref());
-        matmul_forward(be, p, x, y, w, k, m, self.lora.as_deref())
+        matmul_forward(be, p, x, y, self.weight(), k, m, self.lora.as_deref())
     }
 
     /// `dW += dyᵀ·x`, `db += Σ dy`, `dx (N, in) = all_reduce(dy · W_local)` (overwritten).
@@ -210,8 +206,7 @@ impl ColumnParallelLinear {
         dx: B::Mut<'_>,
     ) -> Result<(), LayerError> {
         let (k, m) = (self.in_features, self.out_local);
-        let w = Weight::of(self.w, self.nf4.as_deref());
-        let weights = Weights::of(w, self.b, self.frozen, self.lora.as_deref());
+        let weights = Weights::of(self.weight(), self.b, self.frozen, self.lora.as_deref());
         matmul_backward(be, p, g, x, dy, dx, weights, k, m)
     }
 
@@ -227,8 +222,7 @@ impl ColumnParallelLinear {
         dx: B::Mut<'_>,
     ) -> Result<(), LayerError> {
         let (k, m) = (self.in_features, self.out_local);
-        let w = Weight::of(self.w, self.nf4.as_deref());
-        let weights = Weights::of(w, None, self.frozen, self.lora.as_deref());
+        let weights = Weights::of(self.weight(), None, self.frozen, self.lora.as_deref());
         matmul_backward(be, p, g, x, dy, dx, weights, k, m)
     }
 }
@@ -270,10 +264,7 @@ impl RowParallelLinear {
             std,
         );
         let mut nf4 = Vec::new();
-        let w = match layout.nf4_linears() {
-            true => nf4_part(&mut nf4, spec)?,
-            false => layout.add(spec)?,
-        };
+        let w = add_weight(layout, &mut nf4, spec)?;
         let b = if bias {
             Some(layout.add(bias_spec(
                 format!("{name}.bias"),
@@ -318,8 +309,7 @@ impl RowParallelLinear {
         y: B::Mut<'_>,
     ) -> Result<(), LayerError> {
         let (k, m) = (self.in_local, self.out_features);
-        let w = Weight::of(self.w, self.nf4.as_deref());
-        matmul_forward(be, p, x, y, w, k, m, self.lora.as_deref())
+        matmul_forward(be, p, x, y, self.weight(), k, m, self.lora.as_deref())
     }
 
     /// `y += b` on the reduced output (rows of any count).
@@ -347,19 +337,35 @@ impl RowParallelLinear {
         dx: B::Mut<'_>,
     ) -> Result<(), LayerError> {
         let (k, m) = (self.in_local, self.out_features);
-        let w = Weight::of(self.w, self.nf4.as_deref());
-        let weights = Weights::of(w, self.b, self.frozen, self.lora.as_deref());
+        let weights = Weights::of(self.weight(), self.b, self.frozen, self.lora.as_deref());
         matmul_backward(be, p, g, x, dy, dx, weights, k, m)
     }
 }
 
-/// A QLoRA weight part: described, not registered (it takes no room in the flat buffer).
-fn nf4_part(
-    parts: &mut Vec<crate::params::ParamInfo>,
+/// Registers a weight, or, while the layout builds QLoRA's NF4 linears, only describes it into
+/// `nf4` (it takes no room in the flat buffer; its `ParamRef` is empty).
+fn add_weight(
+    layout: &mut ParamLayout,
+    nf4: &mut Vec<crate::params::ParamInfo>,
     spec: ParamSpec,
 ) -> Result<ParamRef, LayerError> {
-    parts.push(ParamLayout::describe(spec)?);
+    if !layout.nf4_linears() {
+        return Ok(layout.add(spec)?);
+    }
+    nf4.push(ParamLayout::describe(spec)?);
     Ok(ParamRef { offset: 0, len: 0 })
+}
+
+impl ColumnParallelLinear {
+    fn weight(&self) -> Weight<'_> {
+        Weight::of(self.w, self.nf4.as_deref())
+    }
+}
+
+impl RowParallelLinear {
+    fn weight(&self) -> Weight<'_> {
+        Weight::of(self.w, self.nf4.as_deref())
+    }
 }
 
 fn nf4_weights(parts: Vec<crate::params::ParamInfo>) -> Option<Arc<Nf4Weights>> {
@@ -433,19 +439,18 @@ fn matmul_backward<B: Backend>(
     m: usize,
 ) -> Result<(), LayerError> {
     let n = B::len(x) / k;
-    let (w, nf4) = match t.w {
-        Weight::Flat(w) => (w, None),
-        Weight::Nf4(q) => (ParamRef { offset: 0, len: 0 }, Some(q)),
-    };
-    if !t.frozen {
-        be.matmul_at(w.view_mut::<B>(B::rb(&mut g)), dy, x, m, n, k, true)?;
-        if let Some(b) = t.b {
-            be.bias_backward(b.view_mut::<B>(B::rb(&mut g)), dy)?;
+    match t.w {
+        Weight::Flat(w) => {
+            if !t.frozen {
+                be.matmul_at(w.view_mut::<B>(B::rb(&mut g)), dy, x, m, n, k, true)?;
+                if let Some(b) = t.b {
+                    be.bias_backward(b.view_mut::<B>(B::rb(&mut g)), dy)?;
+                }
+            }
+            be.matmul(B::rb(&mut dx), dy, w.view::<B>(p), n, m, k, false)?;
         }
-    }
-    match nf4 {
-        Some(q) => q.input_grad::<B>(dy, B::rb(&mut dx), k, m)?,
-        None => be.matmul(B::rb(&mut dx), dy, w.view::<B>(p), n, m, k, false)?,
+        // Only a frozen base is stored in NF4 (`ParamLayout::nf4_linears` is set with adapters).
+        Weight::Nf4(q) => q.input_grad::<B>(dy, B::rb(&mut dx), k, m)?,
     }
     if let Some(l) = t.lora {
         l.backward::<B>(p, g, x, dy, dx)?;
