@@ -312,3 +312,38 @@ fn qlora_saves_the_memory_the_plan_says() {
         );
     }
 }
+
+/// `--init-from`'s weights (here the seed's base × 1.5, a base the seed does not make) are what
+/// QLoRA quantizes: the run computes with their NF4 form, on one rank and on TP 2.
+#[test]
+fn qlora_quantizes_the_weights_it_starts_from() {
+    let _turn = turn();
+    let p = tiny::plan(&model(Method::Lora), &single());
+    let layout = StageModel::build(&p, 0, TpShard::new(0, 1)).unwrap().layout;
+    let scaled: BTreeMap<String, Vec<f32>> = initial()
+        .into_iter()
+        .filter(|(n, _)| !n.contains(".lora_"))
+        .map(|(n, v)| (n, v.iter().map(|x| x * 1.5).collect()))
+        .collect();
+    let init: tessera_runtime::exec::InitialParams = scaled
+        .iter()
+        .map(|(n, v)| {
+            (
+                n.clone(),
+                (layout.get(n).unwrap().global_shape.clone(), v.clone()),
+            )
+        })
+        .collect();
+    let o = TrainOptions {
+        init: Some(Arc::new(init)),
+        ..opts()
+    };
+    for l in [single(), sp(layout_tp2())] {
+        let r = run_with(&plan(l), &o);
+        assert_nf4_base(&r, &scaled, &l.label());
+    }
+}
+
+fn layout_tp2() -> Layout {
+    layout(1, 1, 2, 0, OneFOneB, 1, Recompute::None)
+}

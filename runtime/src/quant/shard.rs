@@ -58,7 +58,7 @@ pub struct Nf4Shard {
 fn pack(codes: impl ExactSizeIterator<Item = u8>) -> Vec<u8> {
     let mut packed = vec![0u8; codes.len().div_ceil(2)];
     for (i, c) in codes.enumerate() {
-        packed[i / 2] |= if i % 2 == 0 { c << 4 } else { c };
+        packed[i / 2] |= if i.is_multiple_of(2) { c << 4 } else { c };
     }
     packed
 }
@@ -116,7 +116,7 @@ impl Nf4Shard {
     /// The 4-bit code of the box's element `i`.
     pub fn code(&self, i: usize) -> u8 {
         let byte = self.packed[i / 2];
-        if i % 2 == 0 {
+        if i.is_multiple_of(2) {
             byte >> 4
         } else {
             byte & 0x0f
