@@ -143,6 +143,11 @@ impl ParamInfo {
         }
     }
 
+    /// Elements of the global tensor.
+    pub fn len_global(&self) -> usize {
+        self.global_shape.iter().product()
+    }
+
     /// Contiguous runs of the shard: `(local_start, global_start, len)`, covering the shard in
     /// order. Row-major global indices; a run is one slice of the last dimension.
     pub fn runs(&self) -> impl Iterator<Item = (usize, usize, usize)> + '_ {
@@ -212,6 +217,9 @@ pub struct ParamLayout {
     len: usize,
     /// `(start, len)` of the frozen region, when [`add`](Self::add) freezes.
     frozen: Option<(usize, usize)>,
+    /// The linears being built keep their weights in NF4, outside the flat buffer (QLoRA:
+    /// `layers::nf4_base`).
+    nf4_linears: bool,
 }
 
 impl ParamLayout {
@@ -226,6 +234,17 @@ impl ParamLayout {
             frozen: Some((start, 0)),
             ..Self::default()
         }
+    }
+
+    /// Whether the linears built next store their weights in NF4 (QLoRA's frozen base).
+    pub fn nf4_linears(&self) -> bool {
+        self.nf4_linears
+    }
+
+    /// Sets [`nf4_linears`](Self::nf4_linears): the model turns it on for its blocks only
+    /// (bitsandbytes converts every `nn.Linear` but the output head).
+    pub fn set_nf4_linears(&mut self, on: bool) {
+        self.nf4_linears = on;
     }
 
     /// Whether [`add`](Self::add) registers frozen tensors.
@@ -254,6 +273,26 @@ impl ParamLayout {
         if self.entries.iter().any(|e| e.name == spec.name) {
             return Err(ParamError::Duplicate { name: spec.name });
         }
+        let mut e = Self::describe(spec)?;
+        let len = e.len;
+        let offset = match (trainable, self.frozen.as_mut()) {
+            (false, Some((start, flen))) => {
+                *flen += len;
+                *start + *flen - len
+            }
+            _ => {
+                self.len += len;
+                self.len - len
+            }
+        };
+        (e.offset, e.trainable) = (offset, trainable);
+        self.entries.push(e);
+        Ok(ParamRef { offset, len })
+    }
+
+    /// Where the shard `spec` asks for lies in its global tensor, without registering it (a
+    /// tensor held outside the flat buffer: QLoRA's NF4 weights). Offset 0, frozen.
+    pub fn describe(spec: ParamSpec) -> Result<ParamInfo, ParamError> {
         let mut shard_start = vec![0; spec.global_shape.len()];
         let mut shard_shape = spec.global_shape.clone();
         let tp_sharded = match spec.shard {
@@ -283,29 +322,18 @@ impl ParamLayout {
             }
         };
         let len = shard_shape.iter().product();
-        let offset = match (trainable, self.frozen.as_mut()) {
-            (false, Some((start, flen))) => {
-                *flen += len;
-                *start + *flen - len
-            }
-            _ => {
-                self.len += len;
-                self.len - len
-            }
-        };
-        self.entries.push(ParamInfo {
+        Ok(ParamInfo {
             name: spec.name,
             global_shape: spec.global_shape,
             shard_start,
             shard_shape,
-            offset,
+            offset: 0,
             len,
             decay: spec.decay,
             tp_sharded,
             init: spec.init,
-            trainable,
-        });
-        Ok(ParamRef { offset, len })
+            trainable: false,
+        })
     }
 
     /// Appends every tensor of `other` after this layout's tensors of its kind; returns where

@@ -197,3 +197,37 @@ fn dropout_on_gpus_is_refused_not_trained_without() {
     assert!(e.contains("dropout = 0.0"), "the fix: {e}");
     assert!(Session::prepare(&plan, options(2), &mut obs).is_ok());
 }
+
+/// A QLoRA plan trains on the CPU backend (runtime/tests/qlora_parity.rs), and is refused on
+/// GPUs before anything starts: the CUDA backend has no frozen base nor NF4 storage.
+#[test]
+fn a_qlora_plan_is_refused_on_gpus_naming_the_method() {
+    let mut model = tiny::model();
+    model.training.method = tessera_planner::finetune::Method::Qlora;
+    model.lora = Some(tessera_planner::finetune::Lora {
+        rank: 4,
+        alpha: 8.0,
+        dropout: 0.0,
+        targets: vec![tessera_planner::finetune::Target::Qkv],
+    });
+    let layout = tiny::layout(1, 1, 1, 0, ScheduleKind::OneFOneB, 1, Recompute::None);
+    let plan = tiny::plan(&model, &layout);
+    let mut opts = options(1);
+    opts.gpus = Some(tessera_runtime::session::Gpus {
+        visible: 1,
+        collectives: tessera_runtime::session::Collectives::Staged,
+    });
+    let Err(e) = Session::prepare(&plan, opts, &mut Recorder::default()) else {
+        panic!("a QLoRA plan is not prepared for GPUs");
+    };
+    let e = e.to_string();
+    assert!(
+        e.contains("training.method = qlora") && e.contains("NF4"),
+        "{e}"
+    );
+    let mut obs = Recorder::default();
+    let session = Session::prepare(&plan, options(2), &mut obs).unwrap();
+    let done = session.train(Arc::new(Stop::new()), &mut obs).unwrap();
+    assert_eq!(done.report.steps.len(), 2);
+    assert!(done.report.nf4_bytes[0] > 0, "the base is held in NF4");
+}

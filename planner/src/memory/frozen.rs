@@ -24,11 +24,14 @@ pub(crate) struct Adapters<'a> {
     pub nf4_bpp: f64,
     /// The weights' width (2, or 4 on the CPU backend).
     pub weight_bytes: f64,
+    /// The CPU runtime: each TP rank keeps the codes of its shard and the whole tensor's
+    /// block scales (its `QuantState`), which TP does not divide (runtime/src/quant/shard.rs).
+    pub nf4_state_whole: bool,
 }
 
 impl<'a> Adapters<'a> {
     /// `None` for a full fine-tune.
-    pub fn of(model: &'a Model, policy: &Policy, zero: u8, shard: u64) -> Option<Self> {
+    pub fn of(model: &'a Model, policy: &Policy, zero: u8, shard: u64, cpu: bool) -> Option<Self> {
         let method = model.training.method;
         let lora = model.adapters()?;
         let terms = policy.terms(model.training.optimizer_states);
@@ -43,7 +46,21 @@ impl<'a> Adapters<'a> {
             frozen_bpp: weight_bytes / base_shard,
             nf4_bpp: finetune::NF4_BYTES_PER_PARAM / base_shard,
             weight_bytes,
+            nf4_state_whole: cpu,
         })
+    }
+
+    /// Bytes of `q` NF4 weights of a TP rank (of `tp`), ZeRO-3 applied: 4 bits each plus the
+    /// block scales, of the rank's elements, or on the CPU runtime of the whole tensors'.
+    pub fn nf4_bytes(&self, q: f64, tp: u64) -> f64 {
+        match self.nf4_state_whole {
+            false => q * self.nf4_bpp,
+            true => {
+                let scales = finetune::NF4_BYTES_PER_PARAM - 0.5;
+                (q * 0.5 + q * tp.max(1) as f64 * scales) * self.nf4_bpp
+                    / finetune::NF4_BYTES_PER_PARAM
+            }
+        }
     }
 
     /// Adapter parameters of one block on a TP rank.
@@ -66,7 +83,9 @@ impl<'a> Adapters<'a> {
     /// Bytes of one block's states on a TP rank.
     pub fn layer_bytes(&self, a: &Architecture, tp: u64) -> f64 {
         let (w, q) = self.layer_frozen(a, tp);
-        self.layer_trainable(a, tp) * self.trainable_bpp + w * self.frozen_bpp + q * self.nf4_bpp
+        self.layer_trainable(a, tp) * self.trainable_bpp
+            + w * self.frozen_bpp
+            + self.nf4_bytes(q, tp)
     }
 
     /// Bytes per frozen routed-expert weight: ZeRO-3 shards the experts over the

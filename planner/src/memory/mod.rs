@@ -203,6 +203,7 @@ impl<'a> Ctx<'a> {
                 policy,
                 layout.sharding.zero_stage,
                 layout.shard_degree(cluster),
+                cluster.device.kind == DeviceKind::Cpu,
             ),
             fsdp,
         }
@@ -338,9 +339,13 @@ impl<'a> Ctx<'a> {
                 sink,
                 "frozen_weights_nf4",
                 "model_states",
-                q * ad.nf4_bpp,
+                ad.nf4_bytes(q, tp),
                 &|| {
-                    format!("the blocks' linear weights in NF4 with double quantization (QLoRA; bitsandbytes quantize_4bit, block 64): 0.5 + 1/64 + 4/16384 = {:.5} B/param{on} × {q:.0} params", crate::finetune::NF4_BYTES_PER_PARAM)
+                    let whole = match ad.nf4_state_whole && tp > 1 {
+                        true => format!("; the CPU runtime keeps each tensor's whole block scales on every TP rank: 0.5 B/param + {:.5} B × TP {tp}", crate::finetune::NF4_BYTES_PER_PARAM - 0.5),
+                        false => String::new(),
+                    };
+                    format!("the blocks' linear weights in NF4 with double quantization (QLoRA; bitsandbytes quantize_4bit, block 64): 0.5 + 1/64 + 4/16384 = {:.5} B/param{on} × {q:.0} params{whole}", crate::finetune::NF4_BYTES_PER_PARAM)
                 },
             );
         }

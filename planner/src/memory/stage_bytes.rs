@@ -61,7 +61,7 @@ impl StageBytes {
             0.0
         };
         let bpp = bpp + per_param_bufs;
-        let adapters = super::frozen::Adapters::of(model, policy, zero, shard);
+        let adapters = super::frozen::Adapters::of(model, policy, zero, shard, cpu);
         let layer_states = match &adapters {
             Some(ad) => ad.layer_bytes(a, tp) + ad.layer_trainable(a, tp) * per_param_bufs,
             None => a.layer_params().per_tp_rank(tp) * bpp,

@@ -46,6 +46,15 @@ pub struct Index {
     /// full training.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub lora: Option<Lora>,
+    /// QLoRA: the frozen base's block linears are stored in NF4 (`W.nf4_codes` and its
+    /// `QuantState` tensors, `exec::nf4`), not as f32 weights. Absent (false) otherwise.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub nf4_base: bool,
+}
+
+/// Whether `plan` stores its base in NF4 (QLoRA).
+pub fn plan_nf4_base(plan: &Plan) -> bool {
+    plan.job.model.training.method == tessera_planner::finetune::Method::Qlora
 }
 
 /// The adapters `plan` trains, if any.
@@ -327,6 +336,18 @@ impl Index {
                 show(&self.lora),
                 show(&run_lora),
                 "resume with a plan of the checkpoint's training method and [lora] settings",
+            );
+        }
+        if self.nf4_base != plan_nf4_base(plan) {
+            let show = |nf4: bool| match nf4 {
+                true => "NF4 (qlora)",
+                false => "the weights' precision (lora or full)",
+            };
+            return incompatible(
+                "nf4_base",
+                show(self.nf4_base).into(),
+                show(plan_nf4_base(plan)).into(),
+                "resume with a plan of the checkpoint's training method (--method qlora stores the base in NF4, lora in f32)",
             );
         }
         let t = &plan.job.model.training;

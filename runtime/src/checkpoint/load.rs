@@ -272,6 +272,13 @@ impl Checkpoint {
             .map(|(n, g)| (n.as_str(), g.shape.as_slice(), g.values[0].as_slice()))
     }
 
+    /// Global tensor `name`'s shape and parameter values, if the checkpoint holds it.
+    pub fn param(&self, name: &str) -> Option<(&[usize], &[f32])> {
+        self.tensors
+            .get(name)
+            .map(|g| (g.shape.as_slice(), g.values[0].as_slice()))
+    }
+
     /// Checks that the index's `model` describes the tensors the shards hold: `layout` is that
     /// model's single-rank layout (`exec::check_checkpoint` builds it). Every tensor the model
     /// has must be held with its shape (the vocabulary's padding rows may differ), and no

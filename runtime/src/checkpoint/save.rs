@@ -125,6 +125,7 @@ impl Saver {
             step: 0,
             model: plan.job.model.architecture.clone(),
             lora: super::index::plan_lora(plan),
+            nf4_base: super::index::plan_nf4_base(plan),
             training: TrainingShape {
                 seq_len: t.seq_len,
                 global_batch: t.global_batch,

@@ -134,6 +134,10 @@ impl<B: Backend, C: Collective<B>> Rank<'_, B, C> {
                 });
             }
         }
+        if self.dp_rank == 0 {
+            // QLoRA's NF4 base, replicated over DP as the rest of the base.
+            pieces.extend(crate::exec::nf4::pieces(&self.model, self.tp.rank));
+        }
         if self.model.adapters {
             // The frozen base, replicated over DP (ZeRO shards the adapters only): its weights
             // as they are, with zero moments (it has no optimizer state), so the checkpoint is

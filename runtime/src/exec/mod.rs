@@ -11,6 +11,7 @@ mod fault;
 pub mod generate;
 mod logits;
 mod model;
+mod nf4;
 mod rank;
 mod stop;
 pub mod trace;
@@ -200,6 +201,8 @@ pub struct TrainReport {
     pub peak_bytes: Vec<u64>,
     /// Every rank's executed ops, when tracing was asked for.
     pub trace: Vec<TraceEvent>,
+    /// QLoRA: the bytes each rank holds of its NF4 base (codes and block scales); 0 else.
+    pub nf4_bytes: Vec<u64>,
 }
 
 /// The most ranks the CPU backend runs (each a thread, with a channel to every peer).
@@ -330,7 +333,14 @@ pub fn check_dropout(plan: &Plan, rates: &DropoutRates) -> Result<(), RunError> 
 /// layout). Every command that reads a checkpoint calls it after opening.
 pub fn check_checkpoint(ck: &Checkpoint) -> Result<(), RunError> {
     let i = ck.index();
-    let layout = StageModel::whole_with(&i.model, i.lora.as_ref())?.layout;
+    let model = StageModel::whole_of(&i.model, i.lora.as_ref(), i.nf4_base)?;
+    // The layout only names the tensors here: QLoRA's NF4 ones join it.
+    let mut layout = model.layout.clone();
+    for p in model.nf4_weights().flat_map(|w| &w.parts) {
+        for spec in nf4::checkpoint_specs(p) {
+            layout.add_trainable(spec).map_err(LayerError::from)?;
+        }
+    }
     Ok(ck.check_model(&layout)?)
 }
 
@@ -514,15 +524,23 @@ where
         .find(|o| !o.steps.is_empty())
         .map(|o| o.steps.clone())
         .unwrap_or_default();
-    let params = gather(
+    let mut params = gather(
         &outs
             .iter()
             .map(|o| (&o.layout, &o.params[..]))
             .collect::<Vec<_>>(),
     );
+    // QLoRA's base, dequantized: the values the forward computed with.
+    for (info, values) in outs.iter().flat_map(|o| &o.nf4) {
+        let global = params
+            .entry(info.name.clone())
+            .or_insert_with(|| vec![0.0; info.len_global()]);
+        info.copy_shard_to_global(values, global);
+    }
     Ok(TrainReport {
         steps,
         params,
+        nf4_bytes: outs.iter().map(|o| o.nf4_bytes).collect(),
         peak_bytes: outs.iter().map(|o| o.peak_bytes).collect(),
         trace: outs.into_iter().flat_map(|o| o.trace).collect(),
     })

@@ -8,11 +8,14 @@
 
 use std::ops::Range;
 
-use tessera_planner::finetune::Lora;
+use std::sync::Arc;
+
+use tessera_planner::finetune::{Lora, Method};
 use tessera_planner::model::Architecture;
 use tessera_planner::plan::Plan;
 
 use crate::layers::lora::LoraSettings;
+use crate::layers::nf4_base::Nf4Weights;
 use crate::layers::{
     BlockConfig, ColumnParallelLinear, EpShard, LayerError, Norm, PositionEmbedding, TpShard,
     TransformerBlock, VocabParallelEmbedding,
@@ -113,8 +116,10 @@ impl StageModel {
                 ))
             }
         };
-        built(lora.as_ref(), |layout| {
+        let qlora = m.training.method == Method::Qlora;
+        built(lora.as_ref(), |mut layout| {
             let (pp, sp) = (p.pp as usize, p.sequence_parallel);
+            layout.set_nf4_linears(qlora);
             Self::build_chunks(a, chunks, pp, sp, tp, ep, layout, lora.as_ref())
         })
     }
@@ -127,6 +132,15 @@ impl StageModel {
     /// [`whole`](Self::whole) with the adapters of `lora` on its frozen base (a LoRA
     /// checkpoint's tensors).
     pub fn whole_with(a: &Architecture, lora: Option<&Lora>) -> Result<StageModel, LayerError> {
+        Self::whole_of(a, lora, false)
+    }
+
+    /// [`whole_with`](Self::whole_with), the blocks' linears in NF4 when `nf4` (QLoRA).
+    pub fn whole_of(
+        a: &Architecture,
+        lora: Option<&Lora>,
+        nf4: bool,
+    ) -> Result<StageModel, LayerError> {
         let chunk = tessera_planner::plan::Chunk {
             chunk: 0,
             virtual_stage: 0,
@@ -137,13 +151,15 @@ impl StageModel {
         let s = lora.map(LoraSettings::from_plan).transpose()?;
         let (tp, ep) = (TpShard::new(0, 1), EpShard::SINGLE);
         let chunks = std::slice::from_ref(&chunk);
-        built(s.as_ref(), |layout| {
+        built(s.as_ref(), |mut layout| {
+            layout.set_nf4_linears(nf4);
             Self::build_chunks(a, chunks, 1, false, tp, ep, layout, s.as_ref())
         })
     }
 
     /// Builds `chunks` of a model of `pp` stages, with `tp` its tensor-parallel shard, into
-    /// `layout` (a freezing one with `lora`).
+    /// `layout` (a freezing one with `lora`; its blocks' linears in NF4 if it says
+    /// [`ParamLayout::nf4_linears`]).
     #[allow(clippy::too_many_arguments)]
     fn build_chunks(
         a: &Architecture,
@@ -155,6 +171,9 @@ impl StageModel {
         mut layout: ParamLayout,
         lora: Option<&LoraSettings>,
     ) -> Result<StageModel, LayerError> {
+        // NF4 for the blocks' linears only: embeddings, norms, biases and the head stay f32.
+        let nf4 = layout.nf4_linears();
+        layout.set_nf4_linears(false);
         let cfg = BlockConfig::from_architecture(a)?;
         let (c, vocab) = (us(a.hidden), us(a.padded_vocab(tp.size as u64)));
         let local = vocab / tp.size;
@@ -185,6 +204,7 @@ impl StageModel {
                 true => ParamLayout::frozen_at(0),
                 false => ParamLayout::new(),
             };
+            layout.set_nf4_linears(nf4);
             let mut blocks = (ch.layers[0]..ch.layers[1])
                 .map(|l| {
                     let prefix = format!("h.{l}");
@@ -207,6 +227,7 @@ impl StageModel {
                     Ok(b)
                 })
                 .collect::<Result<Vec<_>, LayerError>>()?;
+            layout.set_nf4_linears(false);
             let head = if ch.head {
                 let norm = Norm::new(&mut layout, "ln_f", cfg.norm, c, cfg.norm_eps)?;
                 let proj = if a.tied_embeddings {
@@ -294,6 +315,28 @@ impl StageModel {
         };
         r.extend(self.adapter_tp_ranges());
         r
+    }
+
+    /// QLoRA: the NF4 weights of every linear of this rank's blocks, in model order.
+    pub fn nf4_weights(&self) -> impl Iterator<Item = &Arc<Nf4Weights>> {
+        self.chunks
+            .iter()
+            .flat_map(|c| c.blocks.iter())
+            .flat_map(|b| {
+                let mlp = b.mlp.dense();
+                [
+                    b.attn.qkv.nf4.as_ref(),
+                    b.attn.proj.nf4.as_ref(),
+                    mlp.and_then(|m| m.fc.nf4.as_ref()),
+                    mlp.and_then(|m| m.proj.nf4.as_ref()),
+                ]
+            })
+            .flatten()
+    }
+
+    /// Bytes of the NF4 base this rank holds (codes and block scales).
+    pub fn nf4_bytes(&self) -> usize {
+        self.nf4_weights().map(|w| w.bytes()).sum()
     }
 
     /// The flat ranges of the adapter tensors replicated over TP whose gradients are partial

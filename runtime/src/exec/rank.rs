@@ -61,6 +61,10 @@ pub struct RankResult {
     /// Peak bytes the rank's thread held during the training steps (0 without the tracking
     /// allocator).
     pub peak_bytes: u64,
+    /// QLoRA: the NF4 weights' dequantized shards (`(box, values)`), and the bytes the rank
+    /// holds of them in NF4.
+    pub nf4: Vec<(crate::params::ParamInfo, Vec<f32>)>,
+    pub nf4_bytes: u64,
 }
 
 /// What the head keeps between a micro-batch's forward and backward.
@@ -158,12 +162,15 @@ pub fn run<B: Backend, C: Collective<B>>(
         }
     }
     let params = ctx.be.download(B::view(&r.params))?;
+    let nf4 = super::nf4::dequantized(&r.model)?;
     Ok(RankResult {
         steps,
+        nf4_bytes: r.model.nf4_bytes() as u64,
         layout: r.model.layout,
         params,
         trace: r.trace,
         peak_bytes,
+        nf4,
     })
 }
 
@@ -323,6 +330,7 @@ impl<'a, B: Backend, C: Collective<B>> Rank<'a, B, C> {
         let cfg = ctx.opts.adamw(plan);
         let (params, master, optimizers) =
             ckpt::initial_state(be, ctx.opts, &model.layout, ranges, cfg)?;
+        super::nf4::load_base(&model, ctx.opts)?;
         let chunks = model.chunks.len();
         let mut last_backward = vec![None; chunks];
         for (i, op) in ops.iter().enumerate() {

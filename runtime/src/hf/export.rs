@@ -62,6 +62,15 @@ pub(super) fn export_globals(
     let a = &ck.index().model;
     let fam = family(a)?;
     check_target(out)?;
+    if ck.index().nf4_base {
+        // Writing the dequantized base would pass it off as the model that was fine-tuned
+        // from; the NF4 codes are not a Hugging Face checkpoint either.
+        return Err(HfError::Invalid {
+            path: ck.dir().join(crate::checkpoint::INDEX).display().to_string(),
+            problem: "the checkpoint is a QLoRA run's: its base is stored in NF4 (nf4_base), not as the f32 weights a Hugging Face model holds".into(),
+            fix: "export the adapters with --to peft and apply them to the model the QLoRA run started from (its --init-from folder), or fine-tune with --method lora".into(),
+        });
+    }
     let damaged = damaged(ck);
     let vocab = a.vocab as usize;
     let mut used = BTreeSet::new();

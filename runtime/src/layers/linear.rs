@@ -9,12 +9,16 @@
 //! - [`RowParallelLinear`]: rank r holds input columns `[r·k/t, (r+1)·k/t)`; forward
 //!   all-reduces the partial `y` (`reduce_from_tp`) and adds the (replicated) bias once after it.
 //!
-//! This module must not allocate in forward/backward.
+//! This module must not allocate in forward/backward (but for QLoRA's dequantized weight,
+//! [`super::nf4_base`]).
+
+use std::sync::Arc;
 
 use crate::backend::{Backend, Collective};
 use crate::params::{Init, ParamLayout, ParamRef, ParamSpec, Shard};
 
 use super::lora::Adapter;
+use super::nf4_base::Nf4Weights;
 use super::tp::{copy_to_tp_backward, reduce_from_tp_forward, TpShard};
 use super::LayerError;
 
@@ -32,6 +36,8 @@ pub struct ColumnParallelLinear {
     /// LoRA adapters added to the output ([`super::lora`]): one, or one per adapted part of a
     /// fused projection.
     pub lora: Vec<Adapter>,
+    /// QLoRA: the weight is held in NF4 here, not in the flat buffer (`w` is empty).
+    pub nf4: Option<Arc<Nf4Weights>>,
 }
 
 fn weight_spec(name: String, shape: [usize; 2], shard: Shard, std: f32) -> ParamSpec {
@@ -80,6 +86,7 @@ impl ColumnParallelLinear {
     ) -> Result<Self, LayerError> {
         let mut w: Option<ParamRef> = None;
         let mut out_local = 0;
+        let mut nf4 = Vec::new();
         for &(name, out) in parts {
             out_local += tp
                 .split(out, "output features of a column-parallel linear")?
@@ -90,7 +97,7 @@ impl ColumnParallelLinear {
                 tp.shard(0),
                 std,
             );
-            let r = layout.add(spec)?;
+            let r = add_weight(layout, &mut nf4, spec)?;
             w = Some(w.map_or(r, |w| w.join(r)));
         }
         let mut b: Option<ParamRef> = None;
@@ -109,6 +116,7 @@ impl ColumnParallelLinear {
             out_local,
             frozen: layout.freezing(),
             lora: Vec::new(),
+            nf4: nf4_weights(nf4),
         })
     }
 
@@ -127,6 +135,7 @@ impl ColumnParallelLinear {
             out_local: w.len / in_features,
             frozen: false,
             lora: Vec::new(),
+            nf4: None,
         }
     }
 
@@ -167,7 +176,7 @@ impl ColumnParallelLinear {
         y: B::Mut<'_>,
     ) -> Result<(), LayerError> {
         let (k, m) = (self.in_features, self.out_local);
-        matmul_forward(be, p, x, y, self.w, k, m, &self.lora)
+        matmul_forward(be, p, x, y, self.weight(), k, m, &self.lora)
     }
 
     /// `dW += dyᵀ·x`, `db += Σ dy`, `dx (N, in) = all_reduce(dy · W_local)` (overwritten).
@@ -198,7 +207,7 @@ impl ColumnParallelLinear {
         dx: B::Mut<'_>,
     ) -> Result<(), LayerError> {
         let (k, m) = (self.in_features, self.out_local);
-        let weights = Weights::of(self.w, self.b, self.frozen, &self.lora);
+        let weights = Weights::of(self.weight(), self.b, self.frozen, &self.lora);
         matmul_backward(be, p, g, x, dy, dx, weights, k, m)
     }
 
@@ -214,7 +223,7 @@ impl ColumnParallelLinear {
         dx: B::Mut<'_>,
     ) -> Result<(), LayerError> {
         let (k, m) = (self.in_features, self.out_local);
-        let weights = Weights::of(self.w, None, self.frozen, &self.lora);
+        let weights = Weights::of(self.weight(), None, self.frozen, &self.lora);
         matmul_backward(be, p, g, x, dy, dx, weights, k, m)
     }
 }
@@ -232,6 +241,8 @@ pub struct RowParallelLinear {
     pub frozen: bool,
     /// LoRA adapters added to this rank's partial output ([`super::lora`]).
     pub lora: Vec<Adapter>,
+    /// QLoRA: the weight is held in NF4 here, not in the flat buffer (`w` is empty).
+    pub nf4: Option<Arc<Nf4Weights>>,
 }
 
 impl RowParallelLinear {
@@ -253,7 +264,8 @@ impl RowParallelLinear {
             tp.shard(1),
             std,
         );
-        let w = layout.add(spec)?;
+        let mut nf4 = Vec::new();
+        let w = add_weight(layout, &mut nf4, spec)?;
         let b = if bias {
             Some(layout.add(bias_spec(
                 format!("{name}.bias"),
@@ -270,6 +282,7 @@ impl RowParallelLinear {
             out_features,
             frozen: layout.freezing(),
             lora: Vec::new(),
+            nf4: nf4_weights(nf4),
         })
     }
 
@@ -297,7 +310,7 @@ impl RowParallelLinear {
         y: B::Mut<'_>,
     ) -> Result<(), LayerError> {
         let (k, m) = (self.in_local, self.out_features);
-        matmul_forward(be, p, x, y, self.w, k, m, &self.lora)
+        matmul_forward(be, p, x, y, self.weight(), k, m, &self.lora)
     }
 
     /// `y += b` on the reduced output (rows of any count).
@@ -325,8 +338,51 @@ impl RowParallelLinear {
         dx: B::Mut<'_>,
     ) -> Result<(), LayerError> {
         let (k, m) = (self.in_local, self.out_features);
-        let weights = Weights::of(self.w, self.b, self.frozen, &self.lora);
+        let weights = Weights::of(self.weight(), self.b, self.frozen, &self.lora);
         matmul_backward(be, p, g, x, dy, dx, weights, k, m)
+    }
+}
+
+/// Registers a weight, or, while the layout builds QLoRA's NF4 linears, only describes it into
+/// `nf4` (it takes no room in the flat buffer; its `ParamRef` is empty).
+fn add_weight(
+    layout: &mut ParamLayout,
+    nf4: &mut Vec<crate::params::ParamInfo>,
+    spec: ParamSpec,
+) -> Result<ParamRef, LayerError> {
+    if !layout.nf4_linears() {
+        return Ok(layout.add(spec)?);
+    }
+    nf4.push(ParamLayout::describe(spec)?);
+    Ok(ParamRef { offset: 0, len: 0 })
+}
+
+impl ColumnParallelLinear {
+    fn weight(&self) -> Weight<'_> {
+        Weight::of(self.w, self.nf4.as_deref())
+    }
+}
+
+impl RowParallelLinear {
+    fn weight(&self) -> Weight<'_> {
+        Weight::of(self.w, self.nf4.as_deref())
+    }
+}
+
+fn nf4_weights(parts: Vec<crate::params::ParamInfo>) -> Option<Arc<Nf4Weights>> {
+    (!parts.is_empty()).then(|| Arc::new(Nf4Weights::new(parts)))
+}
+
+/// Where a linear's weight is: the flat buffer, or NF4 storage (QLoRA).
+#[derive(Clone, Copy)]
+enum Weight<'a> {
+    Flat(ParamRef),
+    Nf4(&'a Nf4Weights),
+}
+
+impl<'a> Weight<'a> {
+    fn of(w: ParamRef, nf4: Option<&'a Nf4Weights>) -> Self {
+        nf4.map_or(Weight::Flat(w), Weight::Nf4)
     }
 }
 
@@ -337,13 +393,16 @@ fn matmul_forward<B: Backend>(
     p: B::Ref<'_>,
     x: B::Ref<'_>,
     mut y: B::Mut<'_>,
-    w: ParamRef,
+    w: Weight<'_>,
     k: usize,
     m: usize,
     lora: &[Adapter],
 ) -> Result<(), LayerError> {
     let n = B::len(x) / k;
-    be.matmul_bt(B::rb(&mut y), x, w.view::<B>(p), n, k, m, false)?;
+    match w {
+        Weight::Flat(w) => be.matmul_bt(B::rb(&mut y), x, w.view::<B>(p), n, k, m, false)?,
+        Weight::Nf4(q) => q.forward::<B>(x, B::rb(&mut y), k, m)?,
+    }
     for l in lora {
         l.forward::<B>(p, x, B::rb(&mut y))?;
     }
@@ -352,7 +411,7 @@ fn matmul_forward<B: Backend>(
 
 /// What a linear's backward touches.
 struct Weights<'a> {
-    w: ParamRef,
+    w: Weight<'a>,
     /// The bias whose gradient the backward sums (none where a fused kernel does).
     b: Option<ParamRef>,
     /// No gradient for `w` and `b` (the weight-gradient GEMM is skipped).
@@ -361,7 +420,7 @@ struct Weights<'a> {
 }
 
 impl<'a> Weights<'a> {
-    fn of(w: ParamRef, b: Option<ParamRef>, frozen: bool, lora: &'a [Adapter]) -> Self {
+    fn of(w: Weight<'a>, b: Option<ParamRef>, frozen: bool, lora: &'a [Adapter]) -> Self {
         Self { w, b, frozen, lora }
     }
 }
@@ -381,13 +440,19 @@ fn matmul_backward<B: Backend>(
     m: usize,
 ) -> Result<(), LayerError> {
     let n = B::len(x) / k;
-    if !t.frozen {
-        be.matmul_at(t.w.view_mut::<B>(B::rb(&mut g)), dy, x, m, n, k, true)?;
-        if let Some(b) = t.b {
-            be.bias_backward(b.view_mut::<B>(B::rb(&mut g)), dy)?;
+    match t.w {
+        Weight::Flat(w) => {
+            if !t.frozen {
+                be.matmul_at(w.view_mut::<B>(B::rb(&mut g)), dy, x, m, n, k, true)?;
+                if let Some(b) = t.b {
+                    be.bias_backward(b.view_mut::<B>(B::rb(&mut g)), dy)?;
+                }
+            }
+            be.matmul(B::rb(&mut dx), dy, w.view::<B>(p), n, m, k, false)?;
         }
+        // Only a frozen base is stored in NF4 (`ParamLayout::nf4_linears` is set with adapters).
+        Weight::Nf4(q) => q.input_grad::<B>(dy, B::rb(&mut dx), k, m)?,
     }
-    be.matmul(B::rb(&mut dx), dy, t.w.view::<B>(p), n, m, k, false)?;
     for l in t.lora {
         l.backward::<B>(p, B::rb(&mut g), x, dy, B::rb(&mut dx))?;
     }

@@ -27,6 +27,7 @@ pub mod lora_attach;
 pub mod loss;
 pub mod mlp;
 pub mod moe;
+pub mod nf4_base;
 pub mod norm;
 pub mod tp;
 
@@ -113,4 +114,6 @@ pub enum LayerError {
     Comm(#[from] CommError),
     #[error(transparent)]
     Backend(#[from] crate::backend::BackendError),
+    #[error(transparent)]
+    Quant(#[from] crate::quant::QuantError),
 }

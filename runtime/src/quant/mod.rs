@@ -4,11 +4,13 @@
 
 pub mod blockwise8;
 pub mod nf4;
+pub mod shard;
 
 pub use nf4::{Absmax, Nf4Tensor, BLOCKSIZE, NESTED_BLOCKSIZE, NF4_LEVELS};
+pub use shard::{Nf4Shard, Nf4State};
 
 /// Why a tensor cannot be quantized or dequantized.
-#[derive(Debug, thiserror::Error, PartialEq)]
+#[derive(Debug, Clone, thiserror::Error, PartialEq)]
 pub enum QuantError {
     #[error("shape {shape:?} holds {numel} elements but {len} were given")]
     Shape {
@@ -22,4 +24,8 @@ pub enum QuantError {
     NonFinite { index: usize, value: f32 },
     #[error("the output buffer holds {len} elements but the tensor has {numel}")]
     OutputLength { numel: usize, len: usize },
+    #[error("the tensor's block scales are f32: a shard keeps the double-quantized state (quantize with double_quant)")]
+    NotDoubleQuantized,
+    #[error("stored NF4 code {index} is {value}, not a 4-bit code 0..=15")]
+    NotACode { index: usize, value: f32 },
 }

@@ -175,13 +175,6 @@ impl RunOptions {
     /// `tessera launch` (for what it passes to each rank) call it; [`Session::prepare`] too.
     /// Returns the run's optimizer settings (the plan's with the overrides applied).
     pub fn check(&self, plan: &Plan) -> Result<(Optimizer, Schedule), SessionError> {
-        let method = plan.job.model.training.method;
-        if method == Method::Qlora {
-            return Err(refused(
-                "the plan fine-tunes with qlora (training.method), and the runtime does not store a base in NF4 yet: it would train LoRA adapters on a full-precision base",
-                "run the plan's model with --method lora, or plan it for the CPU runtime later (issue 37)",
-            ));
-        }
         if !plan.job.model.training.optimizer_states.is_policy() {
             return Err(refused(
                 "the plan keeps Adam's moments in 8 bits (training.optimizer_states = \"8bit\"), and the runtime's AdamW keeps them in the precision policy's width: it would train and hold something else than planned",
@@ -229,9 +222,14 @@ impl<'p> Session<'p> {
                 "run it on the CPU backend (a plan for a CPU cluster), or plan for GPUs with [training] dropout = 0.0",
             ));
         }
-        if !on_cpu && plan.job.model.training.method.adapters() {
+        let method = plan.job.model.training.method;
+        if !on_cpu && method.adapters() {
+            let nf4 = match method {
+                Method::Qlora => " (nor NF4 storage and dequantization)",
+                _ => "",
+            };
             return Err(refused(
-                "the plan trains LoRA adapters, which the runtime trains on the CPU backend only so far: the CUDA backend's buffers and kernels have no frozen base",
+                format!("the plan trains LoRA adapters (training.method = {}), which the runtime trains on the CPU backend only so far: the CUDA backend's buffers and kernels have no frozen base{nf4}", method.name()),
                 "run it on the CPU backend (a plan for a CPU cluster), or plan --method full for GPUs (issue 37)",
             ));
         }
