@@ -49,9 +49,31 @@ fn a_qlora_plan_of_the_tiny_model_trains_saves_and_resumes() {
         t.contains("resuming from") && t.contains("over 2 steps"),
         "{t}"
     );
-    let export = tessera(&["checkpoint", "export", &p(&ck), "--to", "hf", "-o", &p(&hf)]);
-    let t = text(&export);
-    assert_eq!(export.status.code(), Some(2), "{t}");
-    assert!(t.contains("NF4") && !t.contains("panicked"), "{t}");
-    assert!(!hf.exists(), "nothing is written");
+    let (ck_s, hf_s) = (p(&ck), p(&hf));
+    for merge in [&[][..], &["--merge"][..]] {
+        let mut args = vec!["checkpoint", "export", &ck_s, "--to", "hf", "-o", &hf_s];
+        args.extend_from_slice(merge);
+        let export = tessera(&args);
+        let t = text(&export);
+        assert_eq!(export.status.code(), Some(2), "{t}");
+        assert!(
+            t.contains("NF4") && t.contains("--to peft") && !t.contains("panicked"),
+            "{t}"
+        );
+        assert!(!hf.exists(), "nothing is written");
+    }
+    // The adapters are what a QLoRA run makes: PEFT applies them to the 4-bit base.
+    let peft = s.path("peft");
+    let export = tessera(&[
+        "checkpoint",
+        "export",
+        &p(&ck),
+        "--to",
+        "peft",
+        "-o",
+        &p(&peft),
+    ]);
+    assert_eq!(export.status.code(), Some(0), "{}", text(&export));
+    assert!(peft.join("adapter_model.safetensors").is_file());
+    assert!(peft.join("adapter_config.json").is_file());
 }

@@ -35,6 +35,7 @@ pub(super) struct Out {
 /// checkpoint is refused: the base alone would drop what was trained, so the caller chooses
 /// [`export_merged`](super::export_merged) or [`export_peft`](super::export_peft).
 pub fn export(ck: &Checkpoint, out: &Path) -> Result<ExportSummary, HfError> {
+    refuse_nf4(ck)?;
     if ck.index().lora.is_some() {
         return Err(HfError::Invalid {
             path: ck.dir().display().to_string(),
@@ -62,15 +63,7 @@ pub(super) fn export_globals(
     let a = &ck.index().model;
     let fam = family(a)?;
     check_target(out)?;
-    if ck.index().nf4_base {
-        // Writing the dequantized base would pass it off as the model that was fine-tuned
-        // from; the NF4 codes are not a Hugging Face checkpoint either.
-        return Err(HfError::Invalid {
-            path: ck.dir().join(crate::checkpoint::INDEX).display().to_string(),
-            problem: "the checkpoint is a QLoRA run's: its base is stored in NF4 (nf4_base), not as the f32 weights a Hugging Face model holds".into(),
-            fix: "export the adapters with --to peft and apply them to the model the QLoRA run started from (its --init-from folder), or fine-tune with --method lora".into(),
-        });
-    }
+    refuse_nf4(ck)?;
     let damaged = damaged(ck);
     let vocab = a.vocab as usize;
     let mut used = BTreeSet::new();
@@ -250,4 +243,18 @@ fn fsync_dir(dir: &Path) -> Result<(), HfError> {
     fs::File::open(dir)
         .and_then(|d| d.sync_all())
         .map_err(|e| HfError::io(dir, "fsync the folder", e))
+}
+
+/// A QLoRA checkpoint has no Hugging Face weights to write: its base is NF4.
+pub(super) fn refuse_nf4(ck: &Checkpoint) -> Result<(), HfError> {
+    if ck.index().nf4_base {
+        // Writing the dequantized base would pass it off as the model that was fine-tuned
+        // from; the NF4 codes are not a Hugging Face checkpoint either.
+        return Err(HfError::Invalid {
+            path: ck.dir().join(crate::checkpoint::INDEX).display().to_string(),
+            problem: "the checkpoint is a QLoRA run's: its base is stored in NF4 (nf4_base), not as the f32 weights a Hugging Face model holds".into(),
+            fix: "export the adapters with --to peft and apply them to the model the QLoRA run started from (its --init-from folder), or fine-tune with --method lora".into(),
+        });
+    }
+    Ok(())
 }

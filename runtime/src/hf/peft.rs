@@ -16,7 +16,9 @@ use std::path::Path;
 
 use tessera_planner::finetune::Lora;
 
-use super::export::{check_target, damaged, export_globals, write_folder, Globals, Out, Tensor};
+use super::export::{
+    check_target, damaged, export_globals, refuse_nf4, write_folder, Globals, Out, Tensor,
+};
 use super::{family, modules, ExportSummary, HfError, Module};
 use crate::checkpoint::Checkpoint;
 
@@ -90,7 +92,9 @@ fn adapters(ck: &Checkpoint) -> Result<(&Lora, Vec<Pair<'_>>), HfError> {
         // part's columns.
         let mut rows = 0;
         for part in &linear.parts {
-            match globals.get(part.as_str()) {
+            // A QLoRA base holds the weight's NF4 codes, one per element, in its shape.
+            let codes = format!("{part}.nf4_codes");
+            match (globals.get(part.as_str())).or_else(|| globals.get(codes.as_str())) {
                 Some(([r, c], _)) if *c == inputs => rows += r,
                 _ => {
                     return Err(damaged(format!(
@@ -164,6 +168,7 @@ pub fn export_peft(ck: &Checkpoint, out: &Path) -> Result<ExportSummary, HfError
 /// Writes the LoRA checkpoint `ck` as its HF class with every adapter merged into its base
 /// weight, `W + (alpha/r)·B·A`, to the folder `out` (which must not exist, or be empty).
 pub fn export_merged(ck: &Checkpoint, out: &Path) -> Result<ExportSummary, HfError> {
+    refuse_nf4(ck)?;
     let (lora, pairs) = adapters(ck)?;
     let scaling = lora.scaling();
     let base: Globals = ck
