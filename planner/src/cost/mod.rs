@@ -413,7 +413,7 @@ pub fn evaluate(
         sync,
         optimizer,
         updated,
-        model_flops_per_step: 3.0 * ops::model_flops_per_token(model) * tokens_per_step,
+        model_flops_per_step: ops::training_flops_per_token(model) * tokens_per_step,
         tokens_per_step,
         devices: cluster.devices as f64,
         peak: dev.peak,

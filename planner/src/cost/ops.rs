@@ -445,9 +445,8 @@ pub fn model_flops_per_token(model: &Model) -> f64 {
         Activation::Gelu => 2.0,
         Activation::Swiglu => 3.0,
     };
-    let s = model.training.seq_len as f64;
     let attention = match &a.mla {
-        None => 2.0 * (h * (q + 2.0 * kv) + q * h) + 4.0 * s * q,
+        None => 2.0 * (h * (q + 2.0 * kv) + q * h) + attention_core_flops_per_token(model),
         // MLA: each projection's 2·in·out (the query's down and up projections, or its direct
         // one; the key-value down and up projections; the output projection), and the scores
         // and P·V over the full sequence with their own head sizes: 2·s·heads·(d_qk + d_v).
@@ -466,7 +465,7 @@ pub fn model_flops_per_token(model: &Model) -> f64 {
             };
             let kv_proj = h * (latent + rope) + latent * heads * (nope + d_v);
             let out = heads * d_v * h;
-            2.0 * (q_proj + kv_proj + out) + 2.0 * s * heads * (nope + rope + d_v)
+            2.0 * (q_proj + kv_proj + out) + attention_core_flops_per_token(model)
         }
     };
     let dense_mlp = 2.0 * mlp * h * f;
@@ -475,6 +474,45 @@ pub fn model_flops_per_token(model: &Model) -> f64 {
         + (a.layers as f64 - moe_layers) * dense_mlp
         + moe_layers * moe_mlp_flops_per_token(model)
         + 2.0 * h * a.vocab as f64
+}
+
+/// Model FLOPs of one token's training step: 3× the forward for full training. A LoRA or QLoRA
+/// job computes no gradient for its frozen weights, so its step is the forward and the input
+/// gradient of every frozen matrix multiply (2×), the attention core's forward and backward
+/// (3×: its backward is the activations' gradient, whatever trains), and its adapters' three
+/// passes (`2·r·(in + out)` per token and adapter forward). Counting the frozen weights'
+/// gradients would report a LoRA job's MFU half again above the arithmetic it does.
+pub fn training_flops_per_token(model: &Model) -> f64 {
+    let forward = model_flops_per_token(model);
+    let Some(l) = model.adapters() else {
+        return 3.0 * forward;
+    };
+    let a = &model.architecture;
+    let core = a.layers as f64 * attention_core_flops_per_token(model);
+    let r = l.rank as f64;
+    let adapters: f64 = (l.targets.iter())
+        .map(|t| {
+            let (i, o) = t.shape(a);
+            2.0 * r * (i + o) as f64
+        })
+        .sum::<f64>()
+        * a.layers as f64;
+    2.0 * forward + core + 3.0 * adapters
+}
+
+/// The attention core's model FLOPs per token and layer: the scores and their product with V
+/// over the full sequence (`model_flops_per_token`'s convention).
+fn attention_core_flops_per_token(model: &Model) -> f64 {
+    let a = &model.architecture;
+    let s = model.training.seq_len as f64;
+    match &a.mla {
+        None => 4.0 * s * a.q_dim() as f64,
+        Some(m) => {
+            2.0 * s
+                * a.heads as f64
+                * (m.qk_nope_head_dim + m.qk_rope_head_dim + m.v_head_dim) as f64
+        }
+    }
 }
 
 /// Model FLOPs of one token's forward through an MoE layer's MLP part: the router (`h × E`),

@@ -61,6 +61,26 @@ fn cost_matmul_is_a_roofline() {
     assert!((mv - 2.0 * (n * n + 2.0 * n) / 1e12).abs() < 1e-15);
 }
 
+/// A LoRA job's training FLOPs, by hand for one GPT layer of hidden 4, one head, sequence 2,
+/// vocabulary 8 (ffn 16): forward per token = attention 2·4·(12 + 4) + core 4·2·4 = 160, MLP
+/// 2·2·4·16 = 256, logits 2·4·8 = 64: 480. Full training 3 × 480 = 1440. LoRA r = 1 on qkv
+/// (4 → 12): 2·1·(4 + 12) = 32 per pass, so 2 × 480 + core 32 + 3 × 32 = 1088.
+#[test]
+fn cost_lora_training_flops_skip_the_frozen_weight_gradients() {
+    let mut m = gpt(4, 1, 2, 8);
+    m.architecture.layers = 1;
+    assert_eq!(model_flops_per_token(&m), 480.0);
+    assert_eq!(training_flops_per_token(&m), 1440.0);
+    m.training.method = crate::finetune::Method::Lora;
+    m.lora = Some(crate::finetune::Lora {
+        rank: 1,
+        alpha: 1.0,
+        dropout: 0.0,
+        targets: vec![crate::finetune::Target::Qkv],
+    });
+    assert_eq!(training_flops_per_token(&m), 1088.0);
+}
+
 #[test]
 fn cost_model_flops_match_korthikanti_eq_7() {
     // Per token: 72·L·h²·(1 + s/(6h) + V/(12·h·L)) / 3 for the forward pass.
