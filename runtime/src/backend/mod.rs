@@ -80,6 +80,8 @@ pub trait Backend: Sized + Sync + 'static {
     fn rb<'s>(v: &'s mut Self::Mut<'_>) -> Self::Mut<'s>;
     /// Reads a write view.
     fn ro<'s>(v: &'s Self::Mut<'_>) -> Self::Ref<'s>;
+    /// A read view for a shorter lifetime (views are invariant in it).
+    fn rr<'s>(v: &'s Self::Ref<'_>) -> Self::Ref<'s>;
     /// Turns a write view into a read view of the same elements.
     fn freeze<'a>(v: Self::Mut<'a>) -> Self::Ref<'a>
     where

@@ -438,16 +438,22 @@ impl TransformerBlock {
         let (m, v) = (B::view_mut, B::view);
         // Residual dropout's backward: the MLP's output sees `dout ⊙ mask` (in `dx2`, free
         // until the residual's copy below), the attention's `dx2 ⊙ mask` (in `dx`, free until
-        // its final copy). Without dropout the copies are exact: the same gradients.
-        be.copy(m(&mut gr.dx2), dout)?;
-        Self::drop_grad::<B>(&self.resid_mlp, m(&mut gr.dx2))?;
+        // its final copy). Without dropout no copy is made (no launch on a device).
+        let mlp_dy = match self.resid_mlp.p > 0.0 {
+            true => {
+                be.copy(m(&mut gr.dx2), dout)?;
+                Self::drop_grad::<B>(&self.resid_mlp, m(&mut gr.dx2))?;
+                v(&gr.dx2)
+            }
+            false => B::rr(&dout),
+        };
         self.mlp_backward_partial(
             be,
             p,
             B::rb(&mut g),
             v(&s.ln2),
             s,
-            v(&gr.dx2),
+            mlp_dy,
             m(&mut gr.dln),
             m(&mut gr.dh),
             m(&mut gr.da),
@@ -466,8 +472,14 @@ impl TransformerBlock {
             v(&s.ln2_rstd),
             m(&mut gr.dx2),
         )?;
-        be.copy(B::rb(&mut dx), v(&gr.dx2))?;
-        Self::drop_grad::<B>(&self.resid_attn, B::rb(&mut dx))?;
+        let attn_dy = match self.resid_attn.p > 0.0 {
+            true => {
+                be.copy(B::rb(&mut dx), v(&gr.dx2))?;
+                Self::drop_grad::<B>(&self.resid_attn, B::rb(&mut dx))?;
+                B::ro(&dx)
+            }
+            false => v(&gr.dx2),
+        };
         self.attn.backward_partial(
             be,
             p,
@@ -476,7 +488,7 @@ impl TransformerBlock {
             v(&s.qkv),
             att,
             v(&s.y),
-            B::ro(&dx),
+            attn_dy,
             m(&mut gr.dln),
             &mut gr.attn,
             rope,

@@ -89,6 +89,9 @@ impl Backend for Cpu {
     fn ro<'s>(v: &'s &mut [f32]) -> &'s [f32] {
         v
     }
+    fn rr<'s>(v: &'s &[f32]) -> &'s [f32] {
+        v
+    }
     fn freeze<'a>(v: &'a mut [f32]) -> &'a [f32]
     where
         Self: 'a,

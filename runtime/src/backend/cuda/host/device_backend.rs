@@ -142,6 +142,13 @@ where
             len: v.len,
         }
     }
+    fn rr<'s>(v: &'s DRef<'_, L::Buf>) -> DRef<'s, L::Buf> {
+        DRef {
+            buf: v.buf,
+            at: v.at,
+            len: v.len,
+        }
+    }
     fn freeze<'a>(v: DMut<'a, L::Buf>) -> DRef<'a, L::Buf>
     where
         Self: 'a,
