@@ -65,40 +65,8 @@ fn run(plan: &Plan) -> TrainReport {
 /// Losses within 1e-5 relative, and every tensor within `tol(name)` relative L2.
 fn assert_same(got: &TrainReport, want: &TrainReport, what: &str, tol: fn(&str) -> f64) {
     assert_eq!(got.steps.len(), STEPS, "{what}: every step reports a loss");
-    let close = |a: f64, b: f64| (a - b).abs() <= 1e-5 * b.abs();
-    for (a, b) in got.steps.iter().zip(&want.steps) {
-        assert!(
-            close(a.loss, b.loss),
-            "{what}: step {} loss {} vs {}",
-            a.step,
-            a.loss,
-            b.loss
-        );
-        match (a.val_loss, b.val_loss) {
-            (Some(x), Some(y)) => assert!(close(x, y), "{what}: step {} val {x} vs {y}", a.step),
-            (None, None) => {}
-            other => panic!("{what}: step {} val loss {other:?}", a.step),
-        }
-    }
-    assert_eq!(
-        got.params.keys().collect::<Vec<_>>(),
-        want.params.keys().collect::<Vec<_>>(),
-        "{what}: same tensors"
-    );
-    let mut worst = (0.0, "");
-    for (name, w) in &want.params {
-        let g = &got.params[name];
-        let d: f64 = g.iter().zip(w).map(|(a, b)| f64::from(a - b).powi(2)).sum();
-        let n: f64 = w.iter().map(|b| f64::from(*b).powi(2)).sum();
-        let rel = (d / n.max(f64::MIN_POSITIVE)).sqrt();
-        assert!(
-            rel <= tol(name),
-            "{what}: {name} differs by {rel:e} relative"
-        );
-        if rel > worst.0 {
-            worst = (rel, name);
-        }
-    }
+    tiny::assert_losses_close(got, want, what);
+    let worst = tiny::assert_tensors_close(&got.params, &want.params, what, tol);
     eprintln!(
         "{what}: worst tensor {} at {:.2e} relative",
         worst.1, worst.0

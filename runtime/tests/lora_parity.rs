@@ -72,34 +72,8 @@ fn is_adapter(name: &str) -> bool {
 
 fn assert_same(got: &TrainReport, want: &TrainReport, what: &str) {
     assert_eq!(got.steps.len(), STEPS, "{what}: every step reports a loss");
-    for (a, b) in got.steps.iter().zip(&want.steps) {
-        assert!(
-            (a.loss - b.loss).abs() <= 1e-5 * b.loss.abs(),
-            "{what}: step {} loss {} vs {}",
-            a.step,
-            a.loss,
-            b.loss
-        );
-    }
-    assert_eq!(
-        got.params.keys().collect::<Vec<_>>(),
-        want.params.keys().collect::<Vec<_>>(),
-        "{what}: same tensors"
-    );
-    let mut worst = (0.0, "");
-    for (name, w) in &want.params {
-        let g = &got.params[name];
-        let d: f64 = g.iter().zip(w).map(|(a, b)| f64::from(a - b).powi(2)).sum();
-        let n: f64 = w.iter().map(|b| f64::from(*b).powi(2)).sum();
-        let rel = (d / n.max(f64::MIN_POSITIVE)).sqrt();
-        assert!(
-            rel <= tolerance(name),
-            "{what}: {name} differs by {rel:e} relative"
-        );
-        if rel > worst.0 {
-            worst = (rel, name);
-        }
-    }
+    tiny::assert_losses_close(got, want, what);
+    let worst = tiny::assert_tensors_close(&got.params, &want.params, what, tolerance);
     // The margins, for the record (`--nocapture`).
     eprintln!(
         "{what}: worst tensor {} at {:.2e} relative",

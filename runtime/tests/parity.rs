@@ -45,24 +45,7 @@ fn run(plan: &Plan) -> TrainReport {
 
 fn assert_same(got: &TrainReport, want: &TrainReport, what: &str) {
     assert_eq!(got.steps.len(), STEPS, "{what}: every step reports a loss");
-    for (a, b) in got.steps.iter().zip(&want.steps) {
-        assert!(
-            (a.loss - b.loss).abs() <= 1e-5 * b.loss.abs(),
-            "{what}: step {} loss {} vs {}",
-            a.step,
-            a.loss,
-            b.loss
-        );
-        match (a.val_loss, b.val_loss) {
-            (Some(x), Some(y)) => assert!(
-                (x - y).abs() <= 1e-5 * y.abs(),
-                "{what}: step {} val loss {x} vs {y}",
-                a.step
-            ),
-            (None, None) => {}
-            other => panic!("{what}: step {} val loss {other:?}", a.step),
-        }
-    }
+    tiny::assert_losses_close(got, want, what);
     let evals = got.steps.iter().filter(|m| m.val_loss.is_some()).count();
     assert_eq!(evals, 3, "{what}: evaluated after steps 2, 4 and 5");
     tiny::assert_params_close(&got.params, &want.params, what);

@@ -95,37 +95,13 @@ fn initial() -> BTreeMap<String, Vec<f32>> {
 /// Every tensor within lora_parity.rs's tolerance (B: 2e-5, the rest 1e-5 relative L2), the
 /// NF4 base bit-identical, and the losses within 1e-5.
 fn assert_same(got: &TrainReport, want: &TrainReport, what: &str) {
-    assert_eq!(got.steps.len(), want.steps.len(), "{what}");
-    for (a, b) in got.steps.iter().zip(&want.steps) {
-        assert!(
-            (a.loss - b.loss).abs() <= 1e-5 * b.loss.abs(),
-            "{what}: step {} loss {} vs {}",
-            a.step,
-            a.loss,
-            b.loss
-        );
-    }
-    assert_eq!(
-        got.params.keys().collect::<Vec<_>>(),
-        want.params.keys().collect::<Vec<_>>(),
-        "{what}: same tensors"
-    );
-    for (name, w) in &want.params {
-        let g = &got.params[name];
-        if is_nf4(name) {
-            assert!(g == w, "{what}: the dequantized base {name} differs");
-            continue;
-        }
-        let d: f64 = g.iter().zip(w).map(|(a, b)| f64::from(a - b).powi(2)).sum();
-        let n: f64 = w.iter().map(|b| f64::from(*b).powi(2)).sum();
-        let rel = (d / n.max(f64::MIN_POSITIVE)).sqrt();
-        let tol = if name.contains(".lora_B.") {
-            2e-5
-        } else {
-            1e-5
-        };
-        assert!(rel <= tol, "{what}: {name} differs by {rel:e} relative");
-    }
+    tiny::assert_losses_close(got, want, what);
+    let tol = |name: &str| match (is_nf4(name), name.contains(".lora_B.")) {
+        (true, _) => -1.0,
+        (false, true) => 2e-5,
+        (false, false) => 1e-5,
+    };
+    tiny::assert_tensors_close(&got.params, &want.params, what, tol);
 }
 
 /// The base is NF4: each linear weight the run computed with is the single rank's whole

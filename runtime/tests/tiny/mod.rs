@@ -98,24 +98,73 @@ pub fn assert_params_close(
     want: &BTreeMap<String, Vec<f32>>,
     what: &str,
 ) {
+    assert_tensors_close(got, want, what, |_| 1e-5);
+}
+
+/// `‖got − want‖ / ‖want‖` in f64.
+pub fn rel_l2(got: &[f32], want: &[f32]) -> f64 {
+    let d: f64 = got
+        .iter()
+        .zip(want)
+        .map(|(a, b)| f64::from(a - b).powi(2))
+        .sum();
+    let n: f64 = want.iter().map(|b| f64::from(*b).powi(2)).sum();
+    (d / n.max(f64::MIN_POSITIVE)).sqrt()
+}
+
+/// The same tensors, each within `tol(name)` relative L2 (`tol` below 0: bit-identical);
+/// returns the worst relative difference and its tensor, for the record.
+pub fn assert_tensors_close<'a>(
+    got: &BTreeMap<String, Vec<f32>>,
+    want: &'a BTreeMap<String, Vec<f32>>,
+    what: &str,
+    tol: impl Fn(&str) -> f64,
+) -> (f64, &'a str) {
     assert_eq!(
         got.keys().collect::<Vec<_>>(),
         want.keys().collect::<Vec<_>>(),
         "{what}: same tensors"
     );
+    let mut worst = (0.0, "");
     for (name, w) in want {
         let g = &got[name];
-        let diff: f64 = g
-            .iter()
-            .zip(w)
-            .map(|(a, b)| f64::from(a - b).powi(2))
-            .sum::<f64>()
-            .sqrt();
-        let norm: f64 = w.iter().map(|b| f64::from(*b).powi(2)).sum::<f64>().sqrt();
+        let tol = tol(name);
+        if tol < 0.0 {
+            assert!(g == w, "{what}: {name} differs");
+            continue;
+        }
+        let rel = rel_l2(g, w);
+        assert!(rel <= tol, "{what}: {name} differs by {rel:e} relative");
+        if rel > worst.0 {
+            worst = (rel, name.as_str());
+        }
+    }
+    worst
+}
+
+/// The same number of steps, each loss (and validation loss, where both have one) within 1e-5
+/// relative.
+pub fn assert_losses_close(got: &TrainReport, want: &TrainReport, what: &str) {
+    assert_eq!(
+        got.steps.len(),
+        want.steps.len(),
+        "{what}: every step reports a loss"
+    );
+    let close = |a: f64, b: f64| (a - b).abs() <= 1e-5 * b.abs();
+    for (a, b) in got.steps.iter().zip(&want.steps) {
         assert!(
-            diff <= 1e-5 * norm,
-            "{what}: {name} differs by {:e} relative",
-            diff / norm
+            close(a.loss, b.loss),
+            "{what}: step {} loss {} vs {}",
+            a.step,
+            a.loss,
+            b.loss
         );
+        match (a.val_loss, b.val_loss) {
+            (Some(x), Some(y)) => {
+                assert!(close(x, y), "{what}: step {} val loss {x} vs {y}", a.step)
+            }
+            (None, None) => {}
+            other => panic!("{what}: step {} val loss {other:?}", a.step),
+        }
     }
 }
