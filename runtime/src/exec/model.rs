@@ -253,11 +253,16 @@ impl StageModel {
             } else {
                 None
             };
-            let frozen_experts = expert_layout.len();
+            let len = expert_layout.len();
             let base = layout.append(expert_layout)?;
-            let frozen_experts = match layout.freezing() {
-                true => base..base + frozen_experts,
-                false => base..base,
+            // Trainable experts end the trainable prefix; frozen ones (under adapters) sit in
+            // the frozen region and have no gradient to synchronise.
+            let (experts, frozen_experts) = match layout.freezing() {
+                false => (base..layout.trainable_len(), base..base),
+                true => (
+                    layout.trainable_len()..layout.trainable_len(),
+                    base..base + len,
+                ),
             };
             for b in &mut blocks {
                 if let Some(m) = b.mlp.moe_mut() {
@@ -270,8 +275,7 @@ impl StageModel {
                 blocks,
                 head,
                 region: start..layout.trainable_len(),
-                // Frozen experts have no gradient to synchronise.
-                experts: base.min(layout.trainable_len())..layout.trainable_len(),
+                experts,
                 frozen_experts,
             });
         }

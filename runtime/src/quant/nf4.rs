@@ -209,12 +209,7 @@ impl Nf4Tensor {
 
     /// The 4-bit code of element `i` (row-major).
     pub fn code(&self, i: usize) -> u8 {
-        let byte = self.packed[i / 2];
-        if i.is_multiple_of(2) {
-            byte >> 4
-        } else {
-            byte & 0x0f
-        }
+        unpack(&self.packed, i)
     }
 
     /// Bytes as bitsandbytes stores the tensor (`Params4bit` with `QuantState.as_dict`): the
@@ -252,6 +247,17 @@ impl Nf4Tensor {
 
     pub fn blocksize(&self) -> usize {
         self.blocksize
+    }
+}
+
+/// The 4-bit code of element `i` of `packed` (two a byte, the first in the high nibble, as
+/// bitsandbytes packs them).
+pub(super) fn unpack(packed: &[u8], i: usize) -> u8 {
+    let byte = packed[i / 2];
+    if i.is_multiple_of(2) {
+        byte >> 4
+    } else {
+        byte & 0x0f
     }
 }
 

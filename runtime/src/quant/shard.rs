@@ -115,12 +115,7 @@ impl Nf4Shard {
 
     /// The 4-bit code of the box's element `i`.
     pub fn code(&self, i: usize) -> u8 {
-        let byte = self.packed[i / 2];
-        if i.is_multiple_of(2) {
-            byte >> 4
-        } else {
-            byte & 0x0f
-        }
+        super::nf4::unpack(&self.packed, i)
     }
 
     /// Elements of the box.
