@@ -8,11 +8,13 @@ use serde::{Deserialize, Serialize};
 
 use crate::mesh::Mesh;
 
+mod offload;
 mod rejection;
 
 use crate::model::Model;
 use crate::schedule::ScheduleKind;
 use crate::spec::Cluster;
+pub use offload::{Offload, OffloadStates, OffloadTier};
 use rejection::divisor_list;
 pub(crate) use rejection::gcd;
 pub use rejection::{Rejection, CHECK_ORDER};
@@ -136,6 +138,9 @@ pub struct Layout {
     pub schedule: ScheduleKind,
     /// Model chunks per pipeline stage (1 unless interleaved).
     pub virtual_stages: u64,
+    /// Model states (and activations) kept in host memory or on NVMe (absent: none).
+    #[serde(default)]
+    pub offload: Offload,
 }
 
 impl Layout {
@@ -160,6 +165,7 @@ impl Layout {
             sequence_parallel: false,
             schedule: ScheduleKind::OneFOneB,
             virtual_stages: 1,
+            offload: crate::layout::Offload::NONE,
         }
     }
 
@@ -236,6 +242,7 @@ impl Layout {
                 s += &format!("×{}", self.virtual_stages);
             }
         }
+        s += &self.offload.label();
         s
     }
 

@@ -121,6 +121,19 @@ pub struct PlanArgs {
     /// output layer and loss.
     #[arg(long, value_parser = clap::value_parser!(u64).range(0..=1_000_000_000))]
     last_stage_layers: Option<u64>,
+    /// Pin offload: `none`, `optimizer` (fp32 master weights, Adam moments and the step in
+    /// host memory, ZeRO-Offload) or `params` (the sharded weights too, ZeRO-3; ZeRO-Infinity,
+    /// FSDP's CPUOffload). Unpinned, the search offloads only layouts that do not fit without.
+    #[arg(long)]
+    offload: Option<tessera_planner::layout::OffloadStates>,
+    /// Pin where offloaded states live: `cpu` (pinned host memory) or `nvme` (node-local NVMe,
+    /// ZeRO-Infinity; needs ZeRO-3).
+    #[arg(long)]
+    offload_to: Option<tessera_planner::layout::OffloadTier>,
+    /// Offload saved activations to host memory during the forward (torchtune's activation
+    /// offloading, DeepSpeed's cpu_checkpointing), where the framework offers it.
+    #[arg(long)]
+    offload_activations: bool,
     /// Write the plan even if the layout does not fit (marked infeasible).
     #[arg(long)]
     force: bool,
@@ -212,6 +225,9 @@ impl PlanArgs {
                 first: self.first_stage_layers,
                 last: self.last_stage_layers,
             },
+            offload: self.offload,
+            offload_to: self.offload_to,
+            offload_activations: self.offload_activations.then_some(true),
             ..self.degrees.pins()
         }
     }
@@ -290,7 +306,11 @@ pub fn run(args: PlanArgs) -> anyhow::Result<ExitCode> {
         model.training.framework = Some(name.clone());
     }
     check_framework_builds(&args, &model, &cluster)?;
-    let pins = args.pins();
+    let mut pins = args.pins();
+    if args.force && pins.offload.is_none() {
+        // --force writes the one pinned layout as it is: no offload pass in its place.
+        pins.offload = Some(Default::default());
+    }
     for (flag, v) in [
         ("--tp", pins.tp),
         ("--pp", pins.pp),

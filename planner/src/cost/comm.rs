@@ -369,6 +369,7 @@ mod tests {
                 ..Calibration::default()
             },
             calibrated: true,
+            host: Default::default(),
         }
     }
 

@@ -44,6 +44,7 @@ pub(super) fn layout(dp: u64, pp: u64, tp: u64, zero: u8, kind: ScheduleKind, v:
         sequence_parallel: false,
         schedule: kind,
         virtual_stages: v,
+        offload: crate::layout::Offload::NONE,
     }
 }
 

@@ -60,6 +60,23 @@ pub struct CanRun {
     /// The device kinds it runs on (`gpu`, `cpu`). Absent: both.
     #[serde(default = "every_device")]
     pub devices: Vec<DeviceKind>,
+    /// The offloads it runs (`none`, `optimizer`, `params`). Absent: none only.
+    #[serde(default = "no_offload")]
+    pub offload: Vec<crate::layout::OffloadStates>,
+    /// Where it offloads to (`cpu`, `nvme`). Absent: host memory only.
+    #[serde(default = "host_memory")]
+    pub offload_to: Vec<crate::layout::OffloadTier>,
+    /// It offloads saved activations to host memory. Absent: false.
+    #[serde(default)]
+    pub offload_activations: bool,
+}
+
+fn no_offload() -> Vec<crate::layout::OffloadStates> {
+    vec![crate::layout::OffloadStates::None]
+}
+
+fn host_memory() -> Vec<crate::layout::OffloadTier> {
+    vec![crate::layout::OffloadTier::Cpu]
 }
 
 fn every_family() -> Vec<Family> {
@@ -137,6 +154,12 @@ pub struct Runs {
     pub blocking_p2p: bool,
     /// Overlapped collectives slow the GEMMs they overlap (NCCL's SMs and memory bandwidth).
     pub overlap_slows_compute: bool,
+    /// Offload's host↔device copies run on their own stream beside the compute (DeepSpeed's
+    /// `overlap_comm` and ZeRO-3 prefetch, FSDP's pre-forward copies on its unshard stream):
+    /// per layer only the copy beyond the layer's compute shows (Calculon's rule). False: the
+    /// whole copy shows. Absent: false.
+    #[serde(default)]
+    pub offload_overlap: bool,
 }
 
 /// The sharding policy of ZeRO-3-class data parallelism.
@@ -330,6 +353,25 @@ impl CanRun {
         }
         if l.recompute_every > 1 && !self.partial_recompute {
             return no("recompute of every k-th layer", "recompute every layer");
+        }
+        if !self.offload.contains(&l.offload.states) {
+            return one_of(
+                format!("{} offload", l.offload.states.name()),
+                "--offload",
+                &self.offload,
+                |o| o.name().to_string(),
+            );
+        }
+        if l.offload.optimizer() && !self.offload_to.contains(&l.offload.to) {
+            return one_of(
+                format!("offload to {}", l.offload.to.name()),
+                "--offload-to",
+                &self.offload_to,
+                |o| o.name().to_string(),
+            );
+        }
+        if l.offload.activations && !self.offload_activations {
+            return no("activation offload", "drop --offload-activations");
         }
         None
     }

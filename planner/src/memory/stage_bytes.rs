@@ -261,6 +261,7 @@ mod tests {
                             sequence_parallel: sp,
                             schedule: kind,
                             virtual_stages: v,
+                            offload: crate::layout::Offload::NONE,
                         };
                         let chunks = (pp * v) as usize;
                         // An uneven split: one layer moved from the last chunk to the first.

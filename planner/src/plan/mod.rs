@@ -97,6 +97,22 @@ pub struct Parallel {
     /// plans written before it existed (they hold the model's vocabulary unpadded).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub vocab: Option<VocabPadding>,
+    /// Model states kept off the device: `none`, `optimizer` (fp32 master weights, Adam
+    /// moments and the step on the host) or `params` (the sharded weights too). Absent (plans
+    /// written before offload existed, and plans without it): `none`.
+    #[serde(default, skip_serializing_if = "is_default")]
+    pub offload: crate::layout::OffloadStates,
+    /// Where offloaded states live: `cpu` (pinned host memory) or `nvme`. Absent: `cpu`.
+    #[serde(default, skip_serializing_if = "is_default")]
+    pub offload_to: crate::layout::OffloadTier,
+    /// Saved activations go to host memory in the forward and come back for the backward.
+    /// Absent: false.
+    #[serde(default, skip_serializing_if = "is_default")]
+    pub offload_activations: bool,
+}
+
+fn is_default<T: Default + PartialEq>(x: &T) -> bool {
+    *x == T::default()
 }
 
 fn one() -> u64 {
@@ -331,6 +347,9 @@ impl Parallel {
             schedule: l.schedule,
             virtual_stages: l.virtual_stages,
             vocab: Some(VocabPadding::of(model, l.tp, profile)),
+            offload: l.offload.states,
+            offload_to: l.offload.to,
+            offload_activations: l.offload.activations,
         }
     }
 
@@ -352,6 +371,11 @@ impl Parallel {
             sequence_parallel: self.sequence_parallel,
             schedule: self.schedule,
             virtual_stages: self.virtual_stages,
+            offload: crate::layout::Offload {
+                states: self.offload,
+                to: self.offload_to,
+                activations: self.offload_activations,
+            },
         }
     }
 }

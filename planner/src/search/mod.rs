@@ -62,6 +62,13 @@ pub struct Pins {
     pub sp: Option<bool>,
     pub schedule: Option<ScheduleKind>,
     pub virtual_stages: Option<u64>,
+    /// Offloaded states (unpinned: none, and where a layout does not fit without it, each
+    /// offload its framework runs).
+    pub offload: Option<crate::layout::OffloadStates>,
+    /// Where offloaded states live (unpinned: host memory, and NVMe where that does not fit).
+    pub offload_to: Option<crate::layout::OffloadTier>,
+    /// Activation offload (unpinned: off).
+    pub offload_activations: Option<bool>,
     /// Layers of the first and last pipeline stages (Megatron-Core's
     /// `--decoder-first-pipeline-num-layers` and `--decoder-last-pipeline-num-layers`).
     pub stage_layers: StageLayers,
@@ -442,65 +449,96 @@ pub fn search_checked(
             });
         g.count += 1;
     };
-    space::for_each_layout(model, cluster, pins, &mut |layout| {
-        if let Err(why) = layout
-            .check(model, cluster)
-            .and_then(|()| pins::effective(&layout, model, cluster))
-            .and_then(|()| crate::framework::admits(profile, &layout))
-            .and_then(|()| {
-                if pins.stage_layers.is_pinned() {
-                    pins::stage_layers(model, &layout, pins.stage_layers).map(|_| ())
-                } else {
-                    Ok(())
-                }
-            })
-        {
-            reject(
-                why.rule,
-                &|| format!("{}: {why}", layout.label()),
-                why.fix.as_ref(),
-            );
-            return;
-        }
-        evaluated += 1;
-        let l = links
-            .entry((layout.dp, layout.pp, layout.tp, layout.ep))
-            .or_insert_with(|| Links::new(cluster, &layout.mesh(cluster)));
-        let a = assess_pinned(model, cluster, &layout, l, options.cost, pins.stage_layers);
-        let c = Candidate {
-            layout,
-            peak_bytes: a.peak_bytes,
-            split: a.split,
-            lower_bound: a
-                .evaluation
-                .as_ref()
-                .map_or(f64::INFINITY, |e| e.lower_bound),
-            prediction: None,
-            why: None,
-        };
-        if a.fits {
-            fits.push(c);
-        } else {
-            reject(
-                "does not fit in device memory",
-                &|| {
-                    format!(
-                        "{}: needs {} per device, has {}",
-                        c.layout.label(),
-                        crate::units::bytes(c.peak_bytes as f64),
-                        crate::units::bytes(cluster.memory_bytes())
-                    )
-                },
-                None,
-            );
-            if closest_miss
-                .as_ref()
-                .is_none_or(|m| c.peak_bytes < m.peak_bytes)
+    // The first pass offloads nothing unless offload is pinned. Where no layout fits, a second
+    // pass tries each offload the framework runs: an offloaded layout computes what its twin
+    // without offload does and adds its copies and the host's step, so offload is chosen only
+    // where nothing fits without it (issue 38; the seeds' "use offloading when memory is the
+    // hard limit").
+    let first = Pins {
+        offload: Some(pins.offload.unwrap_or_default()),
+        ..*pins
+    };
+    let mut passes = vec![first];
+    // Visits one pass's layouts; returns how many fit so far.
+    let mut visit = |pass: &Pins| -> usize {
+        space::for_each_layout(model, cluster, pass, &mut |layout| {
+            if let Err(why) = layout
+                .check(model, cluster)
+                .and_then(|()| pins::effective(&layout, model, cluster))
+                .and_then(|()| crate::framework::admits(profile, &layout))
+                .and_then(|()| {
+                    if pins.stage_layers.is_pinned() {
+                        pins::stage_layers(model, &layout, pins.stage_layers).map(|_| ())
+                    } else {
+                        Ok(())
+                    }
+                })
             {
-                closest_miss = Some(c);
+                reject(
+                    why.rule,
+                    &|| format!("{}: {why}", layout.label()),
+                    why.fix.as_ref(),
+                );
+                return;
             }
+            evaluated += 1;
+            let l = links
+                .entry((layout.dp, layout.pp, layout.tp, layout.ep))
+                .or_insert_with(|| Links::new(cluster, &layout.mesh(cluster)));
+            let a = assess_pinned(model, cluster, &layout, l, options.cost, pins.stage_layers);
+            let c = Candidate {
+                layout,
+                peak_bytes: a.peak_bytes,
+                split: a.split,
+                lower_bound: a
+                    .evaluation
+                    .as_ref()
+                    .map_or(f64::INFINITY, |e| e.lower_bound),
+                prediction: None,
+                why: None,
+            };
+            if a.fits {
+                fits.push(c);
+            } else {
+                reject(
+                    "does not fit in device memory",
+                    &|| {
+                        format!(
+                            "{}: needs {} per device, has {}",
+                            c.layout.label(),
+                            crate::units::bytes(c.peak_bytes as f64),
+                            crate::units::bytes(cluster.memory_bytes())
+                        )
+                    },
+                    None,
+                );
+                if closest_miss
+                    .as_ref()
+                    .is_none_or(|m| c.peak_bytes < m.peak_bytes)
+                {
+                    closest_miss = Some(c);
+                }
+            }
+        });
+        fits.len()
+    };
+    let fitting = visit(&passes[0]);
+    if fitting == 0 && pins.offload.is_none() {
+        passes = profile
+            .can_run
+            .offload
+            .iter()
+            .filter(|o| **o != crate::layout::OffloadStates::None)
+            .map(|&o| Pins {
+                offload: Some(o),
+                ..*pins
+            })
+            .collect();
+        for pass in &passes {
+            space::check_size(model, cluster, pass)?;
+            visit(pass);
         }
-    });
+    }
     let simulated = rank(model, cluster, &mut fits, &mut links, options);
     Ok(SearchResult {
         fits,

@@ -14,11 +14,20 @@ use crate::spec::Cluster;
 pub const HYBRID_WITHOUT_ZERO: &str = "hybrid sharding needs ZeRO stage 1, 2 or 3";
 pub const HYBRID_IN_ONE_NODE: &str = "hybrid sharding needs a DP group that spans nodes";
 pub const CP_COMM_WITHOUT_CP: &str = "a CP exchange needs CP > 1";
+pub const OFFLOAD_TARGET_WITHOUT_OFFLOAD: &str = "an offload target needs offloaded states";
+pub const OFFLOAD_NEEDS_ZERO: &str =
+    "offload needs ZeRO: optimizer offload stage 1 or more, params or NVMe offload stage 3";
+pub const OFFLOAD_ON_CPU: &str = "offload needs a device apart from the host";
+pub const OFFLOAD_WITHOUT_HOST: &str = "offload needs the cluster's [host] tier";
 pub const RECOMPUTE_EVERY_SPLIT: &str =
     "recompute of every N-th layer needs every model chunk to hold a multiple of N layers";
 
 /// Every rule of [`effective`].
-pub const RULES: [&str; 5] = [
+pub const RULES: [&str; 9] = [
+    OFFLOAD_ON_CPU,
+    OFFLOAD_WITHOUT_HOST,
+    OFFLOAD_TARGET_WITHOUT_OFFLOAD,
+    OFFLOAD_NEEDS_ZERO,
     HYBRID_WITHOUT_ZERO,
     CP_COMM_WITHOUT_CP,
     HYBRID_IN_ONE_NODE,
@@ -30,6 +39,7 @@ pub const RULES: [&str; 5] = [
 /// rule otherwise. `layout` is assumed to pass [`Layout::check`].
 pub fn effective(layout: &Layout, model: &Model, cluster: &Cluster) -> Result<(), Rejection> {
     let l = layout;
+    offload(l, cluster)?;
     if l.cp <= 1 && l.cp_comm != crate::layout::CpComm::P2p {
         return Err(Rejection::new(
             CP_COMM_WITHOUT_CP,
@@ -92,6 +102,62 @@ pub fn effective(layout: &Layout, model: &Model, cluster: &Cluster) -> Result<()
                 ),
             ));
         }
+    }
+    Ok(())
+}
+
+/// The offload rules: offload needs a device that is not the host, a cluster that states its
+/// host tier (and NVMe for `nvme`), and the ZeRO stage its mechanism is built on — DeepSpeed's
+/// `offload_optimizer` on stages 1 to 3 and `offload_param` and NVMe on stage 3 only
+/// (ZeRO-Infinity), FSDP's `CPUOffload` on full sharding.
+fn offload(l: &Layout, cluster: &Cluster) -> Result<(), Rejection> {
+    let o = l.offload;
+    if !o.any() {
+        if o.to != crate::layout::OffloadTier::Cpu {
+            return Err(Rejection::new(
+                OFFLOAD_TARGET_WITHOUT_OFFLOAD,
+                format!("offload to {} moves the offloaded states, and the offload is none: it would run exactly as without it", o.to.name()),
+            )
+            .with_fix("pin --offload optimizer or params with --offload-to, or drop --offload-to"));
+        }
+        return Ok(());
+    }
+    if cluster.device.kind == crate::spec::DeviceKind::Cpu {
+        return Err(Rejection::new(
+            OFFLOAD_ON_CPU,
+            "on the CPU backend the device's memory is the host's: offload would move the states to where they already are".into(),
+        )
+        .with_fix("drop --offload and --offload-activations"));
+    }
+    let h = &cluster.host;
+    if !h.stated() || (o.nvme() && h.nvme_gib <= 0.0) {
+        let what = if h.stated() {
+            "[host] nvme_gib and nvme_gbps"
+        } else {
+            "a [host] table"
+        };
+        return Err(Rejection::new(
+            OFFLOAD_WITHOUT_HOST,
+            format!("the cluster spec {} has no {what}: the planner cannot size or cost the tier the states would go to", cluster.name),
+        )
+        .with_fix("add [host] to the cluster spec (memory_gib, link_gbps, nvme_gbps, nvme_gib, adamw_gparams_per_s; specs/README.md), or measure it with tessera calibrate --host"));
+    }
+    let z = l.sharding.zero_stage;
+    let need = match (o.states, o.nvme()) {
+        (_, true) | (crate::layout::OffloadStates::Params, _) => 3,
+        (crate::layout::OffloadStates::Optimizer, _) => 1,
+        (crate::layout::OffloadStates::None, _) => 0,
+    };
+    if z < need {
+        return Err(Rejection::new(
+            OFFLOAD_NEEDS_ZERO,
+            format!(
+                "{} offload{} moves each rank's ZeRO shard, and needs ZeRO stage {need} or more (DeepSpeed's offload_optimizer runs on stages 1-3, offload_param and NVMe on stage 3 only; FSDP's CPUOffload shards fully); the layout has ZeRO-{z}",
+                o.states.name(),
+                if o.nvme() { " to NVMe" } else { "" }
+            ),
+        )
+        .with_fix(format!("pin --zero {need}, or another offload")));
     }
     Ok(())
 }

@@ -12,7 +12,9 @@ use std::collections::HashMap;
 
 use super::divisors::{self, Factors};
 use super::Pins;
-use crate::layout::{gcd, CpComm, Layout, Recompute, Sharding};
+use crate::layout::{
+    gcd, CpComm, Layout, Offload, OffloadStates, OffloadTier, Recompute, Sharding,
+};
 use crate::model::Model;
 use crate::schedule::ScheduleKind;
 use crate::spec::Cluster;
@@ -280,6 +282,30 @@ impl<'a> Lists<'a> {
         )
     }
 
+    /// The offloads tried at ZeRO stage `zero`: none unless pinned (the search's second pass
+    /// pins each offloaded state in turn, `search_checked`); a pinned state in host memory, and
+    /// under ZeRO-3 (ZeRO-Infinity's rule) on NVMe too, unless the target is pinned.
+    fn offloads(&self, zero: u8) -> Vec<Offload> {
+        let activations = self.pins.offload_activations.unwrap_or(false);
+        let states = self.pins.offload.unwrap_or(OffloadStates::None);
+        let tiers = match (self.pins.offload_to, states) {
+            (Some(t), _) => vec![t],
+            (None, OffloadStates::None) => vec![OffloadTier::Cpu],
+            (None, _) if zero == 3 && self.cluster.host.nvme_gib > 0.0 => {
+                vec![OffloadTier::Cpu, OffloadTier::Nvme]
+            }
+            (None, _) => vec![OffloadTier::Cpu],
+        };
+        tiers
+            .into_iter()
+            .map(|to| Offload {
+                states,
+                to,
+                activations,
+            })
+            .collect()
+    }
+
     fn recomputes(&self) -> Vec<Recompute> {
         pick(self.pins.recompute, Recompute::ALL.to_vec())
     }
@@ -322,7 +348,12 @@ pub(super) fn for_each_layout(
                     for &micro_batch in &mbs {
                         for &(schedule, virtual_stages) in &schedules {
                             for &zero_stage in &zeros {
-                                for hybrid in lists.hybrids(zero_stage, dp) {
+                                let offloads = lists.offloads(zero_stage);
+                                for (hybrid, &offload) in lists
+                                    .hybrids(zero_stage, dp)
+                                    .into_iter()
+                                    .flat_map(|h| offloads.iter().map(move |o| (h, o)))
+                                {
                                     for &recompute in &recomputes {
                                         for (&sequence_parallel, &cp_comm) in sps
                                             .iter()
@@ -347,6 +378,7 @@ pub(super) fn for_each_layout(
                                                 sequence_parallel,
                                                 schedule,
                                                 virtual_stages,
+                                                offload,
                                             });
                                         }
                                     }
@@ -410,7 +442,7 @@ pub fn count_layouts(model: &Model, cluster: &Cluster, pins: &Pins) -> SpaceSize
                 let schedules = schedules(layers, pp, pins).len() as u64;
                 let hybrids: Vec<u64> = zeros
                     .iter()
-                    .map(|z| lists.hybrids(*z, dp).len() as u64)
+                    .map(|z| (lists.hybrids(*z, dp).len() * lists.offloads(*z).len()) as u64)
                     .collect();
                 let eps = lists.eps(dp, cp);
                 most_ep = most_ep.max(eps.len() as u64);

@@ -140,6 +140,7 @@ fn candidate(tp: u64, p: Prediction) -> Candidate {
             sequence_parallel: false,
             schedule: ScheduleKind::OneFOneB,
             virtual_stages: 1,
+            offload: crate::layout::Offload::NONE,
         },
         peak_bytes: 0,
         split: vec![96],

@@ -120,6 +120,10 @@ pub struct Cluster {
     /// default (a plan then carries the `uncalibrated_cluster` caveat).
     #[serde(default)]
     pub calibrated: bool,
+    /// Each node's host tier (`[host]`): where offload puts what leaves the device. Absent:
+    /// not stated (all zero), and no layout offloads.
+    #[serde(default)]
+    pub host: super::host::Host,
 }
 
 /// How close real kernels and collectives get to the device's and links' peaks: the cost
@@ -221,6 +225,7 @@ struct RawCluster {
     inter_node: Option<RawLink>,
     overhead: Option<RawOverhead>,
     calibration: Option<RawCalibration>,
+    host: Option<super::host::RawHost>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -301,6 +306,11 @@ pub const CLUSTER_KEYS: &[&str] = &[
     "inter_node_efficiency",
     "host_op_us",
     "nccl_ctas",
+    "host",
+    "link_gbps",
+    "nvme_gbps",
+    "nvme_gib",
+    "adamw_gparams_per_s",
 ];
 
 /// Command-line choices of how much of the cluster to use.
@@ -397,6 +407,7 @@ pub fn parse_cluster_toml(src: &Source, over: ClusterOverrides) -> Result<Cluste
     };
     let calibrated = raw.calibration.is_some();
     let calibration = calibration(&f, raw.calibration.unwrap_or_default())?;
+    let host = super::host::host(&f, raw.host)?;
     let cli = std::path::Path::new("<command line>");
     if let Some(n) = over.nodes {
         if n == 0 {
@@ -451,6 +462,7 @@ pub fn parse_cluster_toml(src: &Source, over: ClusterOverrides) -> Result<Cluste
         overhead,
         calibration,
         calibrated,
+        host,
     };
     cluster.check().map_err(|p| p.in_toml(src))?;
     Ok(cluster)

@@ -8,6 +8,7 @@ mod cluster;
 mod fields;
 mod finetune;
 mod hf;
+mod host;
 mod model;
 mod moe;
 mod optim;
@@ -19,6 +20,7 @@ pub use cluster::{
 };
 pub use finetune::{parse_targets, peft_default_targets, FineTuneOverrides};
 pub use hf::parse_hf_config;
+pub use host::Host;
 pub use model::{parse_model_toml, TrainingOverrides, DEFAULT_VOCAB_DIVISIBLE_BY};
 pub use moe::DEFAULT_ROUTER_AUX_LOSS_COEF;
 

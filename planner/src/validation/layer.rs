@@ -85,6 +85,7 @@ pub fn layer_benchmark(runs_toml: &str, a100: &Cluster, h100: &Cluster) -> Vec<L
             sequence_parallel: sp,
             schedule: crate::schedule::ScheduleKind::OneFOneB,
             virtual_stages: 1,
+            offload: crate::layout::Offload::NONE,
         };
         let links = Links::new(&run.cluster, &layout.mesh(&run.cluster));
         let t = cost::layer_times(

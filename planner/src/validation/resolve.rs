@@ -451,6 +451,15 @@ fn pins(
         sp,
         schedule,
         virtual_stages: v.or((!pipelined || schedule == Some(ScheduleKind::OneFOneB)).then_some(1)),
+        // A run states its offload (`parallel.offload`, `parallel.offload_to`); one that does
+        // not ran without.
+        offload: Some(
+            text(r, "parallel.offload")
+                .and_then(|s| s.parse().ok())
+                .unwrap_or_default(),
+        ),
+        offload_to: text(r, "parallel.offload_to").and_then(|s| s.parse().ok()),
+        offload_activations: Some(false),
         stage_layers: crate::search::StageLayers {
             first: int(r, "parallel.first_stage_layers"),
             last: int(r, "parallel.last_stage_layers"),

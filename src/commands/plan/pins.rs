@@ -30,6 +30,9 @@ pub(super) fn pinned_flags(args: &PlanArgs) -> Vec<&'static str> {
         ("--no-sp", p.sp == Some(false)),
         ("--schedule", p.schedule.is_some()),
         ("--virtual-stages", p.virtual_stages.is_some()),
+        ("--offload", p.offload.is_some()),
+        ("--offload-to", p.offload_to.is_some()),
+        ("--offload-activations", p.offload_activations.is_some()),
         ("--first-stage-layers", p.stage_layers.first.is_some()),
         ("--last-stage-layers", p.stage_layers.last.is_some()),
     ]
