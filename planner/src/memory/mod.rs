@@ -13,6 +13,7 @@ mod frozen;
 mod fsdp;
 pub mod logits;
 pub mod moe;
+pub mod offload;
 mod overhead;
 mod stage_bytes;
 
@@ -61,11 +62,15 @@ pub struct MemoryReport {
     pub peak_stage: u64,
     pub capacity_bytes: u64,
     pub per_stage: Vec<StageMemory>,
+    /// What a layout that offloads keeps in host memory and on NVMe, per rank and per node.
+    /// Absent without offload.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host: Option<offload::HostReport>,
 }
 
 impl MemoryReport {
     pub fn fits(&self) -> bool {
-        self.peak_bytes <= self.capacity_bytes
+        self.peak_bytes <= self.capacity_bytes && self.host.as_ref().is_none_or(|h| h.fits())
     }
 }
 
@@ -172,6 +177,8 @@ struct Ctx<'a> {
     fsdp: fsdp::Fsdp,
     /// The adapters and frozen base of a LoRA or QLoRA fine-tune (`None` for `full`).
     adapters: Option<frozen::Adapters<'a>>,
+    /// The policy's states that stay on the device (all of them without offload).
+    device_states: Vec<crate::precision::State>,
 }
 
 impl<'a> Ctx<'a> {
@@ -205,7 +212,45 @@ impl<'a> Ctx<'a> {
                 layout.shard_degree(cluster),
                 cluster.device.kind == DeviceKind::Cpu,
             ),
+            device_states: offload::device_states(policy, &layout.offload),
             fsdp,
+        }
+    }
+
+    /// One rank's inputs to the host report for `stage`.
+    fn host_inputs(&self, stage: u64) -> offload::StageInputs {
+        let (dense, experts) = self.param_parts(stage);
+        let (zero, l) = (self.layout.sharding.zero_stage, self.layout);
+        let shard = |n: u64| if zero >= 1 { n.max(1) as f64 } else { 1.0 };
+        let (act, _) = self.activations(stage);
+        offload::StageInputs {
+            params: dense + experts,
+            shard_params: dense / shard(self.shard) + experts / shard(self.expert_shard),
+            offloaded_activations: if l.offload.activations { (act - self.device_activations(stage)).max(0.0) } else { 0.0 },
+        }
+    }
+
+    /// The stage's saved layer activations of every micro-batch-chunk in flight, and the
+    /// largest single layer's for one micro-batch.
+    fn activations(&self, stage: u64) -> (f64, f64) {
+        let v = self.layout.virtual_stages;
+        let (dense_layers, moe_layers) = self.mix(stage);
+        let per_chunk_bytes = (times(self.per_layer_act, dense_layers as f64)
+            + times(self.moe_act, moe_layers as f64))
+            / v as f64;
+        let largest = if moe_layers > 0 { self.per_layer_act.max(self.moe_act) } else { self.per_layer_act };
+        (per_chunk_bytes * self.in_flight(stage) as f64, largest)
+    }
+
+    /// What the device holds of [`Ctx::activations`]: all of it, or under activation offload
+    /// two layers' worth (the layer in use and the one being copied).
+    fn device_activations(&self, stage: u64) -> f64 {
+        let (all, largest) = self.activations(stage);
+        if self.layout.offload.activations {
+            // Two buffers whatever the stage holds (what the affine `StageBytes` counts too).
+            2.0 * largest
+        } else {
+            all
         }
     }
 
@@ -350,8 +395,7 @@ impl<'a> Ctx<'a> {
             );
         }
         for s in self
-            .policy
-            .states
+            .device_states
             .iter()
             .filter(|_| self.adapters.is_none())
         {
@@ -389,7 +433,7 @@ impl<'a> Ctx<'a> {
                     "ZeRO-3 all-gathers the current and the prefetched block's frozen weights (in their stored widths) and adapters; frozen weights have no gradient to hold".into()
                 },
             );
-        } else if zero == 3 && shard > 1 && !self.fsdp.fsdp2 {
+        } else if zero == 3 && (shard > 1 || layout.offload.params()) && !self.fsdp.fsdp2 {
             let (common, experts) = self.moe_params;
             let full = self
                 .model
@@ -416,15 +460,15 @@ impl<'a> Ctx<'a> {
         let flight = self.in_flight(stage);
         let per_chunk = self.layers(stage) as f64 / v as f64;
         let (dense_layers, moe_layers) = self.mix(stage);
-        let per_chunk_bytes = (times(self.per_layer_act, dense_layers as f64)
-            + times(self.moe_act, moe_layers as f64))
-            / v as f64;
         add(
             sink,
             "layer_activations",
             "activations",
-            per_chunk_bytes * flight as f64,
+            self.device_activations(stage),
             &|| {
+                if layout.offload.activations {
+                    return format!("activation offload: the device keeps two buffers of the largest layer's saved activations for one micro-batch (the layer in use and the one being copied), {:.0} B; the stage's {:.0} B of in-flight activations wait in host memory", self.device_activations(stage), self.activations(stage).0);
+                }
                 let per_layer = if moe_layers > 0 {
                     format!(
                         "{:.0} B per dense layer and {:.0} B per MoE layer ({dense_layers} dense, {moe_layers} MoE on the stage)",
@@ -678,5 +722,25 @@ pub fn estimate_split(
         peak_stage: peak.stage,
         capacity_bytes: cluster.memory_bytes() as u64,
         per_stage,
+        host: host_report(&ctx),
     }
+}
+
+fn host_report(ctx: &Ctx) -> Option<offload::HostReport> {
+    let stages: Vec<offload::StageInputs> = (0..ctx.layout.pp).map(|s| ctx.host_inputs(s)).collect();
+    offload::host_report(ctx.policy, ctx.cluster, ctx.layout, &stages)
+}
+
+/// The host tier of `layout` with `split` (`None` without offload): what the search checks
+/// besides the device's peak.
+pub fn host_split(
+    model: &Model,
+    cluster: &Cluster,
+    layout: &Layout,
+    split: &[u64],
+) -> Option<offload::HostReport> {
+    if !layout.offload.any() {
+        return None;
+    }
+    host_report(&Ctx::new(model, cluster, layout, split))
 }

@@ -36,11 +36,8 @@ impl StageBytes {
         let fsdp = super::fsdp::Fsdp::of(model, cluster, layout);
         let policy = fsdp.policy(model);
         let m = layout.microbatches(model);
-        let bpp: f64 = policy
-            .states
-            .iter()
-            .map(|s| per_param(s, zero, shard))
-            .sum();
+        let on_device = super::offload::device_states(policy, &layout.offload);
+        let bpp: f64 = on_device.iter().map(|s| per_param(s, zero, shard)).sum();
         let cpu = cluster.device.kind == DeviceKind::Cpu;
         let act = per_layer_act(&cpu_runtime::activation_model(model, cpu), layout);
         // A framework that reports the allocator's reserved bytes gets `allocator_reserved`
@@ -70,8 +67,7 @@ impl StageBytes {
         let end_bpp = adapters.as_ref().map_or(bpp, |ad| ad.frozen_bpp);
         // MoE layers: the dense part at the DP × CP shard, the experts at the expert-DP one.
         let eshard = moe::expert_shard_degree(layout, cluster);
-        let ebpp: f64 = policy
-            .states
+        let ebpp: f64 = on_device
             .iter()
             .map(|s| per_param(s, zero, eshard))
             .sum::<f64>()
@@ -95,7 +91,7 @@ impl StageBytes {
             if zero == 3 && shard > 1 {
                 fixed_all += ad.gathered_layers(a, tp, common + experts);
             }
-        } else if zero == 3 && shard > 1 && !fsdp.fsdp2 {
+        } else if zero == 3 && (shard > 1 || layout.offload.params()) && !fsdp.fsdp2 {
             let wb = policy.class_bytes(StateClass::Param) as f64;
             fixed_all += a.layer_params().per_tp_rank(tp).max(common + experts) * (2.0 * wb + 2.0);
         }
@@ -127,10 +123,15 @@ impl StageBytes {
             } else {
                 n_moe as f64 / (d + n_moe) as f64
             };
-            let dense = layer_states + act * flight / v as f64;
-            let moe_layer = moe_states + moe_act * flight / v as f64;
+            // Activation offload keeps two buffers of the largest layer's (a fixed term below).
+            let kept = if layout.offload.activations { 0.0 } else { flight / v as f64 };
+            let dense = layer_states + act * kept;
+            let moe_layer = moe_states + moe_act * kept;
             per_layer.push(grow * ((1.0 - moe_share) * dense + moe_share * moe_layer));
             let mut f = fixed_all;
+            if layout.offload.activations {
+                f += 2.0 * if n_moe > 0 { act.max(moe_act) } else { act };
+            }
             if n_moe > 0 {
                 f += moe::dispatch_buffer_bytes(model, layout);
             }

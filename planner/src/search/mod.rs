@@ -187,6 +187,9 @@ pub struct Assessed {
     /// Peak bytes per device; for a layout that does not fit, that of the even split.
     pub peak_bytes: u64,
     pub fits: bool,
+    /// A layout that offloads and fits on the device but not in its host tier: the tier,
+    /// the bytes per node it needs and has.
+    pub host_overflow: Option<(&'static str, u64, u64)>,
     /// Present when the layout fits.
     pub evaluation: Option<Evaluation>,
 }
@@ -305,14 +308,29 @@ pub fn assess_pinned(
             peak_bytes: mem.peak(&per_stage(&even)).ceil() as u64,
             split: even,
             fits: false,
+            host_overflow: None,
             evaluation: None,
         },
+        Some(split) if layout.offload.any() && {
+            let h = crate::memory::host_split(model, cluster, layout, &split);
+            h.as_ref().is_some_and(|h| !h.fits())
+        } => {
+            let h = crate::memory::host_split(model, cluster, layout, &split).expect("offloads");
+            Assessed {
+                peak_bytes: mem.peak(&per_stage(&split)).ceil() as u64,
+                split,
+                fits: false,
+                host_overflow: h.overflow(),
+                evaluation: None,
+            }
+        }
         Some(split) => {
             let e = cost::evaluate(model, cluster, layout, &split, links, &times, options);
             Assessed {
                 peak_bytes: mem.peak(&per_stage(&split)).ceil() as u64,
                 split,
                 fits: true,
+                host_overflow: None,
                 evaluation: Some(e),
             }
         }
@@ -366,6 +384,7 @@ fn unbuildable() -> (Assessed, Prediction) {
         split: Vec::new(),
         peak_bytes: u64::MAX,
         fits: false,
+        host_overflow: None,
         evaluation: None,
     };
     let p = Prediction {
@@ -499,6 +518,24 @@ pub fn search_checked(
             };
             if a.fits {
                 fits.push(c);
+            } else if let Some((tier, needs, has)) = a.host_overflow {
+                let rule = if tier == "NVMe" {
+                    "does not fit in NVMe"
+                } else {
+                    "does not fit in host memory"
+                };
+                reject(
+                    rule,
+                    &|| {
+                        format!(
+                            "{}: needs {} of {tier} per node, has {}",
+                            c.layout.label(),
+                            crate::units::bytes(needs as f64),
+                            crate::units::bytes(has as f64)
+                        )
+                    },
+                    None,
+                );
             } else {
                 reject(
                     "does not fit in device memory",

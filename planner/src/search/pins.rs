@@ -19,12 +19,14 @@ pub const OFFLOAD_NEEDS_ZERO: &str =
     "offload needs ZeRO: optimizer offload stage 1 or more, params or NVMe offload stage 3";
 pub const OFFLOAD_ON_CPU: &str = "offload needs a device apart from the host";
 pub const OFFLOAD_WITHOUT_HOST: &str = "offload needs the cluster's [host] tier";
+pub const OFFLOAD_WITH_ADAPTERS: &str = "offload of model states is not planned for LoRA or QLoRA";
 pub const RECOMPUTE_EVERY_SPLIT: &str =
     "recompute of every N-th layer needs every model chunk to hold a multiple of N layers";
 
 /// Every rule of [`effective`].
-pub const RULES: [&str; 9] = [
+pub const RULES: [&str; 10] = [
     OFFLOAD_ON_CPU,
+    OFFLOAD_WITH_ADAPTERS,
     OFFLOAD_WITHOUT_HOST,
     OFFLOAD_TARGET_WITHOUT_OFFLOAD,
     OFFLOAD_NEEDS_ZERO,
@@ -39,7 +41,7 @@ pub const RULES: [&str; 9] = [
 /// rule otherwise. `layout` is assumed to pass [`Layout::check`].
 pub fn effective(layout: &Layout, model: &Model, cluster: &Cluster) -> Result<(), Rejection> {
     let l = layout;
-    offload(l, cluster)?;
+    offload(l, model, cluster)?;
     if l.cp <= 1 && l.cp_comm != crate::layout::CpComm::P2p {
         return Err(Rejection::new(
             CP_COMM_WITHOUT_CP,
@@ -110,7 +112,7 @@ pub fn effective(layout: &Layout, model: &Model, cluster: &Cluster) -> Result<()
 /// host tier (and NVMe for `nvme`), and the ZeRO stage its mechanism is built on — DeepSpeed's
 /// `offload_optimizer` on stages 1 to 3 and `offload_param` and NVMe on stage 3 only
 /// (ZeRO-Infinity), FSDP's `CPUOffload` on full sharding.
-fn offload(l: &Layout, cluster: &Cluster) -> Result<(), Rejection> {
+fn offload(l: &Layout, model: &Model, cluster: &Cluster) -> Result<(), Rejection> {
     let o = l.offload;
     if !o.any() {
         if o.to != crate::layout::OffloadTier::Cpu {
@@ -128,6 +130,13 @@ fn offload(l: &Layout, cluster: &Cluster) -> Result<(), Rejection> {
             "on the CPU backend the device's memory is the host's: offload would move the states to where they already are".into(),
         )
         .with_fix("drop --offload and --offload-activations"));
+    }
+    if o.optimizer() && model.training.method.adapters() {
+        return Err(Rejection::new(
+            OFFLOAD_WITH_ADAPTERS,
+            "a LoRA or QLoRA job's optimizer states are its adapters' (a fraction of a percent of the model) and its frozen base has none: the planner does not model moving them or the base to the host".into(),
+        )
+        .with_fix("drop --offload (ZeRO-3 shards the frozen base), or fine-tune with --method full"));
     }
     let h = &cluster.host;
     if !h.stated() || (o.nvme() && h.nvme_gib <= 0.0) {
