@@ -97,6 +97,18 @@ pub fn layer_times(
         )
     };
     let dense_params = a.layer_params().per_tp_rank(tp);
+    // Offload's copies move the rank's ZeRO shard of each layer (`offload`).
+    let policy = Policy::by_name(&model.training.precision)
+        .expect("the precision policy is validated when the spec is resolved");
+    let zero_shard = |n: u64| {
+        if layout.sharding.zero_stage >= 1 {
+            n.max(1) as f64
+        } else {
+            1.0
+        }
+    };
+    let shard = zero_shard(layout.shard_degree(cluster));
+    let expert_shard = zero_shard(crate::memory::moe::expert_shard_degree(layout, cluster));
     let sm_share = if options.overlap_slows_compute {
         interference::sm_share(cluster)
     } else {
@@ -156,6 +168,14 @@ pub fn layer_times(
             layer.fwd.zero3 = (gather - layer.fwd.total()).max(0.0);
             layer.bwd.zero3 = (gather + scatter - layer.bwd.total()).max(0.0);
             first_gather = gather;
+        }
+        if layout.offload.optimizer() {
+            let shard_params = params.0 / shard + params.1 / expert_shard;
+            let c = super::offload::layer_copies(policy, cluster, layout, shard_params);
+            layer.fwd.offload =
+                super::offload::exposed(c.fwd, layer.fwd.total(), options.offload_overlap);
+            layer.bwd.offload =
+                super::offload::exposed(c.bwd, layer.bwd.total(), options.offload_overlap);
         }
         (layer, first_gather)
     };

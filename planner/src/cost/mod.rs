@@ -20,6 +20,7 @@ mod layer_times;
 pub mod loss;
 pub mod moe;
 pub mod nccl;
+pub mod offload;
 pub mod ops;
 pub mod pipeline;
 mod reasons;
@@ -65,6 +66,10 @@ pub struct Options {
     /// Overlapped collectives (ZeRO-3 gathers, the DP gradient sync) slow the compute they
     /// overlap by the SMs NCCL takes (`interference`).
     pub overlap_slows_compute: bool,
+    /// Offload's host copies run beside the compute (`offload`).
+    pub offload_overlap: bool,
+    /// The framework's host AdamW rate relative to the cluster's `adamw_gparams_per_s`.
+    pub host_adamw_speed: f64,
 }
 
 impl Options {
@@ -81,6 +86,8 @@ impl Options {
             },
             blocking_p2p: profile.runs.blocking_p2p,
             overlap_slows_compute: profile.runs.overlap_slows_compute,
+            offload_overlap: profile.runs.offload_overlap,
+            host_adamw_speed: profile.runs.host_adamw_speed,
         }
     }
 
@@ -102,6 +109,8 @@ impl Default for Options {
             host: host::HostFloor::NONE,
             blocking_p2p: false,
             overlap_slows_compute: false,
+            offload_overlap: true,
+            host_adamw_speed: 1.0,
         }
     }
 }
@@ -196,6 +205,8 @@ pub struct Evaluation {
     optimizer: Vec<f64>,
     /// Per stage: parameters one rank updates in the optimizer step.
     updated: Vec<f64>,
+    /// Per stage: the optimizer step's parts on the host (zero without offload).
+    host_steps: Vec<offload::HostStep>,
     /// A lower bound of the step time (the simulation can only add).
     pub lower_bound: f64,
     model_flops_per_step: f64,
@@ -210,6 +221,9 @@ pub struct Evaluation {
     attention: AttentionImpl,
     update_bytes: f64,
     layout: Layout,
+    /// The host link of each GPU (GB/s) and whether offload's copies overlap the passes.
+    host_link_gbps: f64,
+    offload_overlap: bool,
     /// Ranks per core where a node's ranks time-share fewer cores (the CPU backend's threads);
     /// 1 otherwise. Such a host keeps its cores busy through one rank's bubble with another
     /// rank's work, so its step is the longer of the ranks' mean busy time and the makespan at a
@@ -401,7 +415,23 @@ pub fn evaluate(
         .zip(&expert_params)
         .map(|(p, x)| p / per_rank + x / expert_per_rank)
         .collect();
-    let optimizer: Vec<f64> = updated.iter().map(|p| dev.memory(p * update)).collect();
+    let policy = crate::precision::Policy::by_name(&model.training.precision)
+        .expect("the precision policy is validated when the spec is resolved");
+    let host_steps: Vec<offload::HostStep> = updated
+        .iter()
+        .map(|&p| offload::host_step(policy, cluster, layout, p, options.host_adamw_speed))
+        .collect();
+    let optimizer: Vec<f64> = updated
+        .iter()
+        .zip(&host_steps)
+        .map(|(p, h)| {
+            if layout.offload.optimizer() {
+                h.total()
+            } else {
+                dev.memory(p * update)
+            }
+        })
+        .collect();
     let tokens_per_step = model.training.global_batch as f64 * model.training.seq_len as f64;
     let ranks_per_node = cluster.gpus_per_node.min(cluster.devices) as f64;
     let core_sharing = match cluster.device.shared_cores {
@@ -413,6 +443,7 @@ pub fn evaluate(
         sync,
         optimizer,
         updated,
+        host_steps,
         model_flops_per_step: ops::training_flops_per_token(model) * tokens_per_step,
         tokens_per_step,
         devices: cluster.devices as f64,
@@ -427,6 +458,8 @@ pub fn evaluate(
         layout: *layout,
         pipeline,
         core_sharing,
+        host_link_gbps: cluster.host.link_gbps,
+        offload_overlap: options.offload_overlap,
     };
     let mean_busy = if e.core_sharing > 1.0 {
         mean(&e.pipeline.busy())
@@ -574,13 +607,39 @@ impl Evaluation {
                 ),
             ),
             (
-                "optimizer",
-                tail - dp_tail,
+                "offload_copies",
+                sum.offload,
                 format!(
-                    "Adam update moving {:.0} B per parameter of the {:.0} parameters a rank of the slowest stage updates, at the calibrated memory bandwidth",
-                    self.update_bytes, self.updated[b]
+                    "offload's host copies that the layers' passes do not hide: {}, over the {:.1} GB/s host link of each GPU{}",
+                    match (l.offload.params(), l.sharding.zero_stage >= 2) {
+                        (true, _) => "each layer's weight shard up before its forward and its backward, and its gradient shard down after its backward",
+                        (false, true) => "each layer's gradient shard down after its backward, every micro-batch",
+                        (false, false) => "none inside the pipeline (ZeRO-1 copies the reduced gradient shard once per step)",
+                    },
+                    self.host_link_gbps,
+                    if self.offload_overlap { " (on a stream of their own: only the copy beyond the layer's pass shows, Calculon's rule)" } else { " (not overlapped by this framework)" }
                 ),
             ),
+            if l.offload.optimizer() {
+                let h = self.host_steps[b];
+                (
+                    "host_optimizer",
+                    tail - dp_tail,
+                    format!(
+                        "AdamW on the host over the {:.0} parameters of a rank of the slowest stage, the node's CPUs shared by its ranks: {:.3} s; the copies around it (gradient shard down under ZeRO-1, updated 16-bit weights up unless the weights live on the host): {:.3} s; the optimizer states read from and written to NVMe: {:.3} s",
+                        self.updated[b], h.adamw, h.copies, h.nvme
+                    ),
+                )
+            } else {
+                (
+                    "optimizer",
+                    tail - dp_tail,
+                    format!(
+                        "Adam update moving {:.0} B per parameter of the {:.0} parameters a rank of the slowest stage updates, at the calibrated memory bandwidth",
+                        self.update_bytes, self.updated[b]
+                    ),
+                )
+            },
         ];
         terms.retain(|t| t.1 > 0.0 || t.0 == "compute");
         Prediction {

@@ -34,6 +34,8 @@ pub struct Parts {
     pub interference: f64,
     /// Blocking pipeline sends the sender waits for (`Options::blocking_p2p`).
     pub p2p: f64,
+    /// Offload's host copies that the pass does not hide (`cost::offload`).
+    pub offload: f64,
 }
 
 impl Parts {
@@ -47,6 +49,7 @@ impl Parts {
             + self.host
             + self.interference
             + self.p2p
+            + self.offload
     }
 
     pub fn add(&self, o: &Parts) -> Parts {
@@ -60,6 +63,7 @@ impl Parts {
             host: self.host + o.host,
             interference: self.interference + o.interference,
             p2p: self.p2p + o.p2p,
+            offload: self.offload + o.offload,
         }
     }
 
@@ -74,6 +78,7 @@ impl Parts {
             host: self.host * k,
             interference: self.interference * k,
             p2p: self.p2p * k,
+            offload: self.offload * k,
         }
     }
 }

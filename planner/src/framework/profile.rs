@@ -83,6 +83,10 @@ fn every_family() -> Vec<Family> {
     Family::ALL.to_vec()
 }
 
+fn one() -> f64 {
+    1.0
+}
+
 fn yes() -> bool {
     true
 }
@@ -160,6 +164,11 @@ pub struct Runs {
     /// whole copy shows. Absent: false.
     #[serde(default)]
     pub offload_overlap: bool,
+    /// The framework's host AdamW rate relative to the cluster's `adamw_gparams_per_s` (a
+    /// vectorized CPU Adam such as DeepSpeed's CPU-Adam): 1 for that, less for PyTorch's own
+    /// CPU AdamW. Absent: 1.
+    #[serde(default = "one")]
+    pub host_adamw_speed: f64,
 }
 
 /// The sharding policy of ZeRO-3-class data parallelism.

@@ -226,7 +226,11 @@ impl<'a> Ctx<'a> {
         offload::StageInputs {
             params: dense + experts,
             shard_params: dense / shard(self.shard) + experts / shard(self.expert_shard),
-            offloaded_activations: if l.offload.activations { (act - self.device_activations(stage)).max(0.0) } else { 0.0 },
+            offloaded_activations: if l.offload.activations {
+                (act - self.device_activations(stage)).max(0.0)
+            } else {
+                0.0
+            },
         }
     }
 
@@ -238,7 +242,11 @@ impl<'a> Ctx<'a> {
         let per_chunk_bytes = (times(self.per_layer_act, dense_layers as f64)
             + times(self.moe_act, moe_layers as f64))
             / v as f64;
-        let largest = if moe_layers > 0 { self.per_layer_act.max(self.moe_act) } else { self.per_layer_act };
+        let largest = if moe_layers > 0 {
+            self.per_layer_act.max(self.moe_act)
+        } else {
+            self.per_layer_act
+        };
         (per_chunk_bytes * self.in_flight(stage) as f64, largest)
     }
 
@@ -727,7 +735,8 @@ pub fn estimate_split(
 }
 
 fn host_report(ctx: &Ctx) -> Option<offload::HostReport> {
-    let stages: Vec<offload::StageInputs> = (0..ctx.layout.pp).map(|s| ctx.host_inputs(s)).collect();
+    let stages: Vec<offload::StageInputs> =
+        (0..ctx.layout.pp).map(|s| ctx.host_inputs(s)).collect();
     offload::host_report(ctx.policy, ctx.cluster, ctx.layout, &stages)
 }
 

@@ -75,7 +75,10 @@ pub fn placement(policy: &Policy, o: &Offload) -> Vec<Placed> {
         .iter()
         .filter(|s| s.class == StateClass::Grad)
         .collect();
-    let has_master = policy.states.iter().any(|s| s.class == StateClass::Optim && s.name.starts_with("master"));
+    let has_master = policy
+        .states
+        .iter()
+        .any(|s| s.class == StateClass::Optim && s.name.starts_with("master"));
     let mut out = Vec::new();
     for s in policy.states {
         let tier = match s.class {
@@ -85,7 +88,12 @@ pub fn placement(policy: &Policy, o: &Offload) -> Vec<Placed> {
             // Two gradients: the wider is the accumulator the step reads (on the host); the
             // narrower is what the backward writes (on the device, or under `params` copied
             // down layer by layer).
-            StateClass::Grad if grads.len() > 1 && s.bytes == grads.iter().map(|g| g.bytes).max().unwrap_or(0) => Tier::Host,
+            StateClass::Grad
+                if grads.len() > 1
+                    && s.bytes == grads.iter().map(|g| g.bytes).max().unwrap_or(0) =>
+            {
+                Tier::Host
+            }
             StateClass::Grad if o.params() && grads.len() > 1 => continue,
             StateClass::Grad if o.params() => Tier::Host,
             StateClass::Grad => Tier::Device,
@@ -154,7 +162,11 @@ impl HostReport {
     /// The tier that overflows, for a refusal: `(tier, needs, has)`.
     pub fn overflow(&self) -> Option<(&'static str, u64, u64)> {
         if self.host_bytes_per_node > self.host_capacity_bytes {
-            Some(("host memory", self.host_bytes_per_node, self.host_capacity_bytes))
+            Some((
+                "host memory",
+                self.host_bytes_per_node,
+                self.host_capacity_bytes,
+            ))
         } else if self.nvme_bytes_per_node > self.nvme_capacity_bytes {
             Some(("NVMe", self.nvme_bytes_per_node, self.nvme_capacity_bytes))
         } else {
@@ -242,7 +254,8 @@ pub fn host_report(
             }
         })
         .collect();
-    let per_rank = |f: &dyn Fn(&HostStage) -> u64| -> Vec<u64> { per_stage.iter().map(f).collect() };
+    let per_rank =
+        |f: &dyn Fn(&HostStage) -> u64| -> Vec<u64> { per_stage.iter().map(f).collect() };
     let host = per_node(&per_rank(&|h| h.host_bytes), layout, cluster);
     let nvme = per_node(&per_rank(&|h| h.nvme_bytes), layout, cluster);
     Some(HostReport {
@@ -258,7 +271,11 @@ pub fn host_report(
 /// ranks of stage `s` are `[s·R, (s+1)·R)` with `R = DP·CP·TP`, a node's `[n·g, (n+1)·g)`.
 fn per_node(per_stage: &[u64], layout: &Layout, cluster: &Cluster) -> u64 {
     let g = cluster.gpus_per_node.min(cluster.devices).max(1);
-    let r = layout.dp.saturating_mul(layout.cp).saturating_mul(layout.tp).max(1);
+    let r = layout
+        .dp
+        .saturating_mul(layout.cp)
+        .saturating_mul(layout.tp)
+        .max(1);
     let nodes = cluster.devices.div_ceil(g);
     (0..nodes)
         .map(|n| {

@@ -124,7 +124,11 @@ impl StageBytes {
                 n_moe as f64 / (d + n_moe) as f64
             };
             // Activation offload keeps two buffers of the largest layer's (a fixed term below).
-            let kept = if layout.offload.activations { 0.0 } else { flight / v as f64 };
+            let kept = if layout.offload.activations {
+                0.0
+            } else {
+                flight / v as f64
+            };
             let dense = layer_states + act * kept;
             let moe_layer = moe_states + moe_act * kept;
             per_layer.push(grow * ((1.0 - moe_share) * dense + moe_share * moe_layer));

@@ -311,10 +311,12 @@ pub fn assess_pinned(
             host_overflow: None,
             evaluation: None,
         },
-        Some(split) if layout.offload.any() && {
-            let h = crate::memory::host_split(model, cluster, layout, &split);
-            h.as_ref().is_some_and(|h| !h.fits())
-        } => {
+        Some(split)
+            if layout.offload.any() && {
+                let h = crate::memory::host_split(model, cluster, layout, &split);
+                h.as_ref().is_some_and(|h| !h.fits())
+            } =>
+        {
             let h = crate::memory::host_split(model, cluster, layout, &split).expect("offloads");
             Assessed {
                 peak_bytes: mem.peak(&per_stage(&split)).ceil() as u64,

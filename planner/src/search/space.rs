@@ -288,11 +288,27 @@ impl<'a> Lists<'a> {
     fn offloads(&self, zero: u8) -> Vec<Offload> {
         let activations = self.pins.offload_activations.unwrap_or(false);
         let states = self.pins.offload.unwrap_or(OffloadStates::None);
+        // Unpinned ZeRO: only the stages the offload runs on (`pins::effective` says why the
+        // others cannot, when the stage is pinned).
+        let least = match states {
+            OffloadStates::None => 0,
+            OffloadStates::Optimizer => 1,
+            OffloadStates::Params => 3,
+        };
+        if self.pins.zero.is_none() && zero < least {
+            return Vec::new();
+        }
+        let runs = &crate::framework::of(self.model, self.cluster)
+            .can_run
+            .offload_to;
         let tiers = match (self.pins.offload_to, states) {
             (Some(t), _) => vec![t],
             (None, OffloadStates::None) => vec![OffloadTier::Cpu],
             (None, _) if zero == 3 && self.cluster.host.nvme_gib > 0.0 => {
-                vec![OffloadTier::Cpu, OffloadTier::Nvme]
+                [OffloadTier::Cpu, OffloadTier::Nvme]
+                    .into_iter()
+                    .filter(|t| runs.contains(t))
+                    .collect()
             }
             (None, _) => vec![OffloadTier::Cpu],
         };
