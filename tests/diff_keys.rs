@@ -62,6 +62,17 @@ const NOT_SHOWN: &[(&str, &str)] = &[
     ("predicted.memory.per_stage[].terms[].name", DERIVED),
     ("predicted.memory.per_stage[].terms[].kind", DERIVED),
     ("predicted.memory.per_stage[].terms[].reason", DERIVED),
+    ("predicted.memory.host.per_stage[].stage", DERIVED),
+    ("predicted.memory.host.per_stage[].terms[].name", DERIVED),
+    ("predicted.memory.host.per_stage[].terms[].kind", DERIVED),
+    ("predicted.memory.host.per_stage[].terms[].reason", DERIVED),
+    ("predicted.memory.host.host_capacity_bytes", DERIVED),
+    ("predicted.memory.host.nvme_capacity_bytes", DERIVED),
+    ("predicted.memory.host.host_bytes_per_node", DERIVED),
+    ("predicted.memory.host.nvme_bytes_per_node", DERIVED),
+    ("predicted.memory.host.per_stage[].host_bytes", DERIVED),
+    ("predicted.memory.host.per_stage[].nvme_bytes", DERIVED),
+    ("predicted.memory.host.per_stage[].terms[].bytes", DERIVED),
     ("predicted.breakdown[].name", DERIVED),
     ("predicted.breakdown[].reason", DERIVED),
     ("predicted.tokens_per_s_per_device", DERIVED),
@@ -295,7 +306,32 @@ fn plans(dir: &Scratch) -> Vec<Value> {
             "8bit",
         ],
     );
-    [readme, every, rope, cp, moe, lora]
+    // Parameters offloaded to NVMe under ZeRO-3, with activation offload (DeepSpeed runs all
+    // three), on a GPU cluster with a [host] tier.
+    let offload = plan_file(
+        dir,
+        "offload.json",
+        &[
+            "specs/models/tiny.toml",
+            "specs/clusters/dgx-h100-80g.toml",
+            "--devices",
+            "2",
+            "--framework",
+            "deepspeed",
+            "--dp",
+            "2",
+            "--zero",
+            "3",
+            "--recompute",
+            "full",
+            "--offload",
+            "params",
+            "--offload-to",
+            "nvme",
+            "--offload-activations",
+        ],
+    );
+    [readme, every, rope, cp, moe, lora, offload]
         .iter()
         .map(|p| {
             Plan::load(p).unwrap_or_else(|e| panic!("{e}"));

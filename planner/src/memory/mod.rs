@@ -212,7 +212,11 @@ impl<'a> Ctx<'a> {
                 layout.shard_degree(cluster),
                 cluster.device.kind == DeviceKind::Cpu,
             ),
-            device_states: offload::device_states(policy, &layout.offload),
+            device_states: offload::device_states(
+                policy,
+                &layout.offload,
+                layout.sharding.zero_stage,
+            ),
             fsdp,
         }
     }
@@ -460,6 +464,10 @@ impl<'a> Ctx<'a> {
                 },
             );
         }
+        let bucket = offload::grad_bucket_bytes(self.policy, layout, params);
+        add(sink, "offload_grad_bucket", "model_states", bucket, &|| {
+            format!("ZeRO-2 with the optimizer offloaded: the 16-bit gradients wait in a bucket of min(DeepSpeed's reduce_bucket_size 5e8, the rank's {params:.0}) elements before they are reduced and copied down; no whole gradient stays on the device")
+        });
         for (name, kind, bytes) in fsdp::stage_terms(&self.fsdp, model, layout, stage) {
             add(sink, name, kind, bytes, &|| {
                 fsdp::reason(&self.fsdp, name, model, layout, stage)

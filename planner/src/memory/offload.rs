@@ -64,7 +64,7 @@ pub const OPTIM_SWAP_BUFFERS: f64 = 4.0;
 pub const SUB_GROUP_SIZE: f64 = 1e9;
 
 /// The policy's states with their tiers under `o`, plus the host-only copies the step needs.
-pub fn placement(policy: &Policy, o: &Offload) -> Vec<Placed> {
+pub fn placement(policy: &Policy, o: &Offload, zero: u8) -> Vec<Placed> {
     let off = if o.nvme() { Tier::Nvme } else { Tier::Host };
     let on = |state: State, tier| Placed { state, tier };
     if !o.optimizer() {
@@ -75,6 +75,7 @@ pub fn placement(policy: &Policy, o: &Offload) -> Vec<Placed> {
         .iter()
         .filter(|s| s.class == StateClass::Grad)
         .collect();
+    let streamed = o.params() || zero >= 2;
     let has_master = policy
         .states
         .iter()
@@ -94,13 +95,16 @@ pub fn placement(policy: &Policy, o: &Offload) -> Vec<Placed> {
             {
                 Tier::Host
             }
-            StateClass::Grad if o.params() && grads.len() > 1 => continue,
-            StateClass::Grad if o.params() => Tier::Host,
+            // Under ZeRO-2 and 3 the gradient the backward writes is reduce-scattered bucket by
+            // bucket and copied down (DeepSpeed's `contiguous_gradients` buffer, FSDP's
+            // per-unit reduce-scatter): no whole copy stays on the device.
+            StateClass::Grad if streamed && grads.len() > 1 => continue,
+            StateClass::Grad if streamed => Tier::Host,
             StateClass::Grad => Tier::Device,
         };
         out.push(on(*s, tier));
     }
-    if grads.len() == 1 && !o.params() {
+    if grads.len() == 1 && !streamed {
         out.push(on(
             State {
                 bytes: grads[0].bytes,
@@ -121,9 +125,30 @@ pub fn placement(policy: &Policy, o: &Offload) -> Vec<Placed> {
     out
 }
 
+/// DeepSpeed's `reduce_bucket_size` default (5e8 elements): under ZeRO-2 with the optimizer
+/// offloaded, the gradients the backward writes wait in a bucket of this size (or the rank's
+/// whole gradient, if smaller) before they are reduced and copied down.
+pub const REDUCE_BUCKET_ELEMENTS: f64 = 5e8;
+
+/// The device's gradient bucket under ZeRO-2 with the optimizer offloaded (0 otherwise: ZeRO-3
+/// counts one layer's gradient in its gathered layers), for a rank of `params` parameters.
+pub fn grad_bucket_bytes(policy: &Policy, layout: &Layout, params: f64) -> f64 {
+    if !layout.offload.optimizer() || layout.sharding.zero_stage != 2 {
+        return 0.0;
+    }
+    let grad = policy
+        .states
+        .iter()
+        .filter(|s| s.class == StateClass::Grad)
+        .map(|s| s.bytes)
+        .min()
+        .unwrap_or(2) as f64;
+    REDUCE_BUCKET_ELEMENTS.min(params) * grad
+}
+
 /// The states that stay on the device under `o` (all of them without offload).
-pub fn device_states(policy: &Policy, o: &Offload) -> Vec<State> {
-    placement(policy, o)
+pub fn device_states(policy: &Policy, o: &Offload, zero: u8) -> Vec<State> {
+    placement(policy, o, zero)
         .into_iter()
         .filter(|p| p.tier == Tier::Device)
         .map(|p| p.state)
@@ -197,7 +222,7 @@ pub fn host_report(
     if !o.any() {
         return None;
     }
-    let placed = placement(policy, &o);
+    let placed = placement(policy, &o, layout.sharding.zero_stage);
     let per_stage: Vec<HostStage> = stages
         .iter()
         .enumerate()

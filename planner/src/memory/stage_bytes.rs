@@ -36,7 +36,7 @@ impl StageBytes {
         let fsdp = super::fsdp::Fsdp::of(model, cluster, layout);
         let policy = fsdp.policy(model);
         let m = layout.microbatches(model);
-        let on_device = super::offload::device_states(policy, &layout.offload);
+        let on_device = super::offload::device_states(policy, &layout.offload, zero);
         let bpp: f64 = on_device.iter().map(|s| per_param(s, zero, shard)).sum();
         let cpu = cluster.device.kind == DeviceKind::Cpu;
         let act = per_layer_act(&cpu_runtime::activation_model(model, cpu), layout);
@@ -136,6 +136,13 @@ impl StageBytes {
             if layout.offload.activations {
                 f += 2.0 * if n_moe > 0 { act.max(moe_act) } else { act };
             }
+            // ZeRO-2 with the optimizer offloaded: the gradient bucket, for the even split's
+            // parameters of the stage (it is capped at 5e8 elements, which any stage of a model
+            // that needs offload exceeds).
+            let stage_params = a.layer_params().per_tp_rank(tp) * d as f64
+                + common * n_moe as f64
+                + experts * n_moe as f64;
+            f += super::offload::grad_bucket_bytes(policy, layout, stage_params);
             if n_moe > 0 {
                 f += moe::dispatch_buffer_bytes(model, layout);
             }

@@ -93,6 +93,9 @@ const PARALLEL_ORDER: &[&str] = &[
     "sequence_parallel",
     "schedule",
     "virtual_stages",
+    "offload",
+    "offload_to",
+    "offload_activations",
     "vocab",
 ];
 
@@ -243,13 +246,17 @@ pub fn diff(a: &Plan, b: &Plan) -> PlanDiff {
         b.job.parameters,
     );
 
-    // plan.json leaves `recompute_every`, `cp` and `cp_comm` out at their defaults; their rows
+    // plan.json leaves `recompute_every`, `cp`, `cp_comm` and the offload keys out at their
+    // defaults; their rows
     // show the value, not "-".
     let layout = |p: &super::Parallel| {
         let mut v = json(p);
         v["recompute_every"] = p.recompute_every.into();
         v["cp"] = p.cp.into();
         v["cp_comm"] = p.cp_comm.name().into();
+        v["offload"] = p.offload.name().into();
+        v["offload_to"] = p.offload_to.name().into();
+        v["offload_activations"] = p.offload_activations.into();
         v
     };
     let (pa, pb) = (layout(&a.parallel), layout(&b.parallel));

@@ -74,6 +74,24 @@ pub(super) fn no_fit(
         )
         .at(at)));
     };
+    // Layouts that fit on the device with offload but overflow the node's host tier: the
+    // tier is what to change, not the device.
+    for (rule, tier, fix) in [
+        ("does not fit in host memory", "host memory", "a node with more host memory (the cluster's [host] memory_gib), offload to NVMe (--offload-to nvme, ZeRO-3), or more nodes (--nodes) to spread the shards"),
+        ("does not fit in NVMe", "NVMe", "more NVMe per node (the cluster's [host] nvme_gib), or more nodes (--nodes) to spread the shards"),
+    ] {
+        if let Some(g) = result.rejected.get(rule) {
+            bail!(
+                "{} on {}: no layout of {} devices fits {}: {} layouts fit in device memory only by offloading, and none of them fits in the node's {tier} (e.g. {})\n  fix: {fix}",
+                args.model.display(),
+                args.cluster.display(),
+                cluster.devices,
+                model.name,
+                g.count,
+                g.example
+            );
+        }
+    }
     // The split the search costed it with (whole groups of N layers under --recompute-every).
     let memory = memory::estimate_split(model, cluster, &miss.layout, &miss.split);
     let over = miss.peak_bytes as f64 - cluster.memory_bytes();
