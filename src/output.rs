@@ -86,5 +86,55 @@ pub fn memory_tables(m: &MemoryReport, all_terms: bool) -> String {
         ]);
         out += &format!("{t}\n");
     }
+    if let Some(h) = &m.host {
+        out += &host_tables(h, stages_shown(m, all_terms));
+    }
+    out
+}
+
+fn stages_shown(m: &MemoryReport, all_terms: bool) -> Vec<u64> {
+    if all_terms {
+        m.per_stage.iter().map(|s| s.stage).collect()
+    } else {
+        vec![m.peak_stage]
+    }
+}
+
+/// The host tier of a layout that offloads: per rank of each stage, the node's total against
+/// its capacity, and the terms of the stages shown.
+fn host_tables(h: &tessera_planner::memory::offload::HostReport, stages: Vec<u64>) -> String {
+    let most = h.host_bytes_per_node.max(h.nvme_bytes_per_node).max(1);
+    let (unit, size) = units::unit_for(most as f64);
+    let shown = |b: u64| format!("{:.2}", b as f64 / size);
+    let mut out = format!(
+        "\nhost tier, per node: host memory {} of {}, NVMe {} of {}\n",
+        units::bytes(h.host_bytes_per_node as f64),
+        units::bytes(h.host_capacity_bytes as f64),
+        units::bytes(h.nvme_bytes_per_node as f64),
+        units::bytes(h.nvme_capacity_bytes as f64),
+    );
+    for s in h.per_stage.iter().filter(|s| stages.contains(&s.stage)) {
+        out += &format!("\nstage {} off the device, per rank:\n", s.stage);
+        let mut t = table(&["term", "tier", unit, "why"], &[2]);
+        for term in &s.terms {
+            t.add_row(vec![
+                term.name.clone(),
+                term.kind.clone(),
+                shown(term.bytes),
+                term.reason.clone(),
+            ]);
+        }
+        t.add_row(vec![
+            "total".to_string(),
+            String::new(),
+            shown(s.host_bytes + s.nvme_bytes),
+            format!(
+                "host {} + NVMe {} per rank",
+                units::bytes(s.host_bytes as f64),
+                units::bytes(s.nvme_bytes as f64)
+            ),
+        ]);
+        out += &format!("{t}\n");
+    }
     out
 }

@@ -400,3 +400,60 @@ fn a_calibration_says_its_spread_and_that_it_ran_under_load() {
     let r = run(&["validate", &s(&out)]);
     assert_eq!(r.code, Some(0), "{}", r.stderr);
 }
+
+/// `--host` replaces only the GPU spec's `[host]`: the memory is /proc/meminfo's MemTotal, the
+/// AdamW rate measured (positive, below any CPU's memory bound of ~100 Gparams/s), the link and
+/// NVMe the input's; `tessera plan` reads the result; a CPU cluster is refused.
+#[test]
+fn host_calibration_replaces_only_the_host_tier() {
+    let dir = Scratch::new();
+    let out = dir.path("h100-host.toml");
+    let r = run(&[
+        "calibrate",
+        "--host",
+        "specs/clusters/dgx-h100-80g.toml",
+        "-o",
+        &s(&out),
+    ]);
+    assert_eq!(r.code, Some(0), "{}", r.stderr);
+    let text = std::fs::read_to_string(&out).unwrap();
+    let spec: toml::Table = toml::from_str(&text).expect("valid TOML");
+    let input: toml::Table =
+        toml::from_str(&std::fs::read_to_string("specs/clusters/dgx-h100-80g.toml").unwrap())
+            .unwrap();
+    for table in [
+        "device",
+        "intra_node",
+        "inter_node",
+        "overhead",
+        "calibration",
+    ] {
+        assert_eq!(spec[table], input[table], "{table} must be kept");
+    }
+    let host = spec["host"].as_table().unwrap();
+    let kb: f64 = std::fs::read_to_string("/proc/meminfo")
+        .unwrap()
+        .lines()
+        .find(|l| l.starts_with("MemTotal:"))
+        .and_then(|l| l.split_whitespace().nth(1)?.parse().ok())
+        .unwrap();
+    let gib = host["memory_gib"].as_float().unwrap();
+    assert!((gib - kb / 1048576.0).abs() < 0.11, "{gib} vs {kb} kB");
+    let adamw = host["adamw_gparams_per_s"].as_float().unwrap();
+    assert!(adamw > 0.0 && adamw < 100.0, "{adamw}");
+    assert_eq!(host["link_gbps"], input["host"]["link_gbps"]);
+    assert_eq!(host["nvme_gib"], input["host"]["nvme_gib"]);
+    let plan = run(&[
+        "plan",
+        "specs/models/gpt2-124m.toml",
+        &s(&out),
+        "--devices",
+        "1",
+        "--top",
+        "1",
+    ]);
+    assert_eq!(plan.code, Some(0), "{}", plan.stderr);
+    let cpu = run(&["calibrate", "--host", "specs/clusters/cpu-8.toml"]);
+    assert_ne!(cpu.code, Some(0));
+    assert!(cpu.stderr.contains("is a CPU cluster"), "{}", cpu.stderr);
+}

@@ -73,6 +73,17 @@ pub struct CalibrateArgs {
     /// still running then is stopped, with everything it started, and nothing is written.
     #[arg(long, value_name = "SECONDS", value_parser = parse_timeout)]
     timeout: Option<f64>,
+    /// Measure only this machine's host tier for a GPU cluster: the spec is written with its
+    /// `[host]` table replaced (memory from /proc/meminfo, the runtime's AdamW rate on all
+    /// cores, the NVMe with --nvme-dir; the host↔device link kept from the spec). --gpu
+    /// writes the same `[host]` beside its `[calibration]`.
+    #[arg(long, conflicts_with_all = ["gpu", "from_json", "ranks"])]
+    host: bool,
+    /// With --host or --gpu: a directory on the node's NVMe where 1 GiB is written and read back
+    /// with O_DIRECT to measure `nvme_gbps`; `nvme_gib` is its filesystem's size. Without it
+    /// the spec's NVMe is kept.
+    #[arg(long, value_name = "DIR")]
+    nvme_dir: Option<PathBuf>,
 }
 
 /// `--timeout`: seconds above 0, at most a week.
@@ -157,6 +168,28 @@ pub fn run(args: CalibrateArgs) -> anyhow::Result<ExitCode> {
     check_outputs(&inputs, &outputs)?;
     let src = Source::read(&args.cluster)?;
     let cluster = parse_cluster_toml(&src, ClusterOverrides::default())?;
+    if args.host {
+        if cluster.device.kind != DeviceKind::Gpu {
+            bail!(
+                "{}: `{}` is a CPU cluster: its devices are this host, and offload has no tier to move to\n  fix: pass --host with a GPU cluster spec (specs/clusters/dgx-h100-80g.toml)",
+                args.cluster.display(),
+                cluster.name
+            );
+        }
+        let table = super::calibrate_host::measured_host(&cluster, args.nvme_dir.as_deref())?;
+        let text = super::calibrate_host::with_host(&src.text, &table);
+        plan_reads(
+            &text,
+            args.output.as_deref(),
+            "the host measurement",
+            &|field| format!("the measured `{field}`"),
+        )?;
+        emit(args.output.as_deref(), &text)?;
+        return Ok(ExitCode::SUCCESS);
+    }
+    if args.nvme_dir.is_some() && !args.gpu {
+        bail!("--nvme-dir measures the NVMe for the host tier, and only --host and --gpu write one\n  fix: add --host (or --gpu), or drop --nvme-dir");
+    }
     if args.gpu || args.from_json.is_some() {
         return gpu(&args, &cluster);
     }
@@ -314,7 +347,16 @@ fn gpu(args: &CalibrateArgs, cluster: &tessera_planner::Cluster) -> anyhow::Resu
         },
     };
     calibrate_gpu::check_fits(cluster, &m, &at, &args.cluster)?;
-    let text = calibrate_gpu::spec_text(cluster, &m, &at, &origin)?;
+    let mut text = calibrate_gpu::spec_text(cluster, &m, &at, &origin)?;
+    if args.from_json.is_none() {
+        // Measured on this machine: its host tier too (`calibrate --host`).
+        let table = super::calibrate_host::measured_host(cluster, args.nvme_dir.as_deref())?;
+        text = super::calibrate_host::with_host(&text, &table);
+    } else if cluster.host.stated() {
+        // Measured elsewhere: the input's host tier, as it is.
+        text =
+            super::calibrate_host::with_host(&text, &cluster.host.toml_table("the input spec's"));
+    }
     plan_reads(&text, args.output.as_deref(), &at, &|field| match field {
         "calibration.matmul_efficiency" => "the measurement's `gemm` entries".to_string(),
         "calibration.memory_efficiency" => "the measurement's `elementwise` entries".to_string(),

@@ -2,6 +2,7 @@
 
 pub mod calibrate;
 pub mod calibrate_gpu;
+pub mod calibrate_host;
 pub mod checkpoint;
 pub mod data;
 pub mod diff;

@@ -16,6 +16,7 @@
 //! the host meanwhile ([`stability`]): the machine may be shared and noisy, and a figure it
 //! gave under load says so.
 
+pub mod host;
 pub mod stability;
 
 use std::sync::{Barrier, Mutex};
