@@ -73,7 +73,10 @@ fn validation_meets_the_targets_and_the_document_is_current() {
         others: &others,
         models: &models,
     };
-    let (v, md) = validation::document_with(&text, &p).unwrap();
+    let (v, mut md) = validation::document_with(&text, &p).unwrap();
+    let offload =
+        std::fs::read_to_string(root().join(validation::offload::RUNS)).expect("offload runs");
+    md += &validation::offload::section(&offload, &p).unwrap();
     // Every run with a published step time or tokens/s is replayed, none silently dropped.
     let doc: toml::Table = text.parse().unwrap();
     let with_time = doc["run"]

@@ -24,6 +24,9 @@ pub struct ValidatePlannerArgs {
     /// Where the model presets are, for runs that name one (`model.preset = "llama3-8b"`).
     #[arg(long, default_value = "specs/models")]
     models: PathBuf,
+    /// The published runs that offloaded (their section of the report).
+    #[arg(long, default_value = "docs/offload-validation/runs.toml")]
+    offload_runs: PathBuf,
     /// The Markdown report to write.
     #[arg(short, long, default_value = "docs/validation.md")]
     output: PathBuf,
@@ -70,8 +73,16 @@ pub fn run(args: ValidatePlannerArgs) -> anyhow::Result<ExitCode> {
         others: &others,
         models: &models,
     };
-    let (v, md) = validation::document_with(&text, &presets)
+    let (v, mut md) = validation::document_with(&text, &presets)
         .with_context(|| format!("{}", args.runs.display()))?;
+    let offload = std::fs::read_to_string(&args.offload_runs).with_context(|| {
+        format!(
+            "{}: cannot read the published offload runs",
+            args.offload_runs.display()
+        )
+    })?;
+    md += &validation::offload::section(&offload, &presets)
+        .with_context(|| format!("{}", args.offload_runs.display()))?;
     let mut t = table(&["run", "measured s", "predicted s", "error"], &[1, 2, 3]);
     for r in &v.scored {
         t.add_row(vec![

@@ -14,6 +14,7 @@ pub mod caveats;
 pub mod features;
 pub mod fit;
 pub mod layer;
+pub mod offload;
 pub mod report;
 pub mod resolve;
 
