@@ -248,3 +248,25 @@ fn a_layout_that_overflows_host_memory_is_refused_naming_the_tier() {
         g.example
     );
 }
+
+/// ZeRO-1 with the optimizer offloaded: the device accumulates every micro-batch's gradients
+/// as without offload — bf16 2 × P = 16,060,522,496 B and the fp32 accumulator 4 × P =
+/// 32,121,044,992 B, unsharded — and the reduced shard goes down once per step into a host
+/// buffer, 4 × SHARD = 4,015,130,624 B, beside master, m and v: 16 × P per node.
+#[test]
+fn zero1_keeps_the_gradients_on_the_device_and_copies_the_shard() {
+    let (m, c) = (model("llama3-8b", None), cluster("dgx-h100-80g"));
+    let mem = memory::estimate(&m, &c, &dp8(1, OffloadStates::Optimizer, OffloadTier::Cpu));
+    assert_eq!(term(&mem, "grads_bf16"), Some(16_060_522_496));
+    assert_eq!(term(&mem, "grads_fp32"), Some(32_121_044_992));
+    assert_eq!(term(&mem, "master_fp32"), None);
+    assert_eq!(
+        host_term(&mem, "host_grad_buffer"),
+        Some(("host".to_string(), 4_015_130_624))
+    );
+    assert_eq!(host_term(&mem, "grads_fp32"), None);
+    assert_eq!(
+        mem.host.as_ref().expect("offloads").host_bytes_per_node,
+        128_484_179_968
+    );
+}

@@ -5,10 +5,10 @@
 //! names it:
 //! - `optimizer` (ZeRO-Offload, Ren et al. 2021 §4; DeepSpeed `offload_optimizer`; Megatron-
 //!   Core's `--optimizer-cpu-offload`): the fp32 master weights and the Adam moments live on
-//!   the host with the step. The gradient the step reads lives there too: a policy's fp32
-//!   accumulator moves to the host (DeepSpeed accumulates into pinned fp32 CPU buffers), and
-//!   a policy whose only gradient is the one the backward writes keeps it on the device and
-//!   adds a host copy of the rank's shard. A policy without a separate master copy (`fp32`,
+//!   the host with the step. The gradient the step reads lives there too: under ZeRO-2 and 3
+//!   the gradients leave the device bucket by bucket into the host's fp32 accumulator
+//!   (DeepSpeed accumulates into pinned fp32 CPU buffers every micro-batch); under ZeRO-1 the
+//!   device accumulates as without offload and the host keeps a copy of the reduced shard. A policy without a separate master copy (`fp32`,
 //!   `bf16`: the weights are the master) adds a host copy of the weights for the step.
 //! - `params` (ZeRO-Infinity `offload_param`, FSDP `CPUOffload(offload_params=True)`): the
 //!   16-bit weights live on the host too, and the device keeps only the gathered layers (the
@@ -76,6 +76,7 @@ pub fn placement(policy: &Policy, o: &Offload, zero: u8) -> Vec<Placed> {
         .filter(|s| s.class == StateClass::Grad)
         .collect();
     let streamed = o.params() || zero >= 2;
+    let widest = grads.iter().map(|g| g.bytes).max().unwrap_or(0);
     let has_master = policy
         .states
         .iter()
@@ -86,28 +87,24 @@ pub fn placement(policy: &Policy, o: &Offload, zero: u8) -> Vec<Placed> {
             StateClass::Optim => off,
             StateClass::Param if o.params() => off,
             StateClass::Param => Tier::Device,
-            // Two gradients: the wider is the accumulator the step reads (on the host); the
-            // narrower is what the backward writes (on the device, or under `params` copied
-            // down layer by layer).
-            StateClass::Grad
-                if grads.len() > 1
-                    && s.bytes == grads.iter().map(|g| g.bytes).max().unwrap_or(0) =>
-            {
-                Tier::Host
-            }
-            // Under ZeRO-2 and 3 the gradient the backward writes is reduce-scattered bucket by
-            // bucket and copied down (DeepSpeed's `contiguous_gradients` buffer, FSDP's
-            // per-unit reduce-scatter): no whole copy stays on the device.
-            StateClass::Grad if streamed && grads.len() > 1 => continue,
-            StateClass::Grad if streamed => Tier::Host,
+            // Under ZeRO-2 and 3 the gradients leave the device as the backward writes them:
+            // reduce-scattered bucket by bucket and copied down into the host's accumulator
+            // (DeepSpeed's `contiguous_gradients` buffer and CPU fp32 partition, FSDP's
+            // per-unit reduce-scatter). Of two gradients the wider is that accumulator (on the
+            // host); the narrower has no whole copy anywhere.
+            StateClass::Grad if streamed && s.bytes == widest => Tier::Host,
+            StateClass::Grad if streamed => continue,
+            // Under ZeRO-1 the device accumulates every micro-batch's gradients as without
+            // offload and the reduced shard goes down once per step (DeepSpeed stage 1,
+            // Megatron-Core's distributed optimizer): the host keeps a copy of that shard.
             StateClass::Grad => Tier::Device,
         };
         out.push(on(*s, tier));
     }
-    if grads.len() == 1 && !streamed {
+    if !streamed {
         out.push(on(
             State {
-                bytes: grads[0].bytes,
+                bytes: widest,
                 ..HOST_GRAD
             },
             Tier::Host,
