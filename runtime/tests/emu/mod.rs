@@ -29,6 +29,10 @@ struct Process {
     stdin: BufWriter<ChildStdin>,
     stdout: BufReader<ChildStdout>,
     next_id: u64,
+    /// Bytes of the buffers alive now, and the most alive at once since the start (or the
+    /// last [`EmuLauncher::reset_peak`]): the device memory this emulated device holds.
+    live: usize,
+    peak: usize,
 }
 
 impl Process {
@@ -106,6 +110,7 @@ pub struct EmuBuf {
 impl Drop for EmuBuf {
     fn drop(&mut self) {
         if let Ok(mut p) = self.process.lock() {
+            p.live -= self.len * self.dtype.size();
             let header = format!("F {}\n", self.id);
             p.stdin.write_all(header.as_bytes()).ok();
         }
@@ -133,6 +138,8 @@ impl EmuLauncher {
                 stdin,
                 stdout,
                 next_id: 0,
+                live: 0,
+                peak: 0,
             })),
         })
     }
@@ -141,10 +148,29 @@ impl EmuLauncher {
         self.process.lock().unwrap_or_else(|e| e.into_inner())
     }
 
+    /// Bytes of device memory allocated now (every buffer not yet freed).
+    pub fn device_bytes(&self) -> usize {
+        self.process().live
+    }
+
+    /// The most bytes of device memory allocated at once since the emulator started or
+    /// [`EmuLauncher::reset_peak`].
+    pub fn peak_device_bytes(&self) -> usize {
+        self.process().peak
+    }
+
+    /// Starts a new peak from the bytes allocated now.
+    pub fn reset_peak(&self) {
+        let mut p = self.process();
+        p.peak = p.live;
+    }
+
     fn new_buf(&self, dtype: DType, bytes: &[u8]) -> EmuBuf {
         let mut p = self.process();
         let id = p.next_id;
         p.next_id += 1;
+        p.live += bytes.len();
+        p.peak = p.peak.max(p.live);
         p.send(&format!("A {id} {}\n", bytes.len()), &[]);
         if bytes.iter().any(|&b| b != 0) {
             p.write(id, bytes);
