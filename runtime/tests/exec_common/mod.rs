@@ -120,10 +120,23 @@ where
     L: Launcher + Clone + Send + Sync + 'static,
     L::Buf: Send + Sync,
 {
+    on_device_with(plan, launcher, &opts())
+}
+
+/// [`on_device`] with the options `opts`.
+pub fn on_device_with<L>(
+    plan: &Plan,
+    launcher: &(dyn Fn(usize) -> Result<L, RunError> + Sync),
+    opts: &TrainOptions,
+) -> TrainReport
+where
+    L: Launcher + Clone + Send + Sync + 'static,
+    L::Buf: Send + Sync,
+{
     train_on(
         plan,
         &data(),
-        &opts(),
+        opts,
         &mut |_| {},
         &|r| Ok(Device::new(launcher(r)?)),
         &|dev: &Device<L>, comm| -> Result<_, RunError> { Ok(HostStaged::new(dev.clone(), comm)) },
