@@ -55,9 +55,9 @@ fn a_cpu_plan_edited_to_offload_is_refused() {
     refused(
         &r,
         &[
-            "parallel.offload",
+            "`parallel.offload`",
             "on the CPU backend the device's memory is the host's",
-            "drop --offload",
+            "set `parallel.offload` to agree",
         ],
     );
 }
