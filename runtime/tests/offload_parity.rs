@@ -58,16 +58,6 @@ fn optimizer_offload() -> Offload {
     }
 }
 
-fn emulator() -> Option<emu::EmuLauncher> {
-    match emu::launcher() {
-        Ok(l) => Some(l),
-        Err(why) => {
-            eprintln!("SKIPPED: the CUDA kernel emulator is not available: {why}");
-            None
-        }
-    }
-}
-
 /// Every step's loss and gradient norm, and every final weight, bit for bit.
 fn assert_identical(got: &TrainReport, want: &TrainReport, what: &str) {
     assert!(!want.steps.is_empty(), "{what}: steps to compare");
@@ -114,7 +104,7 @@ fn assert_identical(got: &TrainReport, want: &TrainReport, what: &str) {
 /// step's loss (5.312653 against 5.312537).
 #[test]
 fn optimizer_offload_trains_bit_for_bit_like_the_device_step() {
-    let Some(emu) = emulator() else { return };
+    let Some(emu) = emu::or_skip() else { return };
     for (dp, zero) in [(1, 1), (2, 1), (2, 2), (2, 3)] {
         let what = format!("DP {dp} ZeRO-{zero}");
         let on = |p: &Plan| on_device(p, &|_| Ok::<_, RunError>(emu.clone()));
@@ -137,7 +127,7 @@ fn optimizer_offload_trains_bit_for_bit_like_the_device_step() {
 /// fails it at the third step's loss (5.211139 against 5.178360).
 #[test]
 fn an_offloaded_run_saves_and_resumes_bit_for_bit() {
-    let Some(emu) = emulator() else { return };
+    let Some(emu) = emu::or_skip() else { return };
     let launcher = |_| Ok::<_, RunError>(emu.clone());
     let offloaded = plan(2, 1, optimizer_offload());
     let straight = on_device(&offloaded, &launcher);
@@ -205,7 +195,7 @@ fn peaks(plan: &Plan) -> Vec<usize> {
 /// copy on the device under offload fails it (1764352 bytes saved of 2646528 on one rank).
 #[test]
 fn optimizer_offload_frees_the_master_copy_and_the_moments_on_the_device() {
-    if emulator().is_none() {
+    if emu::or_skip().is_none() {
         return;
     }
     for dp in [1u64, 2] {

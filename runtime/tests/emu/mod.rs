@@ -29,8 +29,8 @@ struct Process {
     stdin: BufWriter<ChildStdin>,
     stdout: BufReader<ChildStdout>,
     next_id: u64,
-    /// Bytes of the buffers alive now, and the most alive at once since the start (or the
-    /// last [`EmuLauncher::reset_peak`]): the device memory this emulated device holds.
+    /// Bytes of the buffers alive now, and the most alive at once since the start: the device
+    /// memory this emulated device holds.
     live: usize,
     peak: usize,
 }
@@ -148,21 +148,9 @@ impl EmuLauncher {
         self.process.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Bytes of device memory allocated now (every buffer not yet freed).
-    pub fn device_bytes(&self) -> usize {
-        self.process().live
-    }
-
-    /// The most bytes of device memory allocated at once since the emulator started or
-    /// [`EmuLauncher::reset_peak`].
+    /// The most bytes of device memory allocated at once since the emulator started.
     pub fn peak_device_bytes(&self) -> usize {
         self.process().peak
-    }
-
-    /// Starts a new peak from the bytes allocated now.
-    pub fn reset_peak(&self) {
-        let mut p = self.process();
-        p.peak = p.live;
     }
 
     fn new_buf(&self, dtype: DType, bytes: &[u8]) -> EmuBuf {
@@ -343,6 +331,18 @@ fn build(dir: &Path) -> Result<PathBuf, String> {
 /// The emulator, compiled once per test process; `Err(reason)` when there is no C++ compiler.
 pub fn kernels() -> Result<GpuKernels<EmuLauncher>, String> {
     Ok(GpuKernels::new(launcher()?))
+}
+
+/// A launcher on a new emulator process, or `None` with the reason the test skips printed
+/// (there is no C++ compiler to build the emulator).
+pub fn or_skip() -> Option<EmuLauncher> {
+    match launcher() {
+        Ok(l) => Some(l),
+        Err(why) => {
+            eprintln!("SKIPPED: the CUDA kernel emulator is not available: {why}");
+            None
+        }
+    }
 }
 
 /// A launcher on a new emulator process (compiled once per test process).
