@@ -42,3 +42,22 @@ fn a_hybrid_sharded_plan_is_refused_not_run_as_full_sharding() {
     refused(&r, &["parallel.hybrid_shard", "--no-hybrid-shard"]);
     assert!(!plan.exists(), "a refused plan was written");
 }
+
+/// Offload on a CPU cluster means nothing (the device memory is the host's): `plan` refuses to
+/// pin it, and a plan edited by hand to offload is refused by `run` before anything starts,
+/// naming the field and why (`Plan::load`'s check of every knob, `pins::effective`).
+#[test]
+fn a_cpu_plan_edited_to_offload_is_refused() {
+    let dir = Scratch::new();
+    let plan = tiny_plan(&dir);
+    edit_json(&plan, |v| v["parallel"]["offload"] = "optimizer".into());
+    let r = run(&["run", &s(&plan), "--steps", "1"]);
+    refused(
+        &r,
+        &[
+            "`parallel.offload`",
+            "on the CPU backend the device's memory is the host's",
+            "set `parallel.offload` to agree",
+        ],
+    );
+}

@@ -183,14 +183,16 @@ impl AdamW {
             "optimizer buffers are not the range's length"
         );
         for (r, s) in self.begin_step(lr, grad_scale) {
-            adamw_update(
-                &mut params[r.clone()],
-                &grads[r.clone()],
-                &mut self.m[r.clone()],
-                &mut self.v[r],
-                &s,
-            );
+            self.update(r.clone(), &mut params[r.clone()], &grads[r], &s);
         }
+    }
+
+    /// The update of one piece `r` that [`AdamW::begin_step`] returned, `params` and `grads`
+    /// being its elements: what [`AdamW::step`] does to each piece, for a caller that holds the
+    /// weights and gradients piece by piece (the executor's optimizer offload streams them one
+    /// tensor at a time).
+    pub fn update(&mut self, r: Range<usize>, params: &mut [f32], grads: &[f32], s: &AdamWStep) {
+        adamw_update(params, grads, &mut self.m[r.clone()], &mut self.v[r], s);
     }
 }
 

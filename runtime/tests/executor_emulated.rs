@@ -16,22 +16,11 @@ use exec_common::{
 };
 use tessera_runtime::exec::RunError;
 
-/// A launcher per rank on one emulator process, or `None` (the reason printed) without one.
-fn emulator() -> Option<emu::EmuLauncher> {
-    match emu::launcher() {
-        Ok(l) => Some(l),
-        Err(why) => {
-            eprintln!("SKIPPED: the CUDA kernel emulator is not available: {why}");
-            None
-        }
-    }
-}
-
 #[test]
 fn one_rank_on_emulated_kernels_trains_like_the_cpu() {
     let p = one_rank();
     let cpu = on_cpu(&p);
-    let Some(emu) = emulator() else { return };
+    let Some(emu) = emu::or_skip() else { return };
     let dev = on_device(&p, &|_| Ok::<_, RunError>(emu.clone()));
     assert_close(&dev, &cpu, "1×1×1");
     let l = losses(&dev);
@@ -42,7 +31,7 @@ fn one_rank_on_emulated_kernels_trains_like_the_cpu() {
 fn two_by_two_by_two_on_emulated_kernels_trains_like_the_cpu() {
     let p = two_by_two_by_two();
     let cpu = on_cpu(&p);
-    let Some(emu) = emulator() else { return };
+    let Some(emu) = emu::or_skip() else { return };
     let dev = on_device(&p, &|_| Ok::<_, RunError>(emu.clone()));
     assert_close(&dev, &cpu, "2×2×2");
     // The device's parallel run against its own single-rank run, at the same tolerance.
@@ -54,7 +43,7 @@ fn two_by_two_by_two_on_emulated_kernels_trains_like_the_cpu() {
 fn sequence_parallel_on_emulated_kernels_trains_like_the_cpu() {
     let p = tp2_sequence_parallel();
     let cpu = on_cpu(&p);
-    let Some(emu) = emulator() else { return };
+    let Some(emu) = emu::or_skip() else { return };
     let dev = on_device(&p, &|_| Ok::<_, RunError>(emu.clone()));
     assert_close(&dev, &cpu, "TP 2 with sequence parallelism");
 }
@@ -67,7 +56,7 @@ fn sequence_parallel_on_emulated_kernels_trains_like_the_cpu() {
 /// kernel fails the updates; one that skips RoPE on the device fails both.
 #[test]
 fn llama_on_emulated_kernels_trains_like_the_cpu() {
-    let Some(emu) = emulator() else { return };
+    let Some(emu) = emu::or_skip() else { return };
     let one = llama_one_rank();
     let dev_one = on_device(&one, &|_| Ok::<_, RunError>(emu.clone()));
     let cpu_one = on_cpu(&one);

@@ -7,6 +7,7 @@
 //! Without a C++ compiler the emulated variants print "skipped: …" and pass; without a GPU (or
 //! its libraries) the CUDA variants print "skipped: no CUDA device (…)" and pass.
 
+#[allow(dead_code)] // the executor tests' helpers
 mod emu;
 mod reference;
 

@@ -200,6 +200,13 @@ fn field_of(why: &Rejection, l: &Layout) -> &'static str {
             "parallel.virtual_stages"
         }
         pins::HYBRID_WITHOUT_ZERO | pins::HYBRID_IN_ONE_NODE => "parallel.hybrid_shard",
+        pins::OFFLOAD_ON_CPU | pins::OFFLOAD_WITHOUT_HOST if !l.offload.optimizer() => {
+            "parallel.offload_activations"
+        }
+        pins::OFFLOAD_ON_CPU | pins::OFFLOAD_WITHOUT_HOST | pins::OFFLOAD_NEEDS_ZERO => {
+            "parallel.offload"
+        }
+        pins::OFFLOAD_TARGET_WITHOUT_OFFLOAD => "parallel.offload_to",
         _ => "parallel",
     }
 }

@@ -4,9 +4,10 @@
 use std::collections::BTreeMap;
 use std::ops::Range;
 
-use super::{Optimizer, Rank, RunError, TrainOptions};
+use super::{Rank, RunError, TrainOptions};
 use crate::backend::{Backend, Collective, Storage};
 use crate::checkpoint::{owned_pieces, Piece, RankShard, Saver};
+use crate::exec::offload::{HostShard, States};
 use crate::optim::{AdamW, AdamWConfig};
 use crate::params::ParamLayout;
 
@@ -51,18 +52,19 @@ pub fn shard_initial(
     Ok(params)
 }
 
-/// What a rank starts from: its weights (and f32 master copy where the backend keeps one) and
-/// one optimizer per flat range of `ranges`. Resuming, these come from the checkpoint (moments
+/// What a rank starts from: its weights, and its optimizer states with one AdamW state per
+/// flat range of `ranges`: on the backend (with an f32 master copy where the backend keeps
+/// one), or in host memory with `offload`. Resuming, these come from the checkpoint (moments
 /// and update count included); otherwise the weights are initialised from the seed and the
 /// moments are zero.
-#[allow(clippy::type_complexity)]
 pub(super) fn initial_state<B: Backend>(
     be: &B,
     opts: &TrainOptions,
     layout: &ParamLayout,
     ranges: Vec<Range<usize>>,
     cfg: AdamWConfig,
-) -> Result<(B::Buf, Option<B::Buf>, Vec<Optimizer<B>>), RunError> {
+    offload: bool,
+) -> Result<(B::Buf, States<B>), RunError> {
     let mut resumed = match &opts.resume {
         Some(ck) => Some(ck.restore(layout, &ranges)?),
         None => None,
@@ -73,6 +75,22 @@ pub(super) fn initial_state<B: Backend>(
         (None, None) => layout.init(opts.seed),
     };
     let params = be.upload(Storage::Bf16, &init)?;
+    let updates = resumed.as_ref().map_or(0, |s| s.updates);
+    // The moments of range `i`: the checkpoint's, or `None` for zeros.
+    let mut moments = |i: usize| resumed.as_mut().map(|s| std::mem::take(&mut s.moments[i]));
+    if offload {
+        let mut shards = Vec::with_capacity(ranges.len());
+        for (i, r) in ranges.into_iter().enumerate() {
+            let master = init[r.clone()].to_vec();
+            let mut adam = AdamW::new(cfg, layout, r);
+            if let Some((m, v)) = moments(i) {
+                (adam.m, adam.v) = (m, v);
+            }
+            adam.t = updates;
+            shards.push(HostShard { adam, master });
+        }
+        return Ok((params, States::Host(shards)));
+    }
     let master = match be.working_copy() {
         true => Some(be.upload(Storage::F32, &init)?),
         false => None,
@@ -80,23 +98,18 @@ pub(super) fn initial_state<B: Backend>(
     drop(init);
     let mut optimizers = Vec::with_capacity(ranges.len());
     for (i, r) in ranges.into_iter().enumerate() {
-        let (m, v, t) = match &resumed {
-            Some(s) => (
-                be.upload(Storage::F32, &s.moments[i].0)?,
-                be.upload(Storage::F32, &s.moments[i].1)?,
-                s.updates,
-            ),
+        let (m, v) = match moments(i) {
+            Some((m, v)) => (be.upload(Storage::F32, &m)?, be.upload(Storage::F32, &v)?),
             None => (
                 be.alloc(Storage::F32, r.len())?,
                 be.alloc(Storage::F32, r.len())?,
-                0,
             ),
         };
         let mut opt = AdamW::with_state(cfg, layout, r, m, v);
-        opt.t = t;
+        opt.t = updates;
         optimizers.push(opt);
     }
-    Ok((params, master, optimizers))
+    Ok((params, States::Device { master, optimizers }))
 }
 
 impl<B: Backend, C: Collective<B>> Rank<'_, B, C> {
@@ -112,15 +125,16 @@ impl<B: Backend, C: Collective<B>> Rank<'_, B, C> {
             true => self.zero > 0 || self.edp_rank == 0,
             false => self.zero > 0 || self.dp_rank == 0,
         };
-        let weights = be.download(B::view(self.master.as_ref().unwrap_or(&self.params)))?;
+        let weights = self.states.weights(be, &self.params)?;
+        let ranges = self.states.ranges();
         let mut pieces = Vec::new();
-        for opt in self.optimizers.iter().filter(|o| writes(&o.range)) {
-            let (m, v) = (be.download(B::view(&opt.m))?, be.download(B::view(&opt.v))?);
-            let base = opt.range.start;
+        for (i, range) in ranges.iter().enumerate().filter(|(_, r)| writes(r)) {
+            let (m, v) = self.states.moments(be, i)?;
+            let base = range.start;
             let skip = self.model.tied_copy.as_ref();
             let owned = owned_pieces(
                 &self.model.layout,
-                std::slice::from_ref(&opt.range),
+                std::slice::from_ref(range),
                 self.tp.rank,
                 skip,
             );
@@ -180,10 +194,10 @@ impl<B: Backend, C: Collective<B>> Rank<'_, B, C> {
             dp: coord.dp,
             tp: coord.tp,
             pp: coord.pp,
-            optimizer_ranges: self.optimizers.iter().map(|o| o.range.clone()).collect(),
+            optimizer_ranges: ranges,
             pieces,
         };
-        let updates = self.optimizers.first().map_or(0, |o| o.t);
+        let updates = self.states.updates();
         saver.submit(done, updates, shard)?;
         Ok(())
     }

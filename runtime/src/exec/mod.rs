@@ -12,6 +12,7 @@ pub mod generate;
 mod logits;
 mod model;
 mod nf4;
+mod offload;
 mod rank;
 mod stop;
 pub mod trace;
@@ -309,6 +310,7 @@ pub fn check_supported(plan: &Plan) -> Result<(), RunError> {
         _ => {}
     }
     check_dropout(plan, &DropoutRates::of_plan(&plan.job.model))?;
+    offload::check_supported(plan)?;
     Ok(())
 }
 
@@ -364,6 +366,7 @@ pub fn train(
     opts: &TrainOptions,
     on_step: &mut dyn FnMut(&StepMetrics),
 ) -> Result<TrainReport, RunError> {
+    offload::refuse_on_cpu(plan)?;
     train_on(plan, data, opts, on_step, &|_| Ok(Cpu), &|_, c| Ok(c))
 }
 

@@ -15,6 +15,7 @@ use tessera_planner::schedule::{self, Op};
 use tessera_planner::Mesh;
 
 use super::model::{shard_of, StageModel};
+use super::offload::States;
 use super::trace::TraceEvent;
 use super::{RunError, StepMetrics, TrainOptions};
 use crate::backend::{Backend, Collective, Storage};
@@ -27,7 +28,7 @@ use crate::layers::{
     vocab_parallel_cross_entropy_backward, vocab_parallel_cross_entropy_forward, BlockActs,
     BlockWorkspace, Dims, EpShard, MoeWorkspace, TpShard,
 };
-use crate::optim::{AdamW, LrSchedule};
+use crate::optim::LrSchedule;
 use crate::params::ParamLayout;
 
 /// Everything a rank needs: the plan, its backend and groups, the data and the options.
@@ -189,9 +190,6 @@ impl<B: Backend> Default for ShardBufs<B> {
     }
 }
 
-/// One AdamW state per optimised range, its moments on the backend.
-type Optimizer<B> = AdamW<<B as Backend>::Buf>;
-
 struct Rank<'a, B: Backend, C: Collective<B>> {
     ctx: &'a RankCtx<'a, B, C>,
     be: &'a B,
@@ -213,10 +211,9 @@ struct Rank<'a, B: Backend, C: Collective<B>> {
     ops: Vec<Op>,
     /// The weights the kernels read (working precision).
     params: B::Buf,
-    /// f32 master weights, where the backend's working precision is narrower.
-    master: Option<B::Buf>,
     grads: B::Buf,
-    optimizers: Vec<Optimizer<B>>,
+    /// The f32 master weights and Adam moments, on the backend or offloaded to the host.
+    states: States<B>,
     lr: LrSchedule,
     /// The last step's global gradient norm, before clipping (`sync::sync_and_update`).
     grad_norm: f64,
@@ -328,8 +325,9 @@ impl<'a, B: Backend, C: Collective<B>> Rank<'a, B, C> {
         // Trainable parameters only: a frozen base sits past them, with no gradient.
         let grads = be.alloc(Storage::F32, model.layout.trainable_len())?;
         let cfg = ctx.opts.adamw(plan);
-        let (params, master, optimizers) =
-            ckpt::initial_state(be, ctx.opts, &model.layout, ranges, cfg)?;
+        let offload = super::offload::offloaded(plan);
+        let (params, states) =
+            ckpt::initial_state(be, ctx.opts, &model.layout, ranges, cfg, offload)?;
         super::nf4::load_base(&model, ctx.opts)?;
         let chunks = model.chunks.len();
         let mut last_backward = vec![None; chunks];
@@ -354,9 +352,8 @@ impl<'a, B: Backend, C: Collective<B>> Rank<'a, B, C> {
             cp,
             ops,
             params,
-            master,
             grads,
-            optimizers,
+            states,
             lr: ctx.opts.lr_schedule(plan),
             grad_norm: 0.0,
             sampler: Sampler {

@@ -164,9 +164,9 @@ impl<'a, B: Backend, C: Collective<B>> Rank<'a, B, C> {
             }
         }
         let (mut parts, mut expert_parts) = (Vec::new(), Vec::new());
-        for opt in &self.optimizers {
-            let sq = self.owned_grad_sq(opt.range.clone())?;
-            match self.zero == 0 && self.is_expert(&opt.range) {
+        for range in self.states.ranges() {
+            let sq = self.owned_grad_sq(range.clone())?;
+            match self.zero == 0 && self.is_expert(&range) {
                 true => expert_parts.push(sq),
                 false => parts.push(sq),
             }
@@ -194,23 +194,8 @@ impl<'a, B: Backend, C: Collective<B>> Rank<'a, B, C> {
         self.grad_norm = sum.sqrt();
         let scale = clip_scale(self.grad_norm, self.ctx.opts.clip(self.ctx.plan));
         let lr = self.lr.lr(step);
-        for opt in &mut self.optimizers {
-            let base = opt.range.start;
-            for (r, st) in opt.begin_step(lr, scale) {
-                let at = base + r.start..base + r.end;
-                let g = B::sub(B::view(&self.grads), at.clone());
-                let m = B::sub_mut(B::view_mut(&mut opt.m), r.clone());
-                let v = B::sub_mut(B::view_mut(&mut opt.v), r);
-                let params = B::sub_mut(B::view_mut(&mut self.params), at.clone());
-                match &mut self.master {
-                    Some(master) => {
-                        let master = B::sub_mut(B::view_mut(master), at);
-                        be.adamw(master, Some(params), g, m, v, &st)?
-                    }
-                    None => be.adamw(params, None, g, m, v, &st)?,
-                }
-            }
-        }
+        self.states
+            .step(be, &self.grads, &mut self.params, lr, scale)?;
         match self.zero {
             0 => {}
             3 => {

@@ -29,6 +29,10 @@ struct Process {
     stdin: BufWriter<ChildStdin>,
     stdout: BufReader<ChildStdout>,
     next_id: u64,
+    /// Bytes of the buffers alive now, and the most alive at once since the start: the device
+    /// memory this emulated device holds.
+    live: usize,
+    peak: usize,
 }
 
 impl Process {
@@ -106,6 +110,7 @@ pub struct EmuBuf {
 impl Drop for EmuBuf {
     fn drop(&mut self) {
         if let Ok(mut p) = self.process.lock() {
+            p.live -= self.len * self.dtype.size();
             let header = format!("F {}\n", self.id);
             p.stdin.write_all(header.as_bytes()).ok();
         }
@@ -133,6 +138,8 @@ impl EmuLauncher {
                 stdin,
                 stdout,
                 next_id: 0,
+                live: 0,
+                peak: 0,
             })),
         })
     }
@@ -141,10 +148,17 @@ impl EmuLauncher {
         self.process.lock().unwrap_or_else(|e| e.into_inner())
     }
 
+    /// The most bytes of device memory allocated at once since the emulator started.
+    pub fn peak_device_bytes(&self) -> usize {
+        self.process().peak
+    }
+
     fn new_buf(&self, dtype: DType, bytes: &[u8]) -> EmuBuf {
         let mut p = self.process();
         let id = p.next_id;
         p.next_id += 1;
+        p.live += bytes.len();
+        p.peak = p.peak.max(p.live);
         p.send(&format!("A {id} {}\n", bytes.len()), &[]);
         if bytes.iter().any(|&b| b != 0) {
             p.write(id, bytes);
@@ -317,6 +331,18 @@ fn build(dir: &Path) -> Result<PathBuf, String> {
 /// The emulator, compiled once per test process; `Err(reason)` when there is no C++ compiler.
 pub fn kernels() -> Result<GpuKernels<EmuLauncher>, String> {
     Ok(GpuKernels::new(launcher()?))
+}
+
+/// A launcher on a new emulator process, or `None` with the reason the test skips printed
+/// (there is no C++ compiler to build the emulator).
+pub fn or_skip() -> Option<EmuLauncher> {
+    match launcher() {
+        Ok(l) => Some(l),
+        Err(why) => {
+            eprintln!("SKIPPED: the CUDA kernel emulator is not available: {why}");
+            None
+        }
+    }
 }
 
 /// A launcher on a new emulator process (compiled once per test process).

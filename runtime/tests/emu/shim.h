@@ -243,3 +243,6 @@ inline unsigned int __float_as_uint(float f) {
     return u;
 }
 inline float rsqrtf(float x) { return 1.0f / sqrtf(x); }
+// Rounded f32 operations that CUDA never fuses into an FMA (nor does this build: no -mfma).
+inline float __fmul_rn(float a, float b) { return a * b; }
+inline float __fadd_rn(float a, float b) { return a + b; }

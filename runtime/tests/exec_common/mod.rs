@@ -6,7 +6,9 @@ use std::path::Path;
 use tessera_planner::layout::{Layout, Recompute};
 use tessera_planner::plan::{Plan, SearchSummary};
 use tessera_planner::schedule::ScheduleKind;
-use tessera_planner::spec::{load_cluster, load_model, ClusterOverrides, TrainingOverrides};
+use tessera_planner::spec::{
+    load_cluster, load_model, Cluster, ClusterOverrides, TrainingOverrides,
+};
 use tessera_runtime::backend::cuda::{Device, HostStaged, Launcher};
 use tessera_runtime::data::Tokens;
 use tessera_runtime::exec::{train, train_on, RunError, TrainOptions, TrainReport};
@@ -56,6 +58,31 @@ pub fn plan_of(
     recompute: Recompute,
     sequence_parallel: bool,
 ) -> Plan {
+    let layout = Layout {
+        pp,
+        recompute,
+        sequence_parallel,
+        schedule: ScheduleKind::OneFOneB,
+        virtual_stages: 1,
+        ..Layout::without_pipeline(dp, tp, zero, 2)
+    };
+    let cluster = cluster("specs/clusters/cpu-8.toml", dp * pp * tp);
+    plan_on(spec, cluster, &layout)
+}
+
+/// The cluster spec at `spec` (relative to the workspace root) with `devices` devices.
+pub fn cluster(spec: &str, devices: u64) -> Cluster {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let overrides = ClusterOverrides {
+        nodes: None,
+        devices: Some(devices),
+    };
+    load_cluster(&root.join(spec), overrides).unwrap()
+}
+
+/// The plan of `layout` for the model spec at `spec` (its global batch [`GLOBAL_BATCH`]) on
+/// `cluster`; the layout must pass `Layout::check`.
+pub fn plan_on(spec: &str, cluster: Cluster, layout: &Layout) -> Plan {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
     let model = load_model(
         &root.join(spec),
@@ -65,26 +92,10 @@ pub fn plan_of(
         },
     )
     .unwrap();
-    let cluster = load_cluster(
-        &root.join("specs/clusters/cpu-8.toml"),
-        ClusterOverrides {
-            nodes: None,
-            devices: Some(dp * pp * tp),
-        },
-    )
-    .unwrap();
-    let layout = Layout {
-        pp,
-        recompute,
-        sequence_parallel,
-        schedule: ScheduleKind::OneFOneB,
-        virtual_stages: 1,
-        ..Layout::without_pipeline(dp, tp, zero, 2)
-    };
     layout
         .check(&model, &cluster)
         .unwrap_or_else(|e| panic!("{}: {e}", layout.label()));
-    Plan::new(&model, &cluster, &layout, SearchSummary::pinned())
+    Plan::new(&model, &cluster, layout, SearchSummary::pinned())
 }
 
 pub fn data() -> Tokens {
@@ -109,10 +120,23 @@ where
     L: Launcher + Clone + Send + Sync + 'static,
     L::Buf: Send + Sync,
 {
+    on_device_with(plan, launcher, &opts())
+}
+
+/// [`on_device`] with the options `opts`.
+pub fn on_device_with<L>(
+    plan: &Plan,
+    launcher: &(dyn Fn(usize) -> Result<L, RunError> + Sync),
+    opts: &TrainOptions,
+) -> TrainReport
+where
+    L: Launcher + Clone + Send + Sync + 'static,
+    L::Buf: Send + Sync,
+{
     train_on(
         plan,
         &data(),
-        &opts(),
+        opts,
         &mut |_| {},
         &|r| Ok(Device::new(launcher(r)?)),
         &|dev: &Device<L>, comm| -> Result<_, RunError> { Ok(HostStaged::new(dev.clone(), comm)) },
