@@ -10,7 +10,7 @@ strategy, CPU offload, wrapped and checkpointed layer classes and hybrid mesh, o
 config dict's ZeRO stage, offload devices and NVMe path (and DeepSpeed's own
 DeepSpeedZeroConfig of it); devices per node, nodes, world size, precision, gradient
 accumulation (the plan's micro-batches per step) and clipping. The snippet with a sharding
-strategy Lightning does not know must be refused.
+strategy (a ZeRO stage, a precision) Lightning or DeepSpeed does not know must be refused.
 
 There is no GPU here: Lightning's Trainer refuses a "gpu" accelerator without CUDA, so the check
 answers CUDA's availability and device count (the plan's GPUs per node). Nothing runs on them.
@@ -135,14 +135,16 @@ def check(name, plan, plan_path, export_path):
             want["offload_optimizer.nvme_path"] = NVME_PATH
     compare("Lightning", got, want)
 
-    # The check can fail: a sharding strategy (or a ZeRO stage) Lightning does not know.
+    # The check can fail: a sharding strategy, ZeRO stage or precision Lightning does not know.
     text = open(export_path).read()
     if engine(p) == "FSDPStrategy":
         broken = text.replace('sharding_strategy="', 'sharding_strategy="NOT_', 1)
     elif engine(p) == "DeepSpeedStrategy":
         broken = text.replace(f"    stage={p['zero_stage']},\n", "    stage=4,\n", 1)
     else:
-        broken = text.replace("DDPStrategy(\n", 'DDPStrategy(\n    not_an_argument=1,\n', 1)
+        # DDPStrategy passes unknown keywords on to DistributedDataParallel at fit time: the
+        # Trainer's precision is what its constructor checks.
+        broken = text.replace('    precision="', '    precision="x', 1)
     assert broken != text, "the broken variant did not change the snippet"
     with tempfile.NamedTemporaryFile("w", suffix=".py", delete=False) as f:
         f.write(broken)

@@ -63,8 +63,13 @@ pub fn run(args: ExportArgs) -> anyhow::Result<ExitCode> {
         .iter()
         .map(|p| named("-o/--output", p))
         .collect();
-    check_outputs(&[named("PLAN", &args.plan)], &outputs)?;
     let plan = Plan::load(&args.plan)?;
+    // An adapter plan's accelerate export is a folder (checked by write_folder); every other
+    // export is one file.
+    let folder = matches!(args.to, To::Accelerate) && plan.job.model.training.method.adapters();
+    if !folder {
+        check_outputs(&[named("PLAN", &args.plan)], &outputs)?;
+    }
     let target = match args.to {
         To::Megatron => Target::Megatron,
         To::Deepspeed => Target::DeepSpeed,
@@ -84,7 +89,7 @@ pub fn run(args: ExportArgs) -> anyhow::Result<ExitCode> {
     if let Some(note) = offload_note(&plan, target) {
         eprintln!("{}: note: {note}", args.plan.display());
     }
-    if target == Target::Accelerate && plan.job.model.training.method.adapters() {
+    if folder {
         // The adapters are PEFT's LoraConfig, exactly as `--to peft` writes it.
         let lora = export_with(&plan, Target::Peft, args.force)
             .map_err(|e| anyhow::anyhow!("{}: {e}", args.plan.display()))?;
@@ -103,6 +108,9 @@ pub fn run(args: ExportArgs) -> anyhow::Result<ExitCode> {
                 (tessera_runtime::hf::ADAPTER_CONFIG, &lora),
             ],
         )?;
+        if let Some(note) = peft_note(&plan) {
+            eprintln!("{}: note: {note}", args.plan.display());
+        }
         println!(
             "wrote {} ({}: {ACCELERATE_CONFIG} and {})",
             dir.display(),

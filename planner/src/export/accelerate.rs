@@ -141,5 +141,22 @@ pub(super) fn accelerate(plan: &Plan, launch: &Launch) -> Result<String, ExportE
     if p.recompute == Recompute::Full && !matches!(engine, Engine::Fsdp { .. }) {
         header += "# The plan recomputes every layer: call model.gradient_checkpointing_enable() (this plugin's config has no such key).\n";
     }
-    Ok(header + &serde_yaml_ng::to_string(&map(pairs)).expect("a YAML value serialises"))
+    let body = serde_yaml_ng::to_string(&map(pairs)).expect("a YAML value serialises");
+    Ok(header + &quote_yaml11_booleans(&body))
+}
+
+/// accelerate reads its config with PyYAML, a YAML 1.1 reader, to which a bare `NO` or `no` is
+/// the boolean false; serde_yaml_ng writes YAML 1.2, where they are strings, unquoted. The two
+/// values this writer can produce so (`distributed_type: NO`, `mixed_precision: no`) are
+/// quoted. The export matrix's check found `distributed_type: false`.
+fn quote_yaml11_booleans(body: &str) -> String {
+    body.lines()
+        .map(|l| match l {
+            "distributed_type: NO" => "distributed_type: 'NO'".to_string(),
+            "mixed_precision: no" => "mixed_precision: 'no'".to_string(),
+            other => other.to_string(),
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+        + "\n"
 }
