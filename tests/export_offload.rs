@@ -28,28 +28,10 @@ fn offload_plan_with(
     recompute: &str,
     knobs: (&str, &str, bool),
 ) -> PathBuf {
-    let p = plan_file(
+    let p = plan_words(
         dir,
         name,
-        &[
-            TINY_LLAMA,
-            H100,
-            "--nodes",
-            "1",
-            "--dp",
-            "8",
-            "--tp",
-            "1",
-            "--pp",
-            "1",
-            "--zero",
-            zero,
-            "--no-hybrid-shard",
-            "--micro-batch",
-            "1",
-            "--recompute",
-            recompute,
-        ],
+        &format!("{TINY_LLAMA} {H100} --nodes 1 --dp 8 --tp 1 --pp 1 --zero {zero} --no-hybrid-shard --micro-batch 1 --recompute {recompute}"),
     );
     set_offload(&p, knobs);
     p
@@ -72,6 +54,12 @@ fn set_offload(p: &Path, (offload, to, act): (&str, &str, bool)) {
             "nvme_gib": 28000.0, "adamw_gparams_per_s": 2.0,
         });
     });
+}
+
+/// `tessera plan` with the arguments of one string (none holds a space).
+fn plan_words(dir: &Scratch, name: &str, words: &str) -> PathBuf {
+    let args: Vec<&str> = words.split_whitespace().collect();
+    plan_file(dir, name, &args)
 }
 
 fn plan_json(p: &Path) -> serde_json::Value {
@@ -245,33 +233,16 @@ fn torchtune_offloads_params_and_activations_in_its_distributed_recipes() {
     );
     let spec = s(&spec);
     let full_ft = |name: &str, recompute: &str| {
-        plan_file(
+        plan_words(
             &dir,
             name,
-            &[
-                &spec,
-                H100,
-                "--nodes",
-                "1",
-                "--dp",
-                "8",
-                "--tp",
-                "1",
-                "--pp",
-                "1",
-                "--zero",
-                "3",
-                "--no-hybrid-shard",
-                "--micro-batch",
-                "2",
-                "--recompute",
-                recompute,
-            ],
+            &format!("{spec} {H100} --nodes 1 --dp 8 --tp 1 --pp 1 --zero 3 --no-hybrid-shard --micro-batch 2 --recompute {recompute}"),
         )
     };
     let p = full_ft("full.json", "full");
     let y = yaml(&export_text(&p, "torchtune"));
-    assert_eq!(y["fsdp_cpu_offload"], serde_yaml_ng::Value::from(false));
+    // Absent is the recipes' default: no offload (existing exports stay as they were).
+    assert!(y.get("fsdp_cpu_offload").is_none());
     assert_eq!(
         y["enable_activation_offloading"],
         serde_yaml_ng::Value::from(false)
@@ -383,28 +354,10 @@ fn accelerate_states_the_engine_of_each_plan() {
 #[test]
 fn accelerate_hsdp_on_two_nodes() {
     let dir = Scratch::new();
-    let p = plan_file(
+    let p = plan_words(
         &dir,
         "hsdp.json",
-        &[
-            LLAMA,
-            H100,
-            "--nodes",
-            "2",
-            "--dp",
-            "16",
-            "--tp",
-            "1",
-            "--pp",
-            "1",
-            "--zero",
-            "3",
-            "--hybrid-shard",
-            "--micro-batch",
-            "1",
-            "--recompute",
-            "full",
-        ],
+        &format!("{LLAMA} {H100} --nodes 2 --dp 16 --tp 1 --pp 1 --zero 3 --hybrid-shard --micro-batch 1 --recompute full"),
     );
     let y = yaml(&export_text(&p, "accelerate"));
     assert_eq!(y["num_machines"].as_u64(), Some(2));
@@ -505,29 +458,10 @@ fn lightning_builds_each_strategy() {
     let p = offload_plan(&dir, "ddp.json", "0", ("none", "cpu", false));
     assert!(export_text(&p, "lightning").contains("strategy = DDPStrategy(\n)\n"));
     // TP has no truthful Lightning strategy here.
-    let tp = plan_file(
+    let tp = plan_words(
         &dir,
         "tp.json",
-        &[
-            LLAMA,
-            H100,
-            "--nodes",
-            "1",
-            "--dp",
-            "4",
-            "--tp",
-            "2",
-            "--pp",
-            "1",
-            "--sp",
-            "--zero",
-            "3",
-            "--no-hybrid-shard",
-            "--micro-batch",
-            "1",
-            "--recompute",
-            "full",
-        ],
+        &format!("{LLAMA} {H100} --nodes 1 --dp 4 --tp 2 --pp 1 --sp --zero 3 --no-hybrid-shard --micro-batch 1 --recompute full"),
     );
     export_refused(
         &tp,

@@ -466,8 +466,11 @@ pub(super) fn torchtune(plan: &Plan) -> Result<String, ExportError> {
     ]);
     if distributed {
         pairs.push(("fsdp_reshard_after_forward", Value::from(p.zero_stage == 3)));
-        // FSDP2's CPUOffloadPolicy: weights, gradients and optimizer states on the host.
-        pairs.push(("fsdp_cpu_offload", Value::from(off.params())));
+        // FSDP2's CPUOffloadPolicy: weights, gradients and optimizer states on the host. The
+        // recipes' default (cfg.get("fsdp_cpu_offload", False)) is none: written only when on.
+        if off.params() {
+            pairs.push(("fsdp_cpu_offload", Value::from(true)));
+        }
     }
     pairs.extend([
         (
