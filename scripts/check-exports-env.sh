@@ -5,7 +5,8 @@
 #   bash scripts/check-exports-env.sh engines      a venv with torch, DeepSpeed, torchtitan,
 #                                                  megatron-core (Megatron-LM's megatron/training;
 #                                                  Python >= 3.12 only), kubernetes-validate,
-#                                                  transformers, and peft with bitsandbytes (each
+#                                                  transformers, peft with bitsandbytes, and
+#                                                  lightning (each
 #                                                  added to an existing venv by a step of its
 #                                                  own); prints its python
 #   bash scripts/check-exports-env.sh kubernetes   kubernetes-validate alone (pip --target); prints
@@ -36,6 +37,14 @@ HF_PINS=("transformers==$TRANSFORMERS" safetensors==0.8.0 regex==2026.11.19)
 PEFT=0.21.2
 BITSANDBYTES=0.50.2
 PEFT_PINS=("peft==$PEFT" "bitsandbytes==$BITSANDBYTES" accelerate==1.15.0)
+# Lightning for the lightning export's check (scripts/check_exports_lightning.py, which builds
+# its Trainer and strategy on the CPU): a fourth step with its own marker. 2.6.6 is its latest
+# release (it takes torch < 4.0); what it pulls in that the constraints file does not pin is
+# pinned here (fsspec[http]'s aiohttp and its own dependencies).
+LIGHTNING=2.6.6
+LIGHTNING_PINS=("lightning==$LIGHTNING" "pytorch-lightning==$LIGHTNING" lightning-utilities==0.15.3
+  torchmetrics==1.9.0 aiohttp==3.14.5 aiohappyeyeballs==2.7.1 aiosignal==1.4.0 frozenlist==1.8.0
+  multidict==7.2.1 propcache==0.5.4 yarl==1.25.1)
 # torchtune's last release pins torchdata 0.11.0 and imports torchao at its top; it predates the
 # engines' torch 2.15 by far, so it gets a venv of its own: torch 2.7.1 (torchtune 0.6's),
 # torchao 0.11.0 (built for torch 2.7), bitsandbytes 0.46.1 (its 8-bit AdamW, which the exports
@@ -142,6 +151,7 @@ engines)
   fi
   added_step "transformers-$TRANSFORMERS" "${HF_PINS[@]}"
   added_step "peft-$PEFT-bitsandbytes-$BITSANDBYTES" "${PEFT_PINS[@]}"
+  added_step "lightning-$LIGHTNING" "${LIGHTNING_PINS[@]}"
   echo "$dir/bin/python"
   ;;
 torchtune)

@@ -8,7 +8,7 @@
 #               table says. CI runs this (.ci/run). The engines come from
 #               TESSERA_TORCH_PYTHON, else from scripts/check-exports-env.sh (a venv cached
 #               outside the clone: torch, DeepSpeed, torchtitan, megatron-core, PyPI only).
-#   megatron | deepspeed | torchtitan | kubernetes | peft | torchtune
+#   megatron | deepspeed | torchtitan | kubernetes | peft | torchtune | accelerate | lightning
 #               the matrix's column of that target alone
 #     megatron    Megatron-LM's parse_args, validate_args, TransformerConfig (megatron-core's
 #                 wheel, or the Megatron-LM tree MEGATRON_LM); skipped, with the reason, where
@@ -21,6 +21,10 @@
 #     torchtune   torchtune 0.6.1's recipe parser and config.instantiate on the meta device: the
 #                 model, LoRA and trainable count, batch, dtype, optimizer are the plan's (a venv
 #                 of its own: scripts/check-exports-env.sh torchtune)
+#     accelerate  accelerate 1.15's config loader, launch parser and launcher environment, and the
+#                 FSDP or DeepSpeed plugin its processes build from it (engines venv)
+#     lightning   the snippet executed: Lightning 2.6's strategy and Trainer built on the CPU
+#                 (no fit), their attributes against the plan (engines venv)
 #     (sbatch)    in the matrix: bash -n and the #SBATCH lines against the plan
 #   sbatch      the matrix's sbatch column, then every script it exports through `sbatch
 #               --test-only` against a slurmctld of its own on loopback (by hand, as root, with
@@ -35,14 +39,14 @@ TESSERA=${TESSERA:-$PWD/target/release/tessera}
 export PYTHONDONTWRITEBYTECODE=1 # no __pycache__ in scripts/
 TMP=$(mktemp -d)
 trap 'rm -rf "$TMP"' EXIT
-TARGETS=(megatron deepspeed torchtitan sbatch kubernetes peft torchtune)
+TARGETS=(megatron deepspeed torchtitan sbatch kubernetes peft torchtune accelerate lightning)
 MODE=${1:-}
 case "$MODE" in
 matrix) COLUMNS_=("${TARGETS[@]}") ;;
-kubernetes | deepspeed | megatron | torchtitan | sbatch | peft | torchtune) COLUMNS_=("$MODE") ;;
+kubernetes | deepspeed | megatron | torchtitan | sbatch | peft | torchtune | accelerate | lightning) COLUMNS_=("$MODE") ;;
 megatron-deepspeed) COLUMNS_=() ;;
 *)
-  echo "usage: $0 matrix|megatron|deepspeed|torchtitan|kubernetes|sbatch|peft|torchtune|megatron-deepspeed" >&2
+  echo "usage: $0 matrix|megatron|deepspeed|torchtitan|kubernetes|sbatch|peft|torchtune|accelerate|lightning|megatron-deepspeed" >&2
   exit 2
   ;;
 esac
@@ -132,49 +136,74 @@ PLAN[ft-qlora-spec]="specs/finetune/llama3-8b-qlora.toml specs/clusters/rtx4090-
 PLAN[ft-gpt2-lora]="tests/fixtures/hf/gpt2/config.json specs/clusters/rtx4090-24g.toml --devices 1 --seq-len 1024 --global-batch 8 --method lora --lora-rank 4 --lora-targets all --micro-batch 1 --recompute none"
 PLAN[ft-full-1gpu]="$FULL specs/clusters/dgx-h100-80g.toml --devices 1 --micro-batch 1 --recompute full"
 PLAN[ft-full-fsdp]="$FULL specs/clusters/dgx-h100-80g.toml --nodes 1 --dp 8 --tp 1 --pp 1 --zero 3 --no-hybrid-shard --micro-batch 2 --recompute full"
+# Offload (issue 38): the planner pins offload only where the cluster states its [host] tier and
+# the framework profile runs it, and none of the presets does yet; these plans are the plans
+# above with parallel.offload, offload_to and offload_activations set and a [host] table in the
+# plan's cluster (what `tessera plan --offload` would write), edited here (DERIVE: the base plan
+# and the parallel fields). Llama-3 8B ZeRO-3 on 2 nodes with params, optimizer, NVMe and
+# activation offload; ZeRO-1 with optimizer offload (Megatron's --optimizer-cpu-offload); the
+# full fine-tune with FSDP and params + activation offload (torchtune), or optimizer offload; and
+# LoRA with FSDP params offload.
+declare -A DERIVE
+DERIVE[llama-off-params]="llama-zero3-2-nodes offload=params"
+DERIVE[llama-off-opt]="llama-zero3-2-nodes offload=optimizer"
+DERIVE[llama-off-nvme]="llama-zero3-2-nodes offload=params offload_to=nvme"
+DERIVE[llama-off-act]="llama-zero3-2-nodes offload_activations=true"
+DERIVE[llama-every4-off-opt]="llama-every4 offload=optimizer"
+DERIVE[ft-full-fsdp-off]="ft-full-fsdp offload=params offload_activations=true"
+DERIVE[ft-full-fsdp-off-opt]="ft-full-fsdp offload=optimizer"
+DERIVE[ft-lora-fsdp-off]="ft-lora-fsdp offload=params"
 # A layout that does not fit, written with --force ("feasible": false): refused by every target;
 # exported with `tessera export --force` it is an ordinary DDP plan every target takes.
 PLAN[llama-infeasible]="${LLAMA[*]} --nodes 1 --dp 8 --tp 1 --pp 1 --micro-batch 4 --zero 0 --recompute none --force"
 
 EXPECTED=$(
   cat << 'TABLE'
-# plan                         megatron                  deepspeed                 torchtitan                sbatch                    kubernetes                peft                      torchtune
-gpt3-interleaved               ok                        refuse:interleaved        refuse:ZeRO-1             ok                        ok                        refuse:full_fine-tune     refuse:gpt_family
-gpt3-1f1b                      ok                        ok                        refuse:ZeRO-1             ok                        ok                        refuse:full_fine-tune     refuse:gpt_family
-llama-pp1                      ok                        ok                        ok                        ok                        ok                        refuse:full_fine-tune     refuse:precision
-llama-pp1-torchtitan           refuse:framework_profile  refuse:framework_profile  ok                        ok                        ok                        refuse:full_fine-tune     refuse:framework_profile
-llama-pp2                      ok                        refuse:uneven             refuse:ZeRO-1             ok                        ok                        refuse:full_fine-tune     refuse:precision
-llama-pp2-fsdp                 refuse:ZeRO-3             refuse:ZeRO-3             ok                        ok                        ok                        refuse:full_fine-tune     refuse:precision
-llama-pp2-fsdp-selective       refuse:ZeRO-3             refuse:selective          ok                        ok                        ok                        refuse:full_fine-tune     refuse:precision
-llama-interleaved-uneven       ok                        refuse:interleaved        refuse:ZeRO-1             ok                        ok                        refuse:full_fine-tune     refuse:precision
-llama-interleaved-uneven-fsdp  refuse:ZeRO-3             refuse:interleaved        ok                        ok                        ok                        refuse:full_fine-tune     refuse:precision
-llama-ends-short               ok                        refuse:interleaved        refuse:ZeRO-1             ok                        ok                        refuse:full_fine-tune     refuse:precision
-llama-cp                       ok                        refuse:context            refuse:ZeRO-1             ok                        ok                        refuse:full_fine-tune     refuse:precision
-llama-cp-fsdp                  refuse:ZeRO-3             refuse:context            ok                        ok                        ok                        refuse:full_fine-tune     refuse:precision
-llama-cp-ag                    ok                        refuse:context            refuse:ZeRO-1             ok                        ok                        refuse:full_fine-tune     refuse:precision
-llama-cp-ag-fsdp               refuse:ZeRO-3             refuse:context            ok                        ok                        ok                        refuse:full_fine-tune     refuse:precision
-llama-zero3-2-nodes            refuse:ZeRO-3             ok                        ok                        ok                        ok                        refuse:full_fine-tune     refuse:precision
-llama-hsdp                     refuse:ZeRO-3             refuse:hybrid             ok                        ok                        ok                        refuse:full_fine-tune     refuse:precision
-llama-every4                   ok                        refuse:some_layers        refuse:ZeRO-1             ok                        ok                        refuse:full_fine-tune     refuse:precision
-llama-every4-pp2-fsdp          refuse:ZeRO-3             refuse:some_layers        ok                        ok                        ok                        refuse:full_fine-tune     refuse:precision
-gpt3-13b-every4-uneven         refuse:every_4th          refuse:some_layers        refuse:ZeRO-1             ok                        ok                        refuse:full_fine-tune     refuse:gpt_family
-gpt3-13b-every4-uneven-fsdp    refuse:ZeRO-3             refuse:some_layers        ok                        ok                        ok                        refuse:full_fine-tune     refuse:gpt_family
-llama-12-gpus                  ok                        ok                        ok                        refuse:12_ranks           refuse:12_ranks           refuse:full_fine-tune     refuse:precision
-mixtral-ep                     ok                        refuse:mixture            refuse:mixture            ok                        ok                        refuse:full_fine-tune     refuse:mixture
-deepseek-v3-ep                 ok                        refuse:Latent             refuse:Latent             ok                        ok                        refuse:full_fine-tune     refuse:Latent
-tiny-cpu                       refuse:CPU                refuse:CPU                refuse:CPU                ok                        ok                        refuse:full_fine-tune     refuse:CPU
-ft-lora-1gpu                   refuse:adapters           refuse:adapters           refuse:adapters           refuse:adapters           refuse:adapters           ok                        ok
-ft-qlora-1gpu                  refuse:adapters           refuse:adapters           refuse:adapters           refuse:adapters           refuse:adapters           ok                        ok
-ft-lora-8bit                   refuse:adapters           refuse:adapters           refuse:adapters           refuse:adapters           refuse:adapters           ok                        ok
-ft-lora-fsdp                   refuse:adapters           refuse:adapters           refuse:adapters           refuse:adapters           refuse:adapters           ok                        ok
-ft-lora-zero1                  refuse:adapters           refuse:adapters           refuse:adapters           refuse:adapters           refuse:adapters           ok                        refuse:ZeRO-1
-ft-lora-tp                     refuse:adapters           refuse:adapters           refuse:adapters           refuse:adapters           refuse:adapters           ok                        refuse:tensor
-ft-qlora-spec                  refuse:adapters           refuse:adapters           refuse:adapters           refuse:adapters           refuse:adapters           ok                        refuse:precision
-ft-gpt2-lora                   refuse:adapters           refuse:adapters           refuse:adapters           refuse:adapters           refuse:adapters           ok                        refuse:gpt_family
-ft-full-1gpu                   refuse:every_tensor       refuse:every_tensor       refuse:clipping           ok                        ok                        refuse:full_fine-tune     ok
-ft-full-fsdp                   refuse:ZeRO-3             refuse:every_tensor       refuse:clipping           ok                        ok                        refuse:full_fine-tune     ok
-llama-infeasible               refuse:feasible           refuse:feasible           refuse:feasible           refuse:feasible           refuse:feasible           refuse:feasible           refuse:feasible
-llama-infeasible+force         ok                        ok                        ok                        ok                        ok                        refuse:full_fine-tune     refuse:precision
+# plan                         megatron                  deepspeed                 torchtitan                sbatch                    kubernetes                peft                      torchtune                 accelerate                lightning
+gpt3-interleaved               ok                        refuse:interleaved        refuse:ZeRO-1             ok                        ok                        refuse:full_fine-tune     refuse:gpt_family         refuse:tensor             refuse:tensor
+gpt3-1f1b                      ok                        ok                        refuse:ZeRO-1             ok                        ok                        refuse:full_fine-tune     refuse:gpt_family         refuse:tensor             refuse:tensor
+llama-pp1                      ok                        ok                        ok                        ok                        ok                        refuse:full_fine-tune     refuse:precision          refuse:tensor             refuse:tensor
+llama-pp1-torchtitan           refuse:framework_profile  refuse:framework_profile  ok                        ok                        ok                        refuse:full_fine-tune     refuse:framework_profile  refuse:framework_profile  refuse:framework_profile
+llama-pp2                      ok                        refuse:uneven             refuse:ZeRO-1             ok                        ok                        refuse:full_fine-tune     refuse:precision          refuse:tensor             refuse:tensor
+llama-pp2-fsdp                 refuse:ZeRO-3             refuse:ZeRO-3             ok                        ok                        ok                        refuse:full_fine-tune     refuse:precision          refuse:tensor             refuse:tensor
+llama-pp2-fsdp-selective       refuse:ZeRO-3             refuse:selective          ok                        ok                        ok                        refuse:full_fine-tune     refuse:precision          refuse:tensor             refuse:tensor
+llama-interleaved-uneven       ok                        refuse:interleaved        refuse:ZeRO-1             ok                        ok                        refuse:full_fine-tune     refuse:precision          refuse:tensor             refuse:tensor
+llama-interleaved-uneven-fsdp  refuse:ZeRO-3             refuse:interleaved        ok                        ok                        ok                        refuse:full_fine-tune     refuse:precision          refuse:tensor             refuse:tensor
+llama-ends-short               ok                        refuse:interleaved        refuse:ZeRO-1             ok                        ok                        refuse:full_fine-tune     refuse:precision          refuse:tensor             refuse:tensor
+llama-cp                       ok                        refuse:context            refuse:ZeRO-1             ok                        ok                        refuse:full_fine-tune     refuse:precision          refuse:tensor             refuse:tensor
+llama-cp-fsdp                  refuse:ZeRO-3             refuse:context            ok                        ok                        ok                        refuse:full_fine-tune     refuse:precision          refuse:tensor             refuse:tensor
+llama-cp-ag                    ok                        refuse:context            refuse:ZeRO-1             ok                        ok                        refuse:full_fine-tune     refuse:precision          refuse:tensor             refuse:tensor
+llama-cp-ag-fsdp               refuse:ZeRO-3             refuse:context            ok                        ok                        ok                        refuse:full_fine-tune     refuse:precision          refuse:tensor             refuse:tensor
+llama-zero3-2-nodes            refuse:ZeRO-3             ok                        ok                        ok                        ok                        refuse:full_fine-tune     refuse:precision          ok                        ok
+llama-hsdp                     refuse:ZeRO-3             refuse:hybrid             ok                        ok                        ok                        refuse:full_fine-tune     refuse:precision          ok                        ok
+llama-every4                   ok                        refuse:some_layers        refuse:ZeRO-1             ok                        ok                        refuse:full_fine-tune     refuse:precision          refuse:tensor             refuse:tensor
+llama-every4-pp2-fsdp          refuse:ZeRO-3             refuse:some_layers        ok                        ok                        ok                        refuse:full_fine-tune     refuse:precision          refuse:tensor             refuse:tensor
+gpt3-13b-every4-uneven         refuse:every_4th          refuse:some_layers        refuse:ZeRO-1             ok                        ok                        refuse:full_fine-tune     refuse:gpt_family         refuse:tensor             refuse:tensor
+gpt3-13b-every4-uneven-fsdp    refuse:ZeRO-3             refuse:some_layers        ok                        ok                        ok                        refuse:full_fine-tune     refuse:gpt_family         refuse:tensor             refuse:tensor
+llama-12-gpus                  ok                        ok                        ok                        refuse:12_ranks           refuse:12_ranks           refuse:full_fine-tune     refuse:precision          refuse:tensor             refuse:tensor
+mixtral-ep                     ok                        refuse:mixture            refuse:mixture            ok                        ok                        refuse:full_fine-tune     refuse:mixture            refuse:mixture            refuse:mixture
+deepseek-v3-ep                 ok                        refuse:Latent             refuse:Latent             ok                        ok                        refuse:full_fine-tune     refuse:Latent             refuse:Latent             refuse:Latent
+tiny-cpu                       refuse:CPU                refuse:CPU                refuse:CPU                ok                        ok                        refuse:full_fine-tune     refuse:CPU                refuse:CPU                refuse:CPU
+ft-lora-1gpu                   refuse:adapters           refuse:adapters           refuse:adapters           refuse:adapters           refuse:adapters           ok                        ok                        refuse:precision          refuse:adapters
+ft-qlora-1gpu                  refuse:adapters           refuse:adapters           refuse:adapters           refuse:adapters           refuse:adapters           ok                        ok                        refuse:precision          refuse:adapters
+ft-lora-8bit                   refuse:adapters           refuse:adapters           refuse:adapters           refuse:adapters           refuse:adapters           ok                        ok                        refuse:precision          refuse:adapters
+ft-lora-fsdp                   refuse:adapters           refuse:adapters           refuse:adapters           refuse:adapters           refuse:adapters           ok                        ok                        refuse:precision          refuse:adapters
+ft-lora-zero1                  refuse:adapters           refuse:adapters           refuse:adapters           refuse:adapters           refuse:adapters           ok                        refuse:ZeRO-1             refuse:precision          refuse:adapters
+ft-lora-tp                     refuse:adapters           refuse:adapters           refuse:adapters           refuse:adapters           refuse:adapters           ok                        refuse:tensor             refuse:tensor             refuse:adapters
+ft-qlora-spec                  refuse:adapters           refuse:adapters           refuse:adapters           refuse:adapters           refuse:adapters           ok                        refuse:precision          ok                        refuse:adapters
+ft-gpt2-lora                   refuse:adapters           refuse:adapters           refuse:adapters           refuse:adapters           refuse:adapters           ok                        refuse:gpt_family         ok                        refuse:adapters
+ft-full-1gpu                   refuse:every_tensor       refuse:every_tensor       refuse:clipping           ok                        ok                        refuse:full_fine-tune     ok                        refuse:precision          ok
+ft-full-fsdp                   refuse:ZeRO-3             refuse:every_tensor       refuse:clipping           ok                        ok                        refuse:full_fine-tune     ok                        refuse:precision          ok
+llama-off-params               refuse:ZeRO-3             ok                        ok                        refuse:offload            refuse:offload            refuse:full_fine-tune     refuse:precision          ok                        ok
+llama-off-opt                  refuse:ZeRO-3             ok                        refuse:optimizer_offload  refuse:offload            refuse:offload            refuse:full_fine-tune     refuse:precision          ok                        ok
+llama-off-nvme                 refuse:ZeRO-3             ok                        refuse:NVMe               refuse:offload            refuse:offload            refuse:full_fine-tune     refuse:precision          refuse:NVMe               ok
+llama-off-act                  refuse:ZeRO-3             ok                        refuse:activation_offload refuse:offload            refuse:offload            refuse:full_fine-tune     refuse:precision          refuse:activation_offload refuse:activation_offload
+llama-every4-off-opt           ok                        refuse:some_layers        refuse:ZeRO-1             refuse:offload            refuse:offload            refuse:full_fine-tune     refuse:precision          refuse:tensor             refuse:tensor
+ft-full-fsdp-off               refuse:ZeRO-3             refuse:every_tensor       refuse:activation_offload refuse:offload            refuse:offload            refuse:full_fine-tune     ok                        refuse:activation_offload refuse:activation_offload
+ft-full-fsdp-off-opt           refuse:ZeRO-3             refuse:every_tensor       refuse:optimizer_offload  refuse:offload            refuse:offload            refuse:full_fine-tune     refuse:optimizer_offload  refuse:precision          ok
+ft-lora-fsdp-off               refuse:adapters           refuse:adapters           refuse:adapters           refuse:adapters           refuse:adapters           ok                        ok                        refuse:precision          refuse:adapters
+llama-infeasible               refuse:feasible           refuse:feasible           refuse:feasible           refuse:feasible           refuse:feasible           refuse:feasible           refuse:feasible           refuse:feasible           refuse:feasible
+llama-infeasible+force         ok                        ok                        ok                        ok                        ok                        refuse:full_fine-tune     refuse:precision          ok                        ok
 TABLE
 )
 column_of() { # TARGET: its column in the table (plan is 1)
@@ -192,11 +221,28 @@ result() { printf '%s\t%s\t%s\t%s\n' "$1" "$2" "$3" "$4" >> "$RESULTS"; }
 mapfile -t NAMES < <(grep -v '^#' <<< "$EXPECTED" | awk 'NF { print $1 }')
 for name in "${NAMES[@]}"; do
   base=${name%+force}
+  [ -n "${DERIVE[$base]:-}" ] && continue
   [ -n "${PLAN[$base]:-}" ] || { echo "no plan for $name in the table" >&2; exit 1; }
   [ "$base" != "$name" ] && continue
   # shellcheck disable=SC2086 # the arguments hold no spaces
   "$TESSERA" plan ${PLAN[$name]} -o "$TMP/$name.json" > "$TMP/$name.plan.log" 2>&1 ||
     { cat "$TMP/$name.plan.log" >&2; echo "tessera plan failed for $name" >&2; exit 1; }
+done
+for name in "${!DERIVE[@]}"; do
+  read -r from fields <<< "${DERIVE[$name]}"
+  # shellcheck disable=SC2086 # KEY=VALUE words
+  python3 - "$TMP/$from.json" "$TMP/$name.json" $fields << 'PY'
+import json, sys
+plan = json.load(open(sys.argv[1]))
+for kv in sys.argv[3:]:
+    k, v = kv.split("=")
+    plan["parallel"][k] = {"true": True, "false": False}.get(v, v)
+# A DGX node's host tier (2 TiB of DRAM, PCIe Gen5 per GPU, 8 NVMe drives): what the offload rules
+# ask of the cluster; its numbers size and cost offload, which the exports do not read.
+plan["job"]["cluster"]["host"] = {"memory_gib": 2048.0, "link_gbps": 55.0, "nvme_gbps": 50.0,
+                                  "nvme_gib": 28000.0, "adamw_gparams_per_s": 2.0}
+json.dump(plan, open(sys.argv[2], "w"), indent=2)
+PY
 done
 
 # Exports: each against the table. What is exported goes to the target's check below.
@@ -267,7 +313,7 @@ skip() { # TARGET REASON: every export of the target is recorded as skipped
 }
 PY=${TESSERA_TORCH_PYTHON:-}
 for target in "${COLUMNS_[@]}"; do
-  case $target in megatron | deepspeed | torchtitan | peft)
+  case $target in megatron | deepspeed | torchtitan | peft | accelerate | lightning)
     [ -n "${CHECK[$target]:-}" ] && [ -z "$PY" ] && PY=$(bash scripts/check-exports-env.sh engines) ;;
   esac
 done
@@ -292,6 +338,15 @@ for target in "${COLUMNS_[@]}"; do
     # PEFT is a step of its own in the engines venv (check-exports-env.sh); a
     # TESSERA_TORCH_PYTHON needs transformers and peft.
     run_check peft "$PY" -W ignore
+    ;;
+  accelerate)
+    # accelerate and peft are a step of the engines venv; DeepSpeed's config models check the
+    # DeepSpeed plugin's section.
+    run_check accelerate "$PY" -W ignore
+    ;;
+  lightning)
+    # Lightning is a step of its own in the engines venv (check-exports-env.sh).
+    run_check lightning "$PY" -W ignore
     ;;
   torchtune)
     # torchtune 0.6.1 pins its own torch (2.7): a venv of its own, whatever TESSERA_TORCH_PYTHON is.

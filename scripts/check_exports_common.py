@@ -63,6 +63,21 @@ def launch(plan):
     return {"gpus": True, "nodes": nodes, "per_node": per_node, "world": world}
 
 
+def offload_devices(zc):
+    """(optimizer, param) offload devices as DeepSpeed's DeepSpeedZeroConfig `zc` reads them,
+    "none" where a section is absent."""
+    dev = lambda section: str(getattr(section.device, "value", section.device)) if section else "none"  # noqa: E731
+    return dev(zc.offload_optimizer), dev(zc.offload_param)
+
+
+def want_offload(plan):
+    """(optimizer, param) offload devices the plan asks for: `parallel.offload` (absent: none)
+    to `parallel.offload_to` (absent: cpu)."""
+    p = plan["parallel"]
+    off, to = p.get("offload", "none"), p.get("offload_to", "cpu")
+    return (to if off != "none" else "none"), (to if off == "params" else "none")
+
+
 def short(v):
     """A long list as runs: [8, 8, 8, 4] is "[8]*3 + [4]", [0, 1, …, 31] is "[0..31]"."""
     if not isinstance(v, list) or len(v) <= 8:

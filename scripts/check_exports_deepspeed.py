@@ -4,7 +4,7 @@ Usage: python check_exports_deepspeed.py [--results FILE] NAME PLAN.json CONFIG.
 Python that has torch and deepspeed (scripts/check-exports.sh runs it). For each config: every
 key must be one DeepSpeed reads, DeepSpeedConfig must accept it for the plan's DP degree, and its
 reading must be the plan's (batch, micro-batch, accumulation steps, ZeRO stage and hpZ, bf16,
-activation checkpointing), derived from plan.json; the same config with train_batch_size + 1 must
+activation checkpointing, offload devices, NVMe folder and cpu_checkpointing), derived from plan.json; the same config with train_batch_size + 1 must
 be refused. Where the export's stderr was saved beside the config (CONFIG.stderr), the
 Megatron-DeepSpeed flags printed there must be the plan's degrees, ZeRO stage, SP and recompute.
 """
@@ -20,7 +20,9 @@ from deepspeed.runtime.activation_checkpointing.config import ACT_CHKPT, ACT_CHK
 from deepspeed.runtime.config import DeepSpeedConfig
 from deepspeed.runtime.zero.config import ZERO_OPTIMIZATION
 
-from check_exports_common import compare, load, run
+from check_exports_common import compare, load, offload_devices, run, want_offload
+
+NVME_PATH = "/local_nvme"  # the export's placeholder (docs/exports.md)
 
 # DeepSpeedConfig first asks deepspeed.comm for the rank; with no backend it silently takes
 # world size 1 and never asks the mpu. So: a real one-process gloo group, and each plan's DP
@@ -73,6 +75,13 @@ def check(name, plan, plan_path, config_path):
         # The config's section configures DeepSpeed's checkpointing; Megatron-DeepSpeed turns
         # it on with --checkpoint-activations (below): present exactly with full recompute.
         "activation_checkpointing section": ACT_CHKPT in config,
+        # ZeRO-Offload / ZeRO-Infinity, as DeepSpeed's own offload config models read them.
+        "offload devices (optimizer, param)": offload_devices(c.zero_config),
+        "offload nvme_path": sorted({str(s.nvme_path) for s in (c.zero_config.offload_optimizer,
+                                                                c.zero_config.offload_param) if s and s.nvme_path}),
+        "offload pin_memory": sorted({s.pin_memory for s in (c.zero_config.offload_optimizer,
+                                                             c.zero_config.offload_param) if s}),
+        "cpu_checkpointing": bool(c.activation_checkpointing_config.cpu_checkpointing),
     }
     want = {
         "data-parallel world size": p["dp"],
@@ -84,6 +93,10 @@ def check(name, plan, plan_path, config_path):
         "bf16": True,
         "fp16": False,
         "activation_checkpointing section": p["recompute"] == "full",
+        "offload devices (optimizer, param)": want_offload(plan),
+        "offload nvme_path": [NVME_PATH] if "nvme" in want_offload(plan) else [],
+        "offload pin_memory": [True] if p.get("offload", "none") != "none" else [],
+        "cpu_checkpointing": p.get("offload_activations", False),
     }
     stderr = config_path + ".stderr"
     if os.path.exists(stderr):

@@ -177,6 +177,13 @@ def check(name, plan, plan_path, path):
             "qk_pos_emb_head_dim": mla["qk_rope_head_dim"],
             "v_head_dim": mla["v_head_dim"],
         })
+    # The distributed optimizer's CPU offload (the plan's optimizer offload): all of it.
+    offload = p.get("offload", "none") == "optimizer"
+    want.update({
+        "optimizer_cpu_offload": offload,
+        "optimizer_offload_fraction": 1.0,
+        "use_precision_aware_optimizer": offload,
+    })
     got = {k: getattr(args, k, None) for k in want}
     if moe:
         freq = cfg.moe_layer_freq

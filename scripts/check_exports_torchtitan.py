@@ -127,6 +127,9 @@ def check(name, plan, plan_path, config_path):
         want["context_parallel_rotate_method"] = {"p2p": "alltoall", "all_gather": "allgather"}[p.get("cp_comm", "p2p")]
     got = {k: getattr(par, k) for k in want if hasattr(par, k)}
     got["seq_len"] = c.training.seq_len
+    # FSDP2's CPUOffloadPolicy (apply_fsdp(cpu_offload=...)): the plan's params offload.
+    want["training.enable_cpu_offload"] = p.get("offload", "none") == "params"
+    got["training.enable_cpu_offload"] = c.training.enable_cpu_offload
     if p["pp"] > 1:
         want["pipeline_parallel_schedule"] = {"1f1b": "1F1B", "gpipe": "GPipe",
                                               "interleaved": "Interleaved1F1B"}[p["schedule"]]

@@ -102,6 +102,9 @@ def check(name, plan, plan_path, export_path):
         "dtype": cfg.dtype,
         "enable_activation_checkpointing": cfg.enable_activation_checkpointing,
         "fsdp_reshard_after_forward": cfg.get("fsdp_reshard_after_forward", None),
+        # The recipes read it as cfg.get("fsdp_cpu_offload", False).
+        "fsdp_cpu_offload": cfg.get("fsdp_cpu_offload", False),
+        "enable_activation_offloading": cfg.enable_activation_offloading,
     }
     dp = p["dp"]
     want = {
@@ -123,6 +126,9 @@ def check(name, plan, plan_path, export_path):
         "dtype": {"bf16": "bf16", "fp32": "fp32"}[t["precision"]],
         "enable_activation_checkpointing": p["recompute"] == "full",
         "fsdp_reshard_after_forward": (p["zero_stage"] == 3) if dp > 1 else None,
+        # FSDP2's CPU offload (weights, gradients, optimizer states): the plan's params offload.
+        "fsdp_cpu_offload": p.get("offload", "none") == "params",
+        "enable_activation_offloading": p.get("offload_activations", False),
     }
     assert registry[recipe].supports_distributed == (dp > 1), recipe
     if a.get("rope_scaling"):

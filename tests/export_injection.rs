@@ -17,8 +17,9 @@ use tessera_planner::plan::Plan;
 
 /// Plans tiny on cpu-8 (a CPU plan), and Llama-3 8B on two DGX H100 nodes on one stage with
 /// ZeRO-1 (which Megatron-LM and DeepSpeed take) and on two stages with ZeRO-3 (which
-/// torchtitan takes), and a LoRA fine-tune on one RTX 4090 (which PEFT and torchtune take), so
-/// that every writer's text is produced for some plan.
+/// torchtitan takes), on two nodes with FSDP only (accelerate, Lightning), and a LoRA fine-tune
+/// on one RTX 4090 (which PEFT and torchtune take), so that every writer's text is produced for
+/// some plan.
 fn base_plans(dir: &Scratch) -> Vec<Plan> {
     let mut paths = vec![tiny_plan(dir)];
     for (zero, pp, dp) in [("1", "1", "8"), ("3", "2", "4")] {
@@ -31,6 +32,10 @@ fn base_plans(dir: &Scratch) -> Vec<Plan> {
         args.extend(pins.split_whitespace());
         paths.push(plan_file(dir, &name, &args));
     }
+    // Data parallelism only, for the trainers (accelerate, Lightning): FSDP over two nodes.
+    let fsdp = "specs/models/llama3-8b.toml specs/clusters/dgx-h100-80g.toml --nodes 2 --dp 16 --tp 1 --pp 1 --zero 3 --no-hybrid-shard --micro-batch 1 --recompute full";
+    let args: Vec<&str> = fsdp.split_whitespace().collect();
+    paths.push(plan_file(dir, "fsdp.json", &args));
     paths.push(plan_file(
         dir,
         "lora.json",
@@ -214,18 +219,48 @@ fn check_export(dir: &Path, plan: &Plan, target: Target, marker: &Path) {
             let v: serde_json::Value = serde_json::from_str(&text).unwrap();
             assert_eq!(v["peft_type"], "LORA", "{text}");
         }
+        Target::Accelerate => {
+            // Every line before the YAML is a comment; the YAML is one mapping.
+            let v = yaml_after_comments(&text);
+            assert_eq!(
+                v["compute_environment"].as_str(),
+                Some("LOCAL_MACHINE"),
+                "{text}"
+            );
+        }
+        Target::Lightning => {
+            // Python's own parser: the comments come first and the module is only the
+            // imports, the two assignments and the __main__ block; no string holds the name.
+            let check = r##"
+import ast, sys
+text = open(sys.argv[1]).read()
+lines = text.splitlines()
+code = [i for i, l in enumerate(lines) if not l.startswith("#")]
+assert all(not l.startswith("#") for l in lines[code[0]:]), "a comment after the code"
+tree = ast.parse(text)
+kinds = [type(n).__name__ for n in tree.body]
+assert kinds[-3:] == ["Assign", "Assign", "If"], kinds
+assert set(kinds[:-3]) <= {"Import", "ImportFrom"}, kinds
+for node in ast.walk(tree):
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        assert node.value.isascii() and "\n" not in node.value and "touch" not in node.value, node.value
+"##;
+            let out = Command::new("python3")
+                .args(["-c", check])
+                .arg(&file)
+                .output()
+                .unwrap();
+            assert!(
+                out.status.success(),
+                "{}
+{text}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
         Target::Torchtune => {
             // Every line before the YAML is a comment; the YAML is one mapping.
-            let body: String = text
-                .lines()
-                .skip_while(|l| l.starts_with('#'))
-                .map(|l| format!("{l}\n"))
-                .collect();
             assert!(text.lines().take_while(|l| l.starts_with('#')).count() >= 3);
-            let v: serde_yaml_ng::Value =
-                serde_yaml_ng::from_str(&text).unwrap_or_else(|e| panic!("{e}\n{text}"));
-            let b: serde_yaml_ng::Value = serde_yaml_ng::from_str(&body).unwrap();
-            assert_eq!(v, b, "a comment line ended early:\n{text}");
+            let v = yaml_after_comments(&text);
             assert!(v["model"]["_component_"]
                 .as_str()
                 .unwrap()
@@ -237,6 +272,22 @@ fn check_export(dir: &Path, plan: &Plan, target: Target, marker: &Path) {
         "an injected command ran ({}):\n{text}",
         target.name()
     );
+}
+
+/// The YAML of a text whose header is comments: read whole and without the header, the two
+/// must be the same mapping (no comment line ended early).
+fn yaml_after_comments(text: &str) -> serde_yaml_ng::Value {
+    let body: String = text
+        .lines()
+        .skip_while(|l| l.starts_with('#'))
+        .map(|l| format!("{l}\n"))
+        .collect();
+    assert!(text.lines().take_while(|l| l.starts_with('#')).count() >= 2);
+    let v: serde_yaml_ng::Value =
+        serde_yaml_ng::from_str(text).unwrap_or_else(|e| panic!("{e}\n{text}"));
+    let b: serde_yaml_ng::Value = serde_yaml_ng::from_str(&body).unwrap();
+    assert_eq!(v, b, "a comment line ended early:\n{text}");
+    v
 }
 
 #[test]

@@ -42,6 +42,8 @@ fn cluster(devices: u64, memory_gib: f64) -> Cluster {
         },
         calibration: Default::default(),
         calibrated: false,
+        // No host tier: nothing offloads here.
+        host: Default::default(),
     }
 }
 

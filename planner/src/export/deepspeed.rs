@@ -1,7 +1,7 @@
 //! A DeepSpeed config (JSON, through serde_json). Megatron-DeepSpeed takes the TP and PP
 //! degrees as its own flags, which a JSON config cannot carry: [`deepspeed_flags`] prints them.
 
-use super::{refuse, refuse_moe_or_mla, stage_layers, ExportError, Target};
+use super::{offload, refuse, refuse_moe_or_mla, stage_layers, ExportError, Target};
 use crate::layout::Recompute;
 use crate::optimizer::{DecayOn, DecayShape};
 use crate::plan::Plan;
@@ -85,12 +85,40 @@ pub(super) fn deepspeed(plan: &Plan) -> Result<String, ExportError> {
         },
         "gradient_clipping": o.clip_grad,
     });
+    let off = offload::of(plan);
+    if off.activations && p.recompute != Recompute::Full {
+        // DeepSpeed moves to the host only the inputs it checkpoints (`cpu_checkpointing`):
+        // without recompute nothing is checkpointed, and nothing moves.
+        return Err(refuse(
+            t,
+            "activation offload without recompute (parallel.offload_activations = true: DeepSpeed's cpu_checkpointing moves the checkpointed layer inputs to the host, and without activation checkpointing there are none)",
+            "re-plan with --recompute full, or without --offload-activations",
+        ));
+    }
     if p.recompute == Recompute::Full {
         config["activation_checkpointing"] = serde_json::json!({
             "partition_activations": false,
             "contiguous_memory_optimization": false,
-            "cpu_checkpointing": false,
+            "cpu_checkpointing": off.activations,
         });
+    }
+    // ZeRO-Offload and ZeRO-Infinity: the optimizer (fp32 master weights, moments, the step on
+    // DeepSpeed's CPU-Adam) and, for params, the sharded weights on the host or on NVMe.
+    let tier = |nvme: bool| {
+        let mut section = serde_json::json!({
+            "device": off.to.name(),
+            "pin_memory": true,
+        });
+        if nvme {
+            section["nvme_path"] = serde_json::json!(offload::NVME_PATH);
+        }
+        section
+    };
+    if off.optimizer() {
+        config["zero_optimization"]["offload_optimizer"] = tier(off.nvme());
+    }
+    if off.params() {
+        config["zero_optimization"]["offload_param"] = tier(off.nvme());
     }
     Ok(serde_json::to_string_pretty(&config).expect("a JSON value serialises") + "\n")
 }

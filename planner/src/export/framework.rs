@@ -18,6 +18,8 @@ pub fn profiles(target: Target) -> &'static [&'static str] {
         // no torchtune profile: its plans are predicted for the default one (a warning says so).
         Target::Peft => &[],
         Target::Torchtune => &["megatron-core"],
+        // Both run PyTorch's DDP or FSDP, or DeepSpeed's ZeRO, over a transformers model.
+        Target::Accelerate | Target::Lightning => &["pytorch-eager", "deepspeed"],
     }
 }
 
@@ -31,10 +33,7 @@ fn plan_profile(plan: &Plan) -> &'static str {
 /// A plan whose spec stated a framework the engine target does not run is refused: its
 /// predicted time and memory are that framework's (`tessera plan --framework`).
 pub(super) fn check(plan: &Plan, target: Target) -> Result<(), ExportError> {
-    let engine = matches!(
-        target,
-        Target::Megatron | Target::DeepSpeed | Target::Torchtitan | Target::Torchtune
-    );
+    let engine = !matches!(target, Target::Sbatch | Target::Kubernetes | Target::Peft);
     let used = plan_profile(plan);
     if engine && framework::stated(&plan.job.model) && !profiles(target).contains(&used) {
         return Err(refuse(

@@ -1,6 +1,7 @@
 //! Megatron-LM `pretrain_gpt.py` arguments: a bash array, one argument line per flag, every
 //! word quoted by `shlex`.
 
+use super::offload::{self, Knob};
 use super::{chunk_layers, comment_text, refuse, stage_layers, ExportError, Launch, Target};
 use crate::layout::Recompute;
 use crate::model::{Activation, AttentionImpl, Norm, Position};
@@ -294,6 +295,24 @@ pub(super) fn megatron(plan: &Plan, launch: &Launch) -> Result<String, ExportErr
     }
     if p.zero_stage >= 1 {
         args.push(flag("--use-distributed-optimizer"));
+    }
+    offload::check(
+        plan,
+        t,
+        &[
+            (Knob::Params, "Megatron-LM offloads the distributed optimizer's states and step only (--optimizer-cpu-offload); its weights stay on the device", "re-plan with --offload optimizer, or export to deepspeed or torchtitan"),
+            (Knob::Nvme, "Megatron-LM's optimizer offload is to host memory only", "re-plan with --offload-to cpu, or export to deepspeed"),
+            (Knob::Activations, "this export writes no activation offload: Megatron-LM's --cpu-offloading-num-layers is Transformer Engine's, per layer, not the plan's", "re-plan without --offload-activations, or export to deepspeed or torchtune"),
+        ],
+    )?;
+    if offload::of(plan).optimizer() {
+        // The hybrid-device optimizer: all of the distributed optimizer's shard on the host
+        // (fraction 1.0, the plan's). validate_args asserts the precision-aware optimizer with
+        // it ("the hybrid device optimizer reuses the code path of this flag"); its main
+        // weights and moments stay fp32 by default, as the plan's.
+        args.push(flag("--optimizer-cpu-offload"));
+        args.push(arg("--optimizer-offload-fraction", "1.0"));
+        args.push(flag("--use-precision-aware-optimizer"));
     }
     optimizer_args(plan, &mut args)?;
     args.push(flag("--bf16"));

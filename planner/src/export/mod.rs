@@ -1,7 +1,8 @@
 //! A plan in the languages of the engines and schedulers users run: Megatron-LM's
 //! `pretrain_gpt.py` arguments, a DeepSpeed config, a torchtitan job config, a Slurm batch
 //! script and a Kubernetes indexed Job; and for fine-tuning, PEFT's `LoraConfig` and a torchtune
-//! recipe config. Each writer states the plan exactly or refuses: a plan
+//! recipe config; for the trainers, a Hugging Face Accelerate config (with PEFT's `LoraConfig`
+//! beside it for adapters) and a Lightning `Trainer` snippet. Each writer states the plan exactly or refuses: a plan
 //! feature the target lacks is an [`ExportError`] naming it, never a file that silently means
 //! something else. Pure: text in, text out.
 //!
@@ -16,17 +17,22 @@
 //!   the layers of every (virtual) stage and the recomputed layers of every chunk. A plan
 //!   marked infeasible is refused unless forced.
 
+mod accelerate;
 mod deepspeed;
 pub mod framework;
 mod launch;
+mod lightning;
 mod megatron;
+mod offload;
 mod peft;
 mod scheduler;
 mod torchtitan;
 mod torchtune;
+mod trainers;
 
 pub use deepspeed::deepspeed_flags;
 pub use launch::Launch;
+pub use offload::{offload_note, NVME_PATH};
 pub use peft::{adapter_config, peft_note};
 
 use crate::plan::Plan;
@@ -42,6 +48,8 @@ pub enum Target {
     Kubernetes,
     Peft,
     Torchtune,
+    Accelerate,
+    Lightning,
 }
 
 impl Target {
@@ -54,10 +62,12 @@ impl Target {
             Target::Kubernetes => "kubernetes",
             Target::Peft => "peft",
             Target::Torchtune => "torchtune",
+            Target::Accelerate => "accelerate",
+            Target::Lightning => "lightning",
         }
     }
 
-    pub const ALL: [Target; 7] = [
+    pub const ALL: [Target; 9] = [
         Target::Megatron,
         Target::DeepSpeed,
         Target::Torchtitan,
@@ -65,6 +75,8 @@ impl Target {
         Target::Kubernetes,
         Target::Peft,
         Target::Torchtune,
+        Target::Accelerate,
+        Target::Lightning,
     ];
 }
 
@@ -139,7 +151,12 @@ pub fn export_with(plan: &Plan, target: Target, force: bool) -> Result<String, E
     }
     let gpu_engine = matches!(
         target,
-        Target::Megatron | Target::DeepSpeed | Target::Torchtitan | Target::Torchtune
+        Target::Megatron
+            | Target::DeepSpeed
+            | Target::Torchtitan
+            | Target::Torchtune
+            | Target::Accelerate
+            | Target::Lightning
     );
     if gpu_engine && plan.job.cluster.device.kind == DeviceKind::Cpu {
         return Err(refuse(
@@ -153,6 +170,14 @@ pub fn export_with(plan: &Plan, target: Target, force: bool) -> Result<String, E
         ));
     }
     framework::check(plan, target)?;
+    if matches!(target, Target::Sbatch | Target::Kubernetes) {
+        offload::none(
+            plan,
+            target,
+            "the script runs `tessera run`, whose runtime keeps every state on the device: it has no offload",
+            "re-plan without --offload and --offload-activations, or export to deepspeed",
+        )?;
+    }
     let launch = Launch::of(plan);
     match target {
         Target::Megatron => megatron::megatron(plan, &launch),
@@ -162,6 +187,8 @@ pub fn export_with(plan: &Plan, target: Target, force: bool) -> Result<String, E
         Target::Kubernetes => scheduler::kubernetes(plan, &launch),
         Target::Peft => peft::peft(plan),
         Target::Torchtune => torchtune::torchtune(plan),
+        Target::Accelerate => accelerate::accelerate(plan, &launch),
+        Target::Lightning => lightning::lightning(plan, &launch),
     }
 }
 
@@ -174,7 +201,8 @@ fn adapters_missing(target: Target) -> Option<&'static str> {
         Target::DeepSpeed => Some("the DeepSpeed export is Megatron-DeepSpeed's config and flags, which have no adapters (a PEFT run's ZeRO config is accelerate's, with the LoRA part PEFT's)"),
         Target::Torchtitan => Some("torchtitan 0.2 has no adapters"),
         Target::Sbatch | Target::Kubernetes => Some("the script launches `tessera run` on the cluster's GPUs, and the runtime trains adapters on the CPU backend only (it refuses an adapter plan on GPUs)"),
-        Target::Peft | Target::Torchtune => None,
+        Target::Lightning => Some("the snippet builds the Trainer and its strategy; the model and its adapters are the user's LightningModule (export the adapters' LoraConfig with --to peft or --to accelerate)"),
+        Target::Peft | Target::Torchtune | Target::Accelerate => None,
     }
 }
 

@@ -2,6 +2,7 @@
 
 use toml::{Table, Value};
 
+use super::offload::{self, Knob};
 use super::{comment_text, recomputed_layers, refuse, refuse_moe_or_mla, ExportError, Target};
 use crate::layout::Recompute;
 use crate::model::AttentionImpl;
@@ -108,6 +109,15 @@ pub(super) fn torchtitan(plan: &Plan) -> Result<String, ExportError> {
         }
         Recompute::Full => ("full", None),
     };
+    offload::check(
+        plan,
+        t,
+        &[
+            (Knob::Optimizer, "torchtitan offloads with FSDP2's CPUOffloadPolicy, which moves the weights, gradients and optimizer states together: there is no optimizer-only offload", "re-plan with --offload params, or export to deepspeed or megatron"),
+            (Knob::Nvme, "FSDP2's CPUOffloadPolicy offloads to host memory only", "re-plan with --offload-to cpu, or export to deepspeed"),
+            (Knob::Activations, "torchtitan 0.2 has no activation offload", "re-plan without --offload-activations, or export to deepspeed"),
+        ],
+    )?;
     let tr = &plan.job.model.training;
     // torchtitan 0.2 (train.py): gradient accumulation steps = global_batch_size /
     // (local_batch_size × DP degree); with PP, each local batch is split into
@@ -122,6 +132,12 @@ pub(super) fn torchtitan(plan: &Plan) -> Result<String, ExportError> {
     training.insert("local_batch_size".into(), int(local));
     training.insert("global_batch_size".into(), int(tr.global_batch));
     training.insert("seq_len".into(), int(tr.seq_len));
+    if offload::of(plan).params() {
+        // FSDP2's CPUOffloadPolicy (`apply_fsdp(..., cpu_offload=True)`): the sharded weights,
+        // gradients and optimizer states on the host, the step on the CPU. Parameter offload
+        // needs ZeRO-3, so FSDP is on.
+        training.insert("enable_cpu_offload".into(), Value::Boolean(true));
+    }
     let mut par = Table::new();
     par.insert("data_parallel_replicate_degree".into(), int(replicate));
     par.insert("data_parallel_shard_degree".into(), int(shard));

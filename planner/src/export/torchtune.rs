@@ -9,6 +9,7 @@
 
 use serde_yaml_ng::{Mapping, Value};
 
+use super::offload::{self, Knob};
 use super::{comment_text, refuse, refuse_moe_or_mla, ExportError, Target};
 use crate::finetune::{Method, OptimizerStates, Target as Linear};
 use crate::layout::Recompute;
@@ -19,7 +20,7 @@ use crate::plan::Plan;
 /// OmegaConf's mandatory value: torchtune's `config.parse` loads it; reading it raises.
 const MISSING: &str = "???";
 
-fn map(pairs: Vec<(&str, Value)>) -> Value {
+pub(super) fn map(pairs: Vec<(&str, Value)>) -> Value {
     let mut m = Mapping::new();
     for (k, v) in pairs {
         m.insert(Value::from(k), v);
@@ -298,6 +299,31 @@ pub(super) fn torchtune(plan: &Plan) -> Result<String, ExportError> {
             ))
         }
     };
+    offload::check(
+        plan,
+        t,
+        &[
+            (Knob::Optimizer, "torchtune 0.6.1's recipes offload with FSDP2's CPU offload (fsdp_cpu_offload), which moves the weights too: there is no optimizer-only offload in their configs", "re-plan with --offload params (DP > 1), or export to deepspeed or megatron"),
+            (Knob::Nvme, "fsdp_cpu_offload offloads to host memory only", "re-plan with --offload-to cpu, or export to deepspeed"),
+        ],
+    )?;
+    let off = offload::of(plan);
+    if off.params() && !distributed {
+        return Err(refuse(
+            t,
+            "parameter offload (parallel.offload = \"params\") on one device: torchtune's single-device recipes have no FSDP, and fsdp_cpu_offload is the distributed recipes' only",
+            "re-plan with DP > 1 and --zero 3, or without --offload",
+        ));
+    }
+    if off.activations && !checkpointing {
+        // The recipes raise "enable_activation_offloading is True and
+        // enable_activation_checkpointing is False".
+        return Err(refuse(
+            t,
+            "activation offload without recompute (parallel.offload_activations = true: torchtune's recipes refuse enable_activation_offloading without enable_activation_checkpointing)",
+            "re-plan with --recompute full, or without --offload-activations",
+        ));
+    }
     let o = &m.optimizer;
     let s = &m.schedule;
     let weight_decay = match o.decay_on {
@@ -436,10 +462,15 @@ pub(super) fn torchtune(plan: &Plan) -> Result<String, ExportError> {
             "enable_activation_checkpointing",
             Value::from(checkpointing),
         ),
-        ("enable_activation_offloading", Value::from(false)),
+        ("enable_activation_offloading", Value::from(off.activations)),
     ]);
     if distributed {
         pairs.push(("fsdp_reshard_after_forward", Value::from(p.zero_stage == 3)));
+        // FSDP2's CPUOffloadPolicy: weights, gradients and optimizer states on the host. The
+        // recipes' default (cfg.get("fsdp_cpu_offload", False)) is none: written only when on.
+        if off.params() {
+            pairs.push(("fsdp_cpu_offload", Value::from(true)));
+        }
     }
     pairs.extend([
         (
