@@ -136,10 +136,9 @@ PLAN[ft-qlora-spec]="specs/finetune/llama3-8b-qlora.toml specs/clusters/rtx4090-
 PLAN[ft-gpt2-lora]="tests/fixtures/hf/gpt2/config.json specs/clusters/rtx4090-24g.toml --devices 1 --seq-len 1024 --global-batch 8 --method lora --lora-rank 4 --lora-targets all --micro-batch 1 --recompute none"
 PLAN[ft-full-1gpu]="$FULL specs/clusters/dgx-h100-80g.toml --devices 1 --micro-batch 1 --recompute full"
 PLAN[ft-full-fsdp]="$FULL specs/clusters/dgx-h100-80g.toml --nodes 1 --dp 8 --tp 1 --pp 1 --zero 3 --no-hybrid-shard --micro-batch 2 --recompute full"
-# Offload (issue 38): the planner pins offload only where the cluster states its [host] tier and
-# the framework profile runs it, and none of the presets does yet; these plans are the plans
-# above with parallel.offload, offload_to and offload_activations set and a [host] table in the
-# plan's cluster (what `tessera plan --offload` would write), edited here (DERIVE: the base plan
+# Offload (issue 38): each mode on the same base plans, so that a plan differs from its base in
+# the offload alone (whichever framework profile would run it): the plans above with
+# parallel.offload, offload_to and offload_activations set, edited here (DERIVE: the base plan
 # and the parallel fields). Llama-3 8B ZeRO-3 on 2 nodes with params, optimizer, NVMe and
 # activation offload; ZeRO-1 with optimizer offload (Megatron's --optimizer-cpu-offload); the
 # full fine-tune with FSDP and params + activation offload (torchtune), or optimizer offload; and
@@ -237,12 +236,16 @@ plan = json.load(open(sys.argv[1]))
 for kv in sys.argv[3:]:
     k, v = kv.split("=")
     plan["parallel"][k] = {"true": True, "false": False}.get(v, v)
-# A DGX node's host tier (2 TiB of DRAM, PCIe Gen5 per GPU, 8 NVMe drives): what the offload rules
-# ask of the cluster; its numbers size and cost offload, which the exports do not read.
+# A DGX node's host tier (2 TiB of DRAM, PCIe Gen5 per GPU, 8 NVMe drives), whatever the base
+# plan's cluster states: its numbers size and cost offload, which the exports do not read.
 plan["job"]["cluster"]["host"] = {"memory_gib": 2048.0, "link_gbps": 55.0, "nvme_gbps": 50.0,
                                   "nvme_gib": 28000.0, "adamw_gparams_per_s": 2.0}
 json.dump(plan, open(sys.argv[2], "w"), indent=2)
 PY
+  # The prediction follows the edited layout: derived again, as `tessera plan --offload` would.
+  "$TESSERA" repredict "$TMP/$name.json" -o "$TMP/$name.repredicted.json" ||
+    { echo "tessera repredict failed for $name" >&2; exit 1; }
+  mv "$TMP/$name.repredicted.json" "$TMP/$name.json"
 done
 
 # Exports: each against the table. What is exported goes to the target's check below.

@@ -58,6 +58,9 @@ enum Command {
     /// Replay the published runs of runs.toml through the planner; write docs/validation.md.
     #[command(hide = true)]
     ValidatePlanner(commands::validate_planner::ValidatePlannerArgs),
+    /// Derive an edited plan's prediction again (scripts and tests that edit `parallel`).
+    #[command(hide = true)]
+    Repredict(commands::repredict::RepredictArgs),
 }
 
 fn main() -> ExitCode {
@@ -84,6 +87,7 @@ fn main() -> ExitCode {
         Command::Calibrate(args) => commands::calibrate::run(args),
         Command::Checkpoint(args) => commands::checkpoint::run(args),
         Command::ValidatePlanner(args) => commands::validate_planner::run(args),
+        Command::Repredict(args) => commands::repredict::run(args),
     };
     match result {
         Ok(code) => code,

@@ -5,8 +5,8 @@
 //! knob and why. scripts/check-exports.sh reads the same exports with the targets' own code.
 //!
 //! The plans are `tessera plan` layouts with the offload fields set in plan.json and a `[host]`
-//! tier in its cluster, as the planner writes them where a cluster states one (no preset does
-//! yet, and the default framework profile runs no offload).
+//! tier in its cluster, their prediction derived again (`tessera repredict`), so that each
+//! offload mode sits on the same base layout whichever framework profile would run it.
 
 mod common;
 
@@ -54,6 +54,11 @@ fn set_offload(p: &Path, (offload, to, act): (&str, &str, bool)) {
             "nvme_gib": 28000.0, "adamw_gparams_per_s": 2.0,
         });
     });
+    // The prediction follows the layout: derive it again, as `tessera plan --offload` would.
+    let tmp = p.with_extension("repredicted.json");
+    let r = run(&["repredict", &s(p), "-o", &s(&tmp)]);
+    assert_eq!(r.code, Some(0), "{}", r.stderr);
+    std::fs::rename(&tmp, p).unwrap();
 }
 
 /// `tessera plan` with the arguments of one string (none holds a space).

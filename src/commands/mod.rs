@@ -12,6 +12,7 @@ pub mod export;
 pub mod launch;
 pub mod plan;
 pub mod replan;
+pub mod repredict;
 pub mod run;
 pub mod sample;
 pub mod validate;
