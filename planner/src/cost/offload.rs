@@ -38,14 +38,7 @@ pub struct LayerCopies {
 /// The widths the copies move: the 16-bit weight and the gradient the backward writes.
 fn widths(policy: &Policy) -> (f64, f64) {
     let weight = policy.class_bytes(StateClass::Param) as f64;
-    let grad = policy
-        .states
-        .iter()
-        .filter(|s| s.class == StateClass::Grad)
-        .map(|s| s.bytes)
-        .min()
-        .unwrap_or(2) as f64;
-    (weight, grad)
+    (weight, crate::memory::offload::written_grad_bytes(policy))
 }
 
 fn ranks_per_node(cluster: &Cluster) -> f64 {

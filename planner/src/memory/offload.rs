@@ -133,14 +133,19 @@ pub fn grad_bucket_bytes(policy: &Policy, layout: &Layout, params: f64) -> f64 {
     if !layout.offload.optimizer() || layout.sharding.zero_stage != 2 {
         return 0.0;
     }
-    let grad = policy
+    REDUCE_BUCKET_ELEMENTS.min(params) * written_grad_bytes(policy)
+}
+
+/// Bytes per element of the gradient the backward writes: the policy's narrowest gradient
+/// (what offload's copies move and its bucket holds).
+pub fn written_grad_bytes(policy: &Policy) -> f64 {
+    policy
         .states
         .iter()
         .filter(|s| s.class == StateClass::Grad)
         .map(|s| s.bytes)
         .min()
-        .unwrap_or(2) as f64;
-    REDUCE_BUCKET_ELEMENTS.min(params) * grad
+        .unwrap_or(2) as f64
 }
 
 /// The states that stay on the device under `o` (all of them without offload).
