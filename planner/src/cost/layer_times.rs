@@ -108,6 +108,12 @@ pub fn layer_times(
         }
     };
     let shard = zero_shard(layout.shard_degree(cluster));
+    // Activation offload moves each layer's saved activations down and back up.
+    let act_bytes = if layout.offload.activations {
+        crate::memory::per_layer_act(model, layout)
+    } else {
+        0.0
+    };
     let expert_shard = zero_shard(crate::memory::moe::expert_shard_degree(layout, cluster));
     let sm_share = if options.overlap_slows_compute {
         interference::sm_share(cluster)
@@ -169,9 +175,9 @@ pub fn layer_times(
             layer.bwd.zero3 = (gather + scatter - layer.bwd.total()).max(0.0);
             first_gather = gather;
         }
-        if layout.offload.optimizer() {
+        if layout.offload.any() {
             let shard_params = params.0 / shard + params.1 / expert_shard;
-            let c = super::offload::layer_copies(policy, cluster, layout, shard_params);
+            let c = super::offload::layer_copies(policy, cluster, layout, shard_params, act_bytes);
             layer.fwd.offload =
                 super::offload::exposed(c.fwd, layer.fwd.total(), options.offload_overlap);
             layer.bwd.offload =

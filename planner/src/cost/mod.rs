@@ -610,12 +610,13 @@ impl Evaluation {
                 "offload_copies",
                 sum.offload,
                 format!(
-                    "offload's host copies that the layers' passes do not hide: {}, over the {:.1} GB/s host link of each GPU{}",
+                    "offload's host copies that the layers' passes do not hide: {}{}, over the {:.1} GB/s host link of each GPU{}",
                     match (l.offload.params(), l.sharding.zero_stage >= 2) {
                         (true, _) => "each layer's weight shard up before its forward and its backward, and its gradient shard down after its backward",
                         (false, true) => "each layer's gradient shard down after its backward, every micro-batch",
-                        (false, false) => "none inside the pipeline (ZeRO-1 copies the reduced gradient shard once per step)",
+                        (false, false) => "no weight or gradient inside the pipeline (ZeRO-1 copies the reduced gradient shard once per step)",
                     },
+                    if l.offload.activations { "; each layer's saved activations down in its forward and back up before its backward" } else { "" },
                     self.host_link_gbps,
                     if self.offload_overlap { " (on a stream of their own: only the copy beyond the layer's pass shows, Calculon's rule)" } else { " (not overlapped by this framework)" }
                 ),

@@ -18,6 +18,9 @@
 //! compute). Down and up run at once (PCIe is full duplex), so a backward's copies take the
 //! longer of the two.
 //!
+//! With activation offload, each layer's saved activations go down in its forward and back up
+//! before its backward, beside the weights' copies in the same direction.
+//!
 //! Per step: the host's AdamW over the rank's shard (the node's CPUs shared by its ranks, at
 //! the cluster's `adamw_gparams_per_s` times the profile's `host_adamw_speed`), the updated
 //! 16-bit weights copied back up (none under `params`: they stay on the host), and on NVMe the
@@ -61,10 +64,18 @@ pub fn layer_copies(
     cluster: &Cluster,
     layout: &Layout,
     shard_params: f64,
+    act_bytes: f64,
 ) -> LayerCopies {
     let o = layout.offload;
+    // Activation offload: the layer's saved activations go down in the forward and come back
+    // up for the backward (torchtune's and DeepSpeed's, on a stream of their own).
+    let act = if o.activations {
+        link(cluster, act_bytes)
+    } else {
+        0.0
+    };
     if !o.optimizer() {
-        return LayerCopies::default();
+        return LayerCopies { fwd: act, bwd: act };
     }
     let (weight, grad) = widths(policy);
     let up = if o.params() {
@@ -79,9 +90,10 @@ pub fn layer_copies(
     } else {
         0.0
     };
+    // Up and down share no direction: each pass takes its longer direction.
     LayerCopies {
-        fwd: up,
-        bwd: up.max(down),
+        fwd: up.max(act),
+        bwd: (up + act).max(down),
     }
 }
 
