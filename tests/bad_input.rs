@@ -623,3 +623,62 @@ fn flash_kernel_without_flash_attention() {
         ],
     );
 }
+
+/// The cluster's `[host]` tier (issue 38): a tier without its link, half an NVMe tier and a
+/// negative size are each one message naming the file, the line and the key, and the fix.
+#[test]
+fn a_host_tier_missing_a_key_or_negative_is_refused_at_its_line() {
+    let dir = Scratch::new("host-tier");
+    let text = std::fs::read_to_string(root().join(H100)).unwrap();
+    let line_of = |t: &str, key: &str| {
+        t.lines()
+            .position(|l| l.starts_with(key))
+            .map(|i| i + 1)
+            .unwrap()
+    };
+    let header = line_of(&text, "[host]");
+    // No link_gbps: the [host] table's line.
+    let no_link: String = text
+        .lines()
+        .filter(|l| !l.starts_with("link_gbps"))
+        .map(|l| format!("{l}\n"))
+        .collect();
+    let path = dir.path("no-link.toml");
+    std::fs::write(&path, &no_link).unwrap();
+    says(
+        &plan_cluster(&path),
+        &[
+            &format!("{}:{header}:", s(&path)),
+            "`host.link_gbps`",
+            "fix: add link_gbps under [host]",
+        ],
+    );
+    // NVMe capacity without its rate: the nvme_gib line.
+    let no_rate: String = text
+        .lines()
+        .filter(|l| !l.starts_with("nvme_gbps"))
+        .map(|l| format!("{l}\n"))
+        .collect();
+    let path = dir.path("no-nvme-rate.toml");
+    std::fs::write(&path, &no_rate).unwrap();
+    says(
+        &plan_cluster(&path),
+        &[
+            &format!("{}:{}:", s(&path), line_of(&no_rate, "nvme_gib")),
+            "`host.nvme_gib`",
+            "no nvme_gbps",
+            "fix: add nvme_gbps under [host]",
+        ],
+    );
+    // A negative host memory.
+    let negative = text.replacen("memory_gib = 2048", "memory_gib = -1", 1);
+    let path = dir.path("negative.toml");
+    std::fs::write(&path, &negative).unwrap();
+    says(
+        &plan_cluster(&path),
+        &[
+            &format!("{}:{}:", s(&path), line_of(&negative, "memory_gib = -1")),
+            "`host.memory_gib`",
+        ],
+    );
+}

@@ -112,12 +112,17 @@ pub(super) fn host(f: &Fields, raw: Option<RawHost>) -> Result<Host, Diagnostic>
             ),
         ] {
             if x == 0.0 {
-                return Err(f.err(
+                let d = f.err(
                     v.as_ref().map(|s| s.span()),
                     &format!("host.{key}"),
                     format!("[host] gives memory_gib but {key} is missing or 0: offload to host memory is costed by it"),
                     format!("add {key} under [host] (specs/README.md; `tessera calibrate --host` measures it)"),
-                ));
+                );
+                // A missing key: point at the table it belongs in.
+                return Err(match v {
+                    Some(_) => d,
+                    None => d.at(f.src.table_header("host")),
+                });
             }
         }
     }
