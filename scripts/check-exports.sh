@@ -107,6 +107,9 @@ PLAN[gpt3-13b-every4-uneven]="specs/models/gpt3-13b.toml specs/clusters/dgx-a100
 PLAN[gpt3-13b-every4-uneven-fsdp]="specs/models/gpt3-13b.toml specs/clusters/dgx-a100-80g.toml --nodes 1 --tp 2 --pp 4 --dp 1 --micro-batch 1 --sp --zero 3 --no-hybrid-shard --recompute full --recompute-every 4 --schedule 1f1b"
 # (g) 12 GPUs on 8-GPU nodes: the last node holds 4 ranks. DP 3 × TP 4 + SP, global batch 768.
 PLAN[llama-12-gpus]="specs/models/llama3-8b.toml $TMP/dgx-h100-80g-2-nodes.toml --devices 12 --global-batch 768 --tp 4 --pp 1 --dp 3 --micro-batch 1 --sp --zero 0 --recompute full"
+# The same 12 GPUs as DP 12 with ZeRO-3 (PP 1, 32 micro-batches): what the trainer targets could run,
+# refused for the node they leave short.
+PLAN[llama-12-gpus-fsdp]="specs/models/llama3-8b.toml $TMP/dgx-h100-80g-2-nodes.toml --devices 12 --global-batch 768 --tp 1 --pp 1 --dp 12 --micro-batch 2 --zero 3 --no-hybrid-shard --recompute full"
 # (h) The README's CPU plan: the tiny model on the 8-device CPU cluster, DP 2 × PP 2 × TP 2.
 PLAN[tiny-cpu]="specs/models/tiny.toml specs/clusters/cpu-8.toml --dp 2 --pp 2 --tp 2 --no-sp --micro-batch 2 --schedule 1f1b --zero 1"
 # (i) Mixture of experts: Mixtral-8x7B in Megatron-Core's MoE benchmark layout (TP 1, EP 8, PP 4
@@ -179,6 +182,7 @@ llama-every4-pp2-fsdp          refuse:ZeRO-3             refuse:some_layers     
 gpt3-13b-every4-uneven         refuse:every_4th          refuse:some_layers        refuse:ZeRO-1             ok                        ok                        refuse:full_fine-tune     refuse:gpt_family         refuse:tensor             refuse:tensor
 gpt3-13b-every4-uneven-fsdp    refuse:ZeRO-3             refuse:some_layers        ok                        ok                        ok                        refuse:full_fine-tune     refuse:gpt_family         refuse:tensor             refuse:tensor
 llama-12-gpus                  ok                        ok                        ok                        refuse:12_ranks           refuse:12_ranks           refuse:full_fine-tune     refuse:precision          refuse:tensor             refuse:tensor
+llama-12-gpus-fsdp             refuse:ZeRO-3             ok                        ok                        refuse:12_ranks           refuse:12_ranks           refuse:full_fine-tune     refuse:precision          refuse:12_ranks           refuse:12_ranks
 mixtral-ep                     ok                        refuse:mixture            refuse:mixture            ok                        ok                        refuse:full_fine-tune     refuse:mixture            refuse:mixture            refuse:mixture
 deepseek-v3-ep                 ok                        refuse:Latent             refuse:Latent             ok                        ok                        refuse:full_fine-tune     refuse:Latent             refuse:Latent             refuse:Latent
 tiny-cpu                       refuse:CPU                refuse:CPU                refuse:CPU                ok                        ok                        refuse:full_fine-tune     refuse:CPU                refuse:CPU                refuse:CPU

@@ -182,8 +182,7 @@ pub struct HostReport {
 
 impl HostReport {
     pub fn fits(&self) -> bool {
-        self.host_bytes_per_node <= self.host_capacity_bytes
-            && self.nvme_bytes_per_node <= self.nvme_capacity_bytes
+        self.overflow().is_none()
     }
 
     /// The tier that overflows, for a refusal: `(tier, needs, has)`.

@@ -311,18 +311,17 @@ pub fn assess_pinned(
             host_overflow: None,
             evaluation: None,
         },
+        // A layout that offloads must fit its host tier too (`host_split` is `None` without
+        // offload); the report is built once.
         Some(split)
-            if layout.offload.any() && {
-                let h = crate::memory::host_split(model, cluster, layout, &split);
-                h.as_ref().is_some_and(|h| !h.fits())
-            } =>
+            if let Some(overflow) = crate::memory::host_split(model, cluster, layout, &split)
+                .and_then(|h| h.overflow()) =>
         {
-            let h = crate::memory::host_split(model, cluster, layout, &split).expect("offloads");
             Assessed {
                 peak_bytes: mem.peak(&per_stage(&split)).ceil() as u64,
                 split,
                 fits: false,
-                host_overflow: h.overflow(),
+                host_overflow: Some(overflow),
                 evaluation: None,
             }
         }
