@@ -63,10 +63,14 @@ pub fn run(args: ExplainArgs) -> anyhow::Result<ExitCode> {
                 profile.name
             ),
             Reports::Allocated => format!(
-                "memory as {} reports it: the allocated tensors (torch.cuda.max_memory_allocated()), with the allocator_fragmentation term",
+                "memory as {} reports it: the allocated tensors (torch.cuda.max_memory_allocated()), every term but the overhead ones",
                 profile.name
             ),
         }
+    );
+    println!(
+        "uncertain: {}\n",
+        tessera_planner::memory::uncertainty(profile, &plan.job.cluster)
     );
     print!("{}", memory_tables(&plan.predicted.memory, args.all_stages));
     Ok(ExitCode::SUCCESS)

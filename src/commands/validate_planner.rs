@@ -110,12 +110,16 @@ pub fn run(args: ValidatePlannerArgs) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-/// The cluster presets of GPUs other than the A100 and H100 that runs may name (H800, H200).
+/// The cluster presets of GPUs other than the A100 80GB and H100 that runs may name (H800, H200,
+/// and the A100 40GB part, whose memory and bandwidth differ from the 80GB one's).
 fn other_gpus(dir: &std::path::Path) -> anyhow::Result<Vec<tessera_planner::Cluster>> {
     let mut out = Vec::new();
     for path in toml_files(dir)? {
         let c = spec::load_cluster(&path, ClusterOverrides::default())?;
-        if ["H800", "H200"].iter().any(|g| c.device.name.contains(g)) {
+        if ["H800", "H200", "A100-SXM4-40GB"]
+            .iter()
+            .any(|g| c.device.name.contains(g))
+        {
             out.push(c);
         }
     }

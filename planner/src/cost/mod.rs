@@ -52,6 +52,9 @@ pub struct Options {
     /// the whole reduction follows the last backward (Megatron-LM in 2021–22: Korthikanti et
     /// al. §6.3 "the gradient all-reduce was not overlapped").
     pub overlap_dp: bool,
+    /// The overlap holds under pipeline parallelism too (false: DeepSpeed's pipeline engine
+    /// reduces after the last backward, `Runs::overlap_dp_pipeline`).
+    pub overlap_dp_pipeline: bool,
     /// How the loss is computed: its bytes per logit and kernels ([`loss::LossCost`]).
     pub loss: crate::framework::LossKind,
     /// The vocabulary is padded to `vocab_divisible_by × TP` (Megatron); false: used as it is
@@ -77,6 +80,7 @@ impl Options {
     pub fn of(profile: &crate::framework::Profile) -> Options {
         Options {
             overlap_dp: profile.runs.overlap_dp,
+            overlap_dp_pipeline: profile.runs.overlap_dp_pipeline,
             loss: profile.runs.loss,
             pad_vocab: profile.runs.pad_vocab,
             host: host::HostFloor {
@@ -104,6 +108,7 @@ impl Default for Options {
     fn default() -> Self {
         Options {
             overlap_dp: true,
+            overlap_dp_pipeline: true,
             loss: crate::framework::LossKind::VocabParallelFp32,
             pad_vocab: true,
             host: host::HostFloor::NONE,
@@ -370,7 +375,7 @@ pub fn evaluate(
     let mut sync: Vec<f64> = (0..pp)
         .map(|s| {
             let g = grad_sync[s];
-            let hidden = if options.overlap_dp {
+            let hidden = if options.overlap_dp && (pp == 1 || options.overlap_dp_pipeline) {
                 // Buckets go out during the last micro-batch's backward; the last bucket
                 // (one layer's gradients) always waits for it.
                 let window: f64 = (0..v)

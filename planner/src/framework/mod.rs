@@ -11,8 +11,8 @@
 mod profile;
 
 pub use profile::{
-    CanRun, HostCost, LossKind, Memory, Profile, Reports, Runs, Sharding as ShardingPolicy,
-    Unbuildable,
+    Allocator, CanRun, HostCost, LossKind, Memory, Profile, Reports, Runs,
+    Sharding as ShardingPolicy, Unbuildable, Zero3Fetch,
 };
 
 use std::sync::OnceLock;

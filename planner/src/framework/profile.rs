@@ -141,6 +141,11 @@ pub enum HostCost {
 pub struct Runs {
     /// The data-parallel gradient sync overlaps the backward.
     pub overlap_dp: bool,
+    /// Under pipeline parallelism too: false where the framework's pipeline reduces the
+    /// gradients only after the last micro-batch's backward (DeepSpeed's `TrainSchedule`
+    /// ends with `ReduceGrads`). Absent: true.
+    #[serde(default = "yes")]
+    pub overlap_dp_pipeline: bool,
     pub loss: LossKind,
     /// Pads the vocabulary to the spec's `make_vocab_size_divisible_by` × TP (Megatron); false:
     /// the vocabulary is used as it is (unaligned GEMMs where it is not a multiple of 64).
@@ -204,6 +209,43 @@ pub struct Memory {
     pub unsharded_root: bool,
     /// The number the framework's logs report.
     pub reports: Reports,
+    /// How ZeRO-3 (outside FSDP2) gathers parameters: a whole block at a time (Megatron's and
+    /// FSDP1's units), or each leaf module as DeepSpeed's stage 3 fetches it. Absent: `block`.
+    #[serde(default)]
+    pub zero3_fetch: Zero3Fetch,
+    /// How the framework gets device memory: PyTorch's caching allocator (cached, split
+    /// blocks: `allocator_reserved`), or every buffer allocated once up front (llm.c's
+    /// `cudaMalloc`s, Tessera's runtime), which leaves no slack. Absent: `caching`.
+    #[serde(default)]
+    pub allocator: Allocator,
+    /// The pipeline keeps each in-flight micro-batch's stage output until its backward, and
+    /// one receive buffer each for activations and gradients (DeepSpeed's pipeline engine:
+    /// `pipe_buffers['outputs']`, `pipe_recv_buf`, `grad_layer`). Absent: false.
+    #[serde(default)]
+    pub pipe_buffers: bool,
+}
+
+/// ZeRO-3's gather unit.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Zero3Fetch {
+    /// One transformer block's parameters, the current and the prefetched one.
+    #[default]
+    Block,
+    /// DeepSpeed stage 3: each leaf module's parameters as its forward or backward needs them,
+    /// within `stage3_max_live_parameters`, gradients through a `reduce_bucket_size` bucket.
+    Submodule,
+}
+
+/// The framework's device allocator.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Allocator {
+    /// PyTorch's `CUDACachingAllocator`.
+    #[default]
+    Caching,
+    /// Buffers allocated once, before the first step.
+    Static,
 }
 
 fn device_name(d: DeviceKind) -> &'static str {

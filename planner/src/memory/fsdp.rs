@@ -73,6 +73,13 @@ pub(super) struct Fsdp {
     pub working_set: bool,
     /// The framework reports the caching allocator's reserved bytes.
     pub reserved: bool,
+    /// The framework allocates through PyTorch's caching allocator on a GPU (its slack is
+    /// `allocator_reserved`).
+    pub caching: bool,
+    /// ZeRO-3's gather unit outside FSDP2 (the profile's `memory.zero3_fetch`).
+    pub zero3_fetch: framework::Zero3Fetch,
+    /// DeepSpeed's pipeline buffers (the profile's `memory.pipe_buffers`).
+    pub pipe_buffers: bool,
     /// The profile's vocabulary padding and loss (`runs.pad_vocab`, `runs.loss`), which size
     /// the root module and the output layer's buffers (the memory model reads them here, from
     /// its one lookup of the profile).
@@ -90,6 +97,10 @@ impl Fsdp {
             unsharded_root: zero3 && m.unsharded_root,
             working_set: m.sharding != ShardingPolicy::Zero && layout.recompute == Recompute::Full,
             reserved: m.reports == Reports::Reserved,
+            caching: m.allocator == framework::Allocator::Caching
+                && cluster.device.kind == crate::spec::DeviceKind::Gpu,
+            zero3_fetch: m.zero3_fetch,
+            pipe_buffers: m.pipe_buffers && layout.pp > 1,
             pad_vocab: profile.runs.pad_vocab,
             loss: profile.runs.loss,
         }
@@ -151,6 +162,28 @@ fn working_set_bytes(model: &Model, layout: &Layout) -> f64 {
     }
 }
 
+/// DeepSpeed's pipeline buffers on `stage`: the stage output of each micro-batch in flight
+/// (all but the last stage), and one receive buffer for activations (all but the first) and one
+/// for gradients (all but the last), each a whole micro-batch's b × s × hidden activation on a
+/// TP rank (the engine sends whole tensors).
+fn pipe_buffer_bytes(model: &Model, layout: &Layout, stage: u64) -> f64 {
+    let local = layout.rank_tokens(model);
+    let one = (layout.micro_batch * local.training.seq_len * local.architecture.hidden) as f64
+        * activations::element_bytes(model);
+    let pp = layout.pp;
+    let flight = super::in_flight(
+        layout.schedule,
+        pp,
+        layout.microbatches(model),
+        layout.virtual_stages,
+        stage,
+    ) as f64;
+    let outputs = if stage + 1 < pp { flight } else { 0.0 };
+    let recv = if stage > 0 { 1.0 } else { 0.0 };
+    let grad = if stage + 1 < pp { 1.0 } else { 0.0 };
+    one * (outputs + recv + grad)
+}
+
 /// The terms this module adds to `stage`, as `(name, kind, bytes)`; empty when the profile
 /// selects none.
 pub(super) fn stage_terms(
@@ -160,6 +193,12 @@ pub(super) fn stage_terms(
     stage: u64,
 ) -> Vec<(&'static str, &'static str, f64)> {
     let mut t = Vec::new();
+    if f.pipe_buffers {
+        let bytes = pipe_buffer_bytes(model, layout, stage);
+        if bytes > 0.0 {
+            t.push(("pipeline_buffers", "activations", bytes));
+        }
+    }
     if !(f.fsdp2 || f.unsharded_root || f.working_set) {
         // The default profiles select none: nothing to size (the search's hot path).
         return t;
@@ -211,6 +250,19 @@ pub(super) fn reason(f: &Fsdp, name: &str, model: &Model, layout: &Layout, stage
             "full recompute re-runs one layer's forward in the backward: that layer's activations ({} recompute's checkpoints aside) for one micro-batch",
             layout.recompute.name()
         ),
+        "pipeline_buffers" => {
+            let flight = super::in_flight(
+                layout.schedule,
+                layout.pp,
+                layout.microbatches(model),
+                layout.virtual_stages,
+                stage,
+            );
+            format!(
+                "DeepSpeed's pipeline engine keeps each in-flight micro-batch's stage output until its backward ({} here) and one receive buffer each for activations and gradients (pipe_buffers['outputs'], pipe_recv_buf, grad_layer), each a whole b × s × hidden tensor",
+                if stage + 1 < layout.pp { flight } else { 0 }
+            )
+        }
         _ => String::new(),
     }
 }
@@ -227,9 +279,22 @@ pub(super) fn transient_blocks(f: &Fsdp, model: &Model, layout: &Layout, stage: 
             // The root's parameters and gradient are two tensors lists held through the
             // backward: not transient.
             "unsharded_root" => 0.0,
+            // Held from forward to backward, or for the whole step: not transient.
+            "pipeline_buffers" => 0.0,
             _ => bytes,
         })
         .collect();
+    if layout.sharding.zero_stage == 3 && !f.fsdp2 {
+        // One gathered unit of ZeRO-3 outside FSDP2: a block's, or DeepSpeed's largest module's,
+        // 16-bit weights.
+        let unit = match f.zero3_fetch {
+            framework::Zero3Fetch::Block => block_params(model, layout),
+            framework::Zero3Fetch::Submodule => {
+                super::zero3::largest_submodule(&model.architecture, layout.tp)
+            }
+        };
+        t.push(unit * BF16);
+    }
     if stage == layout.pp - 1 {
         let local = layout.rank_tokens(model);
         let (b, tp, sp) = (layout.micro_batch, layout.tp, layout.sequence_parallel);

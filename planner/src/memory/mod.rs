@@ -16,6 +16,7 @@ pub mod moe;
 pub mod offload;
 mod overhead;
 mod stage_bytes;
+mod zero3;
 
 pub use overhead::{runtime_overhead_bytes, runtime_overheads};
 pub use stage_bytes::StageBytes;
@@ -28,6 +29,31 @@ use crate::model::Model;
 use crate::precision::{Policy, State, StateClass};
 use crate::schedule::ScheduleKind;
 use crate::spec::{Cluster, DeviceKind};
+
+/// What the memory model is unsure of for this framework on this cluster, for `tessera
+/// explain`: the allocator's slack beyond the one segment it charges, and what it leaves out.
+pub fn uncertainty(profile: &crate::framework::Profile, cluster: &Cluster) -> String {
+    use crate::framework::Allocator;
+    let frag = cluster.overhead.fragmentation;
+    let flat = if frag > 0.0 {
+        format!(
+            "; the cluster spec adds {:.0}% of the tensors (overhead.fragmentation)",
+            100.0 * frag
+        )
+    } else {
+        String::new()
+    };
+    match (profile.memory.allocator, cluster.device.kind) {
+        (_, DeviceKind::Cpu) => "the CPU backend's own buffers are modelled term by term (docs/performance.md, CPU memory); the host allocator's slack is not".into(),
+        (Allocator::Static, _) => format!(
+            "{} allocates its buffers once before the first step, so no allocator slack is charged{flat}; library workspaces beyond the named overhead terms are not modelled",
+            profile.name
+        ),
+        (Allocator::Caching, _) => format!(
+            "PyTorch's caching allocator is charged one cached segment of the stage's largest transient block (allocator_reserved); blocks split by tensors of varying shapes can hold more, and expandable_segments less, neither modelled{flat}. Published peaks of runs that ran are within the validation's memory error (docs/validation.md, feasibility)"
+        ),
+    }
+}
 
 /// One named term of a stage's memory.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
@@ -454,14 +480,15 @@ impl<'a> Ctx<'a> {
                 .per_tp_rank(tp)
                 .max(common + experts);
             let wb = self.policy.class_bytes(StateClass::Param) as f64;
+            let arch = &self.model.architecture;
+            let stage_params = zero3::stage_params(self.model, layout);
+            let fetch = self.fsdp.zero3_fetch;
             add(
                 sink,
                 "zero3_gathered_layers",
                 "model_states",
-                full * (2.0 * wb + 2.0),
-                &|| {
-                    "ZeRO-3 all-gathers the current and the prefetched layer's weights, and holds one layer's 16-bit gradient before its reduce-scatter".into()
-                },
+                zero3::gathered_bytes(fetch, arch, tp, full, stage_params, wb),
+                &|| zero3::reason(fetch, arch, tp, stage_params),
             );
         }
         let bucket = offload::grad_bucket_bytes(self.policy, layout, params);
@@ -599,14 +626,15 @@ impl<'a> Ctx<'a> {
                 });
             }
         }
-        if self.fsdp.reserved {
+        if self.fsdp.caching {
             let blocks = fsdp::transient_blocks(&self.fsdp, model, layout, stage);
             let reserved = allocator::reserved_bytes(&blocks);
             sink.term("allocator_reserved", "overhead", reserved, &|| {
-                format!("the framework reports torch.cuda.max_memory_reserved(): PyTorch's caching allocator keeps freed blocks cached and splits them, so the peak holds one more segment of the stage's largest transient block ({:.0} B, rounded up to 2 MiB: CUDACachingAllocator.cpp kRoundLarge), in place of overhead.fragmentation", blocks.iter().copied().fold(0.0, f64::max))
+                format!("PyTorch's caching allocator keeps freed blocks cached and splits them, so the peak holds one more segment of the stage's largest transient block ({:.0} B, rounded up to 2 MiB: CUDACachingAllocator.cpp kRoundLarge); the slack of blocks split by varying shapes beyond it is not modelled (docs/validation.md, memory where published)", blocks.iter().copied().fold(0.0, f64::max))
             });
-        } else {
-            let frag = self.cluster.overhead.fragmentation;
+        }
+        let frag = self.cluster.overhead.fragmentation;
+        if frag > 0.0 {
             sink.term(
                 "allocator_fragmentation",
                 "overhead",

@@ -40,13 +40,9 @@ impl StageBytes {
         let bpp: f64 = on_device.iter().map(|s| per_param(s, zero, shard)).sum();
         let cpu = cluster.device.kind == DeviceKind::Cpu;
         let act = per_layer_act(&cpu_runtime::activation_model(model, cpu), layout);
-        // A framework that reports the allocator's reserved bytes gets `allocator_reserved`
-        // (fixed per stage) instead of the flat fragmentation.
-        let grow = if fsdp.reserved {
-            1.0
-        } else {
-            1.0 + cluster.overhead.fragmentation
-        };
+        // The caching allocator's slack is `allocator_reserved` (fixed per stage); a cluster
+        // spec's flat fragmentation (0 in the presets) comes on top of it.
+        let grow = 1.0 + cluster.overhead.fragmentation;
         let local = layout.rank_tokens(model);
         let mut fixed_all =
             cpu_runtime::workspace_bytes(&local, cpu, b, tp, sp) + cp_ring_bytes(model, layout);
@@ -93,7 +89,10 @@ impl StageBytes {
             }
         } else if zero == 3 && (shard > 1 || layout.offload.params()) && !fsdp.fsdp2 {
             let wb = policy.class_bytes(StateClass::Param) as f64;
-            fixed_all += a.layer_params().per_tp_rank(tp).max(common + experts) * (2.0 * wb + 2.0);
+            let block = a.layer_params().per_tp_rank(tp).max(common + experts);
+            let stage_params = super::zero3::stage_params(model, layout);
+            fixed_all +=
+                super::zero3::gathered_bytes(fsdp.zero3_fetch, a, tp, block, stage_params, wb);
         }
         let held0 = in_flight(layout.schedule, pp, m, 1, 0).min(m) as f64;
         let first = a.embedding_params_at(tp, fsdp.pad_vocab).per_tp_rank(tp) * end_bpp
@@ -159,7 +158,7 @@ impl StageBytes {
                 .iter()
                 .map(|t| t.2)
                 .sum::<f64>();
-            let reserved = if fsdp.reserved {
+            let reserved = if fsdp.caching {
                 let blocks = super::fsdp::transient_blocks(&fsdp, model, layout, s);
                 super::allocator::reserved_bytes(&blocks)
             } else {

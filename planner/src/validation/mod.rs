@@ -11,6 +11,7 @@
 //! resolved presets; `report` renders docs/validation.md.
 
 pub mod caveats;
+pub mod feasibility;
 pub mod features;
 pub mod fit;
 pub mod layer;
@@ -157,6 +158,8 @@ pub struct Row {
     pub predicted_reported_gib: f64,
     /// False when the published layout exceeds device memory in this planner's memory model.
     pub fits: bool,
+    /// The device's memory (GiB), which the predicted peak must fit in.
+    pub capacity_gib: f64,
     /// How the measured step time was obtained, when runs.toml did not give it.
     pub derived: Option<String>,
 }
@@ -310,6 +313,7 @@ pub fn replay(run: &Run) -> Result<Row, String> {
         predicted_tensors_gib: tensors as f64 / gib,
         predicted_reported_gib: reported as f64 / gib,
         fits,
+        capacity_gib: run.cluster.device.memory_gib,
         derived,
     })
 }

@@ -7,11 +7,12 @@ use super::layer::LayerRow;
 use super::{fit, median_abs, sources, Row, Validation};
 use crate::spec::Cluster;
 
-/// The targets of issue 28, also asserted by tests/validation.rs: the held-out (leave one
-/// source out) median |error| of the step time, the median of each source, and the memory of
-/// every run that publishes it.
-pub const TARGET_MEDIAN: f64 = 0.07;
-pub const TARGET_SOURCE_MEDIAN: f64 = 0.12;
+/// The targets of issue 39, also asserted by tests/validation.rs: the held-out (leave one
+/// source out) median |error| of the step time (≤ 6%), no source's median beyond 10%, the
+/// median |error| of the memory where a run publishes it (≤ 5%), and every run that ran
+/// predicted to fit (`feasibility`).
+pub const TARGET_MEDIAN: f64 = 0.06;
+pub const TARGET_SOURCE_MEDIAN: f64 = 0.10;
 pub const TARGET_MEMORY: f64 = 0.05;
 /// Issue 3's bound on any one run, still asserted.
 pub const TARGET_WORST: f64 = 0.25;
@@ -24,7 +25,7 @@ fn opt(x: Option<f64>, f: impl Fn(f64) -> String) -> String {
     x.map_or("–".into(), f)
 }
 
-fn layout_cell(r: &Row) -> String {
+pub(super) fn layout_cell(r: &Row) -> String {
     let l = &r.layout;
     let mut s = format!("dp{} tp{} pp{} mb{}", l.dp, l.tp, l.pp, l.micro_batch);
     if l.sharding.zero_stage > 0 {
@@ -155,14 +156,22 @@ pub fn markdown(v: &Validation, layer: &[LayerRow], presets: &[&Cluster], comman
     if let Some((median, worst)) = memory_summary(&mem) {
         let _ = writeln!(
             out,
-            "- Memory within {:.0}% where a source publishes it ({} runs, the number each framework reports: see [Memory where published](#memory-where-published)): median |error| {:.1}%, worst {} ({}).",
-            100.0 * TARGET_MEMORY,
+            "- Memory where a source publishes it ({} runs, the number each framework reports: see [Memory where published](#memory-where-published)): median |error| {:.1}% (target ≤ {:.0}%: {}), worst {}.",
             mem.len(),
             100.0 * median,
+            100.0 * TARGET_MEMORY,
+            met(median <= TARGET_MEMORY),
             pct(worst),
-            met(worst.abs() <= TARGET_MEMORY),
         );
     }
+    let refused = super::feasibility::refused(v).len();
+    let _ = writeln!(
+        out,
+        "- Every run that ran predicted to fit: {} of {} replayed runs refused ({}; see [Feasibility](#feasibility-every-run-that-ran-fits)).",
+        refused,
+        v.scored.len() + v.unscored.len(),
+        met(refused == 0),
+    );
     out.push('\n');
     let _ = writeln!(
         out,
@@ -306,8 +315,9 @@ pub fn markdown(v: &Validation, layer: &[LayerRow], presets: &[&Cluster], comman
         if let Some((median, _)) = memory_summary(&mem) {
             let _ = writeln!(out, "\nPooled median |error| {:.1}%.", 100.0 * median);
         }
-        out.push_str("\nThe llm.c figure is the sum of its allocation lines (weights, gradients, AdamW states, activations); it excludes library workspaces and NCCL buffers, which the predicted peak's overhead terms add (the CUDA context, the BLAS workspaces, NCCL's buffers per communicator and the allocator's fragmentation, sized in the cluster preset's `[overhead]` table).\n");
+        out.push_str("\nThe llm.c figure is the sum of its allocation lines (weights, gradients, AdamW states, activations); it excludes library workspaces and NCCL buffers, which the predicted peak's overhead terms add (the CUDA context, the BLAS workspaces, NCCL's buffers per communicator and the caching allocator's slack, `allocator_reserved`; the context and buffers are sized in the cluster preset's `[overhead]` table).\n");
     }
+    super::feasibility::section(&mut out, v);
     if !layer.is_empty() {
         out.push_str("\n## One layer: Korthikanti et al. Table 4\n\nThe 22B model's layer (h 6144, 64 heads, s 2048, micro-batch 4) on 8-way TP, forward and backward in ms, compute plus TP collectives.\n\n| variant | measured fwd | predicted fwd | measured bwd | predicted bwd | error fwd | error bwd |\n|---|---:|---:|---:|---:|---:|---:|\n");
         for l in layer {

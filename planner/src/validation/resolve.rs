@@ -97,8 +97,19 @@ pub fn family_profile(family: Family) -> &'static str {
 
 fn cluster_for(r: &Value, p: &Presets, gpus: u64) -> Result<Cluster, String> {
     let gpu = text(r, "cluster.gpu").unwrap_or("");
+    // The A100's 40 GB part is the same die with half the memory at 1,555 GB/s: its own preset
+    // where one is given (a run on it must fit in 40 GB, not the 80 GB preset's).
+    let a100_40 = (gpu.contains("A100") && gpu.contains("40"))
+        .then(|| {
+            p.others
+                .iter()
+                .find(|c| c.device.name.contains("A100-SXM4-40GB"))
+        })
+        .flatten();
     let base = if gpu.contains("H100") {
         p.h100
+    } else if let Some(c) = a100_40 {
+        c
     } else if gpu.contains("A100") {
         p.a100
     } else if let Some(c) = ["H800", "H200"].iter().find_map(|g| {

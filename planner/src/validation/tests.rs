@@ -191,7 +191,7 @@ fn the_report_groups_the_runs_by_profile() {
     // The torchtitan run is on an H100, outside the A100 fit: 0 held out, 1 with the presets.
     assert!(md.contains("| torchtitan | 0 | – | – | 1 |"), "{md}");
     assert!(
-        md.contains("median ≤ 7%") || md.contains("target ≤ 7%"),
+        md.contains("median ≤ 6%") || md.contains("target ≤ 6%"),
         "{md}"
     );
 }
