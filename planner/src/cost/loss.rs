@@ -53,7 +53,7 @@ impl LossCost {
                 bytes: (18.0, 22.0),
                 kernels: (3.0, 3.0),
             },
-            LossKind::UnfusedFp32 => LossCost {
+            LossKind::UnfusedFp32 | LossKind::UnfusedFp32Freed => LossCost {
                 bytes: (22.0, 26.0),
                 kernels: (3.0, 4.0),
             },

@@ -120,6 +120,10 @@ pub enum LossKind {
     /// PyTorch's `cross_entropy(logits.float())`: the fp32 upcast, the log-softmax output and,
     /// at the start of the backward, its gradient are alive together (three fp32 N × V buffers).
     UnfusedFp32,
+    /// The same loss in a training loop that frees the 16-bit logits before the backward
+    /// (torchtitan's train.py: `del pred` before `loss.backward()`, "need to free pred before
+    /// bwd to avoid peaking memory"): 2 B per logit less at the loss's peak; the same kernels.
+    UnfusedFp32Freed,
 }
 
 /// What the host pays per op it dispatches.

@@ -13,8 +13,8 @@
 //!   gradient being written (`logits_fp32_grad_input`); the fp32 upcast itself is freed after
 //!   the forward (the conversion saves no input). Plus the 16-bit logits (`logits_16bit`),
 //!   which a training loop that keeps them through the backward holds (nanoGPT's
-//!   `logits, loss = model(X, Y)`); a loop that frees them first (torchtitan's `del pred`)
-//!   peaks 2 B per logit lower.
+//!   `logits, loss = model(X, Y)`); a loop that frees them first (torchtitan's `del pred`:
+//!   **UnfusedFp32Freed**) peaks 2 B per logit lower.
 
 use crate::framework::LossKind;
 use crate::model::Model;
@@ -41,7 +41,8 @@ pub fn terms(
             "the 16-bit logits; the fused loss writes their gradient in place (no fp32 copy)",
         )],
         LossKind::VocabParallelFp32 => vec![("logits_fp32", fp32, KEPT)],
-        LossKind::UnfusedFp32 => vec![
+        LossKind::UnfusedFp32 | LossKind::UnfusedFp32Freed => {
+            let mut t = vec![
             (
                 "logits_fp32",
                 fp32,
@@ -57,11 +58,15 @@ pub fn terms(
                 fp32,
                 "log_softmax's backward: the fp32 gradient of the upcast logits, written while its two inputs are alive",
             ),
-            (
-                "logits_16bit",
-                w * logits,
-                "the output layer's 16-bit logits, held by the training loop through the backward",
-            ),
-        ],
+            ];
+            if loss == LossKind::UnfusedFp32 {
+                t.push((
+                    "logits_16bit",
+                    w * logits,
+                    "the output layer's 16-bit logits, held by the training loop through the backward",
+                ));
+            }
+            t
+        }
     }
 }

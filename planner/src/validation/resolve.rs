@@ -128,12 +128,33 @@ fn cluster_for(r: &Value, p: &Presets, gpus: u64) -> Result<Cluster, String> {
         ));
     };
     let mut cluster = base.clone();
+    // The part's memory as the run names it ("H100 96GB HBM2e" beside the 80 GB preset;
+    // `cluster.gpu_memory_gb` where stated): the capacity a run that ran must fit in. The
+    // presets state their parts' marketed size the same way (80 for "80GB").
+    if let Some(gb) = num(r, "cluster.gpu_memory_gb").or_else(|| marketed_gb(gpu)) {
+        cluster.device.memory_gib = gb;
+    }
     // A run on fewer GPUs than a node (one H100) has that many on its node.
     cluster.gpus_per_node =
         int(r, "cluster.gpus_per_node").unwrap_or(base.gpus_per_node.min(gpus.max(1)));
     cluster.devices = gpus;
     cluster.nodes = gpus.div_ceil(cluster.gpus_per_node);
     Ok(cluster)
+}
+
+/// The memory size in a GPU's name: the number before "GB" ("A100-SXM4-80GB" → 80,
+/// "H100 96GB" → 96), if any.
+fn marketed_gb(gpu: &str) -> Option<f64> {
+    let upper = gpu.to_ascii_uppercase();
+    let end = upper.find("GB")?;
+    let digits: String = upper[..end]
+        .trim_end()
+        .chars()
+        .rev()
+        .take_while(char::is_ascii_digit)
+        .collect();
+    let gb: f64 = digits.chars().rev().collect::<String>().parse().ok()?;
+    (gb > 0.0).then_some(gb)
 }
 
 fn preset_architecture(r: &Value, p: &Presets) -> Result<Option<Architecture>, String> {
@@ -490,4 +511,18 @@ fn pins(
         }
     }
     Ok((pins, open))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::marketed_gb;
+
+    #[test]
+    fn the_memory_in_a_gpus_name() {
+        assert_eq!(marketed_gb("A100-SXM4-80GB"), Some(80.0));
+        assert_eq!(marketed_gb("H100 96GB HBM2e"), Some(96.0));
+        assert_eq!(marketed_gb("a100_40gb"), Some(40.0));
+        assert_eq!(marketed_gb("H100"), None);
+        assert_eq!(marketed_gb("GB200"), None);
+    }
 }
