@@ -18,6 +18,12 @@ pub struct Profile {
     pub summary: String,
     /// Where the profile's values come from (papers, source files at a commit).
     pub sources: Vec<String>,
+    /// The profile of the same framework under `torch.compile`, which `tessera plan --compile`
+    /// and a groundtruth run's `parallel.compile = true` switch to ([`super::compiled`]); a
+    /// compiled profile names itself. Absent: the framework has no compiled variant (it is not
+    /// PyTorch-based, or its compiled runs are not profiled).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub compiled: Option<String>,
     /// The search space: what the framework can run.
     pub can_run: CanRun,
     /// How it runs it: the kernels' costs.
@@ -204,6 +210,12 @@ pub struct Memory {
     pub unsharded_root: bool,
     /// The number the framework's logs report.
     pub reports: Reports,
+    /// The block's element-wise ops run fused, keeping only what fused kernels keep for the
+    /// backward (Megatron's fused kernels, `torch.compile`'s generated ones); false: eager
+    /// PyTorch, whose SwiGLU also keeps `silu(gate)`
+    /// ([`crate::memory::activations::layer_tensors`]). Absent: true.
+    #[serde(default = "yes")]
+    pub fused_elementwise: bool,
 }
 
 fn device_name(d: DeviceKind) -> &'static str {
