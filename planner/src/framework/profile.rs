@@ -39,6 +39,10 @@ pub struct Profile {
 pub struct CanRun {
     pub tensor_parallel: bool,
     pub sequence_parallel: bool,
+    /// TP runs without sequence parallelism too. False: its TP always shards the norms by
+    /// sequence (torchtitan's `apply_tp`), so TP > 1 needs SP. Absent: true.
+    #[serde(default = "yes")]
+    pub tp_without_sp: bool,
     pub pipeline: bool,
     /// Pipeline schedules by plan.json name (`1f1b`, `interleaved`, `gpipe`).
     pub schedules: Vec<ScheduleKind>,
@@ -332,6 +336,12 @@ impl CanRun {
         }
         if l.sequence_parallel && !self.sequence_parallel {
             return no("sequence parallelism", "pin --no-sp");
+        }
+        if l.tp > 1 && !l.sequence_parallel && !self.tp_without_sp {
+            return no(
+                &format!("TP {} without sequence parallelism", l.tp),
+                "pin --sp, or use --tp 1",
+            );
         }
         if l.pp > 1 && !self.pipeline {
             return no(&format!("PP {}", l.pp), "use --pp 1, or another framework");

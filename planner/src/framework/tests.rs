@@ -93,6 +93,31 @@ fn fsdp_shard_grad_op_is_zero_2_and_runs_where_the_framework_has_it() {
     assert_eq!(e.fix.as_deref(), Some("use --zero 0"), "{e:?}");
 }
 
+/// torchtitan's TP always shards the norms by sequence (`apply_tp`'s `SequenceParallel`): TP 2
+/// without SP is refused, naming the fix; with SP it runs; megatron-core runs both.
+#[test]
+fn torchtitan_runs_tp_only_with_sequence_parallelism() {
+    let tp2 = |sp| Layout {
+        tp: 2,
+        dp: 4,
+        sequence_parallel: sp,
+        ..layout()
+    };
+    for n in ["torchtitan", "torchtitan-compile"] {
+        let p = by_name(n).unwrap();
+        let e = admits(p, &tp2(false)).unwrap_err();
+        assert!(
+            e.detail
+                .contains(&format!("{n} cannot run TP 2 without sequence parallelism")),
+            "{e}"
+        );
+        assert_eq!(e.fix.as_deref(), Some("pin --sp, or use --tp 1"), "{e:?}");
+        assert!(admits(p, &tp2(true)).is_ok(), "{n}");
+    }
+    let mcore = by_name(DEFAULT_GPU).unwrap();
+    assert!(admits(mcore, &tp2(false)).is_ok() && admits(mcore, &tp2(true)).is_ok());
+}
+
 fn layout() -> Layout {
     let mut l = Layout::without_pipeline(8, 1, 0, 1);
     l.recompute = Recompute::None;
