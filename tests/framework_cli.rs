@@ -242,3 +242,164 @@ fn a_plan_whose_stated_framework_cannot_build_it_is_refused_on_load() {
         );
     }
 }
+
+/// The plan succeeded and names `profile` as the stated one.
+fn planned_for(r: &common::Ran, profile: &str) {
+    assert_eq!(r.code, Some(0), "{}", r.stderr);
+    let line = format!("framework profile \"{profile}\" (stated)");
+    assert!(r.stdout.contains(&line), "{}", r.stdout);
+}
+
+/// `--compile` takes the profile's compiled variant (`compiled` in specs/frameworks/): of
+/// `--framework`, or of the spec's `training.framework`; plan.json keeps the compiled name.
+#[test]
+fn compile_maps_a_pytorch_profile_to_its_compiled_variant() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("plan.json");
+    let mut args = LLAMA_ONE_NODE.to_vec();
+    let o = p.to_str().unwrap();
+    args.extend([
+        "--framework",
+        "torchtitan",
+        "--compile",
+        "--zero",
+        "3",
+        "--top",
+        "1",
+        "-o",
+        o,
+    ]);
+    let r = run(&args);
+    planned_for(&r, "torchtitan-compile");
+    let v = read_json(&p);
+    assert_eq!(
+        v["job"]["model"]["training"]["framework"],
+        "torchtitan-compile"
+    );
+
+    let scratch = common::Scratch::new();
+    let spec = scratch.copy_edit(
+        "specs/models/llama3-8b.toml",
+        &[("[training]", "[training]\nframework = \"pytorch-eager\"")],
+    );
+    let r = run(&[
+        "plan",
+        &common::s(&spec),
+        "specs/clusters/dgx-h100-80g.toml",
+        "--nodes",
+        "1",
+        "--compile",
+        "--top",
+        "1",
+    ]);
+    planned_for(&r, "pytorch-compile");
+}
+
+/// A profile without a compiled variant (the default megatron-core, or a named deepspeed) is
+/// refused under `--compile`, naming it and the pairs that exist.
+#[test]
+fn compile_refuses_a_profile_without_a_compiled_variant() {
+    for extra in [vec![], vec!["--framework", "deepspeed"]] {
+        let mut args = vec![
+            "plan",
+            "specs/models/gpt3-2.7b.toml",
+            "specs/clusters/dgx-a100-80g.toml",
+            "--nodes",
+            "1",
+            "--compile",
+        ];
+        args.extend(extra.iter().copied());
+        let name = extra.get(1).copied().unwrap_or("megatron-core");
+        refused(
+            &run(&args),
+            &[
+                "--compile",
+                &format!("\"{name}\" has no compiled variant"),
+                &format!("specs/frameworks/{name}.toml"),
+                "pytorch-eager → pytorch-compile",
+                "torchtitan → torchtitan-compile",
+            ],
+        );
+    }
+}
+
+/// FSDP1's SHARD_GRAD_OP is ZeRO-2: pytorch-eager plans `--zero 2`; Megatron-LM of 2021
+/// (megatron-legacy, no ZeRO) refuses it, naming the profile, the stage and the fix.
+#[test]
+fn zero_2_is_planned_for_pytorch_and_refused_by_a_framework_without_it() {
+    let base = [
+        "plan",
+        "specs/models/gpt3-2.7b.toml",
+        "specs/clusters/dgx-a100-80g.toml",
+        "--nodes",
+        "1",
+        "--zero",
+        "2",
+        "--pp",
+        "1",
+        "--top",
+        "1",
+    ];
+    let mut args = base.to_vec();
+    args.extend(["--framework", "pytorch-eager"]);
+    let r = run(&args);
+    assert_eq!(r.code, Some(0), "{}", r.stderr);
+    let chosen = r
+        .stdout
+        .lines()
+        .find(|l| l.starts_with("chosen:"))
+        .unwrap_or_default();
+    assert!(chosen.ends_with("zero2"), "{}", r.stdout);
+
+    let mut args = base.to_vec();
+    args.extend(["--framework", "megatron-legacy"]);
+    refused(
+        &run(&args),
+        &["megatron-legacy cannot run ZeRO-2", "fix: use --zero 0"],
+    );
+}
+
+/// A torchtitan-compile plan exports to torchtitan with `[compile]` on (the blocks and the
+/// loss, as the profile predicts them), and its ZeRO-2 as `fsdp_reshard_after_forward =
+/// "never"`; an eager ZeRO-3 plan writes neither.
+#[test]
+fn a_compiled_zero_2_plan_exports_to_torchtitan_with_compile_and_no_reshard() {
+    let dir = tempfile::tempdir().unwrap();
+    let export = |extra: &[&str]| -> toml::Table {
+        let p = dir.path().join("plan.json");
+        let mut args = LLAMA_ONE_NODE.to_vec();
+        args.extend(["--framework", "torchtitan", "--top", "1", "-o"]);
+        args.push(p.to_str().unwrap());
+        args.extend(extra);
+        let r = run(&args);
+        assert_eq!(r.code, Some(0), "{}", r.stderr);
+        let o = run(&["export", p.to_str().unwrap(), "--to", "torchtitan"]);
+        assert_eq!(o.code, Some(0), "{}", o.stderr);
+        o.stdout.parse().unwrap()
+    };
+    let t = export(&["--compile", "--zero", "2"]);
+    assert_eq!(t["compile"]["enable"].as_bool(), Some(true), "{t}");
+    let components: Vec<&str> = t["compile"]["components"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_str().unwrap())
+        .collect();
+    assert_eq!(components, ["model", "loss"]);
+    let par = &t["parallelism"];
+    assert_eq!(par["fsdp_reshard_after_forward"].as_str(), Some("never"));
+    assert_eq!(
+        par["data_parallel_shard_degree"].as_integer(),
+        Some(
+            8 / par["tensor_parallel_degree"].as_integer().unwrap()
+                / par["pipeline_parallel_degree"].as_integer().unwrap()
+        )
+    );
+
+    let t = export(&["--zero", "3"]);
+    assert!(t.get("compile").is_none(), "{t}");
+    assert!(
+        t["parallelism"].get("fsdp_reshard_after_forward").is_none(),
+        "{t}"
+    );
+}

@@ -82,6 +82,12 @@ pub struct PlanArgs {
     /// offers only what it can run, and its loss, host dispatch and memory are charged.
     #[arg(long)]
     framework: Option<String>,
+    /// Predict the framework under torch.compile: its profile's compiled variant
+    /// (pytorch-eager → pytorch-compile, torchtitan → torchtitan-compile; a compiled profile
+    /// stays). Applies to --framework, else the spec's `training.framework`; a profile without
+    /// a variant is refused, naming the ones that have one.
+    #[arg(long)]
+    compile: bool,
     /// Pin hybrid sharding on: ZeRO states sharded within a node only (HYBRID_SHARD).
     #[arg(long, conflicts_with = "no_hybrid_shard")]
     hybrid_shard: bool,
@@ -304,6 +310,12 @@ pub fn run(args: PlanArgs) -> anyhow::Result<ExitCode> {
             ));
         }
         model.training.framework = Some(name.clone());
+    }
+    if args.compile {
+        let profile = tessera_planner::framework::of(&model, &cluster);
+        let compiled = tessera_planner::framework::compiled(profile)
+            .map_err(|e| cli_error("--compile", e.problem(), e.fix()))?;
+        model.training.framework = Some(compiled.name.clone());
     }
     check_framework_builds(&args, &model, &cluster)?;
     let mut pins = args.pins();

@@ -47,8 +47,8 @@ pub(super) fn torchtitan(plan: &Plan) -> Result<String, ExportError> {
     )?;
     let (shard, replicate) = match (p.zero_stage, p.hybrid_shard) {
         (0, _) => (1, p.dp),
-        (3, false) => (p.dp, 1),
-        (3, true) => {
+        (2 | 3, false) => (p.dp, 1),
+        (2 | 3, true) => {
             // Shard over the DP ranks inside a node (mesh order tp-dp-pp), replicate across.
             let gpn = plan.job.cluster.gpus_per_node;
             let shard = (gpn / p.tp).clamp(1, p.dp);
@@ -64,8 +64,8 @@ pub(super) fn torchtitan(plan: &Plan) -> Result<String, ExportError> {
         (z, _) => {
             return Err(refuse(
                 t,
-                format!("ZeRO-{z} (torchtitan shards everything with FSDP2, which is ZeRO-3, or replicates with DDP)"),
-                "re-plan with --zero 3 or --zero 0",
+                format!("ZeRO-{z} (torchtitan shards with FSDP2, ZeRO-3, or ZeRO-2 when its parameters stay gathered after the forward, or replicates with DDP: no optimizer-only sharding)"),
+                "re-plan with --zero 3, --zero 2 or --zero 0",
             ))
         }
     };
@@ -141,6 +141,14 @@ pub(super) fn torchtitan(plan: &Plan) -> Result<String, ExportError> {
     let mut par = Table::new();
     par.insert("data_parallel_replicate_degree".into(), int(replicate));
     par.insert("data_parallel_shard_degree".into(), int(shard));
+    if p.zero_stage == 2 {
+        // ZeRO-2: each block's gathered parameters kept from its forward to the end of its
+        // backward (`reshard_after_forward=False`), gradients and optimizer states sharded.
+        par.insert(
+            "fsdp_reshard_after_forward".into(),
+            Value::String("never".into()),
+        );
+    }
     par.insert("tensor_parallel_degree".into(), int(p.tp));
     par.insert("pipeline_parallel_degree".into(), int(p.pp));
     par.insert(
@@ -193,6 +201,20 @@ pub(super) fn torchtitan(plan: &Plan) -> Result<String, ExportError> {
     }
     let (optimizer, lr_scheduler, decay_note) = optimizer_tables(plan, &mut training)?;
     let mut doc = Table::new();
+    if crate::framework::of(&plan.job.model, &plan.job.cluster).name == "torchtitan-compile" {
+        // The plan was predicted compiled: each block and the loss (torchtitan 0.2's
+        // `[compile]`, whose default components these are).
+        let mut compile = Table::new();
+        compile.insert("enable".into(), Value::Boolean(true));
+        compile.insert(
+            "components".into(),
+            Value::Array(vec![
+                Value::String("model".into()),
+                Value::String("loss".into()),
+            ]),
+        );
+        doc.insert("compile".into(), Value::Table(compile));
+    }
     doc.insert("training".into(), Value::Table(training));
     doc.insert("optimizer".into(), Value::Table(optimizer));
     doc.insert("lr_scheduler".into(), Value::Table(lr_scheduler));

@@ -53,6 +53,10 @@ const FILES: &[(&str, &str)] = &[
         include_str!("../../../specs/frameworks/pytorch-compile.toml"),
     ),
     (
+        "torchtitan-compile",
+        include_str!("../../../specs/frameworks/torchtitan-compile.toml"),
+    ),
+    (
         "llm-foundry",
         include_str!("../../../specs/frameworks/llm-foundry.toml"),
     ),
@@ -131,6 +135,52 @@ pub fn of(model: &Model, cluster: &Cluster) -> &'static Profile {
 /// Whether the model's framework was stated (spec or flag) rather than defaulted.
 pub fn stated(model: &Model) -> bool {
     model.training.framework.is_some()
+}
+
+/// A profile without a compiled variant, asked for one (`tessera plan --compile`, a
+/// groundtruth run's `parallel.compile = true`).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{}\n  fix: {}", self.problem(), self.fix())]
+pub struct NoCompiledVariant {
+    pub profile: String,
+}
+
+impl NoCompiledVariant {
+    /// What is wrong, naming the profile and its file: the message without the fix.
+    pub fn problem(&self) -> String {
+        format!(
+            "framework profile \"{p}\" has no compiled variant (specs/frameworks/{p}.toml names no `compiled` profile: torch.compile applies to PyTorch-based frameworks)",
+            p = self.profile
+        )
+    }
+
+    /// The profiles that have a variant, as `eager → compiled`.
+    pub fn fix(&self) -> String {
+        let pairs: Vec<String> = all()
+            .iter()
+            .filter_map(|p| {
+                let c = p.compiled.as_deref()?;
+                (c != p.name).then(|| format!("{} → {c}", p.name))
+            })
+            .collect();
+        format!(
+            "drop --compile (a groundtruth run: `parallel.compile`), or name a profile that has a compiled variant: {}",
+            pairs.join(", ")
+        )
+    }
+}
+
+/// The compiled variant of `profile` (its `compiled` key): `pytorch-eager` → `pytorch-compile`,
+/// `torchtitan` → `torchtitan-compile`; a compiled profile is its own. The one mapping that
+/// `tessera plan --compile` and the groundtruth replay's `parallel.compile` use.
+pub fn compiled(profile: &Profile) -> Result<&'static Profile, NoCompiledVariant> {
+    profile
+        .compiled
+        .as_deref()
+        .and_then(by_name)
+        .ok_or_else(|| NoCompiledVariant {
+            profile: profile.name.clone(),
+        })
 }
 
 /// The rule a layout breaks when its framework cannot run it.

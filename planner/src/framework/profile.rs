@@ -18,6 +18,12 @@ pub struct Profile {
     pub summary: String,
     /// Where the profile's values come from (papers, source files at a commit).
     pub sources: Vec<String>,
+    /// The profile of the same framework under `torch.compile`, which `tessera plan --compile`
+    /// and a groundtruth run's `parallel.compile = true` switch to ([`super::compiled`]); a
+    /// compiled profile names itself. Absent: the framework has no compiled variant (it is not
+    /// PyTorch-based, or its compiled runs are not profiled).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub compiled: Option<String>,
     /// The search space: what the framework can run.
     pub can_run: CanRun,
     /// How it runs it: the kernels' costs.
@@ -33,6 +39,10 @@ pub struct Profile {
 pub struct CanRun {
     pub tensor_parallel: bool,
     pub sequence_parallel: bool,
+    /// TP runs without sequence parallelism too. False: its TP always shards the norms by
+    /// sequence (torchtitan's `apply_tp`), so TP > 1 needs SP. Absent: true.
+    #[serde(default = "yes")]
+    pub tp_without_sp: bool,
     pub pipeline: bool,
     /// Pipeline schedules by plan.json name (`1f1b`, `interleaved`, `gpipe`).
     pub schedules: Vec<ScheduleKind>,
@@ -227,6 +237,12 @@ pub struct Memory {
     /// `pipe_buffers['outputs']`, `pipe_recv_buf`, `grad_layer`). Absent: false.
     #[serde(default)]
     pub pipe_buffers: bool,
+    /// The block's element-wise ops run fused, keeping only what fused kernels keep for the
+    /// backward (Megatron's fused kernels, `torch.compile`'s generated ones); false: eager
+    /// PyTorch, whose SwiGLU also keeps `silu(gate)`
+    /// ([`crate::memory::activations::layer_tensors`]). Absent: true.
+    #[serde(default = "yes")]
+    pub fused_elementwise: bool,
 }
 
 /// ZeRO-3's gather unit.
@@ -366,6 +382,12 @@ impl CanRun {
         }
         if l.sequence_parallel && !self.sequence_parallel {
             return no("sequence parallelism", "pin --no-sp");
+        }
+        if l.tp > 1 && !l.sequence_parallel && !self.tp_without_sp {
+            return no(
+                &format!("TP {} without sequence parallelism", l.tp),
+                "pin --sp, or use --tp 1",
+            );
         }
         if l.pp > 1 && !self.pipeline {
             return no(&format!("PP {}", l.pp), "use --pp 1, or another framework");

@@ -18,10 +18,104 @@ fn every_profile_parses_and_names_itself() {
         "torchtitan",
         "pytorch-eager",
         "pytorch-compile",
+        "torchtitan-compile",
         "tessera",
     ] {
         assert!(by_name(n).is_some(), "the issue's profile {n} is built in");
     }
+}
+
+/// `--compile`'s mapping: the eager PyTorch profiles to their compiled variants, a compiled
+/// one to itself; every `compiled` key names a built-in profile that is its own variant; a
+/// profile without one is refused, naming it, its file and the pairs that exist.
+#[test]
+fn compiled_variants_map_eager_pytorch_profiles_and_refuse_the_rest() {
+    let name = |n: &str| compiled(by_name(n).unwrap()).map(|p| p.name.as_str());
+    assert_eq!(name("pytorch-eager"), Ok("pytorch-compile"));
+    assert_eq!(name("torchtitan"), Ok("torchtitan-compile"));
+    assert_eq!(name("pytorch-compile"), Ok("pytorch-compile"));
+    assert_eq!(name("torchtitan-compile"), Ok("torchtitan-compile"));
+    for p in all() {
+        if let Ok(c) = compiled(p) {
+            assert_eq!(compiled(c).unwrap().name, c.name, "{} → {}", p.name, c.name);
+            assert!(c.memory.fused_elementwise, "{} is compiled", c.name);
+        }
+    }
+    for n in [
+        "megatron-core",
+        "deepspeed",
+        "llm.c",
+        "tessera",
+        "llm-foundry",
+    ] {
+        let e = compiled(by_name(n).unwrap()).unwrap_err();
+        let msg = e.to_string();
+        assert!(
+            msg.contains(&format!("\"{n}\" has no compiled variant")),
+            "{msg}"
+        );
+        assert!(msg.contains(&format!("specs/frameworks/{n}.toml")), "{msg}");
+        assert!(msg.contains("pytorch-eager → pytorch-compile"), "{msg}");
+        assert!(msg.contains("torchtitan → torchtitan-compile"), "{msg}");
+    }
+}
+
+/// FSDP1's SHARD_GRAD_OP is ZeRO-2 (torch/distributed/fsdp/api.py), and _HYBRID_SHARD_ZERO2
+/// its hybrid form: the PyTorch profiles run both; torchtitan runs it as
+/// `fsdp_reshard_after_forward = "never"`; Megatron-LM of 2021 has no ZeRO and refuses it,
+/// naming the stages it runs.
+#[test]
+fn fsdp_shard_grad_op_is_zero_2_and_runs_where_the_framework_has_it() {
+    let z2 = |hybrid| Layout {
+        sharding: Sharding {
+            zero_stage: 2,
+            hybrid,
+        },
+        ..layout()
+    };
+    for n in [
+        "pytorch-eager",
+        "pytorch-compile",
+        "torchtitan",
+        "torchtitan-compile",
+        "llm-foundry",
+    ] {
+        let p = by_name(n).unwrap();
+        assert!(admits(p, &z2(false)).is_ok(), "{n}: ZeRO-2");
+        assert!(admits(p, &z2(true)).is_ok(), "{n}: hybrid ZeRO-2");
+    }
+    let e = admits(by_name("megatron-legacy").unwrap(), &z2(false)).unwrap_err();
+    assert_eq!(e.rule, CANNOT_RUN);
+    assert!(
+        e.detail.contains("megatron-legacy cannot run ZeRO-2"),
+        "{e}"
+    );
+    assert_eq!(e.fix.as_deref(), Some("use --zero 0"), "{e:?}");
+}
+
+/// torchtitan's TP always shards the norms by sequence (`apply_tp`'s `SequenceParallel`): TP 2
+/// without SP is refused, naming the fix; with SP it runs; megatron-core runs both.
+#[test]
+fn torchtitan_runs_tp_only_with_sequence_parallelism() {
+    let tp2 = |sp| Layout {
+        tp: 2,
+        dp: 4,
+        sequence_parallel: sp,
+        ..layout()
+    };
+    for n in ["torchtitan", "torchtitan-compile"] {
+        let p = by_name(n).unwrap();
+        let e = admits(p, &tp2(false)).unwrap_err();
+        assert!(
+            e.detail
+                .contains(&format!("{n} cannot run TP 2 without sequence parallelism")),
+            "{e}"
+        );
+        assert_eq!(e.fix.as_deref(), Some("pin --sp, or use --tp 1"), "{e:?}");
+        assert!(admits(p, &tp2(true)).is_ok(), "{n}");
+    }
+    let mcore = by_name(DEFAULT_GPU).unwrap();
+    assert!(admits(mcore, &tp2(false)).is_ok() && admits(mcore, &tp2(true)).is_ok());
 }
 
 fn layout() -> Layout {

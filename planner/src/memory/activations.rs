@@ -130,6 +130,28 @@ pub(crate) fn element_bytes(model: &Model) -> f64 {
         .map_or(2.0, |p| f64::from(p.activation_bytes))
 }
 
+/// Whether the model's framework fuses a block's element-wise ops (`memory.fused_elementwise`).
+/// The list below is what fused kernels keep: Megatron's fused bias-SwiGLU saves its input and
+/// recomputes `silu(gate)`; under `torch.compile`, Inductor's partitioner
+/// (torch/_functorch/partitioners.py `min_cut_rematerialization_partition`) recomputes in the
+/// backward every pointwise result that no matmul or attention of the backward reads, so
+/// `silu(gate)` is recomputed while the norms' outputs and SwiGLU's product, which the weight
+/// gradients' matmuls read (`ban_recompute_materialized_backward`), stay saved. Eager PyTorch's
+/// `F.silu(w1(x)) * w3(x)` (torchtitan's FeedForward, transformers' LlamaMLP) keeps
+/// `silu(gate)` as well: the multiply's autograd node saves both of its operands. Its norms
+/// are fused in eager too (torch 2.15's `nn.RMSNorm` runs `_fused_rms_norm` on CUDA, saving
+/// the input and the per-row rstd; `F.layer_norm` likewise), so SwiGLU's activation is the one
+/// difference. The profile is looked up by the stated name alone: the device defaults
+/// (megatron-core, tessera) fuse, so an unstated framework costs no lookup on the search's path.
+pub(crate) fn fuses_elementwise(model: &Model) -> bool {
+    model
+        .training
+        .framework
+        .as_deref()
+        .and_then(crate::framework::by_name)
+        .is_none_or(|p| p.memory.fused_elementwise)
+}
+
 /// The tensors one transformer layer stores for one micro-batch of `b` sequences.
 pub fn layer_tensors(model: &Model, b: u64) -> Vec<Stored> {
     let a = &model.architecture;
@@ -235,6 +257,9 @@ pub fn layer_tensors(model: &Model, b: u64) -> Vec<Stored> {
         Activation::Swiglu => {
             push("gate_output", w * sb * f, Sharded, false, false);
             push("up_output", w * sb * f, Sharded, false, false);
+            if !fuses_elementwise(model) {
+                push("silu_output", w * sb * f, Sharded, false, false);
+            }
             push("mlp_down_input", w * sb * f, Sharded, false, false);
         }
     }

@@ -152,8 +152,9 @@ fn pipelined() -> Layout {
 /// sequence of 8192 tokens (b = 1, flash attention, no dropout), per token in bf16: the two
 /// norms' inputs and outputs 4 × 2 × 4096 = 32,768; Q, K, V 2 × (4096 + 1024 + 1024) = 12,288;
 /// the fp32 log-sum-exp 4 × 32 = 128; the output projection's input 2 × 4096 = 8,192; gate, up
-/// and down-projection input 3 × 2 × 14336 = 86,016: 139,392 B × 8192 = 1,141,899,264 B.
-/// megatron-core's profile does not select the term.
+/// and down-projection input 3 × 2 × 14336 = 86,016: 139,392 B; eager torchtitan's SwiGLU also
+/// keeps silu(gate), 2 × 14336 = 28,672: 168,064 B × 8192 = 1,376,780,288 B (compiled, without
+/// it, 139,392 × 8192 = 1,141,899,264 B). megatron-core's profile does not select the term.
 #[test]
 fn full_recompute_holds_one_layer_working_set() {
     let cluster = h100(1);
@@ -164,6 +165,15 @@ fn full_recompute_holds_one_layer_working_set() {
     );
     assert_eq!(
         term(&titan, 0, "recompute_working_set"),
+        Some(1_376_780_288)
+    );
+    let compiled = estimate(
+        &llama3_8b(Some("torchtitan-compile")),
+        &cluster,
+        &fsdp8(Recompute::Full),
+    );
+    assert_eq!(
+        term(&compiled, 0, "recompute_working_set"),
         Some(1_141_899_264)
     );
     let selective = estimate(
@@ -178,21 +188,64 @@ fn full_recompute_holds_one_layer_working_set() {
 
 /// torchtitan reports max_memory_reserved: on PP 4's middle stage the transient blocks are one
 /// gathered block (218,112,000 × 2 = 436,224,000 B), the fp32 reduce-scatter input
-/// (872,448,000 B) and the recomputed layer (1,141,899,264 B); the largest, / 2 MiB = 544.5,
-/// rounds up to 545 × 2,097,152 = 1,142,947,840 B of allocator_reserved; the presets charge no
-/// flat fragmentation. megatron-core (ZeRO-3 by blocks, full recompute, no working set in its
-/// profile) allocates through the same caching allocator: its middle stage's largest transient
-/// block is one gathered block's 16-bit weights, 218,112,000 × 2 = 436,224,000 B, / 2 MiB =
-/// 208.008 → 209 × 2,097,152 = 438,304,768 B.
+/// (872,448,000 B) and the recomputed layer (eager: 1,376,780,288 B, with silu(gate)); the
+/// largest, / 2 MiB = 656.5, rounds up to 657 × 2,097,152 = 1,377,828,864 B of
+/// allocator_reserved; the presets charge no flat fragmentation. megatron-core (ZeRO-3 by
+/// blocks, full recompute, no working set in its profile) allocates through the same caching
+/// allocator: its middle stage's largest transient block is one gathered block's 16-bit
+/// weights, 218,112,000 × 2 = 436,224,000 B, / 2 MiB = 208.008 → 209 × 2,097,152 =
+/// 438,304,768 B.
 #[test]
 fn reserved_is_one_segment_of_the_largest_transient_block() {
     let cluster = h100(4);
     let titan = estimate(&llama3_8b(Some("torchtitan")), &cluster, &pipelined());
-    assert_eq!(term(&titan, 1, "allocator_reserved"), Some(1_142_947_840));
+    assert_eq!(term(&titan, 1, "allocator_reserved"), Some(1_377_828_864));
     assert_eq!(term(&titan, 1, "allocator_fragmentation"), None);
     let mcore = estimate(&llama3_8b(None), &cluster, &pipelined());
     assert_eq!(term(&mcore, 1, "allocator_reserved"), Some(438_304_768));
     assert_eq!(term(&mcore, 1, "allocator_fragmentation"), None);
+}
+
+/// torchtitan against torchtitan-compile on one layout (Llama-3 8B, FSDP2 over 8 H100s, one
+/// sequence of 8192 tokens per micro-batch, no recompute), by the mechanisms' formulas:
+/// - eager SwiGLU keeps silu(gate) per layer, 2 B × 8192 tokens × 14336 = 234,881,024 B, × 32
+///   layers = 7,516,192,768 B; compiled, Inductor recomputes it;
+/// - torchtitan's eager loss keeps three fp32 N × V buffers at the start of its backward
+///   (logits.rs: 4 B × 8192 × 128256 = 4,202,692,608 B each, 12,608,077,824 B) and frees the
+///   16-bit logits first (`del pred`); the compiled loss keeps no fp32 buffer but reads the
+///   16-bit logits in its backward, 2 B × 8192 × 128256 = 2,101,346,304 B;
+/// - the reserved segment is the largest transient block's in both: the root module's fp32
+///   reduce-scatter input, 1,050,677,248 × 4 = 4,202,708,992 B (the fp32 logits are 16,384 B
+///   smaller), 2005 × 2 MiB = 4,204,789,760 B.
+///
+/// So the eager peak is 7,516,192,768 + 12,608,077,824 − 2,101,346,304 = 18,022,924,288 B
+/// above the compiled one; under full recompute only the recomputed layer keeps silu(gate):
+/// 234,881,024 + 12,608,077,824 − 2,101,346,304 = 10,741,612,544 B.
+#[test]
+fn compile_lowers_the_fsdp2_peak_by_silu_and_the_fp32_loss() {
+    let cluster = h100(1);
+    for (recompute, diff) in [
+        (Recompute::None, 18_022_924_288u64),
+        (Recompute::Full, 10_741_612_544),
+    ] {
+        let eager = estimate(&llama3_8b(Some("torchtitan")), &cluster, &fsdp8(recompute));
+        let compiled = estimate(
+            &llama3_8b(Some("torchtitan-compile")),
+            &cluster,
+            &fsdp8(recompute),
+        );
+        for r in [&eager, &compiled] {
+            assert_eq!(term(r, 0, "allocator_reserved"), Some(4_204_789_760));
+        }
+        assert_eq!(term(&compiled, 0, "logits_fp32"), None);
+        assert_eq!(
+            eager.peak_bytes - compiled.peak_bytes,
+            diff,
+            "{recompute:?}: eager {} compiled {}",
+            eager.peak_bytes,
+            compiled.peak_bytes
+        );
+    }
 }
 
 /// The search's affine per-stage bytes equal the per-term report under torchtitan's profile,
@@ -200,7 +253,12 @@ fn reserved_is_one_segment_of_the_largest_transient_block() {
 #[test]
 fn stage_bytes_equal_the_report_under_fsdp2() {
     let cluster = h100(4);
-    let model = llama3_8b(Some("torchtitan"));
+    for name in ["torchtitan", "torchtitan-compile"] {
+        stage_bytes_equal_the_report(&cluster, &llama3_8b(Some(name)));
+    }
+}
+
+fn stage_bytes_equal_the_report(cluster: &Cluster, model: &Model) {
     for recompute in Recompute::ALL {
         for (pp, zero) in [(1, 3), (4, 3), (4, 0), (2, 3)] {
             let l = Layout {
@@ -217,8 +275,8 @@ fn stage_bytes_equal_the_report_under_fsdp2() {
                 split[0] += 1;
                 split[pp as usize - 1] -= 1;
             }
-            let report = estimate_split(&model, &cluster, &l, &split);
-            let fast = StageBytes::new(&model, &cluster, &l);
+            let report = estimate_split(model, cluster, &l, &split);
+            let fast = StageBytes::new(model, cluster, &l);
             for s in &report.per_stage {
                 let got = fast.bytes(s.stage as usize, s.layers);
                 assert!(

@@ -93,10 +93,11 @@ pub fn routed_copies(model: &Model) -> f64 {
 /// The dense MLP's own tensors in [`layer_tensors`]: an MoE layer replaces them by its
 /// experts'. The MLP's input, its norm's input and its dropout mask stay (the router and the
 /// shared experts read the same input).
-const DENSE_MLP_ONLY: [&str; 5] = [
+const DENSE_MLP_ONLY: [&str; 6] = [
     "gelu_input",
     "gate_output",
     "up_output",
+    "silu_output",
     "mlp_down_input",
     "mlp_down_output",
 ];
@@ -154,9 +155,18 @@ pub fn moe_layer_tensors(model: &Model, b: u64) -> Vec<Stored> {
         false,
         false,
     ));
-    let mut mlp = |prefix: [&'static str; 3], tokens: f64, f: f64| {
+    // Eager PyTorch's experts (torchtitan's GroupedExperts, `silu(w1 x) * (w3 x)`) keep
+    // `silu(gate)` too, as a dense eager MLP does (`activations::fuses_elementwise`).
+    let eager = !super::activations::fuses_elementwise(model);
+    let mut mlp = |prefix: [&'static str; 4], tokens: f64, f: f64| {
         let hidden = match a.activation {
             Activation::Gelu => vec![(prefix[0], true), (prefix[2], false)],
+            Activation::Swiglu if eager => vec![
+                (prefix[0], true),
+                (prefix[1], true),
+                (prefix[3], false),
+                (prefix[2], false),
+            ],
             Activation::Swiglu => vec![(prefix[0], true), (prefix[1], true), (prefix[2], false)],
         };
         for (name, mm) in hidden {
@@ -168,6 +178,7 @@ pub fn moe_layer_tensors(model: &Model, b: u64) -> Vec<Stored> {
             "expert_gate_output",
             "expert_up_output",
             "expert_down_input",
+            "expert_silu_output",
         ],
         copies,
         m.moe_ffn_hidden as f64,
@@ -178,6 +189,7 @@ pub fn moe_layer_tensors(model: &Model, b: u64) -> Vec<Stored> {
                 "shared_gate_output",
                 "shared_up_output",
                 "shared_down_input",
+                "shared_silu_output",
             ],
             sb,
             (m.shared_experts * m.shared_expert_ffn_hidden) as f64,

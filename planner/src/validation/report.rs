@@ -253,9 +253,10 @@ pub fn markdown(v: &Validation, layer: &[LayerRow], presets: &[&Cluster], comman
          profiles. A run that states none takes its source's: Narayanan SC'21 → megatron-legacy \
          (its Table 2 ZeRO-3 rows, DeepSpeed's ZeRO-3 inside Megatron: deepspeed), Korthikanti → \
          megatron-lm-2022, llm.c → llm.c, llm-foundry → llm-foundry; a run of another source that \
-         states none is not replayed. `parallel.compile = true` makes pytorch-eager \
-         pytorch-compile; a torchtitan run stays torchtitan (its compile wraps each block; FSDP2, \
-         TP/PP and the fp32 loss stay). A run that states its framework takes that profile's \
+         states none is not replayed. `parallel.compile = true` takes the profile's compiled \
+         variant, as `tessera plan --compile` does: pytorch-eager → pytorch-compile, torchtitan \
+         → torchtitan-compile (each block and, as torchtitan 0.2.2 defaults, the loss compiled; \
+         FSDP2 and TP/PP stay); a profile without one is not replayed. A run that states its framework takes that profile's \
          conventions (vocabulary padding, flash attention or a materialised softmax with \
          Megatron's dropout 0.1 and fp32 main gradients) and its own keys: `model.activation` \
          (gelu|swiglu), `model.norm` (layernorm|rmsnorm), `model.position` (learned|rope), \

@@ -6,10 +6,11 @@
 //! `training.framework` or `parallel.framework`, naming a profile of specs/frameworks/. A run
 //! that states none gets its source's profile (Narayanan SC'21 → megatron-legacy, Korthikanti
 //! → megatron-lm-2022, llm.c → llm.c, llm-foundry → llm-foundry); a run of another source
-//! that states none is skipped. `parallel.compile = true` makes a `pytorch-eager` run
-//! `pytorch-compile`; a torchtitan run stays `torchtitan` (its `--compile` compiles each
-//! TransformerBlock, torchtitan/models/llama3/infra/parallelize.py `apply_compile`, while FSDP2,
-//! TP/PP and the fp32 loss stay torchtitan's).
+//! that states none is skipped. `parallel.compile = true` takes the stated profile's compiled
+//! variant ([`framework::compiled`], the mapping `tessera plan --compile` uses): `pytorch-eager`
+//! → `pytorch-compile`, `torchtitan` → `torchtitan-compile` (each TransformerBlock and, since
+//! torchtitan 0.2.2's defaults, the loss compiled; FSDP2 and TP/PP stay torchtitan's); a
+//! profile without one skips the run, naming it and the profiles that have one.
 
 use toml::Value;
 
@@ -77,10 +78,9 @@ pub fn stated_framework(r: &Value) -> Result<Option<&'static Profile>, String> {
             framework::names().join(", ")
         )
     })?;
-    if get(r, "parallel.compile").and_then(Value::as_bool) == Some(true)
-        && profile.name == "pytorch-eager"
-    {
-        profile = framework::by_name("pytorch-compile").ok_or("pytorch-compile is built in")?;
+    if get(r, "parallel.compile").and_then(Value::as_bool) == Some(true) {
+        profile = framework::compiled(profile)
+            .map_err(|e| format!("`parallel.compile` = true: {}; {}", e.problem(), e.fix()))?;
     }
     Ok(Some(profile))
 }

@@ -121,6 +121,47 @@ fn a_run_stating_torchtitan_resolves_with_its_profile_and_llama_keys() {
     assert!(row.predicted_reported_gib < row.predicted_memory_gib);
 }
 
+/// `parallel.compile = true` takes the profile's compiled variant, as `tessera plan --compile`
+/// does: the torchtitan run becomes torchtitan-compile (it stayed torchtitan before); a
+/// Megatron run has none and is skipped, naming the profile and the pairs that exist.
+#[test]
+fn parallel_compile_takes_the_compiled_variant_or_skips_the_run() {
+    let (a100, h100) = presets();
+    let compiled = TORCHTITAN.replacen("dp_shard = 8", "dp_shard = 8\ncompile = true", 1);
+    let (runs, _) = load(&compiled, &a100, &h100).unwrap();
+    let run = runs
+        .iter()
+        .find(|r| r.id == "titan-llama3-8b-8xh100")
+        .unwrap();
+    assert_eq!(run.profile.name, "torchtitan-compile");
+    assert_eq!(
+        run.model.training.framework.as_deref(),
+        Some("torchtitan-compile")
+    );
+    let megatron = compiled.replacen(
+        "framework = \"torchtitan\"",
+        "framework = \"megatron-core\"",
+        1,
+    );
+    let (_, skipped) = load(&megatron, &a100, &h100).unwrap();
+    let s = skipped
+        .iter()
+        .find(|s| s.id == "titan-llama3-8b-8xh100")
+        .expect("skipped");
+    assert!(s.reason.contains("`parallel.compile`"), "{}", s.reason);
+    assert!(
+        s.reason
+            .contains("\"megatron-core\" has no compiled variant"),
+        "{}",
+        s.reason
+    );
+    assert!(
+        s.reason.contains("torchtitan → torchtitan-compile"),
+        "{}",
+        s.reason
+    );
+}
+
 #[test]
 fn an_unknown_framework_is_skipped_naming_the_key_and_the_known_names() {
     let (a100, h100) = presets();
