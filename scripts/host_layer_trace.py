@@ -30,12 +30,14 @@ gradient yet, so AccumulateGrad takes its gradient over (a later micro-batch add
 launch per parameter, not counted).
 
 The counts are taken on CPU tensors. They do not depend on the device except where an op
-decomposes differently on it: the SDPA backend (`_scaled_dot_product_flash_attention_for_cpu`
-here; FlashAttention, memory-efficient or cuDNN attention on a GPU, each one op forward and one
-backward), dropout (`native_dropout` is one CUDA kernel; on CPU it decomposes into
-`bernoulli_` and `mul`), autocast's op lists (CPU's and CUDA's differ: e.g. layer_norm), and
-what `torch.compile` fuses (Inductor's C++ kernels on CPU, Triton on a GPU). The summary lists
-every op by name so these can be read off.
+decomposes differently on it. Two such are counted as on a GPU (ONE_CUDA_KERNEL below):
+`dropout` (one `native_dropout` kernel on CUDA; `bernoulli_` and `mul` on CPU) and `rms_norm`
+(`_fused_rms_norm` on CUDA). The rest follow the CPU: the SDPA backend
+(`_scaled_dot_product_flash_attention_for_cpu` here; FlashAttention, memory-efficient or cuDNN
+attention on a GPU, each one op forward and one backward), RMSNorm's backward nodes (the CPU's
+decomposition's), autocast's op lists (CPU's and CUDA's differ: e.g. layer_norm), and what
+`torch.compile` fuses (Inductor's C++ kernels on CPU, Triton on a GPU). The summary lists every
+op by name so these can be read off.
 
     python3 scripts/host_layer_trace.py [--only NAME] [--json OUT.json]
 
@@ -53,7 +55,7 @@ from torch.profiler import ProfilerActivity, profile
 
 import host_layer_cost as layers
 
-# Leaf ops that allocate or read metadata without a kernel; views are found from the schema.
+# Ops that allocate or read metadata without a kernel; views are found from their schema.
 NO_KERNEL = {
     "aten::empty", "aten::empty_strided", "aten::empty_like", "aten::new_empty",
     "aten::new_empty_strided", "aten::resize_", "aten::set_", "aten::lift_fresh",
