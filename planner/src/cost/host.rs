@@ -109,10 +109,10 @@ impl HostFloor {
     /// part. `recomputed` is the share of a forward that the backward runs again (full
     /// recompute of every k-th layer: 1/k; 0 otherwise).
     pub fn apply(&self, cluster: &Cluster, layer: &mut ChunkTime, recomputed: f64) {
-        if self.per_op(cluster) <= 0.0 {
+        let (fwd, bwd) = self.seconds(cluster, recomputed);
+        if fwd <= 0.0 && bwd <= 0.0 {
             return;
         }
-        let (fwd, bwd) = self.seconds(cluster, recomputed);
         layer.fwd.host = (fwd - layer.fwd.total()).max(0.0);
         layer.bwd.host = (bwd - layer.bwd.total()).max(0.0);
     }
