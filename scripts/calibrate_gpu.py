@@ -9,7 +9,8 @@ Measured, each as seconds per call (CUDA events, after warm-up):
 - causal SDPA forward and forward+backward at a few (T, head dimension);
 - element-wise bandwidth: a device copy, a layernorm and a tanh GELU (bytes read + written);
 - the host's cost per eager op: many tiny ops with autograd, forward and backward, wall clock
-  (the GPU idles: what is timed is PyTorch's dispatch, autograd and the launch);
+  (the GPU idles: what is timed is PyTorch's dispatch, autograd and the launch), and the
+  forward's alone with the host time of one cudaLaunchKernel from a profiled chain;
 - the loss: `F.cross_entropy` on fp32 logits, forward+backward, at N x V, and a fused variant
   (`torch.compile` of the same function) where it compiles.
 
@@ -120,14 +121,20 @@ def elementwise():
 def host_op(chain=200, reps=50):
     """Wall-clock seconds of `reps` forward+backward passes through a chain of `chain` tiny
     multiplies (8 elements) with autograd: each op costs one forward and one backward kernel,
-    and the GPU finishes each in far less time than the host takes to issue it."""
+    and the GPU finishes each in far less time than the host takes to issue it. Also the
+    forwards' seconds alone and the median host seconds of one cudaLaunchKernel in a profiled
+    forward chain: the forward op's launch, the rest of it its dispatch (host_launch_us,
+    host_dispatch_us)."""
     x = torch.randn(8, device=dev, requires_grad=True)
 
-    def step():
+    def forward():
         y = x
         for _ in range(chain):
             y = y * 1.0001
-        y.sum().backward()
+        return y
+
+    def step():
+        forward().sum().backward()
 
     for _ in range(3):
         step()
@@ -137,9 +144,24 @@ def host_op(chain=200, reps=50):
         step()
     torch.cuda.synchronize()
     seconds = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    for _ in range(reps):
+        forward()
+    torch.cuda.synchronize()
+    forward_seconds = time.perf_counter() - t0
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as p:
+        forward()
+        torch.cuda.synchronize()
+    launches = sorted(e.cpu_time_total for e in p.events() if e.name.startswith("cudaLaunchKernel"))
     log("host per-op cost")
-    return {"what": "y = y * c on 8 elements with autograd, forward and backward",
-            "ops": chain * reps, "seconds": seconds}
+    out = {"what": "y = y * c on 8 elements with autograd, forward and backward",
+           "ops": chain * reps, "seconds": seconds}
+    if launches:
+        out.update(forward_seconds=forward_seconds,
+                   launch_seconds=launches[len(launches) // 2] * 1e-6)
+    return out
 
 
 def loss(n=8192, v=50257):

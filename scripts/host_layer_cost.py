@@ -32,6 +32,7 @@ import torch
 B, S, H, HEADS = 1, 4, 16, 4  # tiny: the host's time, not the kernels'
 TP = 1  # Megatron's tensor-parallel degree (--tp)
 CHAIN = 8  # layers per forward, so one backward's start-up is shared by eight layers
+DISTINCT = False  # the chain's layers are distinct modules (host_layer_trace.py), not one reused
 
 
 def bare(device: str, ops: int = 400):
@@ -71,6 +72,14 @@ def ratios(layer, bare_fwd, ops: int, device: str, repeats: int):
     med = [statistics.median(c) for c in zip(*rows)]
     q = [statistics.quantiles(c, n=4) for c in zip(*rows)]
     return med, q, (bf / ops, bb / ops)
+
+
+def chain(build):
+    """The CHAIN layers of a forward: one module reused CHAIN times, or CHAIN distinct ones
+    (DISTINCT) built by `build(index)`."""
+    if DISTINCT:
+        return [build(i) for i in range(CHAIN)]
+    return [build(0)] * CHAIN
 
 
 def nanogpt_block(device: str):
@@ -118,14 +127,14 @@ def nanogpt_block(device: str):
             x = x + self.attn(self.ln_1(x))
             return x + self.mlp(self.ln_2(x))
 
-    blk = Block().to(device)
+    blks = chain(lambda _: Block().to(device))
     x = torch.randn(B, S, H, device=device, requires_grad=True)
     dev = "cuda" if device.startswith("cuda") else "cpu"
 
     def fwd():
         with torch.autocast(dev, dtype=torch.bfloat16):
             y = x
-            for _ in range(CHAIN):
+            for blk in blks:
                 y = blk(y)
             return y.float().sum()
 
@@ -143,15 +152,19 @@ def torchtitan_block(device: str):
         dim=H, n_layers=1, n_heads=HEADS, n_kv_heads=HEADS // 2, vocab_size=256,
         max_seq_len=S, multiple_of=16,
     )
-    blk = TransformerBlock(0, args).to(device)
-    with torch.no_grad():
-        blk.init_weights()
+    def block(i):
+        blk = TransformerBlock(i, args).to(device)
+        with torch.no_grad():
+            blk.init_weights()
+        return blk
+
+    blks = chain(block)
     freqs = precompute_freqs_cis(H // HEADS, S, args.rope_theta).to(device)
     x = torch.randn(B, S, H, device=device, requires_grad=True)
 
     def fwd():
         y = x
-        for _ in range(CHAIN):
+        for blk in blks:
             y = blk(y, freqs, None)
         return y.sum()
 
@@ -200,13 +213,13 @@ def megatron_core_layer(device: str):
         bias_activation_fusion=True, masked_softmax_fusion=False, params_dtype=torch.float32,
         tensor_model_parallel_size=TP,
     )
-    layer = TransformerLayer(cfg, get_gpt_layer_local_spec().submodules).to(device)
+    layers = chain(lambda _: TransformerLayer(cfg, get_gpt_layer_local_spec().submodules).to(device))
     x = torch.randn(S, B, H, device=device, requires_grad=True)  # Megatron is [s, b, h]
     mask = torch.triu(torch.ones(1, 1, S, S, dtype=torch.bool, device=device), diagonal=1)
 
     def fwd():
         y = x
-        for _ in range(CHAIN):
+        for layer in layers:
             y = layer(y, attention_mask=mask)
             y = y[0] if isinstance(y, tuple) else y
         return y.sum()

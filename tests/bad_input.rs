@@ -682,3 +682,28 @@ fn a_host_tier_missing_a_key_or_negative_is_refused_at_its_line() {
         ],
     );
 }
+
+/// The host floor's per-op costs (`[calibration] host_dispatch_us`, `host_launch_us`): a value
+/// past 1e6 µs or below zero is refused with one message naming the key and the fix.
+#[test]
+fn host_floor_costs_out_of_range_name_the_key() {
+    let dir = Scratch::new("host-costs");
+    let (cluster, _) = dir.edit(
+        H100,
+        "host_dispatch_us = 6.8",
+        Some("host_dispatch_us = 1e7"),
+    );
+    says(
+        &plan_cluster(&cluster),
+        &[
+            "calibration.host_dispatch_us",
+            "at most 1e6 microseconds",
+            "fix:",
+        ],
+    );
+    let (cluster, line) = dir.edit(H100, "host_launch_us = 2.43", Some("host_launch_us = -1"));
+    says(
+        &plan_cluster(&cluster),
+        &[&format!("{}:{line}", s(&cluster)), "host_launch_us", "fix:"],
+    );
+}

@@ -541,3 +541,46 @@ fn measurements_that_do_not_fit_the_spec_are_refused() {
     }
     assert!(!out.exists());
 }
+
+/// The forward op split into dispatch and launch (`host_op.forward_seconds`, `launch_seconds`),
+/// on the recorded fixture with round numbers added (not a measurement): 0.05 s of forwards
+/// over 10 000 ops is 5 µs per op, of which one launch is 2 µs, so a dispatch is 3 µs. Without
+/// the launch the pair is refused, naming the field.
+#[test]
+fn the_host_ops_forward_splits_into_dispatch_and_launch() {
+    let dir = Scratch::new();
+    let mut v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(root().join(FIXTURE)).unwrap()).unwrap();
+    v["host_op"]["forward_seconds"] = 0.05.into();
+    v["host_op"]["launch_seconds"] = 2e-6.into();
+    let json = dir.path("split.json");
+    std::fs::write(&json, v.to_string()).unwrap();
+    let args = |j: &Path| {
+        tessera(
+            &[
+                "calibrate",
+                "specs/clusters/dgx-h100-80g.toml",
+                "--from-json",
+                &s(j),
+            ],
+            None,
+        )
+    };
+    let r = args(&json);
+    assert_eq!(r.status.code(), Some(0), "{}", text(&r.stderr));
+    let t: toml::Table = toml::from_str(&text(&r.stdout)).expect("valid TOML");
+    assert_eq!(f(&t, "host_dispatch_us"), 3.0);
+    assert_eq!(f(&t, "host_launch_us"), 2.0);
+    v["host_op"]
+        .as_object_mut()
+        .unwrap()
+        .remove("launch_seconds");
+    std::fs::write(&json, v.to_string()).unwrap();
+    let r = args(&json);
+    assert_ne!(r.status.code(), Some(0));
+    assert!(
+        text(&r.stderr).contains("`host_op`") && text(&r.stderr).contains("launch_seconds"),
+        "{}",
+        text(&r.stderr)
+    );
+}

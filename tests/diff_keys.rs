@@ -214,7 +214,7 @@ fn plans(dir: &Scratch) -> Vec<Value> {
          [overhead]\ncontext_gib = 0.01\nfragmentation = 0.05\ncuda_context_mib = 1\ncublas_workspace_mib = 1\nnccl_mib_per_communicator = 1\n\n\
          [calibration]\nmatmul_efficiency = [[64, 0.5], [1024, 0.9]]\nmemory_efficiency = 0.8\ngemm_efficiency = 0.7\n\
          flash_attention_efficiency = 0.5\nintra_node_efficiency = 0.9\ninter_node_efficiency = 0.8\n\
-         host_op_us = 20\nnccl_ctas = 8\n",
+         host_op_us = 20\nhost_dispatch_us = 5\nhost_launch_us = 2\nnccl_ctas = 8\n",
     )
     .unwrap();
     let every = dir.path("every.json");

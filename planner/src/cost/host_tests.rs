@@ -33,6 +33,7 @@ fn chunk(fwd: f64, bwd: f64, recompute: f64) -> ChunkTime {
 const NANOGPT: host::HostFloor = host::HostFloor {
     ops_forward: 22,
     ops_backward: 22,
+    counts: host::HostFloor::NONE.counts,
     cost: HostCost::Dispatch,
 };
 
@@ -198,38 +199,40 @@ fn cost_blocking_p2p_sends_whole_activations_inside_the_sender() {
     assert!(p.term("pp_p2p_blocking") > 0.0);
 }
 
-/// The Megatron profiles' measured host floor on a layer with next to no GPU work: the tiny
-/// GPT on an A100, where the default per-op cost 6.8 µs (pytorch/pytorch#41383) times the
-/// megatron-legacy profile's 264 forward and 138 backward bare-op equivalents (measured by
-/// scripts/host_layer_cost.py) is 1.7952 ms forward and 0.9384 ms backward per layer and
-/// micro-batch; full recompute dispatches the forward again inside the backward: (138 + 264) ×
-/// 6.8 µs = 2.7336 ms.
+/// The host floor from a profiler-counted layer: the megatron-core profile's counts as recorded
+/// (scripts/host_layer_trace.py: 49 dispatches and 18 launches forward, 46 and 33 backward) on
+/// the tiny GPT's layer, whose GPU work is a few µs. At 10 µs per dispatch and 3 µs per launch
+/// the forward is 49 × 10 + 18 × 3 = 544 µs and the backward 46 × 10 + 33 × 3 = 559 µs; full
+/// recompute dispatches the forward again inside the backward: 559 + 544 = 1103 µs. The A100
+/// preset's own costs, 6.8 µs per dispatch (pytorch/pytorch#41383) and 2.55 µs per launch:
+/// 49 × 6.8 + 18 × 2.55 = 379.1 µs forward, 46 × 6.8 + 33 × 2.55 = 396.95 µs backward.
 #[test]
-fn cost_megatron_profile_floors_a_tiny_layer_at_its_measured_host_time() {
-    let (m, c) = job("tiny.toml", 1);
-    assert_eq!(
-        c.calibration.host_op_us, None,
-        "the preset keeps the default"
-    );
-    let o = Options::of(crate::framework::by_name("megatron-legacy").unwrap());
-    let links_of = |l: &Layout| Links::new(&c, &l.mesh(&c));
-    let l = layout(8, 1, 1, 0, Recompute::None);
-    let t = layer_times(&m, &c, &l, &links_of(&l), o);
+fn cost_host_floor_of_a_profiler_counted_layer_is_dispatches_and_launches_by_hand() {
+    let (m, mut c) = job("tiny.toml", 1);
+    let o = Options::of(crate::framework::by_name("megatron-core").unwrap());
+    let times = |c: &Cluster, recompute| {
+        let l = layout(8, 1, 1, 0, recompute);
+        layer_times(&m, c, &l, &Links::new(c, &l.mesh(c)), o).layer
+    };
+    let close = |got: f64, want: f64| assert!((got - want).abs() < 1e-12, "{got} vs {want}");
+    let t = times(&c, Recompute::None);
+    close(t.fwd.total(), 379.1e-6);
+    close(t.bwd.total(), 396.95e-6);
     assert!(
-        (t.layer.fwd.total() - 1.7952e-3).abs() < 1e-9,
-        "{:?}",
-        t.layer.fwd
+        t.fwd.host > 0.9 * t.fwd.total(),
+        "the host's time binds: {:?}",
+        t.fwd
     );
-    assert!(
-        (t.layer.bwd.total() - 0.9384e-3).abs() < 1e-9,
-        "{:?}",
-        t.layer.bwd
-    );
-    let l = layout(8, 1, 1, 0, Recompute::Full);
-    let t = layer_times(&m, &c, &l, &links_of(&l), o);
-    assert!(
-        (t.layer.bwd.total() - 2.7336e-3).abs() < 1e-9,
-        "{:?}",
-        t.layer.bwd
-    );
+    c.calibration.host_dispatch_us = Some(10.0);
+    c.calibration.host_launch_us = Some(3.0);
+    let t = times(&c, Recompute::None);
+    close(t.fwd.total(), 544e-6);
+    close(t.bwd.total(), 559e-6);
+    close(times(&c, Recompute::Full).bwd.total(), 1103e-6);
+    // Without host_launch_us a launch costs the device's kernel_launch_us; host_op_us (the
+    // bare-op measure) is not read for a counted profile.
+    c.calibration.host_launch_us = None;
+    c.device.kernel_launch_us = 3.0;
+    c.calibration.host_op_us = Some(1000.0);
+    close(times(&c, Recompute::None).fwd.total(), 544e-6);
 }

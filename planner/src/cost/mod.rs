@@ -86,6 +86,12 @@ impl Options {
             host: host::HostFloor {
                 ops_forward: profile.runs.host_ops_forward,
                 ops_backward: profile.runs.host_ops_backward,
+                counts: host::Counts {
+                    dispatches_forward: profile.runs.host_dispatches_forward,
+                    dispatches_backward: profile.runs.host_dispatches_backward,
+                    launches_forward: profile.runs.host_launches_forward,
+                    launches_backward: profile.runs.host_launches_backward,
+                },
                 cost: profile.runs.host_cost,
             },
             blocking_p2p: profile.runs.blocking_p2p,
@@ -573,7 +579,7 @@ impl Evaluation {
             (
                 "host_floor",
                 sum.host,
-                "the host's per-op dispatch beyond the GPU's time: each layer's pass takes at least its ops × the host's cost per op (the framework profile's measured bare-op equivalents per layer, the cluster's host_op_us or launch latency)".to_string(),
+                "the host's per-op dispatch beyond the GPU's time: each layer's pass takes at least its ops × the host's cost per op (the framework profile's dispatches and launches per layer counted from a profiler trace × the cluster's host_dispatch_us and host_launch_us, or its measured bare-op equivalents × host_op_us, or the launch latency)".to_string(),
             ),
             (
                 "nccl_interference",

@@ -11,6 +11,8 @@ fn cal(eff: f64) -> Calibration {
         intra_node_efficiency: 1.0,
         inter_node_efficiency: 1.0,
         host_op_us: None,
+        host_dispatch_us: None,
+        host_launch_us: None,
         nccl_ctas: None,
     }
 }

@@ -141,7 +141,8 @@ pub enum LossKind {
 #[serde(rename_all = "kebab-case")]
 pub enum HostCost {
     /// Eager PyTorch: Python, the dispatcher, autograd and the launch, per op (the cluster's
-    /// `host_op_us`).
+    /// `host_dispatch_us` per dispatch and `host_launch_us` per launch where the profile counts
+    /// them, else `host_op_us` per bare-op equivalent).
     Dispatch,
     /// A compiled or C++ program: only the kernel launch per op (the cluster's launch latency).
     Launch,
@@ -168,9 +169,21 @@ pub struct Runs {
     /// the softmax whatever the spec says.
     pub flash_attention: bool,
     /// The host's time for one transformer layer's forward and backward per micro-batch, in
-    /// bare-op equivalents (measured by scripts/host_layer_cost.py; the file names the run).
+    /// bare-op equivalents (measured by scripts/host_layer_cost.py; the file names the run):
+    /// the floor of a profile that has no counts below.
     pub host_ops_forward: u32,
     pub host_ops_backward: u32,
+    /// One layer's dispatcher calls and kernel launches per pass, counted from a profiler
+    /// trace (scripts/host_layer_trace.py): where present they replace `host_ops_*` for
+    /// `host_cost = "dispatch"`. Absent: 0, not counted.
+    #[serde(default)]
+    pub host_dispatches_forward: u32,
+    #[serde(default)]
+    pub host_dispatches_backward: u32,
+    #[serde(default)]
+    pub host_launches_forward: u32,
+    #[serde(default)]
+    pub host_launches_backward: u32,
     pub host_cost: HostCost,
     /// Stages send whole activations with blocking p2p (DeepSpeed's pipeline engine), instead of
     /// Megatron's scatter/gather (1/TP of them) overlapped with compute.

@@ -268,3 +268,51 @@ fn a_profile_refuses_a_job_it_cannot_build_naming_the_key() {
         );
     }
 }
+
+/// Each eager profile's dispatch and launch counts are the ones the checked-in trace summary
+/// records for its layer (scripts/host_layer_trace.py --json docs/host-floor-trace.json), and
+/// each summary total is the sum of its per-op counts: an edit of a count on either side fails.
+#[test]
+fn counted_profiles_carry_the_trace_summarys_counts() {
+    let summary: serde_json::Value =
+        serde_json::from_str(include_str!("../../../docs/host-floor-trace.json")).unwrap();
+    let megatron = "megatron-core (TransformerLayer, local spec)";
+    let nanogpt = "pytorch-eager (nanoGPT block, bf16 autocast)";
+    for (profile, layer) in [
+        ("megatron-core", megatron),
+        ("megatron-legacy", megatron),
+        ("megatron-lm-2022", megatron),
+        ("deepspeed", megatron),
+        ("pytorch-eager", nanogpt),
+        ("llm-foundry", nanogpt),
+        ("torchtitan", "torchtitan (Llama 3 TransformerBlock)"),
+    ] {
+        let r = &by_name(profile).unwrap().runs;
+        let l = &summary["layers"][layer];
+        for (key, recorded) in [
+            ("dispatches_forward", r.host_dispatches_forward),
+            ("dispatches_backward", r.host_dispatches_backward),
+            ("launches_forward", r.host_launches_forward),
+            ("launches_backward", r.host_launches_backward),
+        ] {
+            let ops: u64 = l["ops"][key]
+                .as_object()
+                .unwrap_or_else(|| panic!("{layer}: no {key} in the summary"))
+                .values()
+                .map(|n| n.as_u64().unwrap())
+                .sum();
+            assert_eq!(l["totals"][key].as_u64(), Some(ops), "{layer}: {key}");
+            assert_eq!(u64::from(recorded), ops, "{profile}: host_{key}");
+        }
+    }
+    // No eager profile is left on the CPU-timed bare-op equivalents.
+    for p in all() {
+        if p.runs.host_cost == HostCost::Dispatch {
+            assert!(
+                p.runs.host_dispatches_forward > 0,
+                "{} is not counted",
+                p.name
+            );
+        }
+    }
+}

@@ -255,6 +255,18 @@ impl Cluster {
                 "give the host's microseconds per eager op (scripts/host_op_cost.py measures it) and NCCL's CTAs per collective (a few to 32)",
             ));
         }
+        for (field, v) in [
+            ("calibration.host_dispatch_us", c.host_dispatch_us),
+            ("calibration.host_launch_us", c.host_launch_us),
+        ] {
+            if v.is_some_and(|x| !(x.is_finite() && x <= 1e6)) {
+                return Err(Problem::new(
+                    field,
+                    "must be finite and at most 1e6 microseconds",
+                    "give the host's microseconds per dispatcher call and per kernel launch (scripts/host_op_cost.py --device cuda measures both on a GPU host)",
+                ));
+            }
+        }
         let points = &c.matmul_efficiency;
         let increasing = points.windows(2).all(|w| w[0][0] < w[1][0]);
         let valid = points

@@ -149,10 +149,19 @@ pub struct Calibration {
     pub inter_node_efficiency: f64,
     /// Microseconds the host spends per op an eager PyTorch framework dispatches (Python, the
     /// dispatcher, autograd's recording, the launch): the host floor of `host_cost = "dispatch"`
-    /// profiles (`cost::host`). `scripts/host_op_cost.py` measures it. Absent:
-    /// `cost::host::DEFAULT_HOST_OP_US`.
+    /// profiles that carry bare-op equivalents and no counts (`cost::host`).
+    /// `scripts/host_op_cost.py` measures it. Absent: `cost::host::DEFAULT_HOST_OP_US`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub host_op_us: Option<f64>,
+    /// Microseconds the host spends per dispatcher call of an eager layer (Python, the
+    /// dispatcher, autograd's recording; the launch not included), for profiles that count
+    /// their layer's dispatches (`cost::host`). Absent: `cost::host::DEFAULT_HOST_OP_US`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host_dispatch_us: Option<f64>,
+    /// Microseconds the host spends per kernel launch (cudaLaunchKernel), for profiles that
+    /// count their layer's launches. Absent: the device's `kernel_launch_us`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host_launch_us: Option<f64>,
     /// CTAs (one per channel) an NCCL collective occupies while it overlaps compute: the SMs it
     /// takes from the kernels it overlaps (`cost::interference`). Absent:
     /// `cost::interference::DEFAULT_NCCL_CTAS`.
@@ -171,6 +180,8 @@ impl Default for Calibration {
             intra_node_efficiency: 0.775,
             inter_node_efficiency: 0.86,
             host_op_us: None,
+            host_dispatch_us: None,
+            host_launch_us: None,
             nccl_ctas: None,
         }
     }
@@ -270,6 +281,8 @@ struct RawCalibration {
     intra_node_efficiency: Field<Num>,
     inter_node_efficiency: Field<Num>,
     host_op_us: Field<Num>,
+    host_dispatch_us: Field<Num>,
+    host_launch_us: Field<Num>,
     nccl_ctas: Field<Num>,
 }
 
@@ -305,6 +318,8 @@ pub const CLUSTER_KEYS: &[&str] = &[
     "intra_node_efficiency",
     "inter_node_efficiency",
     "host_op_us",
+    "host_dispatch_us",
+    "host_launch_us",
     "nccl_ctas",
     "host",
     "link_gbps",
@@ -501,6 +516,8 @@ fn calibration(f: &Fields, c: RawCalibration) -> Result<Calibration, Diagnostic>
     }
     out.gemm_efficiency = f.opt_nonneg_num(T, "gemm_efficiency", &c.gemm_efficiency)?;
     out.host_op_us = f.opt_nonneg_num(T, "host_op_us", &c.host_op_us)?;
+    out.host_dispatch_us = f.opt_nonneg_num(T, "host_dispatch_us", &c.host_dispatch_us)?;
+    out.host_launch_us = f.opt_nonneg_num(T, "host_launch_us", &c.host_launch_us)?;
     out.nccl_ctas = f.opt_nonneg_num(T, "nccl_ctas", &c.nccl_ctas)?;
     if let Some(curve) = &c.matmul_efficiency {
         out.matmul_efficiency = curve

@@ -71,7 +71,18 @@ pub struct Measurement {
     pub host_ops: f64,
     pub host_seconds: f64,
     pub host_what: String,
+    /// The forward's part of the host op split into dispatch and launch, where the script
+    /// measured it: the forwards' wall seconds alone (`host_ops` ops) and the median host
+    /// seconds of one `cudaLaunchKernel` in a profiled chain.
+    pub host_split: Option<HostSplit>,
     pub loss: Vec<Loss>,
+}
+
+/// `host_op.forward_seconds` and `host_op.launch_seconds`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct HostSplit {
+    pub forward_seconds: f64,
+    pub launch_seconds: f64,
 }
 
 /// Reads `path`'s measurement; `origin` names it in errors.
@@ -187,6 +198,16 @@ pub fn parse(text: &str, origin: &str) -> Result<Measurement> {
         host_ops: f.count(h, "host_op", "ops")?,
         host_seconds: f.positive(h, "host_op", "seconds")?,
         host_what: f.str(h, "host_op.what")?,
+        host_split: match (h.get("forward_seconds"), h.get("launch_seconds")) {
+            (None, None) => None,
+            (Some(_), Some(_)) => Some(HostSplit {
+                forward_seconds: f.positive(h, "host_op", "forward_seconds")?,
+                launch_seconds: f.positive(h, "host_op", "launch_seconds")?,
+            }),
+            _ => bail!(
+                "{origin}: field `host_op`: forward_seconds and launch_seconds come together, one is missing\n  fix: measure again with this version's scripts/calibrate_gpu.py, or remove both"
+            ),
+        },
         loss,
     })
 }
@@ -202,7 +223,13 @@ const TOP_KEYS: &[&str] = &[
     "loss",
 ];
 const DEVICE_KEYS: &[&str] = &["name", "capability", "memory_gib", "torch", "cuda"];
-const HOST_OP_KEYS: &[&str] = &["what", "ops", "seconds"];
+const HOST_OP_KEYS: &[&str] = &[
+    "what",
+    "ops",
+    "seconds",
+    "forward_seconds",
+    "launch_seconds",
+];
 
 /// The kinds of kernel a measurement lists, one list each.
 #[derive(Clone, Copy, PartialEq, Debug)]

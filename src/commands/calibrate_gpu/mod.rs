@@ -13,6 +13,8 @@
 //! - `memory_efficiency`: the median over the element-wise kernels of bytes / seconds / bandwidth;
 //! - `host_op_us`: the wall time of the tiny eager ops over their count, µs per op forward and
 //!   backward (the host's floor per op);
+//! - `host_launch_us` and `host_dispatch_us`, where the script split the forward op: the median
+//!   host time of one `cudaLaunchKernel`, and the forward's time per op less that launch;
 //! - the loss kernels: written as comments (no `[calibration]` key reads them yet).
 //!
 //! A measurement that does not fit the spec is refused before anything is computed from it
@@ -438,6 +440,23 @@ pub fn spec_text(c: &Cluster, m: &Measurement, at: &str, origin: &str) -> Result
         "# The host's cost per eager op, forward and backward: {:.0} ops ({}) in {:.4} s.\nhost_op_us = {host_op_us:.2}",
         m.host_ops, m.host_what, m.host_seconds
     );
+    if let Some(h) = m.host_split {
+        let launch = h.launch_seconds * 1e6;
+        let dispatch = h.forward_seconds / m.host_ops * 1e6 - launch;
+        if dispatch <= 0.0 {
+            bail!(
+                "{at}: field `host_op.forward_seconds`: {:.2} µs per forward op is no more than its one launch, {launch:.2} µs: the two were not measured alike\n  fix: measure again with scripts/calibrate_gpu.py on an idle host",
+                h.forward_seconds / m.host_ops * 1e6
+            );
+        }
+        let _ = writeln!(
+            s,
+            "# The forward op split (planner/src/cost/host.rs): one cudaLaunchKernel took {launch:.2} µs of host time\n\
+             # (median, profiled), the rest of the forward's {:.2} µs per op is its dispatch.\n\
+             host_dispatch_us = {dispatch:.2}\nhost_launch_us = {launch:.2}",
+            h.forward_seconds / m.host_ops * 1e6
+        );
+    }
     let k = &c.calibration;
     let _ = writeln!(
         s,
