@@ -93,7 +93,7 @@ pub fn peak_by_tag(rank: usize) -> Vec<(&'static str, u64)> {
         .map(|(n, b)| (*n, b.load(Ordering::Relaxed).max(0) as u64))
         .filter(|(_, b)| *b > 0)
         .collect();
-    parts.sort_by(|a, b| b.1.cmp(&a.1));
+    parts.sort_by_key(|p| std::cmp::Reverse(p.1));
     parts
 }
 
