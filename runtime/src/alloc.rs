@@ -42,6 +42,8 @@ pub enum Tag {
 }
 
 const TAGS: usize = 8;
+/// The header's tag of an allocation made while the breakdown was off.
+const UNTAGGED: usize = usize::MAX;
 const TAG_NAMES: [&str; TAGS] = [
     "other", "setup", "forward", "backward", "p2p", "sync", "gemm", "comm",
 ];
@@ -59,7 +61,8 @@ thread_local! {
     static TAG: Cell<usize> = const { Cell::new(Tag::Other as usize) };
 }
 
-/// Keeps each rank's bytes by tag at its peak from now on (`TESSERA_MEM_BREAKDOWN=1`).
+/// Keeps each rank's bytes by tag at its peak from now on (`TESSERA_MEM_BREAKDOWN=1`); only
+/// what is allocated from then on is tagged, so turn it on before the ranks start.
 pub fn breakdown(on: bool) {
     BREAKDOWN.store(on, Ordering::Relaxed);
 }
@@ -149,17 +152,25 @@ unsafe impl GlobalAlloc for TrackingAlloc {
             return base;
         }
         let rank = RANK.try_with(|r| r.get()).unwrap_or(usize::MAX);
-        let tag = TAG.try_with(|t| t.get()).unwrap_or(Tag::Other as usize);
+        // Tagged only while the breakdown is on (the header says so), so that a plain run pays
+        // one relaxed load for it.
+        let breakdown = BREAKDOWN.load(Ordering::Relaxed);
+        let tag = match breakdown {
+            true => TAG.try_with(|t| t.get()).unwrap_or(Tag::Other as usize),
+            false => UNTAGGED,
+        };
         // The header (at least 16 bytes) holds the owner and the tag.
         (base as *mut usize).write(rank);
         (base as *mut usize).add(1).write(tag);
         if rank != usize::MAX {
             let slot = rank.min(MAX_RANKS - 1);
             let size = layout.size() as i64;
-            BY_TAG[slot][tag].fetch_add(size, Ordering::Relaxed);
+            if tag != UNTAGGED {
+                BY_TAG[slot][tag].fetch_add(size, Ordering::Relaxed);
+            }
             let now = CURRENT[slot].fetch_add(size, Ordering::Relaxed) + size;
             let before = PEAK[slot].fetch_max(now.max(0) as u64, Ordering::Relaxed);
-            if before < now.max(0) as u64 && BREAKDOWN.load(Ordering::Relaxed) {
+            if before < now.max(0) as u64 && breakdown {
                 snapshot(slot);
             }
         }
@@ -173,7 +184,9 @@ unsafe impl GlobalAlloc for TrackingAlloc {
         let tag = (base as *const usize).add(1).read();
         if rank != usize::MAX {
             let slot = rank.min(MAX_RANKS - 1);
-            BY_TAG[slot][tag].fetch_sub(layout.size() as i64, Ordering::Relaxed);
+            if tag != UNTAGGED {
+                BY_TAG[slot][tag].fetch_sub(layout.size() as i64, Ordering::Relaxed);
+            }
             CURRENT[slot].fetch_sub(layout.size() as i64, Ordering::Relaxed);
         }
         System.dealloc(
