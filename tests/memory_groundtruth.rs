@@ -26,6 +26,7 @@ fn cluster(devices: u64, memory_gib: f64) -> Cluster {
             transcendental_gops: None,
             shared_cores: None,
             precision: None,
+            l2_cache_kib: None,
         },
         intra_node: Link {
             bandwidth_gbps: 100.0,

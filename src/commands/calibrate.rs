@@ -503,13 +503,14 @@ fn spec_text(c: &tessera_planner::Cluster, m: &Measured) -> String {
     let d = &c.device;
     let _ = writeln!(
         s,
-        "[device]\nname = \"{}\"\nkind = \"cpu\"\nmemory_gib = {}               # this host's available memory over the spec's devices\npeak_tflops = {:.6}          # the best f32 GEMM rate per rank\nmemory_bandwidth_gbps = {:.3}  # half the measured copy rate: the cost model counts 16-bit elements, the CPU moves f32\ntranscendental_gops = {:.4}   # GELU elements per second per rank, billions: the exp-bound kernels' rate\nshared_cores = {}              # this host's cores, which the ranks' threads share\nprecision = \"fp32\"           # the CPU backend computes and stores everything in f32\n",
+        "[device]\nname = \"{}\"\nkind = \"cpu\"\nmemory_gib = {}               # this host's available memory over the spec's devices\npeak_tflops = {:.6}          # the best f32 GEMM rate per rank\nmemory_bandwidth_gbps = {:.3}  # half the measured copy rate: the cost model counts 16-bit elements, the CPU moves f32\ntranscendental_gops = {:.4}   # GELU elements per second per rank, billions: the exp-bound kernels' rate\nshared_cores = {}              # this host's cores, which the ranks' threads share\nprecision = \"fp32\"           # the CPU backend computes and stores everything in f32\nl2_cache_kib = {}             # this host's L2 per core, as the gemm crate reads it: its packing slab on every rank\n",
         d.name,
         d.memory_gib,
         d.peak_tflops,
         d.memory_bandwidth_gbps,
         m.exp_gops,
-        m.cores
+        m.cores,
+        d.l2_cache_kib.unwrap_or(0.0)
     );
     for (t, l) in [("intra_node", &c.intra_node), ("inter_node", &c.inter_node)] {
         if m.ranks > 1 {

@@ -349,6 +349,7 @@ mod tests {
                 transcendental_gops: None,
                 shared_cores: None,
                 precision: None,
+                l2_cache_kib: None,
             },
             intra_node: Link {
                 bandwidth_gbps: 300.0,

@@ -1,8 +1,9 @@
 //! What Tessera's own CPU runtime keeps on a rank besides the policy's states and the stored
 //! activations (`tessera run` on a CPU cluster; docs/performance.md, "CPU memory"): one
-//! layer's backward workspace, the ZeRO shard buffers and the thread communicator's pooled
-//! messages. Each follows a buffer of the runtime, named with its file. GPU clusters count
-//! none of these (their frameworks' temporaries are the cluster's allocator slack).
+//! layer's backward workspace, the ZeRO shard buffers, the thread communicator's pooled
+//! messages and the GEMM crate's packing slab. Each follows a buffer of the runtime, named with
+//! its file. GPU clusters count none of these (their frameworks' temporaries are the cluster's
+//! allocator slack).
 
 use std::borrow::Cow;
 
@@ -10,6 +11,7 @@ use crate::finetune::Method;
 use crate::layout::Layout;
 use crate::model::{Activation, Model};
 use crate::precision::{Policy, StateClass};
+use crate::spec::Cluster;
 
 /// The model whose layer activations a rank keeps: on the CPU runtime (`cpu`), an adapter
 /// plan's layers keep what full training's keep, and a plan with dropout keeps what one
@@ -34,8 +36,10 @@ pub(crate) fn activation_model(model: &Model, cpu: bool) -> Cow<'_, Model> {
 /// block_bufs.rs `BlockWorkspace`): the two norms' output gradients (`rows × h`), the MLP's
 /// pre-activation and activation gradients, the attention's q/k/v and output gradients, its
 /// f32 score scratch (64 query rows × T), and under sequence parallelism three full-row
-/// buffers. GPU frameworks' temporaries are not modelled here (their allocator's slack is the
-/// cluster's `overhead.fragmentation`); 0 for a GPU cluster.
+/// buffers; and the two layer-boundary gradients the executor's backward loop holds while a
+/// layer runs, the one coming in and the one it writes (`dx`, `din`: `rows × h` each,
+/// runtime/src/exec/rank.rs). GPU frameworks' temporaries are not modelled here (their
+/// allocator's slack is the cluster's `overhead.fragmentation`); 0 for a GPU cluster.
 pub fn workspace_bytes(model: &Model, cpu: bool, b: u64, tp: u64, sp: bool) -> f64 {
     if !cpu {
         return 0.0;
@@ -56,6 +60,7 @@ pub fn workspace_bytes(model: &Model, cpu: bool, b: u64, tp: u64, sp: bool) -> f
     let scratch = 4.0 * seq.min(64.0) * seq;
     let sp_rows = if sp && tp > 1 { 3.0 * n * h } else { 0.0 };
     w * (2.0 * rows * h
+        + 2.0 * rows * h
         + n * (pre + f)
         + n * (q + 2.0 * kv)
         + n * q
@@ -82,6 +87,57 @@ fn lora_dropout(model: &Model, n: f64, tp: u64) -> f64 {
     n * widest.fold(0.0, f64::max)
 }
 
+/// The ZeRO stage a rank's weights and gradients follow: the one planned, except on the CPU
+/// runtime, which keeps one whole weight buffer and one whole gradient buffer under every
+/// stage (runtime/src/exec/sync.rs: ZeRO-2 reduce-scatters into a shard buffer beside the
+/// whole gradient, ZeRO-3 zero-fills the other ranks' parts after each use instead of freeing
+/// them) and shards only the Adam moments: ZeRO-1's states there, with ZeRO-2/3's
+/// communication.
+pub(crate) fn states_zero(cluster: &Cluster, zero: u8) -> u8 {
+    match cluster.device.kind {
+        crate::spec::DeviceKind::Cpu => zero.min(1),
+        crate::spec::DeviceKind::Gpu => zero,
+    }
+}
+
+/// Micro-batch-chunks of activations a rank of `stage` holds on the CPU runtime: it keeps each
+/// chunk's activations in a pool of their own for reuse (runtime/src/exec/rank.rs `pool`), so
+/// it holds, chunk by chunk, the most of that chunk's in flight at once in the schedule's op
+/// list, summed: under interleaving more than the most in flight at once over all chunks
+/// (chunk 0 peaks in the warm-up, the last chunk in the cool-down). The op list is the one the
+/// runtime executes (`schedule::build`); [`super::in_flight`]'s count where it cannot be built.
+pub(crate) fn pooled_in_flight(layout: &Layout, microbatches: u64, stage: u64) -> u64 {
+    let (pp, v) = (layout.pp as usize, layout.virtual_stages as usize);
+    let fallback = super::in_flight(
+        layout.schedule,
+        layout.pp,
+        microbatches,
+        layout.virtual_stages,
+        stage,
+    );
+    let Ok(schedule) = crate::schedule::build(layout.schedule, pp, microbatches as usize, v) else {
+        return fallback;
+    };
+    let ops = schedule
+        .stages
+        .get(stage as usize)
+        .map_or(&[][..], Vec::as_slice);
+    let (mut live, mut most) = (vec![0u64; v.max(1)], vec![0u64; v.max(1)]);
+    for op in ops {
+        match *op {
+            crate::schedule::Op::Forward { chunk, .. } => {
+                live[chunk] += 1;
+                most[chunk] = most[chunk].max(live[chunk]);
+            }
+            crate::schedule::Op::Backward { chunk, .. } => {
+                live[chunk] = live[chunk].saturating_sub(1)
+            }
+            _ => {}
+        }
+    }
+    most.iter().sum()
+}
+
 /// The CPU runtime's ZeRO scratch (runtime/src/exec/sync.rs): a gradient shard and a
 /// parameter shard of the largest chunk's region (one of `chunks` of the stage's `params`),
 /// in the policy's gradient and weight widths, when ZeRO shards over more than one rank.
@@ -98,7 +154,8 @@ pub(crate) fn zero_buffers(policy: &Policy, params: f64, zero: u8, shard: u64, c
 /// `params` in `chunks` chunks (runtime/src/comm/local.rs keeps sent buffers for reuse): an
 /// all-reduce of a chunk's fp32 gradients sends every chunk of it but its own and keeps the
 /// reduced one, the chunk's size in all; a ZeRO reduce-scatter sends the `dp − 1` chunks of
-/// the others (the all-gather reuses one of them).
+/// the others (the step's all-gather reuses one of them), and ZeRO-3's all-gathers, one per
+/// forward and backward, find the previous one's message still held by a peer: one more.
 pub(crate) fn dp_messages(params: f64, dp: u64, zero: u8, chunks: u64) -> f64 {
     if dp <= 1 {
         return 0.0;
@@ -106,8 +163,49 @@ pub(crate) fn dp_messages(params: f64, dp: u64, zero: u8, chunks: u64) -> f64 {
     let region = 4.0 * params / chunks.max(1) as f64;
     match zero {
         0 => region,
+        3 => region,
         _ => region / dp as f64 * (dp - 1) as f64,
     }
+}
+
+/// The thread communicator's pooled messages of the activations on a rank of `stage`
+/// (runtime/src/comm/local.rs keeps every message buffer it sends for reuse, f32 whatever the
+/// policy): TP's all-reduce of a layer's output (or, under sequence parallelism, its
+/// all-gather and reduce-scatter) sends `TP − 1` chunks of `1/TP` of the micro-batch's `b·s·h`
+/// and keeps the reduced chunk, and the next collective finds the previous reduced chunk still
+/// held by a peer that has not copied it yet, so the pool settles at `TP + 1` chunks; the
+/// pipeline's sends copy a boundary's activation (or its gradient) into one message each way
+/// the stage sends, which its neighbour takes before the next one (one each way: the first
+/// stage sends activations, the last gradients, the others and every interleaved stage both).
+pub(crate) fn activation_messages(model: &Model, layout: &Layout, stage: u64) -> f64 {
+    let local = layout.rank_tokens(model);
+    let t = layout.tp as f64;
+    let elements =
+        (layout.micro_batch * local.training.seq_len) as f64 * local.architecture.hidden as f64;
+    let tp = if layout.tp > 1 {
+        (t + 1.0) / t * elements
+    } else {
+        0.0
+    };
+    let ways = match (layout.pp, layout.virtual_stages) {
+        (1, _) => 0,
+        (_, v) if v > 1 => 2,
+        (pp, _) => u64::from(stage + 1 < pp) + u64::from(stage > 0),
+    };
+    let rows = if layout.sequence_parallel {
+        elements / t
+    } else {
+        elements
+    };
+    4.0 * (tp + ways as f64 * rows)
+}
+
+/// The `gemm` crate's packing slab on a rank's thread (gemm-common 0.19 `L2_SLAB`: a
+/// thread-local buffer of the host's L2 cache per core, allocated at the thread's first GEMM
+/// and kept until the thread ends): the cluster's `[device] l2_cache_kib`, 0 where the spec
+/// does not state it.
+pub(crate) fn gemm_slab(cluster: &Cluster) -> f64 {
+    cluster.device.l2_cache_kib.unwrap_or(0.0) * 1024.0
 }
 
 /// The pooled messages of the tied embedding's gradient sum between stage 0 and the last
@@ -141,24 +239,24 @@ mod tests {
     }
 
     /// The tiny model (h 64, FFN 256, 4 heads of 64/4, T 64) at micro-batch 2 in f32, by hand:
-    /// dln + dx2 2·128·64, dh + da 128·(256 + 256), dqkv 128·192, dy 128·64 floats, and the
-    /// score scratch 64·64 f32.
+    /// dln + dx2 2·128·64, the executor's dx + din 2·128·64, dh + da 128·(256 + 256), dqkv
+    /// 128·192, dy 128·64 floats, and the score scratch 64·64 f32.
     #[test]
     fn workspace_of_the_tiny_model_by_hand() {
         let m = tiny();
         assert_eq!(m.training.precision, "fp32");
-        let floats = 2.0 * 128.0 * 64.0 + 128.0 * 512.0 + 128.0 * 192.0 + 128.0 * 64.0;
+        let floats = 4.0 * 128.0 * 64.0 + 128.0 * 512.0 + 128.0 * 192.0 + 128.0 * 64.0;
         let want = 4.0 * floats + 4.0 * 64.0 * 64.0;
         assert_eq!(workspace_bytes(&m, true, 2, 1, false), want);
         assert_eq!(workspace_bytes(&m, false, 2, 1, false), 0.0, "GPU: none");
-        // TP 2 halves the sharded buffers, not the norms' rows; SP adds three full-row buffers
-        // and splits the norms' rows.
-        let tp2 = 2.0 * 128.0 * 64.0 + (128.0 * 512.0 + 128.0 * 192.0 + 128.0 * 64.0) / 2.0;
+        // TP 2 halves the sharded buffers, not the norms' rows nor the boundary gradients; SP
+        // adds three full-row buffers and splits the norms' rows and the boundary gradients.
+        let tp2 = 4.0 * 128.0 * 64.0 + (128.0 * 512.0 + 128.0 * 192.0 + 128.0 * 64.0) / 2.0;
         assert_eq!(
             workspace_bytes(&m, true, 2, 2, false),
             4.0 * tp2 + 4.0 * 64.0 * 64.0
         );
-        let sp = tp2 - 128.0 * 64.0 + 3.0 * 128.0 * 64.0;
+        let sp = tp2 - 2.0 * 128.0 * 64.0 + 3.0 * 128.0 * 64.0;
         assert_eq!(
             workspace_bytes(&m, true, 2, 2, true),
             4.0 * sp + 4.0 * 64.0 * 64.0
@@ -181,6 +279,11 @@ mod tests {
         assert_eq!(dp_messages(1000.0, 4, 1, 1), 3000.0);
         assert_eq!(dp_messages(1000.0, 4, 0, 1), 4000.0);
         assert_eq!(dp_messages(1000.0, 1, 0, 1), 0.0);
+        assert_eq!(
+            dp_messages(1000.0, 4, 3, 1),
+            4000.0,
+            "ZeRO-3: one more chunk"
+        );
         // The tied table between the end stages: vocab 256 × hidden 64 at TP 1, f32.
         let m = tiny();
         let layout = |pp| Layout {
@@ -212,5 +315,48 @@ mod tests {
             act(&activation_model(&lora, false)) < act(&full),
             "autograd drops frozen inputs"
         );
+    }
+
+    /// The README's layout (TP 2, PP 2, no SP, micro-batch 2 of T 64, h 64): TP's pool holds
+    /// 3 chunks of 8192/2 floats, and each end stage one 8192-float pipeline message (the
+    /// first sends activations, the last gradients); 4 B each.
+    #[test]
+    fn activation_messages_of_the_readme_layout_by_hand() {
+        let m = tiny();
+        let layout = Layout {
+            pp: 2,
+            ..Layout::without_pipeline(2, 2, 1, 2)
+        };
+        let want = 4.0 * (3.0 * 4096.0 + 8192.0);
+        assert_eq!(activation_messages(&m, &layout, 0), want);
+        assert_eq!(activation_messages(&m, &layout, 1), want);
+        let single = Layout::without_pipeline(1, 1, 0, 2);
+        assert_eq!(activation_messages(&m, &single, 0), 0.0);
+    }
+
+    /// The runtime's per-chunk pools: 1F1B's count is the schedule's; interleaved PP 2 × 2
+    /// chunks with 8 micro-batches keeps 6 chunk activations on stage 0 where at most 5 are in
+    /// flight at once (measured: 1,211,356 B of forward allocations at the peak, 6 × 196,608
+    /// and 32 KiB besides).
+    #[test]
+    fn pooled_chunks_of_an_interleaved_stage() {
+        let one = Layout {
+            pp: 4,
+            ..Layout::without_pipeline(1, 1, 0, 1)
+        };
+        for s in 0..4 {
+            assert_eq!(
+                pooled_in_flight(&one, 8, s),
+                crate::memory::in_flight(one.schedule, 4, 8, 1, s)
+            );
+        }
+        let il = Layout {
+            pp: 2,
+            virtual_stages: 2,
+            schedule: crate::schedule::ScheduleKind::Interleaved,
+            ..Layout::without_pipeline(2, 2, 2, 1)
+        };
+        assert_eq!(crate::memory::in_flight(il.schedule, 2, 8, 2, 0), 5);
+        assert_eq!(pooled_in_flight(&il, 8, 0), 6);
     }
 }

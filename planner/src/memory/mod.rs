@@ -346,7 +346,12 @@ impl<'a> Ctx<'a> {
 
     fn in_flight(&self, stage: u64) -> u64 {
         let l = self.layout;
-        in_flight(l.schedule, l.pp, self.microbatches, l.virtual_stages, stage)
+        match self.cluster.device.kind {
+            DeviceKind::Cpu => cpu_runtime::pooled_in_flight(l, self.microbatches, stage),
+            DeviceKind::Gpu => {
+                in_flight(l.schedule, l.pp, self.microbatches, l.virtual_stages, stage)
+            }
+        }
     }
 
     fn stage(&self, stage: u64, sink: &mut dyn Sink) {
@@ -437,9 +442,10 @@ impl<'a> Ctx<'a> {
             .iter()
             .filter(|_| self.adapters.is_none())
         {
-            let sharded = zero >= s.class.sharded_from_stage() && shard > 1;
-            let bpp = per_param(s, zero, shard);
-            let ebpp = per_param(s, zero, eshard);
+            let sz = cpu_runtime::states_zero(self.cluster, zero);
+            let sharded = sz >= s.class.sharded_from_stage() && shard > 1;
+            let bpp = per_param(s, sz, shard);
+            let ebpp = per_param(s, sz, eshard);
             let bytes = dense_params * bpp + expert_params * ebpp;
             add(sink, s.name, "model_states", bytes, &|| {
                 let how = if sharded {
@@ -448,7 +454,7 @@ impl<'a> Ctx<'a> {
                     format!("{bpp} B/param")
                 };
                 if expert_params > 0.0 {
-                    let ehow = if zero >= s.class.sharded_from_stage() && eshard > 1 {
+                    let ehow = if sz >= s.class.sharded_from_stage() && eshard > 1 {
                         format!("{ebpp:.3} B/param, sharded over the {eshard} expert-data-parallel ranks")
                     } else {
                         format!("{ebpp} B/param")
@@ -471,7 +477,10 @@ impl<'a> Ctx<'a> {
                     "ZeRO-3 all-gathers the current and the prefetched block's frozen weights (in their stored widths) and adapters; frozen weights have no gradient to hold".into()
                 },
             );
-        } else if zero == 3 && (shard > 1 || layout.offload.params()) && !self.fsdp.fsdp2 {
+        } else if cpu_runtime::states_zero(self.cluster, zero) == 3
+            && (shard > 1 || layout.offload.params())
+            && !self.fsdp.fsdp2
+        {
             let (common, experts) = self.moe_params;
             let full = self
                 .model

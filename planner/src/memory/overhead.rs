@@ -1,9 +1,11 @@
 //! The runtime's fixed memory on each rank besides the model's tensors, as named terms sized
-//! by the cluster spec's `[overhead]` table (the presets cite their sizes).
+//! by the cluster spec's `[overhead]` table (the presets cite their sizes), and on a CPU
+//! cluster by Tessera's own runtime (memory/cpu_runtime.rs).
 
+use super::cpu_runtime;
 use crate::layout::Layout;
 use crate::model::Model;
-use crate::spec::{Cluster, GIB};
+use crate::spec::{Cluster, DeviceKind, GIB};
 
 /// The communicators with 2+ ranks that a rank of `stage` belongs to.
 fn communicators(model: &Model, layout: &Layout, stage: u64) -> Vec<&'static str> {
@@ -34,22 +36,34 @@ fn communicators(model: &Model, layout: &Layout, stage: u64) -> Vec<&'static str
 
 /// The fixed memory of the framework on a rank of `stage`, besides the tensors: the CUDA
 /// context, the BLAS workspaces, NCCL's buffers per communicator the rank belongs to, and the
-/// spec's `overhead.context_gib` for the rest, as `(term, bytes)`. Sizes are the cluster spec's
-/// (the presets cite theirs). Terms of 0 bytes are left out.
+/// spec's `overhead.context_gib` for the rest, as `(term, bytes)`; on a CPU cluster also the
+/// GEMM crate's packing slab and the communicator's activation messages. Sizes are the cluster
+/// spec's (the presets cite theirs). Terms of 0 bytes are left out.
 fn terms(
     model: &Model,
     cluster: &Cluster,
     layout: &Layout,
     stage: u64,
-) -> [(&'static str, f64); 4] {
+) -> [(&'static str, f64); 6] {
     let o = &cluster.overhead;
     let mib = 1024.0 * 1024.0;
     let comms = communicators(model, layout, stage).len() as f64;
+    let cpu = cluster.device.kind == DeviceKind::Cpu;
+    let (slab, messages) = match cpu {
+        true => (
+            cpu_runtime::gemm_slab(cluster),
+            cpu_runtime::activation_messages(model, layout, stage),
+        ),
+        false => (0.0, 0.0),
+    };
     [
         ("cuda_context", o.cuda_context_mib * mib),
         ("cublas_workspace", o.cublas_workspace_mib * mib),
         ("nccl_buffers", o.nccl_mib_per_communicator * mib * comms),
         ("runtime_context", o.context_gib * GIB),
+        // Last, so that a GPU cluster's sum adds exact zeros after the same terms as before.
+        ("gemm_packing", slab),
+        ("activation_messages", messages),
     ]
 }
 
@@ -77,7 +91,10 @@ pub fn runtime_overheads(
     let o = &cluster.overhead;
     terms(model, cluster, layout, stage)
         .into_iter()
-        .filter(|&(name, bytes)| bytes > 0.0 || name == "runtime_context")
+        .filter(|&(name, bytes)| {
+            let cpu = cluster.device.kind == DeviceKind::Cpu;
+            bytes > 0.0 || name == "runtime_context" || (cpu && name == "gemm_packing")
+        })
         .map(|(name, bytes)| {
             let why = match name {
                 "cuda_context" => format!(
@@ -97,6 +114,11 @@ pub fn runtime_overheads(
                         o.nccl_mib_per_communicator
                     )
                 }
+                "gemm_packing" => match cluster.device.l2_cache_kib {
+                    Some(kib) => format!("the gemm crate's packing slab on the rank's thread, one L2 cache per core: [device] l2_cache_kib = {kib}"),
+                    None => "the gemm crate's packing slab on the rank's thread (one L2 cache per core) is not counted: the cluster spec has no [device] l2_cache_kib (`tessera calibrate` writes this host's)".into(),
+                },
+                "activation_messages" => "the thread communicator's pooled messages of the activations: TP's collectives of a layer's output (TP + 1 chunks of 1/TP of b·s·h, f32) and the pipeline's sends (one b·s·h message each way the stage sends)".into(),
                 _ => "the rest of the runtime's fixed memory: the cluster spec's overhead.context_gib"
                     .into(),
             };

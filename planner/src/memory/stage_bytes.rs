@@ -37,7 +37,11 @@ impl StageBytes {
         let policy = fsdp.policy(model);
         let m = layout.microbatches(model);
         let on_device = super::offload::device_states(policy, &layout.offload, zero);
-        let bpp: f64 = on_device.iter().map(|s| per_param(s, zero, shard)).sum();
+        let states_zero = cpu_runtime::states_zero(cluster, zero);
+        let bpp: f64 = on_device
+            .iter()
+            .map(|s| per_param(s, states_zero, shard))
+            .sum();
         let cpu = cluster.device.kind == DeviceKind::Cpu;
         let act = per_layer_act(&cpu_runtime::activation_model(model, cpu), layout);
         // The caching allocator's slack is `allocator_reserved` (fixed per stage); a cluster
@@ -65,7 +69,7 @@ impl StageBytes {
         let eshard = moe::expert_shard_degree(layout, cluster);
         let ebpp: f64 = on_device
             .iter()
-            .map(|s| per_param(s, zero, eshard))
+            .map(|s| per_param(s, states_zero, eshard))
             .sum::<f64>()
             + per_param_bufs;
         let (common, experts) = moe::moe_layer_params_per_rank(model, layout);
@@ -87,7 +91,7 @@ impl StageBytes {
             if zero == 3 && shard > 1 {
                 fixed_all += ad.gathered_layers(a, tp, common + experts);
             }
-        } else if zero == 3 && (shard > 1 || layout.offload.params()) && !fsdp.fsdp2 {
+        } else if states_zero == 3 && (shard > 1 || layout.offload.params()) && !fsdp.fsdp2 {
             let wb = policy.class_bytes(StateClass::Param) as f64;
             let block = a.layer_params().per_tp_rank(tp).max(common + experts);
             let stage_params = super::zero3::stage_params(model, layout);
@@ -113,7 +117,10 @@ impl StageBytes {
                 .sum::<f64>();
         let (mut per_layer, mut fixed) = (Vec::new(), Vec::new());
         for s in 0..pp {
-            let flight = in_flight(layout.schedule, pp, m, v, s) as f64;
+            let flight = match cpu {
+                true => cpu_runtime::pooled_in_flight(layout, m, s),
+                false => in_flight(layout.schedule, pp, m, v, s),
+            } as f64;
             // A layer of this stage is dense or MoE in the proportion the even split gives it
             // (exact for that split; the mean for others).
             let (d, n_moe) = mixes[s as usize];

@@ -55,6 +55,12 @@ pub struct Device {
     /// model spec's policy.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub precision: Option<String>,
+    /// CPU backend: the L2 cache per core, KiB. The `gemm` crate sizes the packing slab it keeps
+    /// on every thread that multiplies (a rank's) by it (gemm-common 0.19, `L2_SLAB`), so a
+    /// rank's memory depends on it. Absent: not counted (`tessera calibrate` writes this
+    /// host's).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub l2_cache_kib: Option<f64>,
 }
 
 /// A link class: GB/s per device in one direction, and latency.
@@ -252,6 +258,7 @@ struct RawDevice {
     transcendental_gops: Field<Num>,
     shared_cores: Field<i64>,
     precision: Field<String>,
+    l2_cache_kib: Field<Num>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -303,6 +310,7 @@ pub const CLUSTER_KEYS: &[&str] = &[
     "transcendental_gops",
     "shared_cores",
     "precision",
+    "l2_cache_kib",
     "bandwidth_gbps",
     "latency_us",
     "context_gib",
@@ -382,6 +390,7 @@ pub fn parse_cluster_toml(src: &Source, over: ClusterOverrides) -> Result<Cluste
             &d.transcendental_gops,
         )?,
         shared_cores: f.opt_pos_int("device", "shared_cores", &d.shared_cores)?,
+        l2_cache_kib: f.opt_pos_num("device", "l2_cache_kib", &d.l2_cache_kib)?,
         precision: match &d.precision {
             None => None,
             Some(_) => {

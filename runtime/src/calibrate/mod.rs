@@ -456,6 +456,8 @@ pub fn calibrated(cluster: &Cluster, m: &Measured, memory_gib: f64) -> Cluster {
     c.device.memory_bandwidth_gbps = m.copy_gbps / 2.0;
     c.device.transcendental_gops = Some(m.exp_gops);
     c.device.shared_cores = Some(m.cores.max(1) as u64);
+    c.device.l2_cache_kib =
+        Some(crate::backend::cpu::kernels::matmul::packing_slab_bytes() as f64 / 1024.0);
     if m.ranks > 1 {
         for link in [&mut c.intra_node, &mut c.inter_node] {
             link.bandwidth_gbps = m.comm_gbps;

@@ -177,6 +177,7 @@ impl LocalComm {
     /// A message buffer of `len` elements filled by `fill`, reusing a pooled buffer that no
     /// receiver holds any more. The pool keeps a handle, so the buffer returns when received.
     fn message(&self, len: usize, fill: impl FnOnce(&mut [f32])) -> Arc<[f32]> {
+        let _tag = crate::alloc::tagged(crate::alloc::Tag::Comm);
         let reused = {
             let mut pool = self.pool.borrow_mut();
             let free = pool
@@ -206,6 +207,8 @@ impl LocalComm {
     }
 
     fn post(&self, op: Op, peer: usize, data: Arc<[f32]>) -> Result<(), CommError> {
+        // The channel's own blocks are the communicator's too.
+        let _tag = crate::alloc::tagged(crate::alloc::Tag::Comm);
         let tx = self.to[peer].as_ref().expect("no channel to self");
         tx.send(Msg { op, data }).map_err(|_| CommError::PeerGone {
             op: op_name(op),

@@ -418,6 +418,9 @@ where
         None => (0..world).map(|_| None).collect(),
     };
     let (tx, rx) = mpsc::channel::<StepMetrics>();
+    if std::env::var_os("TESSERA_MEM_BREAKDOWN").is_some() {
+        crate::alloc::breakdown(true);
+    }
     let epoch = Instant::now();
     let results: Vec<Result<rank::RankResult, RunError>> = std::thread::scope(|s| {
         let handles: Vec<_> = groups

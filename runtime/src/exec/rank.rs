@@ -108,7 +108,9 @@ pub fn run<B: Backend, C: Collective<B>>(
     cp: Option<Box<dyn Comm + Send>>,
     moe: Option<MoeComms>,
 ) -> Result<RankResult, RunError> {
+    let setup = crate::alloc::tagged(crate::alloc::Tag::Setup);
     let mut r = Rank::new(ctx, cp, moe)?;
+    drop(setup);
     // The measured peak is the training steps': the setup's transients (initial weights built
     // whole, a checkpoint's tensors read) are not what a step holds.
     crate::alloc::reset_peak(ctx.rank);
@@ -157,6 +159,15 @@ pub fn run<B: Backend, C: Collective<B>>(
     }
     // The training steps' peak, before the final gather and download below add their copies.
     let peak_bytes = crate::alloc::peak_bytes(ctx.rank);
+    if crate::alloc::breakdown_on() {
+        let parts = crate::alloc::peak_by_tag(ctx.rank);
+        let parts: Vec<_> = parts.iter().map(|(n, b)| format!("{n} {b}")).collect();
+        eprintln!(
+            "rank {} peak {peak_bytes} B: {}",
+            ctx.rank,
+            parts.join(", ")
+        );
+    }
     if r.zero == 3 {
         for c in 0..r.model.chunks.len() {
             r.gather_region(c)?;
@@ -416,7 +427,9 @@ impl<'a, B: Backend, C: Collective<B>> Rank<'a, B, C> {
         }
         self.ops = ops;
         let start = self.ctx.epoch.elapsed();
+        let sync = crate::alloc::tagged(crate::alloc::Tag::Sync);
         self.sync_and_update(step)?;
+        drop(sync);
         if let Some(m) = self.ws.moe.as_mut() {
             // Every stage's MoE layers, summed where the loss is reported.
             let aux = m.take_aux();
@@ -468,6 +481,11 @@ impl<'a, B: Backend, C: Collective<B>> Rank<'a, B, C> {
 
     fn op(&mut self, op: Op, step: u64) -> Result<(), RunError> {
         let n = self.rows().0 * self.model.cfg.hidden;
+        let _tag = crate::alloc::tagged(match op {
+            Op::Forward { .. } => crate::alloc::Tag::Forward,
+            Op::Backward { .. } => crate::alloc::Tag::Backward,
+            _ => crate::alloc::Tag::P2p,
+        });
         match op {
             Op::RecvActivation { mb, chunk, peer } | Op::RecvGrad { mb, chunk, peer } => {
                 let mut buf = self.be.alloc(Storage::Bf16, n)?;

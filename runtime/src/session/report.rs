@@ -162,6 +162,9 @@ pub fn memory_report(plan: &Plan, peak_bytes: &[u64], on_gpus: bool) -> MemoryRe
             MEMORY_TOLERANCE * 100.0
         ));
     }
+    if let Some(note) = slab_note(plan).filter(|_| !on_gpus && !peak_bytes.is_empty()) {
+        notes.push(note);
+    }
     MemoryReport {
         header: [
             "rank",
@@ -173,6 +176,24 @@ pub fn memory_report(plan: &Plan, peak_bytes: &[u64], on_gpus: bool) -> MemoryRe
         rows,
         notes,
     }
+}
+
+/// What the plan's GEMM packing slab leaves out on this host, when its L2 cache per core is not
+/// the cluster spec's `[device] l2_cache_kib`: every rank's measured peak differs by the
+/// difference (docs/performance.md, "CPU memory").
+fn slab_note(plan: &Plan) -> Option<String> {
+    let host = crate::backend::cpu::kernels::matmul::packing_slab_bytes() as f64 / 1024.0;
+    let planned = plan.job.cluster.device.l2_cache_kib;
+    if planned == Some(host) {
+        return None;
+    }
+    let counted = planned.map_or("none ([device] l2_cache_kib absent)".into(), |k| {
+        format!("{k} KiB ([device] l2_cache_kib)")
+    });
+    Some(format!(
+        "memory: this host's L2 cache per core is {host} KiB, the gemm crate's packing slab on each rank's thread; the plan counts {counted}, so each rank differs by {:+.2} MiB from that alone: `tessera calibrate` writes this host's into a cluster spec",
+        (host - planned.unwrap_or(0.0)) / 1024.0
+    ))
 }
 
 /// Bytes of host memory a CPU run of `plan` needs: f32 weights, gradients and Adam moments for

@@ -54,6 +54,13 @@ pub fn set_threads(n: usize) {
     THREADS.with(|t| t.set(n.max(1)));
 }
 
+/// Bytes of the packing slab the `gemm` crate keeps on every thread that has multiplied
+/// (gemm-common's thread-local `L2_SLAB`): the L2 cache per core it read for this host, so a
+/// rank's memory holds it once beside its tensors.
+pub fn packing_slab_bytes() -> usize {
+    gemm_common::cache::CACHE_INFO[1].cache_bytes
+}
+
 fn parallelism() -> gemm::Parallelism {
     match THREADS.with(|t| t.get()) {
         1 => gemm::Parallelism::None,
@@ -191,6 +198,7 @@ pub fn gemm(dst: MatMut<'_>, a: MatRef<'_>, b: MatRef<'_>, alpha: f32, acc: bool
         return;
     }
     let start = COUNTING.load(Ordering::Relaxed).then(Instant::now);
+    let _tag = crate::alloc::tagged(crate::alloc::Tag::Gemm);
     // SAFETY: the three views were bounds-checked at construction (every addressed element
     // lies inside its slice); `dst` is a unique borrow, so it cannot alias `a` or `b`.
     unsafe {
