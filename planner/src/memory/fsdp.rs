@@ -73,8 +73,12 @@ pub(super) struct Fsdp {
     pub working_set: bool,
     /// The framework reports the caching allocator's reserved bytes.
     pub reserved: bool,
-    /// The framework allocates through PyTorch's caching allocator on a GPU (its slack is
-    /// `allocator_reserved`).
+    /// The stage is charged the caching allocator's slack, `allocator_reserved`: a framework
+    /// that allocates through PyTorch's caching allocator on a GPU and reports what it reserves.
+    /// At a steady step each transient block reuses the cached block of its own size that the
+    /// step before freed, so a framework measured by its allocated bytes is charged none (the
+    /// published runs that ran: docs/validation.md, feasibility); the reserved figures that
+    /// torchtitan publishes hold one segment more (docs/frameworks.md).
     pub caching: bool,
     /// ZeRO-3's gather unit outside FSDP2 (the profile's `memory.zero3_fetch`).
     pub zero3_fetch: framework::Zero3Fetch,
@@ -98,6 +102,7 @@ impl Fsdp {
             working_set: m.sharding != ShardingPolicy::Zero && layout.recompute == Recompute::Full,
             reserved: m.reports == Reports::Reserved,
             caching: m.allocator == framework::Allocator::Caching
+                && m.reports == Reports::Reserved
                 && cluster.device.kind == crate::spec::DeviceKind::Gpu,
             zero3_fetch: m.zero3_fetch,
             pipe_buffers: m.pipe_buffers && layout.pp > 1,

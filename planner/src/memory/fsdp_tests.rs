@@ -190,11 +190,8 @@ fn full_recompute_holds_one_layer_working_set() {
 /// gathered block (218,112,000 × 2 = 436,224,000 B), the fp32 reduce-scatter input
 /// (872,448,000 B) and the recomputed layer (eager: 1,376,780,288 B, with silu(gate)); the
 /// largest, / 2 MiB = 656.5, rounds up to 657 × 2,097,152 = 1,377,828,864 B of
-/// allocator_reserved; the presets charge no flat fragmentation. megatron-core (ZeRO-3 by
-/// blocks, full recompute, no working set in its profile) allocates through the same caching
-/// allocator: its middle stage's largest transient block is one gathered block's 16-bit
-/// weights, 218,112,000 × 2 = 436,224,000 B, / 2 MiB = 208.008 → 209 × 2,097,152 =
-/// 438,304,768 B.
+/// allocator_reserved; the presets charge no flat fragmentation. megatron-core reports the
+/// allocated bytes: no slack is charged (a steady step reuses each cached block).
 #[test]
 fn reserved_is_one_segment_of_the_largest_transient_block() {
     let cluster = h100(4);
@@ -202,7 +199,7 @@ fn reserved_is_one_segment_of_the_largest_transient_block() {
     assert_eq!(term(&titan, 1, "allocator_reserved"), Some(1_377_828_864));
     assert_eq!(term(&titan, 1, "allocator_fragmentation"), None);
     let mcore = estimate(&llama3_8b(None), &cluster, &pipelined());
-    assert_eq!(term(&mcore, 1, "allocator_reserved"), Some(438_304_768));
+    assert_eq!(term(&mcore, 1, "allocator_reserved"), None);
     assert_eq!(term(&mcore, 1, "allocator_fragmentation"), None);
 }
 

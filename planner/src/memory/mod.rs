@@ -49,8 +49,12 @@ pub fn uncertainty(profile: &crate::framework::Profile, cluster: &Cluster) -> St
             "{} allocates its buffers once before the first step, so no allocator slack is charged{flat}; library workspaces beyond the named overhead terms are not modelled",
             profile.name
         ),
+        (Allocator::Caching, _) if profile.memory.reports == crate::framework::Reports::Reserved => format!(
+            "PyTorch's caching allocator is charged one cached segment of the stage's largest transient block (allocator_reserved), as {}'s published reserved peaks hold; blocks split by tensors of varying shapes can hold more, and expandable_segments less, neither modelled{flat}",
+            profile.name
+        ),
         (Allocator::Caching, _) => format!(
-            "PyTorch's caching allocator is charged one cached segment of the stage's largest transient block (allocator_reserved); blocks split by tensors of varying shapes can hold more, and expandable_segments less, neither modelled{flat}. Published peaks of runs that ran are within the validation's memory error (docs/validation.md, feasibility)"
+            "PyTorch's caching allocator is charged no slack: at a steady step each transient block reuses the cached block of its size the step before freed (the published runs of docs/validation.md's feasibility section ran with no more); blocks split by tensors of varying shapes (changing sequence lengths, ragged batches) can hold up to one segment of the largest transient block more{flat}"
         ),
     }
 }

@@ -31,11 +31,12 @@ pub fn section(out: &mut String, v: &Validation) {
         "\n## Feasibility: every run that ran fits\n\n\
          Each replayed run trained on its GPUs, so its layout must be predicted to fit under its \
          framework's profile; a planner that refuses a layout that demonstrably runs sends its \
-         user to a worse one. No blanket margin is added: the caching allocator's slack is one \
-         segment of the stage's largest transient block (`allocator_reserved`, \
-         planner/src/memory/allocator.rs), llm.c allocates up front and has none, and what the \
-         model leaves out (blocks split by varying shapes, `expandable_segments`) is named in \
-         `tessera explain`.\n\n\
+         user to a worse one. No blanket margin is added (the presets' former assumed 5% fragmentation \
+         is gone): a framework that reports its reserved bytes is charged one segment of the \
+         stage's largest transient block (`allocator_reserved`, \
+         planner/src/memory/allocator.rs), the others no slack, as a steady step reuses each \
+         cached block; what the model leaves out (blocks split by varying shapes, \
+         `expandable_segments`) is named in `tessera explain`.\n\n\
          - Runs replayed: {}; predicted to fit: {} (target: all).\n",
         all.len(),
         all.len() - refused.len()

@@ -249,8 +249,11 @@ pub fn markdown(v: &Validation, layer: &[LayerRow], presets: &[&Cluster], comman
          Table 1: the micro-batch and the number of interleaved chunks).\n\
          - **The framework each run is replayed under**: a profile of specs/frameworks/, stated \
          by the run as `framework = \"…\"` (top level of its `[[run]]`), `training.framework` or \
-         `parallel.framework`; an unknown name skips the run, naming the key and the known \
-         profiles. A run that states none takes its source's: Narayanan SC'21 → megatron-legacy \
+         `parallel.framework`, or by a common name of its stack (FSDP, DDP, Accelerate or the \
+         Hugging Face Trainer → pytorch-eager; Megatron-DeepSpeed → deepspeed; Megatron-LM or \
+         NeMo → megatron-core; Composer → llm-foundry); an unknown name skips the run, naming the \
+         key and the known profiles. GPU memory is the size the run's GPU name states (\
+         \"H100 96GB\"), or `cluster.gpu_memory_gb`; an A100 40GB takes the a100-40g preset. A run that states none takes its source's: Narayanan SC'21 → megatron-legacy \
          (its Table 2 ZeRO-3 rows, DeepSpeed's ZeRO-3 inside Megatron: deepspeed), Korthikanti → \
          megatron-lm-2022, llm.c → llm.c, llm-foundry → llm-foundry; a run of another source that \
          states none is not replayed. `parallel.compile = true` takes the profile's compiled \

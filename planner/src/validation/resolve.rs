@@ -72,7 +72,7 @@ pub fn stated_framework(r: &Value) -> Result<Option<&'static Profile>, String> {
     let Some((key, name)) = found else {
         return Ok(None);
     };
-    let mut profile = framework::by_name(name).ok_or_else(|| {
+    let mut profile = framework::by_name(alias(name)).ok_or_else(|| {
         format!(
             "unknown framework \"{name}\" in `{key}`; known: {}",
             framework::names().join(", ")
@@ -83,6 +83,22 @@ pub fn stated_framework(r: &Value) -> Result<Option<&'static Profile>, String> {
             .map_err(|e| format!("`parallel.compile` = true: {}; {}", e.problem(), e.fix()))?;
     }
     Ok(Some(profile))
+}
+
+/// The profile a published run's common name for its framework stands for (the run names its
+/// stack, not a profile of specs/frameworks/): FSDP and DDP loops, Hugging Face Accelerate and
+/// the Trainer run PyTorch eagerly (pytorch-eager); Megatron-DeepSpeed is DeepSpeed's engine
+/// (deepspeed); Megatron-LM today is Megatron-Core (megatron-core); Composer is llm-foundry's.
+fn alias(name: &str) -> &str {
+    match name.to_ascii_lowercase().as_str() {
+        "fsdp" | "fsdp1" | "pytorch-fsdp" | "ddp" | "pytorch" | "pytorch-ddp" | "nanogpt"
+        | "accelerate" | "hf-accelerate" | "transformers" | "hf-trainer" => "pytorch-eager",
+        "megatron-deepspeed" | "deepspeed-megatron" => "deepspeed",
+        "megatron-lm" | "megatron" | "nemo" => "megatron-core",
+        "composer" | "mosaicml" | "llmfoundry" => "llm-foundry",
+        "llmc" => "llm.c",
+        _ => name,
+    }
 }
 
 /// The profile of a source's framework, for its runs that state none.
@@ -524,5 +540,12 @@ mod tests {
         assert_eq!(marketed_gb("a100_40gb"), Some(40.0));
         assert_eq!(marketed_gb("H100"), None);
         assert_eq!(marketed_gb("GB200"), None);
+    }
+
+    #[test]
+    fn common_framework_names_take_their_profiles() {
+        assert_eq!(super::alias("FSDP"), "pytorch-eager");
+        assert_eq!(super::alias("Megatron-DeepSpeed"), "deepspeed");
+        assert_eq!(super::alias("torchtitan"), "torchtitan");
     }
 }
