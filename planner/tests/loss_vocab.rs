@@ -147,7 +147,10 @@ fn unpadded_gpt2_vocabulary_runs_unaligned_gemms() {
     let core = model("gpt2-124m", None);
     let titan = model("gpt2-124m", Some("torchtitan"));
     assert!(!Options::for_model(&titan, &c).pad_vocab);
-    assert_eq!(Options::for_model(&titan, &c).loss, LossKind::UnfusedFp32);
+    assert_eq!(
+        Options::for_model(&titan, &c).loss,
+        LossKind::UnfusedFp32Freed
+    );
     assert!(Options::for_model(&core, &c).pad_vocab);
 
     let pads = VocabPadding::of(&core, 1, framework::by_name("megatron-core").unwrap());

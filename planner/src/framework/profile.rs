@@ -44,6 +44,10 @@ pub struct CanRun {
     #[serde(default = "yes")]
     pub tp_without_sp: bool,
     pub pipeline: bool,
+    /// The highest ZeRO stage its pipeline runs with (DeepSpeed's `PipelineEngine` asserts
+    /// "ZeRO-2 and ZeRO-3 are incompatible with pipeline parallelism": 1). Absent: 3.
+    #[serde(default = "zero3")]
+    pub pipeline_max_zero: u8,
     /// Pipeline schedules by plan.json name (`1f1b`, `interleaved`, `gpipe`).
     pub schedules: Vec<ScheduleKind>,
     pub context_parallel: bool,
@@ -99,6 +103,10 @@ fn one() -> f64 {
 
 fn yes() -> bool {
     true
+}
+
+fn zero3() -> u8 {
+    3
 }
 
 fn every_device() -> Vec<DeviceKind> {
@@ -404,6 +412,12 @@ impl CanRun {
         }
         if l.pp > 1 && !self.pipeline {
             return no(&format!("PP {}", l.pp), "use --pp 1, or another framework");
+        }
+        if l.pp > 1 && l.sharding.zero_stage > self.pipeline_max_zero {
+            return no(
+                &format!("ZeRO-{} with PP {}", l.sharding.zero_stage, l.pp),
+                &format!("use --zero {} or lower, or --pp 1", self.pipeline_max_zero),
+            );
         }
         if l.pp > 1 && !self.schedules.contains(&l.schedule) {
             return one_of(

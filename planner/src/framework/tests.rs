@@ -159,6 +159,24 @@ fn a_profile_refuses_what_its_framework_cannot_run_naming_the_knob() {
     inter.virtual_stages = 2;
     let e = admits(ds, &inter).unwrap_err();
     assert!(e.detail.contains("interleaved"), "{e}");
+    // DeepSpeed's PipelineEngine asserts ZeRO-2 and ZeRO-3 are incompatible with PP.
+    let mut piped = layout();
+    piped.pp = 2;
+    piped.dp = 4;
+    piped.schedule = ScheduleKind::OneFOneB;
+    for (stage, ok) in [(1, true), (2, false), (3, false)] {
+        piped.sharding = Sharding {
+            zero_stage: stage,
+            hybrid: false,
+        };
+        match admits(ds, &piped) {
+            Ok(()) => assert!(ok, "ZeRO-{stage} with PP admitted"),
+            Err(e) => {
+                assert!(!ok, "{e}");
+                assert!(e.detail.contains(&format!("ZeRO-{stage} with PP 2")), "{e}");
+            }
+        }
+    }
 }
 
 #[test]

@@ -82,7 +82,12 @@ fn search_ranking_equals_simulating_everything() {
 #[test]
 fn search_prefers_the_simpler_layout_on_a_near_tie() {
     let (m, c) = job("gpt3-175b.toml", "dgx-a100-80g.toml", 16);
-    let r = search(&m, &c, &Pins::default());
+    // Every alternative gets its reason (the default names only the first `top` of them).
+    let options = SearchOptions {
+        top: usize::MAX,
+        ..SearchOptions::default()
+    };
+    let r = search_with(&m, &c, &Pins::default(), options);
     let head: Vec<&Candidate> = r.fits.iter().filter(|f| f.prediction.is_some()).collect();
     let fastest = head
         .iter()
