@@ -261,7 +261,8 @@ impl Predicted {
         let times = cost::layer_times(model, cluster, layout, &links, options);
         let e = cost::evaluate(model, cluster, layout, split, &links, &times, options);
         let p = e.predict(&Simulator::new().run(&e.pipeline));
-        Predicted::new(memory, &p, caveats(cluster, layout))
+        let caveats = caveats(cluster, layout, memory.peak_bytes, memory.capacity_bytes);
+        Predicted::new(memory, &p, caveats)
     }
 
     fn new(memory: MemoryReport, p: &Prediction, caveats: Vec<Caveat>) -> Predicted {
