@@ -319,7 +319,7 @@ pub fn markdown(v: &Validation, layer: &[LayerRow], presets: &[&Cluster], comman
         if let Some((median, _)) = memory_summary(&mem) {
             let _ = writeln!(out, "\nPooled median |error| {:.1}%.", 100.0 * median);
         }
-        out.push_str("\nThe llm.c figure is the sum of its allocation lines (weights, gradients, AdamW states, activations); it excludes library workspaces and NCCL buffers, which the predicted peak's overhead terms add (the CUDA context, the BLAS workspaces, NCCL's buffers per communicator and the caching allocator's slack, `allocator_reserved`; the context and buffers are sized in the cluster preset's `[overhead]` table).\n");
+        out.push_str("\nThe llm.c figure is the sum of its allocation lines (weights, gradients, AdamW states, activations); it excludes library workspaces and NCCL buffers, which the predicted peak's overhead terms add (the CUDA context, the BLAS workspaces and NCCL's buffers per communicator, sized in the cluster preset's `[overhead]` table; llm.c allocates its buffers once, so no allocator slack is charged).\n");
     }
     super::feasibility::section(&mut out, v);
     if !layer.is_empty() {
