@@ -16,11 +16,10 @@ Run by scripts/gpu-check.sh; by hand: `python3 bench/gpt2_torch.py --steps 30 [-
 
 import argparse
 import math
-import time
-
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from timing import device_name, optimizer_step, time_steps
 
 
 class Block(nn.Module):
@@ -65,7 +64,7 @@ class GPT(nn.Module):
         for blk in self.blocks:
             x = blk(x)
         logits = self.head(self.ln_f(x))
-        return F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.view(-1))
+        return F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.reshape(-1))
 
 
 def main():
@@ -98,31 +97,16 @@ def main():
         idx = torch.randint(0, a.vocab, (a.micro_batch, a.seq_len + 1), device=dev, generator=gen)
         with torch.autocast(device_type=dev.type, dtype=torch.bfloat16):
             loss = step_fn(idx[:, :-1], idx[:, 1:])
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        return loss
+        return optimizer_step(loss, model, opt)
 
-    def sync():
-        if dev.type == "cuda":
-            torch.cuda.synchronize()
-
-    for _ in range(a.warmup):
-        step()
-    sync()
-    start = time.perf_counter()
-    for _ in range(a.steps):
-        loss = step()
-    sync()
-    elapsed = time.perf_counter() - start
+    elapsed, loss = time_steps(step, dev, a.warmup, a.steps)
 
     per_s = tokens * a.steps / elapsed
     # QK^T and AV (2·2·s·d per token and layer), forward and backward (3×), full s×s square.
     attn = 12 * a.layers * a.seq_len * a.hidden
     flops_per_token = 6 * params + attn
     mfu = per_s * flops_per_token / (a.peak_tflops * 1e12)
-    name = torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu"
+    name = device_name(dev)
     print(
         f"pytorch {torch.__version__} {'compile' if a.compile else 'eager'} on {name}: "
         f"{params} parameters, micro-batch {a.micro_batch} × seq {a.seq_len}, "
