@@ -58,6 +58,7 @@ fn lora_counts_equal_pefts() {
             TrainingOverrides {
                 seq_len: Some(512),
                 global_batch: Some(8),
+                ..Default::default()
             },
         )
         .unwrap_or_else(|e| panic!("{e}"));
@@ -253,6 +254,7 @@ fn worked_memory_of_llama3_8b_lora_and_qlora_on_one_24gb_gpu() {
             TrainingOverrides {
                 seq_len: Some(2048),
                 global_batch: Some(8),
+                ..Default::default()
             },
         )
         .unwrap();

@@ -25,6 +25,7 @@ fn hf(name: &str, seq_len: u64, global_batch: u64) -> Model {
     let over = TrainingOverrides {
         seq_len: Some(seq_len),
         global_batch: Some(global_batch),
+        ..Default::default()
     };
     load_model(&fixture(name), over).unwrap_or_else(|e| panic!("{e}"))
 }

@@ -45,6 +45,9 @@ fn cluster(devices: u64, memory_gib: f64) -> Cluster {
         calibrated: false,
         // No host tier: nothing offloads here.
         host: Default::default(),
+        cost: None,
+        reliability: None,
+        storage: None,
     }
 }
 
@@ -55,6 +58,7 @@ fn gpt2(layers: u64, hidden: u64, heads: u64, vocab: u64, precision: &str) -> Mo
         training: Training {
             seq_len: 1024,
             global_batch: 128,
+            tokens: None,
             precision: precision.into(),
             attention: AttentionImpl::Flash,
             flash_kernel: Default::default(),

@@ -22,6 +22,7 @@ fn over() -> TrainingOverrides {
     TrainingOverrides {
         seq_len: Some(4096),
         global_batch: Some(512),
+        ..Default::default()
     }
 }
 

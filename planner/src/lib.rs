@@ -26,6 +26,7 @@ pub mod spec;
 pub mod trace;
 pub mod units;
 pub mod validation;
+pub mod whole_run;
 
 pub use error::{Diagnostic, PlanError};
 pub use layout::{Layout, Recompute, Sharding};

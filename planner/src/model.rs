@@ -265,6 +265,10 @@ pub struct Training {
     pub seq_len: u64,
     /// Sequences per optimizer step.
     pub global_batch: u64,
+    /// The whole run's token budget (`training.tokens`, `--tokens`, `--steps`); absent: the plan
+    /// is for one step. Plans written before it existed read as absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tokens: Option<u64>,
     /// Name of the precision/optimizer policy (see `precision`).
     pub precision: String,
     pub attention: AttentionImpl,

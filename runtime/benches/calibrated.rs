@@ -69,6 +69,7 @@ fn main() {
             TrainingOverrides {
                 seq_len: job.seq_len,
                 global_batch: job.global_batch,
+                ..Default::default()
             },
         )
         .expect("preset loads");

@@ -75,6 +75,7 @@ fn plan(layout: &Layout) -> Plan {
     let over = TrainingOverrides {
         seq_len: Some(SEQ),
         global_batch: Some(GLOBAL_BATCH),
+        ..Default::default()
     };
     let model = load_model(&root.join("specs/models/gpt2-124m.toml"), over).expect("preset loads");
     let cluster = load_cluster(

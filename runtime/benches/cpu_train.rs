@@ -45,6 +45,7 @@ fn plan(seq: u64, dp: u64, zero_stage: u8) -> Plan {
     let over = TrainingOverrides {
         seq_len: Some(seq),
         global_batch: Some(GLOBAL_BATCH),
+        ..Default::default()
     };
     let model = load_model(&root.join("specs/models/gpt2-124m.toml"), over).expect("preset loads");
     let cluster = load_cluster(

@@ -72,6 +72,7 @@ pub fn run(args: ExplainArgs) -> anyhow::Result<ExitCode> {
         "uncertain: {}\n",
         tessera_planner::memory::uncertainty(profile, &plan.job.cluster)
     );
+    super::plan::print_whole_run(&plan);
     print!("{}", memory_tables(&plan.predicted.memory, args.all_stages));
     Ok(ExitCode::SUCCESS)
 }

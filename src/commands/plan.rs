@@ -73,6 +73,13 @@ pub struct PlanArgs {
     /// Sequences per optimizer step (required for a Hugging Face config; overrides the spec).
     #[arg(long)]
     global_batch: Option<u64>,
+    /// The whole run's token budget (`training.tokens`): `15T`, `300B`, `2.5e12`. `plan` then
+    /// prints the days, GPU-hours and cost to it, and `run` takes its step count from it.
+    #[arg(long, value_parser = parse_tokens)]
+    tokens: Option<u64>,
+    /// The budget in optimizer steps instead (tokens = steps × global batch × sequence).
+    #[arg(long)]
+    steps: Option<u64>,
     #[command(flatten)]
     degrees: DegreePins,
     #[command(flatten)]
@@ -285,6 +292,8 @@ pub fn run(args: PlanArgs) -> anyhow::Result<ExitCode> {
     let over = TrainingOverrides {
         seq_len: args.seq_len,
         global_batch: args.global_batch,
+        tokens: args.tokens,
+        steps: args.steps,
     };
     let mut model = spec::load_model(&args.model, over)?;
     args.finetune.overrides().apply(&mut model)?;
@@ -613,6 +622,20 @@ fn print_prediction(plan: &Plan) {
     if !p.caveats.is_empty() {
         println!();
     }
+    print_whole_run(plan);
+}
+
+/// The whole-run summary (`tessera_planner::whole_run`), where the job or cluster states any
+/// of it, with a blank line after.
+pub(crate) fn print_whole_run(plan: &Plan) {
+    let lines = tessera_planner::whole_run::report::lines(
+        &plan.job.model,
+        &plan.job.cluster,
+        &plan.predicted,
+    );
+    if !lines.is_empty() {
+        println!("{}\n", lines.join("\n"));
+    }
 }
 
 /// Why each ranked alternative lost to the chosen layout.
@@ -705,4 +728,52 @@ fn print_rejections(result: &search::SearchResult) {
         t.add_row(vec![g.count.to_string(), reason.clone(), g.example.clone()]);
     }
     println!("{t}");
+}
+
+/// `--tokens`: a count with an optional K, M, B (or G) or T suffix, or a number like `2.5e12`.
+fn parse_tokens(s: &str) -> Result<u64, String> {
+    let t = s.trim();
+    let (num, scale) = match t.char_indices().last() {
+        Some((i, c)) if c.is_ascii_alphabetic() && !t.ends_with("e") => {
+            let scale = match c.to_ascii_uppercase() {
+                'K' => 1e3,
+                'M' => 1e6,
+                'B' | 'G' => 1e9,
+                'T' => 1e12,
+                _ => {
+                    return Err(format!(
+                        "unknown suffix `{c}`: use K, M, B or T (15T, 300B)"
+                    ))
+                }
+            };
+            (&t[..i], scale)
+        }
+        _ => (t, 1.0),
+    };
+    let x: f64 = num
+        .parse()
+        .map_err(|_| format!("`{s}` is not a token count: write 15T, 300B or 2.5e12"))?;
+    let n = x * scale;
+    if !n.is_finite() || !(1.0..9.2e18).contains(&n) {
+        return Err(format!(
+            "a token budget must be between 1 and 9.2e18 tokens, found {s}"
+        ));
+    }
+    Ok(n.round() as u64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_tokens;
+
+    #[test]
+    fn token_counts_take_the_suffixes_people_write() {
+        assert_eq!(parse_tokens("15T"), Ok(15_000_000_000_000));
+        assert_eq!(parse_tokens("300B"), Ok(300_000_000_000));
+        assert_eq!(parse_tokens("2.5e12"), Ok(2_500_000_000_000));
+        assert_eq!(parse_tokens("1.5k"), Ok(1_500));
+        assert!(parse_tokens("15X").is_err());
+        assert!(parse_tokens("0").is_err());
+        assert!(parse_tokens("-3T").is_err());
+    }
 }

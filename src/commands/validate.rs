@@ -68,6 +68,7 @@ fn check(path: &Path) -> anyhow::Result<String> {
         TrainingOverrides {
             seq_len: Some(1),
             global_batch: Some(1),
+            ..Default::default()
         }
     } else {
         TrainingOverrides::default()

@@ -371,6 +371,9 @@ mod tests {
             },
             calibrated: true,
             host: Default::default(),
+            cost: None,
+            reliability: None,
+            storage: None,
         }
     }
 

@@ -37,6 +37,7 @@ fn gpt(h: u64, heads: u64, s: u64, v: u64) -> Model {
         training: Training {
             seq_len: s,
             global_batch: 8,
+            tokens: None,
             precision: "default".into(),
             attention: AttentionImpl::Eager,
             flash_kernel: Default::default(),

@@ -376,6 +376,7 @@ mod tests {
             training: Training {
                 seq_len: s,
                 global_batch: 8,
+                tokens: None,
                 precision: "default".into(),
                 attention: AttentionImpl::Eager,
                 flash_kernel: Default::default(),

@@ -248,6 +248,13 @@ pub struct Predicted {
     /// written before it existed.
     #[serde(default)]
     pub caveats: Vec<Caveat>,
+    /// The checkpoint cadence, where the cluster states `[reliability]` and `[storage]`
+    /// (`crate::whole_run`). Absent in plans written before it existed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub checkpoint: Option<crate::whole_run::Cadence>,
+    /// The whole run to `training.tokens`, where the job states a budget.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub whole_run: Option<crate::whole_run::WholeRun>,
 }
 
 impl Predicted {
@@ -262,11 +269,20 @@ impl Predicted {
         let e = cost::evaluate(model, cluster, layout, split, &links, &times, options);
         let p = e.predict(&Simulator::new().run(&e.pipeline));
         let caveats = caveats(cluster, layout, memory.peak_bytes, memory.capacity_bytes);
-        Predicted::new(memory, &p, caveats)
+        let checkpoint = crate::whole_run::cadence(model, cluster, layout, &memory, p.step_time_s);
+        let whole_run =
+            crate::whole_run::whole_run(model, cluster, p.step_time_s, checkpoint.as_ref());
+        Predicted {
+            checkpoint,
+            whole_run,
+            ..Predicted::new(memory, &p, caveats)
+        }
     }
 
     fn new(memory: MemoryReport, p: &Prediction, caveats: Vec<Caveat>) -> Predicted {
         Predicted {
+            checkpoint: None,
+            whole_run: None,
             memory,
             step_time_s: p.step_time_s,
             breakdown: p.breakdown.clone(),

@@ -130,6 +130,16 @@ pub struct Cluster {
     /// not stated (all zero), and no layout offloads.
     #[serde(default)]
     pub host: super::host::Host,
+    /// `[cost]`: the price of a GPU-hour; absent: no cost is printed (no preset states one).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cost: Option<super::whole_run::Cost>,
+    /// `[reliability]`: interruptions and restarts; absent: none are predicted, and
+    /// `run --save-every auto` is refused. Plans written before it existed read as absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reliability: Option<super::whole_run::Reliability>,
+    /// `[storage]`: the checkpoint filesystem's write bandwidth; absent: no save time.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub storage: Option<super::whole_run::Storage>,
 }
 
 /// How close real kernels and collectives get to the device's and links' peaks: the cost
@@ -243,6 +253,9 @@ struct RawCluster {
     overhead: Option<RawOverhead>,
     calibration: Option<RawCalibration>,
     host: Option<super::host::RawHost>,
+    cost: Option<super::whole_run::RawCost>,
+    reliability: Option<super::whole_run::RawReliability>,
+    storage: Option<super::whole_run::RawStorage>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -334,6 +347,14 @@ pub const CLUSTER_KEYS: &[&str] = &[
     "nvme_gbps",
     "nvme_gib",
     "adamw_gparams_per_s",
+    "cost",
+    "usd_per_gpu_hour",
+    "reliability",
+    "gpu_mtbf_hours",
+    "restart_minutes",
+    "preemptions_per_hour",
+    "storage",
+    "write_gbps",
 ];
 
 /// Command-line choices of how much of the cluster to use.
@@ -432,6 +453,9 @@ pub fn parse_cluster_toml(src: &Source, over: ClusterOverrides) -> Result<Cluste
     let calibrated = raw.calibration.is_some();
     let calibration = calibration(&f, raw.calibration.unwrap_or_default())?;
     let host = super::host::host(&f, raw.host)?;
+    let cost = super::whole_run::cost(&f, raw.cost)?;
+    let reliability = super::whole_run::reliability(&f, raw.reliability)?;
+    let storage = super::whole_run::storage(&f, raw.storage)?;
     let cli = std::path::Path::new("<command line>");
     if let Some(n) = over.nodes {
         if n == 0 {
@@ -487,6 +511,9 @@ pub fn parse_cluster_toml(src: &Source, over: ClusterOverrides) -> Result<Cluste
         calibration,
         calibrated,
         host,
+        cost,
+        reliability,
+        storage,
     };
     cluster.check().map_err(|p| p.in_toml(src))?;
     Ok(cluster)

@@ -87,9 +87,12 @@ pub fn parse_hf_config(src: &Source, over: TrainingOverrides) -> Result<Model, D
             format!("pass {flag} N (e.g. --seq-len 8192 --global-batch 512)"),
         )
     };
+    let seq_len = over.seq_len.ok_or_else(|| need("--seq-len"))?;
+    let global_batch = over.global_batch.ok_or_else(|| need("--global-batch"))?;
     let training = Training {
-        seq_len: over.seq_len.ok_or_else(|| need("--seq-len"))?,
-        global_batch: over.global_batch.ok_or_else(|| need("--global-batch"))?,
+        seq_len,
+        global_batch,
+        tokens: super::model::cli_budget(over, seq_len, global_batch)?,
         precision: "default".into(),
         attention: AttentionImpl::Flash,
         flash_kernel: Default::default(),

@@ -12,6 +12,7 @@ mod host;
 mod model;
 mod moe;
 mod optim;
+mod whole_run;
 
 pub use check::Problem;
 pub use cluster::{
@@ -23,6 +24,7 @@ pub use hf::parse_hf_config;
 pub use host::Host;
 pub use model::{parse_model_toml, TrainingOverrides, DEFAULT_VOCAB_DIVISIBLE_BY};
 pub use moe::DEFAULT_ROUTER_AUX_LOSS_COEF;
+pub use whole_run::{Cost, Reliability, Storage};
 
 use std::path::Path;
 

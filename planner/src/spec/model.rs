@@ -93,6 +93,8 @@ pub(crate) struct RawRopeScaling {
 pub(crate) struct RawTraining {
     pub seq_len: Field<i64>,
     pub global_batch: Field<i64>,
+    /// The token budget of the whole run (`15e12`).
+    pub tokens: Field<Num>,
     pub precision: Field<String>,
     pub attention: Field<String>,
     pub flash_kernel: Field<String>,
@@ -159,6 +161,7 @@ pub const MODEL_KEYS: &[&str] = &[
     "original_max_positions",
     "seq_len",
     "global_batch",
+    "tokens",
     "precision",
     "attention",
     "flash_kernel",
@@ -193,6 +196,10 @@ pub const MODEL_KEYS: &[&str] = &[
 pub struct TrainingOverrides {
     pub seq_len: Option<u64>,
     pub global_batch: Option<u64>,
+    /// `--tokens`: the token budget (`training.tokens`).
+    pub tokens: Option<u64>,
+    /// `--steps`: the budget in optimizer steps (tokens = steps × global batch × sequence).
+    pub steps: Option<u64>,
 }
 
 impl TrainingOverrides {
@@ -201,6 +208,8 @@ impl TrainingOverrides {
         for (flag, v) in [
             ("--seq-len", self.seq_len),
             ("--global-batch", self.global_batch),
+            ("--tokens", self.tokens),
+            ("--steps", self.steps),
         ] {
             if v == Some(0) {
                 return Err(Diagnostic::new(
@@ -547,9 +556,11 @@ pub(crate) fn resolve_training(
             Some(name.to_string())
         }
     };
+    let tokens = budget_tokens(f, t, overrides, seq_len, global_batch)?;
     Ok(Training {
         seq_len,
         global_batch,
+        tokens,
         precision,
         attention,
         flash_kernel,
@@ -558,4 +569,66 @@ pub(crate) fn resolve_training(
         method: Default::default(),
         optimizer_states: Default::default(),
     })
+}
+
+/// The run's token budget: `--tokens`, or `--steps` × global batch × sequence, or the spec's
+/// `training.tokens` (a number of tokens, `15e12` allowed), rounded to a whole token. Both flags
+/// at once are refused (the budget would be said twice).
+pub(crate) fn budget_tokens(
+    f: &Fields,
+    t: &RawTraining,
+    over: TrainingOverrides,
+    seq_len: u64,
+    global_batch: u64,
+) -> Result<Option<u64>, Diagnostic> {
+    if let Some(n) = cli_budget(over, seq_len, global_batch)? {
+        return Ok(Some(n));
+    }
+    let Some(x) = f.opt_pos_num("training", "tokens", &t.tokens)? else {
+        return Ok(None);
+    };
+    if x >= 9.2e18 || x < 1.0 {
+        return Err(f.err(
+            t.tokens.as_ref().map(|s| s.span()),
+            "training.tokens",
+            format!("a token budget must be between 1 and 9.2e18 tokens, found {x}"),
+            "set `tokens` to the run's training tokens, e.g. 15e12",
+        ));
+    }
+    Ok(Some(x.round() as u64))
+}
+
+/// The budget given on the command line (`--tokens`, or `--steps` × global batch × sequence).
+pub(crate) fn cli_budget(
+    over: TrainingOverrides,
+    seq_len: u64,
+    global_batch: u64,
+) -> Result<Option<u64>, Diagnostic> {
+    let cli = "<command line>";
+    if over.tokens.is_some() && over.steps.is_some() {
+        return Err(Diagnostic::new(
+            cli,
+            "--steps",
+            "--tokens and --steps both set the run's budget",
+            "pass one of them",
+        ));
+    }
+    if let Some(n) = over.tokens {
+        return Ok(Some(n));
+    }
+    over.steps
+        .map(|steps| {
+            steps
+            .checked_mul(global_batch)
+            .and_then(|x| x.checked_mul(seq_len))
+            .ok_or_else(|| {
+                Diagnostic::new(
+                    cli,
+                    "--steps",
+                    format!("{steps} steps × {global_batch} sequences × {seq_len} tokens is more tokens than a 64-bit count holds"),
+                    "pass fewer --steps",
+                )
+            })
+        })
+        .transpose()
 }

@@ -418,6 +418,7 @@ fn training(
     Ok(Training {
         seq_len,
         global_batch,
+        tokens: None,
         precision,
         attention: if profile.runs.flash_attention {
             AttentionImpl::Flash
