@@ -72,9 +72,10 @@ impl Backend {
 pub struct RunArgs {
     /// A plan written by `tessera plan -o`.
     plan: PathBuf,
-    /// Optimizer steps to run (at least 1).
-    #[arg(long, default_value_t = 50, value_parser = clap::value_parser!(u64).range(1..=1_000_000_000))]
-    steps: u64,
+    /// Optimizer steps to run (at least 1) [default: the plan's token budget in steps
+    /// (`predicted.whole_run.steps`, from `plan --tokens`), else 50]
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..=1_000_000_000))]
+    steps: Option<u64>,
     #[command(flatten)]
     data: DataOptions,
     /// Seed of the weights and of the data order.
@@ -128,11 +129,18 @@ impl RunArgs {
         }
     }
 
+    /// Steps to run: `--steps`, else the plan's budget, else 50.
+    fn steps(&self, plan: &Plan) -> u64 {
+        self.steps
+            .or_else(|| plan.predicted.whole_run.as_ref().map(|w| w.steps))
+            .unwrap_or(50)
+    }
+
     /// The session's options: the flags, on the CPU or on `gpus` visible GPUs.
-    fn options(&self, gpus: Option<usize>) -> RunOptions {
+    fn options(&self, plan: &Plan, gpus: Option<usize>) -> RunOptions {
         RunOptions {
             plan_file: self.plan.clone(),
-            steps: self.steps,
+            steps: self.steps(plan),
             seed: self.seed,
             data: self.data.clone(),
             checkpoint: self.checkpoint.clone(),
@@ -263,7 +271,7 @@ fn train_here(
     interrupts: &Interrupts,
 ) -> anyhow::Result<ExitCode> {
     let mut console = Console::default();
-    let session = Session::prepare(plan, args.options(gpus), &mut console).map_err(flat)?;
+    let session = Session::prepare(plan, args.options(plan, gpus), &mut console).map_err(flat)?;
     // The outputs open now, just before the first step; from here on every way out closes
     // them, an exit at once included.
     let outputs = Arc::new(Outputs::open(
@@ -326,7 +334,7 @@ fn train_here(
             "stopped by {} after {} of {} steps",
             Interrupts::name(sig),
             report.steps.len(),
-            args.steps
+            args.steps(plan)
         );
         return Ok(Interrupts::exit_code(sig));
     }

@@ -8,7 +8,7 @@
 //! job asks for bitsandbytes' moments): 14 B per parameter under the default policy (2 + 4 + 8),
 //! 12 B under `fp32` — what Tessera's own checkpoint holds (docs/checkpoints.md: the f32 master,
 //! `exp_avg`, `exp_avg_sq`; 1,494,029,410 B measured for GPT-2 124M, against 12 × 124,439,808 =
-//! 1,493,277,696 B of tensors). Gradients are not saved (a save follows an optimizer step).
+//! 1,493,277,696 B of tensors). The last stage's copy of a tied embedding is not saved. Gradients are not saved (a save follows an optimizer step).
 //! A LoRA or QLoRA job saves its adapters and their moments only: the frozen base is reloaded
 //! from where it came from, as PEFT's `save_pretrained` and torchtune's adapter checkpoints do.
 //!
@@ -65,6 +65,16 @@ pub fn save_bytes(
     let mesh = layout.mesh(cluster);
     let replicas = (mesh.dp * mesh.cp.max(1)).max(1) as f64;
     let nodes = mesh.world().div_ceil(mesh.gpus_per_node).max(1) as usize;
+    // The last stage's copy of a tied embedding table is the first stage's, not saved twice.
+    let a = &model.architecture;
+    let tied_copy = if a.tied_embeddings && layout.pp > 1 {
+        let pad = crate::framework::of(&model, cluster).runs.pad_vocab;
+        let tp = layout.tp.max(1);
+        a.head_params_at(false, tp, pad).per_tp_rank(tp)
+            - a.head_params_at(true, tp, pad).per_tp_rank(tp)
+    } else {
+        0.0
+    };
     let mut per_node = vec![0.0f64; nodes];
     let mut total = 0.0;
     for rank in 0..mesh.world() {
@@ -72,7 +82,11 @@ pub fn save_bytes(
         let Some(stage) = memory.per_stage.get(c.pp as usize) else {
             continue;
         };
-        let bytes = stage.params_per_rank as f64 * trainable_share * (param_b + optim_b) / replicas;
+        let mut params = stage.params_per_rank as f64;
+        if c.pp + 1 == layout.pp {
+            params = (params - tied_copy).max(0.0);
+        }
+        let bytes = params * trainable_share * (param_b + optim_b) / replicas;
         per_node[mesh.node(rank) as usize] += bytes;
         total += bytes;
     }

@@ -34,7 +34,7 @@ pub use eval::EvalOptions;
 pub use optim::{resume_changes, OptimOverrides};
 pub use plot::{loss_curve, loss_svg};
 pub use report::{host_bytes_needed, json_line, memory_report, progress, summary, MemoryReport};
-pub use start::CheckpointOptions;
+pub use start::{CheckpointOptions, SaveEvery};
 
 /// Why a session refused to start, or failed.
 #[derive(Debug, thiserror::Error)]
@@ -211,6 +211,10 @@ impl<'p> Session<'p> {
     ) -> Result<Session<'p>, SessionError> {
         let settings = opts.check(plan)?;
         opts.checkpoint.check()?;
+        let mut opts = opts;
+        if let Some(every) = opts.checkpoint.save_every {
+            opts.checkpoint.save_every = Some(SaveEvery::Steps(every.steps(plan)?));
+        }
         let on_cpu = opts.gpus.is_none();
         let planned = crate::layers::dropout::DropoutRates::of_plan(&plan.job.model);
         if !on_cpu && planned.any() {

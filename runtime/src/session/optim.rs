@@ -153,6 +153,11 @@ impl OptimOverrides {
         }
         if self.decay_steps.is_some() {
             s.decay_steps = self.decay_steps;
+        } else if s.decay_steps.is_none() {
+            // A plan with a token budget decays over the budget's steps, whatever --steps
+            // runs now: the first steps of a long run (or a run resumed piece by piece) follow
+            // the whole run's schedule.
+            s.decay_steps = plan.predicted.whole_run.as_ref().map(|w| w.steps);
         }
         if let Err(p) = tessera_planner::optimizer::check(&o, &s) {
             let flag = flag_of(&p.field);

@@ -57,9 +57,11 @@ pub struct CheckpointOptions {
     /// every --save-every steps, after the last step, and when a SIGINT/SIGTERM stops the run.
     #[cfg_attr(feature = "cli", arg(long))]
     pub save_dir: Option<PathBuf>,
-    /// With --save-dir: save after every N steps [default: only after the last step]
-    #[cfg_attr(feature = "cli", arg(long, requires = "save_dir", value_parser = clap::value_parser!(u64).range(1..=1_000_000_000)))]
-    pub save_every: Option<u64>,
+    /// With --save-dir: save after every N steps, or `auto`: the plan's recommended interval
+    /// (`predicted.checkpoint.save_every`: Daly's optimum for the cluster's [reliability] and
+    /// [storage]) [default: only after the last step]
+    #[cfg_attr(feature = "cli", arg(long, requires = "save_dir", value_parser = SaveEvery::parse))]
+    pub save_every: Option<SaveEvery>,
     /// With --save-dir: keep the K newest checkpoints, pruning older ones only after a save is
     /// complete [default: keep all]
     #[cfg_attr(feature = "cli", arg(long, requires = "save_dir", value_parser = clap::value_parser!(u64).range(1..=1_000_000)))]
@@ -80,6 +82,54 @@ pub struct CheckpointOptions {
     /// still prunes only this run's own checkpoints) [default: such a folder is refused]
     #[cfg_attr(feature = "cli", arg(long, requires = "save_dir"))]
     pub overwrite: bool,
+}
+
+/// `--save-every`: a step count, or the plan's recommended one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SaveEvery {
+    Steps(u64),
+    Auto,
+}
+
+impl SaveEvery {
+    /// `auto`, or a step count from 1 to 10^9.
+    pub fn parse(s: &str) -> Result<SaveEvery, String> {
+        if s == "auto" {
+            return Ok(SaveEvery::Auto);
+        }
+        match s.parse::<u64>() {
+            Ok(n) if (1..=1_000_000_000).contains(&n) => Ok(SaveEvery::Steps(n)),
+            _ => Err(format!(
+                "`{s}` is neither a step count from 1 to 1000000000 nor `auto`"
+            )),
+        }
+    }
+
+    /// The step count for `plan`: `auto` takes the plan's recommended interval, and is refused
+    /// when the plan has none, naming the cluster spec's missing table.
+    pub fn steps(self, plan: &Plan) -> Result<u64, SessionError> {
+        match self {
+            SaveEvery::Steps(n) => Ok(n),
+            SaveEvery::Auto => match &plan.predicted.checkpoint {
+                Some(c) => Ok(c.save_every),
+                None => {
+                    let c = &plan.job.cluster;
+                    let missing = match (c.reliability.is_some(), c.storage.is_some()) {
+                        (false, false) => "[reliability] and [storage] tables",
+                        (false, true) => "[reliability] table",
+                        _ => "[storage] table",
+                    };
+                    Err(refused(
+                        format!(
+                            "--save-every auto: the plan's cluster spec ({}) has no {missing}, so the plan has no checkpoint interval (predicted.checkpoint)",
+                            c.name
+                        ),
+                        "add [reliability] (gpu_mtbf_hours, restart_minutes) and [storage] (write_gbps; `tessera calibrate --storage DIR` measures it) to the cluster spec and plan again, or pass --save-every N",
+                    ))
+                }
+            },
+        }
+    }
 }
 
 impl CheckpointOptions {
@@ -177,7 +227,11 @@ impl CheckpointOptions {
     pub fn save(&self, steps: u64, lineage: Option<String>) -> Option<SaveOptions> {
         self.save_dir.as_ref().map(|dir| SaveOptions {
             dir: dir.clone(),
-            every: self.save_every.unwrap_or(steps) as usize,
+            every: match self.save_every {
+                Some(SaveEvery::Steps(n)) => n,
+                // Resolved against the plan in `Session::prepare`; unresolved, the last step.
+                _ => steps,
+            } as usize,
             keep: self.keep.map(|k| k as usize),
             lineage,
         })

@@ -66,7 +66,11 @@ pub(super) fn check_flags(
     launched: Option<usize>,
     reads_data: bool,
 ) -> anyhow::Result<()> {
-    args.options(None).check(plan).map_err(super::flat)?;
+    args.options(plan, None).check(plan).map_err(super::flat)?;
+    // `--save-every auto` needs the plan's interval: refused here, before any rank starts.
+    if let Some(every) = args.checkpoint.save_every {
+        every.steps(plan).map_err(super::flat)?;
+    }
     let shown = args.plan.display();
     let cluster = &plan.job.cluster;
     let gpu_plan = cluster.device.kind == DeviceKind::Gpu;

@@ -1,0 +1,120 @@
+//! The whole run on the command line (issue 40): `plan --tokens`/`--steps` prints and writes the
+//! budget, interruptions and cadence; `run` takes its steps from the budget; `run --save-every
+//! auto` saves at the plan's interval, and is refused where the cluster spec lacks the tables.
+
+mod common;
+
+use common::{plan_file, refused, run, s, Scratch, README_TINY_LAYOUT};
+
+/// cpu-8 with `[reliability]`, `[storage]` and `[cost]` tables whose values make the tiny
+/// model's recommended interval a few steps: a save of its 2.78 MiB at 5.83 GB/s is about
+/// 0.5 ms, the job's 8 ranks are interrupted every 0.0025 × 3600 / 8 = 1.1 s, and Daly's
+/// interval is then a few predicted steps of 0.016 s.
+fn cluster_with_tables(dir: &Scratch) -> String {
+    let text = std::fs::read_to_string(common::root().join("specs/clusters/cpu-8.toml")).unwrap()
+        + "\n[reliability]\ngpu_mtbf_hours = 0.0025\nrestart_minutes = 0\n\n[storage]\nwrite_gbps = 5.83\n\n[cost]\nusd_per_gpu_hour = 2.5\n";
+    let path = dir.path("cpu-8-tables.toml");
+    std::fs::write(&path, text).unwrap();
+    s(&path)
+}
+
+fn tiny_args(cluster: &str) -> Vec<&str> {
+    let mut a = vec![README_TINY_LAYOUT[0], cluster];
+    a.extend_from_slice(&README_TINY_LAYOUT[2..]);
+    a
+}
+
+#[test]
+fn save_every_auto_saves_at_the_plans_interval_over_the_budgets_steps() {
+    let dir = Scratch::new();
+    let cluster = cluster_with_tables(&dir);
+    let mut args = tiny_args(&cluster);
+    args.extend(["--steps", "7"]);
+    let plan = plan_file(&dir, "plan.json", &args);
+    let json: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&plan).unwrap()).unwrap();
+    let p = &json["predicted"];
+    // tiny's global batch 16 × sequence 64 = 1024 tokens per step: 7 steps are 7168 tokens.
+    assert_eq!(json["job"]["model"]["training"]["tokens"], 7168);
+    assert_eq!(p["whole_run"]["steps"], 7);
+    let every = p["checkpoint"]["save_every"].as_u64().expect("a cadence");
+    assert!(
+        (2..7).contains(&every),
+        "the test's tables should give an interval of a few steps, got {every}"
+    );
+    assert!(p["whole_run"]["cost_usd"].as_f64().unwrap() > 0.0);
+    // No --steps: the budget's 7.
+    let ck = dir.path("ck");
+    let r = run(&[
+        "run",
+        &s(&plan),
+        "--save-dir",
+        &s(&ck),
+        "--save-every",
+        "auto",
+    ]);
+    assert_eq!(r.code, Some(0), "{}", r.stderr);
+    let mut saved: Vec<u64> = std::fs::read_dir(&ck)
+        .unwrap()
+        .filter_map(|e| {
+            let name = e.unwrap().file_name().to_string_lossy().into_owned();
+            name.strip_prefix("step-").map(|n| n.parse().unwrap())
+        })
+        .collect();
+    saved.sort();
+    let mut want: Vec<u64> = (1..=7).filter(|s| s % every == 0).collect();
+    if want.last() != Some(&7) {
+        want.push(7);
+    }
+    assert_eq!(saved, want, "saves every {every} steps and after the last");
+}
+
+#[test]
+fn plan_prints_the_whole_run_and_refuses_two_budgets() {
+    let dir = Scratch::new();
+    let cluster = cluster_with_tables(&dir);
+    let mut args = vec!["plan"];
+    args.extend(tiny_args(&cluster));
+    args.extend(["--tokens", "2M"]);
+    let r = run(&args);
+    assert_eq!(r.code, Some(0), "{}", r.stderr);
+    // 2,000,000 / 1024 = 1953.125: 1,954 steps.
+    for part in [
+        "whole run: 2M tokens = 1,954 steps of 1,024 tokens",
+        "interruptions: one every",
+        "checkpoint: a save writes",
+        "goodput",
+        "at $2.5/GPU-hour",
+    ] {
+        assert!(r.stdout.contains(part), "no `{part}` in:\n{}", r.stdout);
+    }
+    args.extend(["--steps", "10"]);
+    refused(&run(&args), &["--steps", "--tokens and --steps both set"]);
+}
+
+#[test]
+fn save_every_auto_names_the_missing_table() {
+    let dir = Scratch::new();
+    let plan = common::tiny_plan(&dir);
+    let r = run(&[
+        "run",
+        &s(&plan),
+        "--steps",
+        "2",
+        "--save-dir",
+        &s(&dir.path("ck")),
+        "--save-every",
+        "auto",
+    ]);
+    refused(
+        &r,
+        &["--save-every auto", "[reliability] and [storage]", "cpu-8"],
+    );
+    assert!(
+        !dir.path("ck").exists(),
+        "nothing written before the refusal"
+    );
+    let r = run(&["run", &s(&plan), "--save-dir", "x", "--save-every", "often"]);
+    assert_eq!(r.code, Some(2), "{}", r.stderr);
+    assert!(r.stderr.contains("nor `auto`"), "{}", r.stderr);
+}
