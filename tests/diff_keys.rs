@@ -53,6 +53,23 @@ const NOT_SHOWN: &[(&str, &str)] = &[
         "job.model.optimizer.name",
         "one value only (`adamw`): no two plans differ in it",
     ),
+    // The whole run and the cadence follow from job.model.training.tokens, job.cluster's
+    // [reliability], [storage] and [cost], and the step time, which diff shows.
+    ("predicted.checkpoint.save_bytes", DERIVED),
+    ("predicted.checkpoint.node_bytes", DERIVED),
+    ("predicted.checkpoint.save_s", DERIVED),
+    ("predicted.checkpoint.job_mtbf_hours", DERIVED),
+    ("predicted.checkpoint.interval_s", DERIVED),
+    ("predicted.checkpoint.save_every", DERIVED),
+    ("predicted.checkpoint.goodput", DERIVED),
+    ("predicted.whole_run.tokens", DERIVED),
+    ("predicted.whole_run.tokens_per_step", DERIVED),
+    ("predicted.whole_run.steps", DERIVED),
+    ("predicted.whole_run.compute_hours", DERIVED),
+    ("predicted.whole_run.wall_hours", DERIVED),
+    ("predicted.whole_run.gpu_hours", DERIVED),
+    ("predicted.whole_run.cost_usd", DERIVED),
+    ("predicted.whole_run.interruptions", DERIVED),
     ("predicted.memory.peak_stage", DERIVED),
     ("predicted.memory.capacity_bytes", DERIVED),
     ("predicted.memory.per_stage[].stage", DERIVED),
@@ -214,7 +231,9 @@ fn plans(dir: &Scratch) -> Vec<Value> {
          [overhead]\ncontext_gib = 0.01\nfragmentation = 0.05\ncuda_context_mib = 1\ncublas_workspace_mib = 1\nnccl_mib_per_communicator = 1\n\n\
          [calibration]\nmatmul_efficiency = [[64, 0.5], [1024, 0.9]]\nmemory_efficiency = 0.8\ngemm_efficiency = 0.7\n\
          flash_attention_efficiency = 0.5\nintra_node_efficiency = 0.9\ninter_node_efficiency = 0.8\n\
-         host_op_us = 20\nhost_dispatch_us = 5\nhost_launch_us = 2\nnccl_ctas = 8\n",
+         host_op_us = 20\nhost_dispatch_us = 5\nhost_launch_us = 2\nnccl_ctas = 8\n\n\
+         [cost]\nusd_per_gpu_hour = 2\n\n[reliability]\ngpu_mtbf_hours = 1000\nrestart_minutes = 5\npreemptions_per_hour = 0.01\n\n\
+         [storage]\nwrite_gbps = 1\n",
     )
     .unwrap();
     let every = dir.path("every.json");
@@ -228,6 +247,8 @@ fn plans(dir: &Scratch) -> Vec<Value> {
         "2",
         "--framework",
         "tessera",
+        "--tokens",
+        "1M",
         "-o",
         o.as_str(),
     ]);
