@@ -68,11 +68,12 @@ declare -A PLAN
 PLAN[gpt3-interleaved]="${GPT3[*]} --nodes 128 --tp 8 --pp 8 --dp 16 --micro-batch 1 --recompute full --zero 1 --sp --schedule interleaved --virtual-stages 2 --no-hybrid-shard"
 PLAN[gpt3-1f1b]="${GPT3[*]} --nodes 128 --tp 8 --pp 8 --dp 16 --micro-batch 1 --recompute full --zero 1 --sp --schedule 1f1b --no-hybrid-shard"
 # (c) PP = 1 with 256 micro-batches per step: DP 2 × TP 4 + SP, micro-batch 1, global batch 512,
+# a 1T-token budget (the exports carry its steps and the preset's checkpoint cadence),
 # ZeRO-0 (so that all three engines can take it: ZeRO-0 is DDP for torchtitan).
-PLAN[llama-pp1]="${LLAMA[*]} --nodes 1 --dp 2 --tp 4 --pp 1 --micro-batch 1 --sp --zero 0 --recompute full"
+PLAN[llama-pp1]="${LLAMA[*]} --nodes 1 --dp 2 --tp 4 --pp 1 --micro-batch 1 --sp --zero 0 --recompute full --tokens 1T"
 # The same layout planned for torchtitan (`--framework`): its own export runs it; Megatron's and
 # DeepSpeed's refuse a plan whose time and memory are another framework's.
-PLAN[llama-pp1-torchtitan]="${LLAMA[*]} --nodes 1 --dp 2 --tp 4 --pp 1 --micro-batch 1 --sp --zero 0 --recompute full --framework torchtitan"
+PLAN[llama-pp1-torchtitan]="${LLAMA[*]} --nodes 1 --dp 2 --tp 4 --pp 1 --micro-batch 1 --sp --zero 0 --recompute full --framework torchtitan --tokens 1T"
 # Llama-3 8B as tests/exports.rs plans it: DP 2 × TP 2 + SP × PP 2, stages of 17 and 15 layers
 # (Megatron's first/last-stage flags), ZeRO-1; with FSDP (torchtitan), and with selective
 # recompute under flash attention (torchtitan's per-op mode).

@@ -118,3 +118,44 @@ fn save_every_auto_names_the_missing_table() {
     assert_eq!(r.code, Some(2), "{}", r.stderr);
     assert!(r.stderr.contains("nor `auto`"), "{}", r.stderr);
 }
+
+#[test]
+fn calibrate_storage_writes_the_measured_table_that_plan_reads() {
+    let dir = Scratch::new();
+    let out = dir.path("measured.toml");
+    let folder = dir.path("ckpt-fs");
+    std::fs::create_dir(&folder).unwrap();
+    let r = run(&[
+        "calibrate",
+        "--storage",
+        &s(&folder),
+        "specs/clusters/dgx-h100-80g.toml",
+        "-o",
+        &s(&out),
+    ]);
+    assert_eq!(r.code, Some(0), "{}", r.stderr);
+    let text = std::fs::read_to_string(&out).unwrap();
+    let headers = text.lines().filter(|l| l.starts_with("[storage]")).count();
+    assert_eq!(headers, 1, "one table: {text}");
+    assert!(
+        !text.contains("write_gbps = 0.98"),
+        "the preset's value replaced"
+    );
+    // The probe files are gone, and the spec plans, with a cadence from the measured rate.
+    assert_eq!(std::fs::read_dir(&folder).unwrap().count(), 0);
+    let plan = plan_file(
+        &dir,
+        "p.json",
+        &["specs/models/gpt2-124m.toml", &s(&out), "--devices", "8"],
+    );
+    let json: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&plan).unwrap()).unwrap();
+    assert!(json["predicted"]["checkpoint"]["save_s"].as_f64().unwrap() > 0.0);
+    let r = run(&[
+        "calibrate",
+        "--storage",
+        &s(&dir.path("missing")),
+        "specs/clusters/dgx-h100-80g.toml",
+    ]);
+    refused(&r, &["--storage", "the write measurement failed"]);
+}

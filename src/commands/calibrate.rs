@@ -84,6 +84,12 @@ pub struct CalibrateArgs {
     /// the spec's NVMe is kept.
     #[arg(long, value_name = "DIR")]
     nvme_dir: Option<PathBuf>,
+    /// Measure only how fast this node writes checkpoints to DIR (a folder on the checkpoint
+    /// filesystem, not the offload NVMe): 1 GiB written by one writer per core, each file
+    /// fsynced, as a save writes its shards. The spec is written with its `[storage]`
+    /// `write_gbps` replaced; the rest is the input's.
+    #[arg(long, value_name = "DIR", conflicts_with_all = ["gpu", "from_json", "ranks", "host", "nvme_dir"])]
+    storage: Option<PathBuf>,
 }
 
 /// `--timeout`: seconds above 0, at most a week.
@@ -168,6 +174,18 @@ pub fn run(args: CalibrateArgs) -> anyhow::Result<ExitCode> {
     check_outputs(&inputs, &outputs)?;
     let src = Source::read(&args.cluster)?;
     let cluster = parse_cluster_toml(&src, ClusterOverrides::default())?;
+    if let Some(dir) = &args.storage {
+        let table = super::calibrate_host::measured_storage(dir)?;
+        let text = super::calibrate_host::with_table(&src.text, "storage", &table);
+        plan_reads(
+            &text,
+            args.output.as_deref(),
+            "the storage measurement",
+            &|field| format!("the measured `{field}`"),
+        )?;
+        emit(args.output.as_deref(), &text)?;
+        return Ok(ExitCode::SUCCESS);
+    }
     if args.host {
         if cluster.device.kind != DeviceKind::Gpu {
             bail!(

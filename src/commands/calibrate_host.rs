@@ -95,14 +95,48 @@ fn mib(bytes: usize) -> String {
     format!("{} MiB", bytes >> 20)
 }
 
+/// This node's `[storage]` table, measured by writing to `dir`, with its comment lines.
+pub fn measured_storage(dir: &Path) -> anyhow::Result<String> {
+    use tessera_runtime::calibrate::storage;
+    let writers = std::thread::available_parallelism().map_or(1, |n| n.get());
+    eprintln!(
+        "calibrate --storage: {} writers writing {} MiB in {} (each file fsynced) ...",
+        writers,
+        storage::STORAGE_BYTES >> 20,
+        dir.display()
+    );
+    let gbps = storage::write_gbps(dir, storage::STORAGE_BYTES, writers).map_err(|e| {
+        anyhow::anyhow!(
+            "--storage {}: the write measurement failed: {e}\n  fix: pass an existing folder on the checkpoint filesystem that this user can write, with 1 GiB free",
+            dir.display()
+        )
+    })?;
+    let s = tessera_planner::spec::Storage {
+        write_gbps: (gbps * 1000.0).round() / 1000.0,
+    };
+    Ok(format!(
+        "# [storage] measured on this machine by `tessera calibrate --storage {}`: {} MiB written by\n# {writers} writers (one per core), each file fsynced, {:.3} GB/s to the last fsync\n{}",
+        dir.display(),
+        storage::STORAGE_BYTES >> 20,
+        gbps,
+        s.toml_table("measured on this machine")
+    ))
+}
+
 /// `text` (a cluster spec) with its `[host]` table, if any, replaced by `table` at the end.
 pub fn with_host(text: &str, table: &str) -> String {
+    with_table(text, "host", table)
+}
+
+/// `text` (a cluster spec) with its `[name]` table, if any, replaced by `table` at the end.
+pub fn with_table(text: &str, name: &str, table: &str) -> String {
+    let header = format!("[{name}]");
     let mut out = String::new();
     let mut skipping = false;
     for line in text.lines() {
         let t = line.trim_start();
         if t.starts_with('[') {
-            skipping = t.starts_with("[host]");
+            skipping = t.starts_with(&header);
         }
         if !skipping {
             out.push_str(line);

@@ -315,6 +315,14 @@ pub(super) fn megatron(plan: &Plan, launch: &Launch) -> Result<String, ExportErr
         args.push(flag("--use-precision-aware-optimizer"));
     }
     optimizer_args(plan, &mut args)?;
+    // The whole run: the budget's iterations (Megatron decays the rate over them unless
+    // --lr-decay-iters says otherwise) and the plan's checkpoint cadence.
+    if let Some(w) = &plan.predicted.whole_run {
+        args.push(arg("--train-iters", w.steps));
+    }
+    if let Some(c) = &plan.predicted.checkpoint {
+        args.push(arg("--save-interval", c.save_every));
+    }
     args.push(flag("--bf16"));
     // Megatron-LM's validate_args asserts CUDA_DEVICE_MAX_CONNECTIONS=1 with TP > 1 (its TP
     // communication overlap relies on one hardware queue).

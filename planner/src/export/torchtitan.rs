@@ -215,6 +215,17 @@ pub(super) fn torchtitan(plan: &Plan) -> Result<String, ExportError> {
         );
         doc.insert("compile".into(), Value::Table(compile));
     }
+    // The whole run: the budget's steps, and the plan's checkpoint cadence (torchtitan 0.2's
+    // `[checkpoint] enable`, `interval` in steps).
+    if let Some(w) = &plan.predicted.whole_run {
+        training.insert("steps".into(), int(w.steps));
+    }
+    if let Some(c) = &plan.predicted.checkpoint {
+        let mut ck = Table::new();
+        ck.insert("enable".into(), Value::Boolean(true));
+        ck.insert("interval".into(), int(c.save_every));
+        doc.insert("checkpoint".into(), Value::Table(ck));
+    }
     doc.insert("training".into(), Value::Table(training));
     doc.insert("optimizer".into(), Value::Table(optimizer));
     doc.insert("lr_scheduler".into(), Value::Table(lr_scheduler));

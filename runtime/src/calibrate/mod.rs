@@ -18,6 +18,7 @@
 
 pub mod host;
 pub mod stability;
+pub mod storage;
 
 use std::sync::{Barrier, Mutex};
 use std::time::Instant;
