@@ -587,7 +587,7 @@ pub(crate) fn budget_tokens(
     let Some(x) = f.opt_pos_num("training", "tokens", &t.tokens)? else {
         return Ok(None);
     };
-    if x >= 9.2e18 || x < 1.0 {
+    if !(1.0..9.2e18).contains(&x) {
         return Err(f.err(
             t.tokens.as_ref().map(|s| s.span()),
             "training.tokens",
