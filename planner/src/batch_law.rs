@@ -12,7 +12,7 @@
 //! with C = M · D, D the training tokens and M the non-embedding FLOPs per token (§3.2):
 //! M = 72 · n_layer · d_model² + 12 · n_layer · d_model · l_seq for their architecture. The fit
 //! covers compute budgets from 1e17 to 2e19 FLOPs; the paper checked it at 1e20 (Fig. 2b) and
-//! took its 7B and 67B settings (Table 2, near 1e23 and 1e24) from it. Anything else is an
+//! took its 7B and 67B settings (Table 2, at about 8e22 and 9e23 FLOPs by this M) from it. Anything else is an
 //! extrapolation, and is said to be one.
 //!
 //! What is not claimed: the law was fitted on one data set, one optimizer and one schedule; the

@@ -32,9 +32,9 @@ pub(super) fn print(args: &PlanArgs, model: &Model, budget: Option<f64>) {
             batch_law::SOURCE
         ),
         Advice::NeedsBudget => println!(
-            "batch-size law: needs the training budget in tokens (`training.tokens`): {}'s \
-             compute-optimal batch size and learning rate are functions of the compute C = M · D \
-             (M the non-embedding FLOPs per token, D the tokens)",
+            "batch-size law: needs the training budget in tokens (`training.tokens`): the \
+             compute-optimal batch size and learning rate of {} are functions of the compute \
+             C = M · D (M the non-embedding FLOPs per token, D the tokens)",
             batch_law::SOURCE
         ),
         Advice::Law {
@@ -73,7 +73,7 @@ fn print_law(model: &Model, m: f64, d: f64, o: &Optimum) {
     } else {
         println!(
             "  C is outside the fitted range ({lo:.0e} to {hi:.0e} FLOPs; the paper validated \
-             it at {:.0e} and took its 7B and 67B settings from it near 1e23 and 1e24): an \
+             it at {:.0e} and took its 7B and 67B settings from it at about 8e22 and 9e23): an \
              extrapolation",
             batch_law::VALIDATED_FLOPS
         );
@@ -142,12 +142,11 @@ pub(crate) fn print_change(from: u64, model: &Model) {
     );
 }
 
-/// A token count for reading: 9.24M, 1.2K, 512.
+/// A token count for reading: 9.237M, 315548.
 fn tokens(x: f64) -> String {
     match x {
         x if x >= 1e9 => format!("{:.3}B", x / 1e9),
         x if x >= 1e6 => format!("{:.3}M", x / 1e6),
-        x if x >= 1e3 => format!("{:.3}K", x / 1e3),
         x => format!("{x:.0}"),
     }
 }
