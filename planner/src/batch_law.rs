@@ -344,8 +344,10 @@ mod tests {
         ] {
             assert!(text.contains(part), "{part} not in {text}");
         }
-        // Halving: × 0.5 and × 0.7071 (√0.5).
+        // Halving: × 0.5 linear; the square-root factor squares back to 0.5 (0.7071).
         let c = BatchChange { from: 16, to: 8 };
-        assert!((c.square_root() - 0.70710678).abs() < 1e-8);
+        assert_eq!(c.linear(), 0.5);
+        assert!((c.square_root().powi(2) - 0.5).abs() < 1e-15);
+        assert!(c.describe(None).contains("lr × 0.7071 for Adam-like"));
     }
 }
