@@ -6,6 +6,7 @@
 //! chosen layout into the versioned plan.json document; `validation` replays published runs.
 //! `mesh` and `schedule` are shared with the runtime, which executes exactly what the plan says.
 
+pub mod batch_law;
 pub mod cost;
 pub mod error;
 pub mod export;

@@ -15,6 +15,7 @@ use tessera_planner::{Cluster, Diagnostic, Layout, Model, Recompute};
 use crate::files::{check_outputs, named, write_output};
 use crate::output::{gib, memory_tables, table};
 
+pub(super) mod batch;
 mod finetune;
 mod no_fit;
 mod pins;
@@ -425,6 +426,8 @@ pub fn run(args: PlanArgs) -> anyhow::Result<ExitCode> {
             },
             profile.summary
         );
+        // budget: `training.tokens` / `--tokens` (issue 40) once the spec and the flag carry it.
+        batch::print(&args, &model, None);
         println!(
             "{} layouts evaluated, {} fit, {} pipeline simulations; ranked {}\n",
             result.evaluated,

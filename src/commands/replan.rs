@@ -242,6 +242,10 @@ pub fn run(args: ReplanArgs) -> anyhow::Result<ExitCode> {
         old.job.cluster.devices
     );
     println!("predicted step {:.3} s\n", plan.predicted.step_time_s);
+    let from = old.job.model.training.global_batch;
+    if from != plan.job.model.training.global_batch {
+        super::plan::batch::print_change(from, &plan.job.model);
+    }
     super::diff::print(&diff(&old, &plan));
     match &args.output {
         Some(out) => println!(
