@@ -159,3 +159,50 @@ fn calibrate_storage_writes_the_measured_table_that_plan_reads() {
     ]);
     refused(&r, &["--storage", "the write measurement failed"]);
 }
+
+/// The batch law through the budget: GPT-2 124M with 10B tokens. By hand, DeepSeek LLM's
+/// M = 72·12·768² + 12·12·768·1024 = 622,854,144 FLOPs per token (the code counts each layer's
+/// biases and norms too, 0.12% more), C = M·D = 6.229e18 FLOPs, inside the fitted 1e17..2e19:
+/// B_opt = 0.2920·C^0.3271 = 410,229 tokens, η_opt = 0.3118·C^−0.125 = 1.395e-3. The spec's
+/// 512 × 1024 = 524,288 tokens per step is inside [B_opt/2, 2·B_opt].
+#[test]
+fn the_budget_gives_the_batch_laws_values() {
+    let r = run(&[
+        "plan",
+        "specs/models/gpt2-124m.toml",
+        "specs/clusters/dgx-h100-80g.toml",
+        "--devices",
+        "8",
+        "--tokens",
+        "10B",
+    ]);
+    assert_eq!(r.code, Some(0), "{}", r.stderr);
+    let line = r
+        .stdout
+        .lines()
+        .find(|l| l.starts_with("batch-size law"))
+        .unwrap_or_else(|| panic!("no law line:\n{}", r.stdout));
+    let number_after = |key: &str| -> f64 {
+        let rest = &line[line.find(key).unwrap_or_else(|| panic!("{key} in {line}")) + key.len()..];
+        rest.split_whitespace()
+            .next()
+            .unwrap()
+            .trim_end_matches(',')
+            .parse()
+            .unwrap()
+    };
+    let b = number_after("B_opt ");
+    assert!((b / 410_229.0 - 1.0).abs() < 0.005, "B_opt {b} in {line}");
+    let lr = number_after("peak learning rate ");
+    assert!((lr / 1.395e-3 - 1.0).abs() < 0.01, "lr {lr} in {line}");
+    assert!(
+        r.stdout.contains("C is within the fitted range"),
+        "{}",
+        r.stdout
+    );
+    assert!(
+        !r.stdout.contains("warning: the global batch"),
+        "{}",
+        r.stdout
+    );
+}

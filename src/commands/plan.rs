@@ -426,8 +426,8 @@ pub fn run(args: PlanArgs) -> anyhow::Result<ExitCode> {
             },
             profile.summary
         );
-        // budget: `training.tokens` / `--tokens` (issue 40) once the spec and the flag carry it.
-        batch::print(&args, &model, None);
+        // The budget: `training.tokens`, or `--tokens` / `--steps`.
+        batch::print(&args, &model, model.training.tokens.map(|t| t as f64));
         println!(
             "{} layouts evaluated, {} fit, {} pipeline simulations; ranked {}\n",
             result.evaluated,

@@ -115,7 +115,7 @@ fn spec_batch(args: &PlanArgs) -> Option<u64> {
     args.global_batch?;
     let over = TrainingOverrides {
         seq_len: args.seq_len,
-        global_batch: None,
+        ..Default::default()
     };
     spec::load_model(&args.model, over)
         .ok()
