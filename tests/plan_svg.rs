@@ -394,9 +394,9 @@ fn plan_svg_draws_a_forced_plan() {
     );
 }
 
-/// `--svg` may not name the plan it reads: refused before anything is written.
+/// `--svg` may not name an input, nor another output: refused before anything is written.
 #[test]
-fn explain_svg_refuses_to_overwrite_its_input() {
+fn svg_refuses_to_overwrite_an_input_or_output() {
     let dir = Scratch::new();
     let (_, _) = plan_and_picture(
         &dir,
@@ -404,9 +404,16 @@ fn explain_svg_refuses_to_overwrite_its_input() {
         &["plan", GPT2, A100, "--devices", "8", "--pp", "2"],
     );
     let json = dir.path("gpt2.json");
-    let before = std::fs::read(&json).unwrap();
-    let r = run(&["explain", &s(&json), "--svg", &s(&json)]);
-    assert_eq!(r.code, Some(2), "{}", r.stderr);
-    assert!(r.stderr.contains("--svg"), "{}", r.stderr);
-    assert_eq!(std::fs::read(&json).unwrap(), before);
+    let model = dir.copy_edit(GPT2, &[]);
+    let before = Inputs::of(&[&json, &model]);
+    let (j, m) = (s(&json), s(&model));
+    refused(&run(&["explain", &j, "--svg", &j]), &["--svg", "PLAN"]);
+    refused(&run(&["plan", &m, A100, "--svg", &m]), &["--svg", "MODEL"]);
+    let out = s(&dir.path("out"));
+    refused(
+        &run(&["plan", &m, A100, "-o", &out, "--svg", &out]),
+        &["-o", "--svg"],
+    );
+    before.unchanged();
+    assert!(!dir.path("out").exists());
 }
