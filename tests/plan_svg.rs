@@ -181,6 +181,15 @@ fn check_memory(plan: &Value, svg: &Svg) {
             }
         }
     }
+    for r in bars.iter().flatten() {
+        assert!(r.w > 0.0 && r.h >= 0.0, "a bar {} wide, {} tall", r.w, r.h);
+    }
+    let left = xs.iter().copied().fold(f64::INFINITY, f64::min);
+    let right = bars
+        .iter()
+        .flatten()
+        .map(|r| r.x + r.w)
+        .fold(f64::NEG_INFINITY, f64::max);
     let mut order: Vec<usize> = (0..xs.len()).collect();
     order.sort_by(|a, b| xs[*a].total_cmp(&xs[*b]));
     assert_eq!(order.len(), stages.len(), "one bar per stage");
@@ -240,6 +249,11 @@ fn check_memory(plan: &Value, svg: &Svg) {
         .map(|(_, p)| p)
         .collect();
     assert_eq!(lines.len(), 1, "one capacity line");
+    let xs: Vec<f64> = lines[0].iter().map(|p| p.0).collect();
+    assert!(
+        xs.iter().any(|x| *x <= left) && xs.iter().any(|x| *x >= right),
+        "the capacity line spans x {xs:?}, the bars {left} to {right}"
+    );
     for (_, y) in lines[0] {
         assert!(
             (y - px(capacity)).abs() <= PIXELS,
@@ -290,6 +304,21 @@ fn check_timeline(plan: &Value, svg: &Svg) {
     }
     rows.sort_by(|a, b| a.0.total_cmp(&b.0));
     assert_eq!(rows.len(), pp, "one row per stage, stage 0 on top");
+    let mut bottom = f64::NEG_INFINITY;
+    for (y, row) in &rows {
+        let h = row[0].h;
+        assert!(h > 0.0, "a row {h} tall");
+        for r in row {
+            assert!(
+                r.w >= 0.0 && r.h == h,
+                "a segment {} wide, {} tall",
+                r.w,
+                r.h
+            );
+        }
+        assert!(*y >= bottom, "rows overlap at y {y}");
+        bottom = y + h;
+    }
     let mut bottleneck = [0.0; 4];
     for t in p["breakdown"].as_array().unwrap() {
         bottleneck[part(t["name"].as_str().unwrap())] += t["seconds"].as_f64().unwrap();
@@ -329,17 +358,23 @@ fn check_timeline(plan: &Value, svg: &Svg) {
     }
 }
 
+/// The plan and picture of `args`, the picture checked against the plan.
+fn drawn(dir: &Scratch, name: &str, args: &[&str]) -> (Value, Svg) {
+    let (plan, svg) = plan_and_picture(dir, name, args);
+    check_memory(&plan, &svg);
+    check_timeline(&plan, &svg);
+    (plan, svg)
+}
+
 #[test]
 fn plan_svg_draws_the_plans_numbers() {
     let dir = Scratch::new();
-    let (plan, svg) = plan_and_picture(
+    let (plan, svg) = drawn(
         &dir,
         "gpt2",
         &["plan", GPT2, A100, "--devices", "8", "--pp", "2"],
     );
     assert_eq!(plan["parallel"]["pp"], 2);
-    check_memory(&plan, &svg);
-    check_timeline(&plan, &svg);
     let headline = &svg.labels[0].text;
     assert!(headline.starts_with("gpt2-124m on 8 devices"), "{headline}");
 
@@ -353,12 +388,32 @@ fn plan_svg_draws_the_plans_numbers() {
     );
 }
 
+/// One stage (no pipeline): one bar, one row, the capacity line across.
+#[test]
+fn plan_svg_draws_a_single_stage() {
+    let dir = Scratch::new();
+    let (plan, _) = drawn(
+        &dir,
+        "flat",
+        &[
+            "plan",
+            "specs/models/tiny.toml",
+            "specs/clusters/cpu-8.toml",
+            "--dp",
+            "8",
+            "--micro-batch",
+            "2",
+        ],
+    );
+    assert_eq!(plan["parallel"]["pp"], 1);
+}
+
 /// A layout that does not fit, written with --force, still draws: bars past the capacity line,
 /// the summary saying so. Its terms are tall, so the scale is checked over the whole axis.
 #[test]
 fn plan_svg_draws_a_forced_plan() {
     let dir = Scratch::new();
-    let (plan, svg) = plan_and_picture(
+    let (plan, svg) = drawn(
         &dir,
         "forced",
         &[
@@ -386,8 +441,6 @@ fn plan_svg_draws_a_forced_plan() {
         ],
     );
     assert_eq!(plan["feasible"], false);
-    check_memory(&plan, &svg);
-    check_timeline(&plan, &svg);
     assert!(
         svg.labels.iter().any(|l| l.text.starts_with("INFEASIBLE")),
         "the summary says it does not fit"

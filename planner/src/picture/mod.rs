@@ -196,12 +196,21 @@ fn legend<DB: DrawingBackend>(
     Ok(())
 }
 
-/// `pp` segments, one a stage: plotters' segmented range holds its end value too, so the
-/// range ends at the last stage.
-fn stages(
-    pp: u32,
-) -> plotters::coord::ranged1d::SegmentedCoord<plotters::coord::types::RangedCoordu32> {
-    (0..pp.max(1) - 1).into_segmented()
+/// The stage axis: stage `s` spans `s − 0.5..s + 0.5`. (Plotters' segmented ranges hold
+/// their end value as a segment too, and map a one-value range to nothing.)
+fn stages(pp: u32) -> std::ops::Range<f64> {
+    -0.5..pp.max(1) as f64 - 0.5
+}
+
+/// The label of a tick on the stage axis: `stage N` at a stage's centre, else none. `index`
+/// turns the position into the stage.
+fn stage_label(v: f64, pp: u32, index: impl Fn(u32) -> u32) -> String {
+    let r = v.round();
+    if (v - r).abs() < 1e-9 && r >= 0.0 && r < pp as f64 {
+        format!("stage {}", index(r as u32))
+    } else {
+        String::new()
+    }
 }
 
 fn gib(bytes: u64) -> f64 {
@@ -231,15 +240,13 @@ fn memory_chart<DB: DrawingBackend>(
         .x_label_area_size(36)
         .y_label_area_size(80)
         .build_cartesian_2d(stages(pp), 0.0..top)?;
-    let stage_label = |v: &SegmentValue<u32>| match v {
-        SegmentValue::CenterOf(s) => format!("stage {s}"),
-        _ => String::new(),
-    };
+    let stage_label = |v: &f64| stage_label(*v, pp, |s| s);
     let gib_label = |v: &f64| format!("{} GiB", tick(*v));
     chart
         .configure_mesh()
         .disable_x_mesh()
         .light_line_style(TRANSPARENT)
+        .x_labels(pp as usize)
         .x_label_formatter(&stage_label)
         .y_label_formatter(&gib_label)
         .y_desc("GiB per device")
@@ -254,10 +261,7 @@ fn memory_chart<DB: DrawingBackend>(
             let i = names.iter().position(|n| *n == t.name).unwrap_or(0);
             let above = below.saturating_add(t.bytes);
             let mut bar = Rectangle::new(
-                [
-                    (SegmentValue::Exact(s), gib(below)),
-                    (SegmentValue::Exact(s + 1), gib(above)),
-                ],
+                [(s as f64 - 0.5, gib(below)), (s as f64 + 0.5, gib(above))],
                 term_colour(i).filled(),
             );
             bar.set_margin(0, 0, gap, gap);
@@ -267,10 +271,7 @@ fn memory_chart<DB: DrawingBackend>(
     }
     let cap = gib(m.capacity_bytes);
     chart.draw_series(std::iter::once(PathElement::new(
-        vec![
-            (SegmentValue::Exact(0), cap),
-            (SegmentValue::Exact(pp), cap),
-        ],
+        vec![(-0.5, cap), (pp as f64 - 0.5, cap)],
         CAPACITY.stroke_width(2),
     )))?;
     let mut entries: Vec<(String, RGBColor)> = names
@@ -310,16 +311,14 @@ fn timeline_chart<DB: DrawingBackend>(
         .x_label_area_size(40)
         .y_label_area_size(80)
         .build_cartesian_2d(0.0..right, stages(pp))?;
-    // Stage 0 on top: segment i from the bottom is stage pp − 1 − i.
-    let stage_label = |v: &SegmentValue<u32>| match v {
-        SegmentValue::CenterOf(i) if *i < pp => format!("stage {}", pp - 1 - i),
-        _ => String::new(),
-    };
+    // Stage 0 on top: position i from the bottom is stage pp − 1 − i.
+    let stage_label = |v: &f64| stage_label(*v, pp, |i| pp - 1 - i);
     let seconds_label = |v: &f64| format!("{} s", tick(*v));
     chart
         .configure_mesh()
         .disable_y_mesh()
         .light_line_style(TRANSPARENT)
+        .y_labels(pp as usize)
         .y_label_formatter(&stage_label)
         .x_label_formatter(&seconds_label)
         .x_desc("seconds")
@@ -332,10 +331,7 @@ fn timeline_chart<DB: DrawingBackend>(
                 continue;
             }
             let mut seg = Rectangle::new(
-                [
-                    (start, SegmentValue::Exact(i)),
-                    (start + seconds, SegmentValue::Exact(i + 1)),
-                ],
+                [(start, i as f64 - 0.5), (start + seconds, i as f64 + 0.5)],
                 colour.filled(),
             );
             seg.set_margin(ROW / 5, ROW / 5, 0, 0);
