@@ -34,7 +34,7 @@ pub fn run(args: ExplainArgs) -> anyhow::Result<ExitCode> {
     }
     let plan = Plan::load(&args.plan)?;
     if let Some(svg) = &args.svg {
-        let picture = tessera_planner::picture::plan_svg(&plan, &picture::headline(&plan))?;
+        let picture = picture::plan_svg(&plan, &picture::headline(&plan))?;
         write_output(svg, picture.as_bytes())?;
     }
     let p = &plan.parallel;
