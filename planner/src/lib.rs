@@ -18,6 +18,7 @@ pub mod mesh;
 pub mod model;
 pub mod optimizer;
 pub mod partition;
+pub mod picture;
 pub mod plan;
 pub mod precision;
 pub mod schedule;

@@ -1,14 +1,17 @@
-//! `tessera explain plan.json`: the per-stage memory table with the reason for each term.
+//! `tessera explain plan.json`: the per-stage memory table with the reason for each term, and
+//! with `--svg` a picture of the plan.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::Args;
 use tessera_planner::framework::Reports;
+use tessera_planner::picture;
 use tessera_planner::plan::Plan;
 
 use tessera_planner::units;
 
+use crate::files::{check_outputs, named, write_output};
 use crate::output::memory_tables;
 
 #[derive(Args)]
@@ -18,10 +21,22 @@ pub struct ExplainArgs {
     /// Show every stage's terms, not only the peak stage's.
     #[arg(long)]
     all_stages: bool,
+    /// Write a picture of the plan (SVG): the summary; per pipeline stage, the device memory as
+    /// a stacked bar of every named term against the device's capacity; and one step's
+    /// predicted time per stage (compute, exposed communication, bubble, optimizer).
+    #[arg(long, value_name = "FILE.svg")]
+    svg: Option<PathBuf>,
 }
 
 pub fn run(args: ExplainArgs) -> anyhow::Result<ExitCode> {
+    if let Some(svg) = &args.svg {
+        check_outputs(&[named("PLAN", &args.plan)], &[named("--svg", svg)])?;
+    }
     let plan = Plan::load(&args.plan)?;
+    if let Some(svg) = &args.svg {
+        let picture = picture::plan_svg(&plan, &picture::headline(&plan))?;
+        write_output(svg, picture.as_bytes())?;
+    }
     let p = &plan.parallel;
     println!(
         "{} on {} devices of {}: dp {}{} × tp {} × pp {}{}, micro-batch {} × {} micro-batches, ZeRO-{}, {} recompute, schedule {}{}",

@@ -155,6 +155,11 @@ pub struct PlanArgs {
     /// in the format `tessera run --trace` writes.
     #[arg(long)]
     trace: Option<PathBuf>,
+    /// Write a picture of the plan (SVG): the summary; per pipeline stage, the device memory as
+    /// a stacked bar of every named term against the device's capacity; and one step's
+    /// predicted time per stage (compute, exposed communication, bubble, optimizer).
+    #[arg(long, value_name = "FILE.svg")]
+    svg: Option<PathBuf>,
 }
 
 /// The degree pins `plan` and `replan` share.
@@ -285,6 +290,9 @@ pub fn run(args: PlanArgs) -> anyhow::Result<ExitCode> {
     }
     if let Some(p) = &args.trace {
         outputs.push(named("--trace", p));
+    }
+    if let Some(p) = &args.svg {
+        outputs.push(named("--svg", p));
     }
     check_outputs(
         &[named("MODEL", &args.model), named("CLUSTER", &args.cluster)],
@@ -714,6 +722,11 @@ fn emit(args: &PlanArgs, plan: &Plan) -> anyhow::Result<()> {
             path,
             tessera_planner::trace::chrome_trace(&events, "predicted", "stage").as_bytes(),
         )?;
+    }
+    if let Some(path) = &args.svg {
+        let picture =
+            tessera_planner::picture::plan_svg(plan, &tessera_planner::picture::headline(plan))?;
+        write_output(path, picture.as_bytes())?;
     }
     if args.format == Format::Json {
         print!("{json}");

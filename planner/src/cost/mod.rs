@@ -24,6 +24,7 @@ pub mod offload;
 pub mod ops;
 pub mod pipeline;
 mod reasons;
+pub mod stages;
 #[cfg(test)]
 mod tests;
 

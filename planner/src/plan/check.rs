@@ -327,7 +327,7 @@ fn check_search(alternatives: &[super::Alternative], src: &Source) -> Result<(),
 /// The split (layers per virtual stage) that `stages` describe, if their chunks cover
 /// `0..layers` contiguously in virtual-stage order with at least one layer each (interleaved,
 /// the first and last chunk may hold none: only the embedding, only the head).
-fn split_of(stages: &[Stage], layout: &Layout, layers: u64) -> Option<Vec<u64>> {
+pub(super) fn split_of(stages: &[Stage], layout: &Layout, layers: u64) -> Option<Vec<u64>> {
     // Allocate by what the file lists, never by a count it claims.
     let chunks = usize::try_from(layout.chunks()?).ok()?;
     if stages.iter().map(|s| s.chunks.len()).sum::<usize>() != chunks {

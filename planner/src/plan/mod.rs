@@ -7,6 +7,7 @@
 
 mod check;
 pub mod diff;
+mod timeline;
 
 use std::path::Path;
 
