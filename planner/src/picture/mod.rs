@@ -105,6 +105,12 @@ pub fn headline(plan: &Plan) -> Vec<String> {
     if !plan.feasible {
         lines.push("INFEASIBLE: this layout does not fit (written with --force)".into());
     }
+    // The whole run, where the job or the cluster states any of it (`whole_run::report`).
+    lines.extend(
+        crate::whole_run::report::lines(&plan.job.model, &plan.job.cluster, p)
+            .into_iter()
+            .map(|l| l.trim_start().to_string()),
+    );
     lines
 }
 

@@ -119,16 +119,21 @@ pub fn lines(model: &Model, cluster: &Cluster, p: &Predicted) -> Vec<String> {
         ),
     }
     match (&p.checkpoint, cluster.storage) {
-        (Some(c), Some(s)) => out.push(format!(
-            "  checkpoint: a save writes {} ({} on the busiest node) in {:.1} s at {} GB/s per node; save every {} steps (Daly's optimum {:.0} s of compute); goodput {:.1}%",
-            units::bytes(c.save_bytes),
-            units::bytes(c.node_bytes),
-            c.save_s,
-            s.write_gbps,
-            count(c.save_every),
-            c.interval_s,
-            100.0 * c.goodput
-        )),
+        (Some(c), Some(s)) => {
+            out.push(format!(
+                "  checkpoint: a save writes {} ({} on the busiest node) in {:.1} s at {} GB/s per node",
+                units::bytes(c.save_bytes),
+                units::bytes(c.node_bytes),
+                c.save_s,
+                s.write_gbps,
+            ));
+            out.push(format!(
+                "  cadence: save every {} steps (Daly's optimum, {:.0} s of compute between saves); goodput {:.1}%",
+                count(c.save_every),
+                c.interval_s,
+                100.0 * c.goodput
+            ));
+        }
         (_, None) => out.push(
             "  checkpoint: no cadence: the cluster spec has no [storage] write_gbps (`tessera calibrate --storage DIR` measures a folder's)".into(),
         ),
