@@ -195,7 +195,19 @@ fn check_export(dir: &Path, plan: &Plan, target: Target, marker: &Path) {
         }
         Target::Torchtitan => {
             let v: toml::Table = toml::from_str(&text).unwrap_or_else(|e| panic!("{e}\n{text}"));
-            let keys: Vec<&String> = v.keys().collect();
+            // `[checkpoint]` is there exactly when the plan has a cadence, and holds numbers.
+            assert_eq!(
+                v.contains_key("checkpoint"),
+                plan.predicted.checkpoint.is_some(),
+                "{text}"
+            );
+            if let Some(c) = &plan.predicted.checkpoint {
+                assert_eq!(
+                    v["checkpoint"]["interval"].as_integer(),
+                    Some(c.save_every as i64)
+                );
+            }
+            let keys: Vec<&String> = v.keys().filter(|k| *k != "checkpoint").collect();
             assert_eq!(
                 keys,
                 [
