@@ -78,23 +78,13 @@ fn validation_meets_the_targets_and_the_document_is_current() {
         std::fs::read_to_string(root().join(validation::offload::RUNS)).expect("offload runs");
     md += &validation::offload::section(&offload, &p).unwrap();
     // As `validate-planner` appends it: the whole run (interruptions, goodput, save time).
-    let model = |name: &str, over| spec::load_model(&root().join("specs/models").join(name), over);
-    let bench = spec::TrainingOverrides {
-        seq_len: Some(64),
-        global_batch: Some(8),
-        ..Default::default()
-    };
-    md += &validation::whole_run::section(
+    md += &validation::whole_run::section_from_presets(
         &a100,
         &h100,
-        &model("llama3.1-405b.toml", Default::default()).unwrap(),
-        &model("gpt2-124m.toml", bench).unwrap(),
-        &spec::load_cluster(
-            &root().join("specs/clusters/cpu-8.toml"),
-            ClusterOverrides::default(),
-        )
-        .unwrap(),
-    );
+        &root().join("specs/models"),
+        &root().join("specs/clusters"),
+    )
+    .unwrap();
     // Every run with a published step time or tokens/s is replayed, none silently dropped.
     let doc: toml::Table = text.parse().unwrap();
     let with_time = doc["run"]

@@ -151,6 +151,23 @@ fn too_many(limit: &RankLimit, file: &Path, field: &str, what: String) -> Diagno
     )
 }
 
+/// The spec `text` with its `[name]` table replaced by the measured `table`, checked by the
+/// planner's own parser (`plan_reads`) and written.
+fn write_table(
+    args: &CalibrateArgs,
+    text: &str,
+    name: &str,
+    table: &str,
+    what: &str,
+) -> anyhow::Result<ExitCode> {
+    let text = super::calibrate_host::with_table(text, name, table);
+    plan_reads(&text, args.output.as_deref(), what, &|field| {
+        format!("the measured `{field}`")
+    })?;
+    emit(args.output.as_deref(), &text)?;
+    Ok(ExitCode::SUCCESS)
+}
+
 pub fn run(args: CalibrateArgs) -> anyhow::Result<ExitCode> {
     if let (Some(t), false) = (args.timeout, args.gpu) {
         bail!(
@@ -176,15 +193,13 @@ pub fn run(args: CalibrateArgs) -> anyhow::Result<ExitCode> {
     let cluster = parse_cluster_toml(&src, ClusterOverrides::default())?;
     if let Some(dir) = &args.storage {
         let table = super::calibrate_host::measured_storage(dir)?;
-        let text = super::calibrate_host::with_table(&src.text, "storage", &table);
-        plan_reads(
-            &text,
-            args.output.as_deref(),
+        return write_table(
+            &args,
+            &src.text,
+            "storage",
+            &table,
             "the storage measurement",
-            &|field| format!("the measured `{field}`"),
-        )?;
-        emit(args.output.as_deref(), &text)?;
-        return Ok(ExitCode::SUCCESS);
+        );
     }
     if args.host {
         if cluster.device.kind != DeviceKind::Gpu {
@@ -195,15 +210,7 @@ pub fn run(args: CalibrateArgs) -> anyhow::Result<ExitCode> {
             );
         }
         let table = super::calibrate_host::measured_host(&cluster, args.nvme_dir.as_deref())?;
-        let text = super::calibrate_host::with_host(&src.text, &table);
-        plan_reads(
-            &text,
-            args.output.as_deref(),
-            "the host measurement",
-            &|field| format!("the measured `{field}`"),
-        )?;
-        emit(args.output.as_deref(), &text)?;
-        return Ok(ExitCode::SUCCESS);
+        return write_table(&args, &src.text, "host", &table, "the host measurement");
     }
     if args.nvme_dir.is_some() && !args.gpu {
         bail!("--nvme-dir measures the NVMe for the host tier, and only --host and --gpu write one\n  fix: add --host (or --gpu), or drop --nvme-dir");

@@ -750,7 +750,7 @@ fn print_rejections(result: &search::SearchResult) {
 fn parse_tokens(s: &str) -> Result<u64, String> {
     let t = s.trim();
     let (num, scale) = match t.char_indices().last() {
-        Some((i, c)) if c.is_ascii_alphabetic() && !t.ends_with("e") => {
+        Some((i, c)) if c.is_ascii_alphabetic() => {
             let scale = match c.to_ascii_uppercase() {
                 'K' => 1e3,
                 'M' => 1e6,

@@ -83,19 +83,7 @@ pub fn run(args: ValidatePlannerArgs) -> anyhow::Result<ExitCode> {
     })?;
     md += &validation::offload::section(&offload, &presets)
         .with_context(|| format!("{}", args.offload_runs.display()))?;
-    let model = |name: &str, over| spec::load_model(&args.models.join(name), over);
-    let bench = spec::TrainingOverrides {
-        seq_len: Some(64),
-        global_batch: Some(8),
-        ..Default::default()
-    };
-    md += &validation::whole_run::section(
-        &a100,
-        &h100,
-        &model("llama3.1-405b.toml", Default::default())?,
-        &model("gpt2-124m.toml", bench)?,
-        &preset("cpu-8.toml")?,
-    );
+    md += &validation::whole_run::section_from_presets(&a100, &h100, &args.models, &args.clusters)?;
     let mut t = table(&["run", "measured s", "predicted s", "error"], &[1, 2, 3]);
     for r in &v.scored {
         t.add_row(vec![

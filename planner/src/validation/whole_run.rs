@@ -99,14 +99,49 @@ const ACCOUNTS: &[Account] = &[
 ];
 
 /// GPT-2 124M's checkpoint bench on the development machine (docs/checkpoints.md, 2026-11-25):
-/// the medians of 5 saves, 1 rank and 8 ranks (DP 2 × PP 2 × TP 2, ZeRO-1).
-const BENCH_SAVE_S: [(u64, f64); 2] = [(1, 5.034), (8, 1.763)];
+/// the medians of 5 saves, 1 rank (micro-batch 4, ZeRO-0) and 8 ranks (DP 2 × PP 2 × TP 2,
+/// micro-batch 2, ZeRO-1).
+fn bench_saves() -> [(Layout, f64); 2] {
+    let mut eight = Layout::without_pipeline(2, 2, 1, 2);
+    eight.pp = 2;
+    [
+        (Layout::without_pipeline(1, 1, 0, 4), 5.034),
+        (eight, 1.763),
+    ]
+}
 
 /// `[storage] write_gbps` measured on the same machine by `tessera calibrate --storage
 /// /work/scratch specs/clusters/cpu-8.toml` (2 writers, 1 GiB, each file fsynced), 2026-11-28,
 /// three runs with another build running (load average 2.9): 0.345, 1.757, 1.815 GB/s; the
 /// median. The virtio disk's host caches writes, so the rate varies run to run.
 pub const MEASURED_WRITE_GBPS: f64 = 1.757;
+
+/// The section from the presets in `models` and `clusters` (specs/models, specs/clusters), as
+/// `validate-planner` and tests/validation.rs make it: Llama 3.1 405B, GPT-2 124M at the
+/// checkpoint bench's sequence 64 and global batch 8, and cpu-8.
+pub fn section_from_presets(
+    a100: &Cluster,
+    h100: &Cluster,
+    models: &std::path::Path,
+    clusters: &std::path::Path,
+) -> Result<String, crate::error::Diagnostic> {
+    use crate::spec::{load_cluster, load_model, ClusterOverrides, TrainingOverrides};
+    let bench = TrainingOverrides {
+        seq_len: Some(64),
+        global_batch: Some(8),
+        ..Default::default()
+    };
+    Ok(section(
+        a100,
+        h100,
+        &load_model(
+            &models.join("llama3.1-405b.toml"),
+            TrainingOverrides::default(),
+        )?,
+        &load_model(&models.join("gpt2-124m.toml"), bench)?,
+        &load_cluster(&clusters.join("cpu-8.toml"), ClusterOverrides::default())?,
+    ))
+}
 
 fn with_devices(c: &Cluster, gpus: u64) -> Cluster {
     let mut c = c.clone();
@@ -186,16 +221,8 @@ pub fn section(
     // Save time against the CPU checkpoint bench.
     if MEASURED_WRITE_GBPS > 0.0 {
         out.push_str("\nSave time. GPT-2 124M's whole state on the development machine's disk: the predicted save (the bytes `checkpoint::save_bytes` counts over the `write_gbps` `tessera calibrate --storage` measured there) against the checkpoint bench's median (docs/checkpoints.md, `cargo bench -p tessera-runtime --bench checkpoint`).\n\n| ranks | bytes predicted | write_gbps measured | predicted s | bench median s | predicted / measured |\n|---:|---:|---:|---:|---:|---:|\n");
-        for (ranks, measured) in BENCH_SAVE_S {
-            let mut layout = Layout::without_pipeline(
-                if ranks == 1 { 1 } else { 2 },
-                if ranks == 1 { 1 } else { 2 },
-                if ranks == 1 { 0 } else { 1 },
-                if ranks == 1 { 4 } else { 2 },
-            );
-            if ranks > 1 {
-                layout.pp = 2;
-            }
+        for (layout, measured) in bench_saves() {
+            let ranks = layout.dp * layout.pp * layout.tp;
             let c = with_devices(cpu, ranks);
             let mem = crate::memory::estimate(gpt2, &c, &layout);
             let b = whole_run::checkpoint::save_bytes(gpt2, &c, &layout, &mem);

@@ -17,7 +17,8 @@
 //!   goodput = τ/(τ+δ) · (1 − (R + (τ+δ)/2)/M). The wall time is the compute time over it.
 //!
 //! A save is counted as blocking the step (as Tessera's own save does, and Megatron's and
-//! torchtitan's synchronous saves): an asynchronous save hides most of δ and would do better.
+//! torchtitan's synchronous saves); asynchronous saves, which overlap the write with training,
+//! are not modelled.
 
 pub mod checkpoint;
 pub mod report;
