@@ -500,6 +500,11 @@ impl<'a, B: Backend, C: Collective<B>> Rank<'a, B, C> {
             }
             Op::Forward { mb, chunk } => self.forward(mb, chunk, step)?,
             Op::Backward { mb, chunk } => self.backward(mb, chunk)?,
+            Op::BackwardInput { .. } | Op::BackwardWeight { .. } => {
+                return Err(schedule_bug(format!(
+                    "runs {op:?}: this runtime does not split backwards into B and W yet"
+                )))
+            }
         }
         Ok(())
     }
