@@ -84,6 +84,7 @@ pub fn run(args: ValidatePlannerArgs) -> anyhow::Result<ExitCode> {
     md += &validation::offload::section(&offload, &presets)
         .with_context(|| format!("{}", args.offload_runs.display()))?;
     md += &validation::whole_run::section_from_presets(&a100, &h100, &args.models, &args.clusters)?;
+    md += &validation::schedules::section(&a100);
     let mut t = table(&["run", "measured s", "predicted s", "error"], &[1, 2, 3]);
     for r in &v.scored {
         t.add_row(vec![

@@ -29,6 +29,10 @@ const FILES: &[(&str, &str)] = &[
         include_str!("../../../specs/frameworks/megatron-core.toml"),
     ),
     (
+        "megatron-zb",
+        include_str!("../../../specs/frameworks/megatron-zb.toml"),
+    ),
+    (
         "megatron-lm-2022",
         include_str!("../../../specs/frameworks/megatron-lm-2022.toml"),
     ),

@@ -18,6 +18,7 @@ pub mod layer;
 pub mod offload;
 pub mod report;
 pub mod resolve;
+pub mod schedules;
 pub mod whole_run;
 
 pub use resolve::Presets;
