@@ -630,11 +630,17 @@ fn saver(
     )
 }
 
-/// With tied embeddings split over PP, ranks of stage 0 and the last stage with the same
+/// With tied embeddings split over PP, ranks of stage 0 and the stage holding the head (the
+/// last, but stage 0 itself under ZB-V, which then sums the two copies alone) with the same
 /// (dp, tp) sum the table's gradient: one two-rank group each (Megatron's embedding group).
 fn tied_embedding_groups(plan: &Plan, mesh: &Mesh) -> Result<Vec<Option<LocalComm>>, RunError> {
     let world = mesh.world() as usize;
-    if !(plan.job.model.architecture.tied_embeddings && mesh.pp > 1) {
+    let head = plan
+        .stages
+        .iter()
+        .position(|s| s.chunks.iter().any(|c| c.head))
+        .unwrap_or(0) as u64;
+    if !(plan.job.model.architecture.tied_embeddings && head > 0) {
         return Ok((0..world).map(|_| None).collect());
     }
     let mut slots: Vec<Option<LocalComm>> = (0..world).map(|_| None).collect();
@@ -643,10 +649,7 @@ fn tied_embedding_groups(plan: &Plan, mesh: &Mesh) -> Result<Vec<Option<LocalCom
         if c.pp != 0 {
             continue;
         }
-        let last = mesh.rank(tessera_planner::mesh::Coord {
-            pp: mesh.pp - 1,
-            ..c
-        });
+        let last = mesh.rank(tessera_planner::mesh::Coord { pp: head, ..c });
         let mut pair = LocalComm::group(2).into_iter();
         slots[r as usize] = pair.next();
         slots[last as usize] = pair.next();

@@ -14,7 +14,7 @@ use tessera_planner::plan::Plan;
 use tessera_planner::schedule::{self, Op};
 use tessera_planner::Mesh;
 
-use super::model::{shard_of, StageModel};
+use super::model::{shard_of, Chunk, StageModel};
 use super::offload::States;
 use super::trace::TraceEvent;
 use super::{RunError, StepMetrics, TrainOptions};
@@ -23,10 +23,10 @@ use crate::checkpoint::Saver;
 use crate::comm::Comm;
 use crate::data::{Sampler, Tokens};
 use crate::layers::dropout::{DropCall, DropoutRates};
-use crate::layers::tp::{gather_rows, scatter_rows};
+use crate::layers::tp::{copy_to_tp_backward, gather_rows, scatter_rows};
 use crate::layers::{
     vocab_parallel_cross_entropy_backward, vocab_parallel_cross_entropy_forward, BlockActs,
-    BlockWorkspace, Dims, EpShard, MoeWorkspace, TpShard,
+    BlockWorkspace, Dims, EpShard, MoeWorkspace, TpShard, WeightStash,
 };
 use crate::optim::LrSchedule;
 use crate::params::ParamLayout;
@@ -234,6 +234,10 @@ struct Rank<'a, B: Backend, C: Collective<B>> {
     pool: Vec<Vec<ChunkActs<B>>>,
     inbox: HashMap<Key, B::Buf>,
     outbox: HashMap<Key, B::Buf>,
+    /// Zero-bubble schedules: the weight gradients each B pass deferred, until its W pass,
+    /// and the spare stashes (their buffers reused from one micro-batch to the next).
+    waiting: HashMap<Key, WeightStash<B>>,
+    stashes: Vec<WeightStash<B>>,
     /// ZeRO buffers, kept between steps so the step allocates nothing: a padded copy of a
     /// region (for regions whose length DP does not divide) and one DP shard of a region, for
     /// the gradients (f32, reduce-scatter) and for the weights (working precision, all-gather).
@@ -381,6 +385,8 @@ impl<'a, B: Backend, C: Collective<B>> Rank<'a, B, C> {
             pool: (0..chunks).map(|_| Vec::new()).collect(),
             inbox: HashMap::new(),
             outbox: HashMap::new(),
+            waiting: HashMap::new(),
+            stashes: Vec::new(),
             grad_bufs: ShardBufs::default(),
             param_bufs: ShardBufs::default(),
             tp_summed: model.tp_summed(p.sequence_parallel, tp.size),
@@ -445,8 +451,7 @@ impl<'a, B: Backend, C: Collective<B>> Rank<'a, B, C> {
                 self.ctx.epoch.elapsed(),
             ));
         }
-        let pp = self.ctx.mesh.pp as usize;
-        if self.stage + 1 != pp {
+        if !self.holds_head() {
             return Ok(None);
         }
         let total = self.ctx.dp.all_reduce_f64(self.loss_sum)?;
@@ -459,7 +464,7 @@ impl<'a, B: Backend, C: Collective<B>> Rank<'a, B, C> {
             let p = &self.ctx.plan.parallel;
             mean += aux * p.micro_batch as f64 / t.global_batch as f64;
         }
-        // Every rank of the last stage holds the same sum; the other stages learn of the stop
+        // Every rank of the head's stage holds the same sum; the other stages learn of the stop
         // when their next step's partner is gone.
         if !mean.is_finite() {
             return Err(RunError::NonFinite {
@@ -469,6 +474,12 @@ impl<'a, B: Backend, C: Collective<B>> Rank<'a, B, C> {
             });
         }
         Ok((c.dp == 0 && c.cp == 0 && c.tp == 0).then_some(mean))
+    }
+
+    /// Whether this rank computes the loss: the last stage's, or PP rank 0's under ZB-V (whose
+    /// second chunk is the model's last piece).
+    fn holds_head(&self) -> bool {
+        self.model.chunks.iter().any(|c| c.head.is_some())
     }
 
     /// Rows of the activations this rank holds between layers (all `B·T`, or its share
@@ -499,7 +510,7 @@ impl<'a, B: Backend, C: Collective<B>> Rank<'a, B, C> {
                 self.ctx.pp.send(B::view(&buf), peer)?;
             }
             Op::Forward { mb, chunk } => self.forward(mb, chunk, step)?,
-            Op::Backward { mb, chunk } => self.backward(mb, chunk)?,
+            Op::Backward { mb, chunk } => self.backward(mb, chunk, false)?,
         }
         Ok(())
     }
@@ -567,7 +578,14 @@ impl<'a, B: Backend, C: Collective<B>> Rank<'a, B, C> {
                 acts.inputs = Some(inputs);
                 x
             }
-            None => self.inbox.remove(&(mb, chunk)).ok_or_else(|| {
+            None => take_input::<B>(
+                &mut self.inbox,
+                &mut self.outbox,
+                &self.model.chunks,
+                (mb, chunk),
+                true,
+            )
+            .ok_or_else(|| {
                 schedule_bug(format!("computes micro-batch {mb} before receiving it"))
             })?,
         };
@@ -635,10 +653,15 @@ impl<'a, B: Backend, C: Collective<B>> Rank<'a, B, C> {
         Ok(())
     }
 
-    fn backward(&mut self, mb: usize, chunk: usize) -> Result<(), RunError> {
+    /// The backward of `(mb, chunk)`: fused, or with `split` the B pass of a zero-bubble
+    /// schedule, its linears' weight gradients left in a stash for [`Self::backward_weight`]
+    /// (`layers::wgrad` says which gradients B still computes). Either way it sends the input
+    /// gradient on.
+    fn backward(&mut self, mb: usize, chunk: usize, split: bool) -> Result<(), RunError> {
         if self.zero == 3 {
             self.gather_region(chunk)?;
         }
+        let mut stash = split.then(|| self.stashes.pop().unwrap_or_default());
         let be = self.be;
         let (n, c) = (self.dims.n(), self.model.cfg.hidden);
         let ((rows, _), sp) = (self.rows(), self.ctx.plan.parallel.sequence_parallel);
@@ -667,18 +690,18 @@ impl<'a, B: Backend, C: Collective<B>> Rank<'a, B, C> {
                     start,
                 )?;
                 let mut dh = be.alloc(Storage::Bf16, rows * c)?;
+                let (gg, dl, defer) = (B::rb(&mut g), v(&s.logits), stash.as_mut());
                 if sp {
                     let mut h = be.alloc(Storage::Bf16, n * c)?;
                     gather_rows(tp, v(&s.h), m(&mut h))?;
                     let mut dh_full = be.alloc(Storage::Bf16, n * c)?;
-                    let gg = B::rb(&mut g);
                     head.proj
-                        .backward_partial(be, p, gg, v(&h), v(&s.logits), m(&mut dh_full))?;
+                        .backward_split(be, p, gg, v(&h), dl, m(&mut dh_full), defer)?;
                     scatter_rows(tp, v(&dh_full), m(&mut dh))?;
                 } else {
-                    let gg = B::rb(&mut g);
                     head.proj
-                        .backward(be, p, gg, v(&s.h), v(&s.logits), m(&mut dh), tp)?;
+                        .backward_split(be, p, gg, v(&s.h), dl, m(&mut dh), defer)?;
+                    copy_to_tp_backward(tp, m(&mut dh))?;
                 }
                 let mut dx = be.alloc(Storage::Bf16, rows * c)?;
                 head.norm.backward(
@@ -693,7 +716,14 @@ impl<'a, B: Backend, C: Collective<B>> Rank<'a, B, C> {
                 )?;
                 dx
             }
-            _ => self.inbox.remove(&(mb, chunk)).ok_or_else(|| {
+            _ => take_input::<B>(
+                &mut self.inbox,
+                &mut self.outbox,
+                &self.model.chunks,
+                (mb, chunk),
+                false,
+            )
+            .ok_or_else(|| {
                 schedule_bug(format!(
                     "runs backward of micro-batch {mb} before its gradient"
                 ))
@@ -701,7 +731,7 @@ impl<'a, B: Backend, C: Collective<B>> Rank<'a, B, C> {
         };
         for (blk, a) in ch.blocks.iter().zip(acts.blocks.iter()).rev() {
             let mut din = be.alloc(Storage::Bf16, rows * c)?;
-            blk.backward(
+            blk.backward_split(
                 be,
                 p,
                 B::rb(&mut g),
@@ -710,6 +740,7 @@ impl<'a, B: Backend, C: Collective<B>> Rank<'a, B, C> {
                 a,
                 &mut self.ws,
                 tp,
+                stash.as_mut(),
             )?;
             dx = din;
         }
@@ -741,11 +772,50 @@ impl<'a, B: Backend, C: Collective<B>> Rank<'a, B, C> {
         }
         drop(g);
         self.pool[chunk].push(acts);
+        if let Some(stash) = stash {
+            self.waiting.insert((mb, chunk), stash);
+        }
         if self.zero == 3 {
             self.release_region(chunk)?;
         }
         Ok(())
     }
+
+    /// The W pass of `(mb, chunk)`: the weight gradients its B pass deferred. It reads no
+    /// parameter (`dW += dyᵀ·x` from the stash), so under ZeRO-3 it gathers none.
+    fn backward_weight(&mut self, mb: usize, chunk: usize) -> Result<(), RunError> {
+        let mut stash = self.waiting.remove(&(mb, chunk)).ok_or_else(|| {
+            schedule_bug(format!(
+                "runs the weight gradients of micro-batch {mb} before its input gradients"
+            ))
+        })?;
+        stash.run(self.be, B::view_mut(&mut self.grads))?;
+        self.stashes.push(stash);
+        Ok(())
+    }
+}
+
+/// What `(mb, chunk)`'s forward (or backward) starts from: what the schedule received for it
+/// into `inbox`, or, where the model piece before it (after it) is this rank's own other chunk
+/// of `chunks`, that chunk's output in `outbox`, with no send (ZB-V's last rank runs pieces
+/// pp-1 and pp back to back).
+fn take_input<B: Backend>(
+    inbox: &mut HashMap<Key, B::Buf>,
+    outbox: &mut HashMap<Key, B::Buf>,
+    chunks: &[Chunk],
+    (mb, chunk): Key,
+    forward: bool,
+) -> Option<B::Buf> {
+    if let Some(buf) = inbox.remove(&(mb, chunk)) {
+        return Some(buf);
+    }
+    let vs = chunks[chunk].virtual_stage;
+    let next = match forward {
+        true => vs.checked_sub(1)?,
+        false => vs + 1,
+    };
+    let c = chunks.iter().position(|c| c.virtual_stage == next)?;
+    outbox.remove(&(mb, c))
 }
 
 /// The MoE workspace of a rank on `be`: MoE layers run on host memory, so only on a backend
