@@ -183,6 +183,33 @@ impl Layout {
         self.pp.checked_mul(self.virtual_stages)
     }
 
+    /// The contiguous layer pieces the model is cut into: the chunks, except under DualPipe,
+    /// whose two directions hold the same PP pieces ([`crate::schedule::pieces`]).
+    pub fn pieces(&self) -> Option<u64> {
+        match self.schedule {
+            ScheduleKind::DualPipe => Some(self.pp),
+            _ => self.chunks(),
+        }
+    }
+
+    /// The piece (index into a split) that chunk `chunk` of stage `stage` holds
+    /// ([`crate::schedule::virtual_stage`]).
+    pub fn piece(&self, stage: usize, chunk: usize) -> usize {
+        let (pp, v) = (self.pp as usize, self.virtual_stages as usize);
+        crate::schedule::virtual_stage(self.schedule, pp, v, stage, chunk)
+    }
+
+    /// Layers per stage of a split (layers per piece): the sum over each stage's chunks.
+    pub fn stage_layers(&self, split: &[u64]) -> Vec<u64> {
+        (0..self.pp as usize)
+            .map(|s| {
+                (0..self.virtual_stages as usize)
+                    .map(|c| split.get(self.piece(s, c)).copied().unwrap_or(0))
+                    .sum()
+            })
+            .collect()
+    }
+
     pub fn mesh(&self, cluster: &Cluster) -> Mesh {
         Mesh::with_cp(self.dp, self.cp, self.pp, self.tp, cluster.gpus_per_node).with_ep(self.ep)
     }
@@ -352,15 +379,31 @@ impl Layout {
                 ),
             ));
         }
-        let chunks = u128::from(self.pp) * u128::from(self.virtual_stages);
+        // The layer pieces: PP × virtual stages, PP under DualPipe (its two directions hold
+        // the same pieces).
+        let chunks = if self.schedule == ScheduleKind::DualPipe {
+            u128::from(self.pp)
+        } else {
+            u128::from(self.pp) * u128::from(self.virtual_stages)
+        };
         // Interleaved, the first chunk may hold only the embedding and the last only the
         // output layer and loss (Llama 3's layout; Megatron-Core's
         // `--account-for-embedding-in-pipeline-split` and `--account-for-loss-in-pipeline-
         // split`): up to two chunks more than layers.
-        let spare = if self.virtual_stages > 1 { 2 } else { 0 };
+        let interleaved = self.schedule == ScheduleKind::Interleaved;
+        let spare = if self.virtual_stages > 1 && interleaved {
+            2
+        } else {
+            0
+        };
         if chunks > u128::from(a.layers) + spare {
             let most = (a.layers + spare as u64) / self.virtual_stages.max(1);
-            let fix = if self.virtual_stages > 2 {
+            let fix = if !interleaved && chunks > u128::from(self.pp) {
+                format!(
+                    "use --pp ≤ {most} (the {} schedule cuts the model into 2 × PP pieces)",
+                    self.schedule.name()
+                )
+            } else if self.virtual_stages > 2 {
                 format!(
                     "use --pp ≤ {most} at {} virtual stages, or fewer virtual stages (--pp ≤ {} at 2)",
                     self.virtual_stages,
@@ -477,6 +520,44 @@ impl Layout {
                         "the interleaved schedule needs the {m} micro-batches to be a multiple of PP {}",
                         self.pp
                     )).with_fix(fix));
+                }
+            }
+            kind @ (ScheduleKind::ZbV | ScheduleKind::DualPipe) => {
+                let layers = model.architecture.layers;
+                if self.virtual_stages != 2 {
+                    return Err(Rejection::new(
+                        "this schedule runs two chunks per stage",
+                        format!(
+                            "the {kind} schedule runs exactly 2 chunks per stage (virtual stages {})",
+                            self.virtual_stages
+                        ),
+                    )
+                    .with_fix("set --virtual-stages 2"));
+                }
+                let pieces = self.pieces().unwrap_or(u64::MAX);
+                if layers < pieces {
+                    return Err(Rejection::new(
+                        "fewer layers than pipeline pieces",
+                        format!(
+                            "the {kind} schedule cuts the model into {pieces} pieces; the model has {layers} layers"
+                        ),
+                    )
+                    .with_fix("use a smaller PP"));
+                }
+                let two_pp = self.pp.saturating_mul(2);
+                if kind == ScheduleKind::DualPipe
+                    && (!self.pp.is_multiple_of(2) || !m.is_multiple_of(2) || m < two_pp)
+                {
+                    return Err(Rejection::new(
+                        "DualPipe needs an even PP and an even number of micro-batches, at least 2 × PP",
+                        format!(
+                            "the dualpipe schedule sends half the micro-batches each way and needs PP even and an even number of micro-batches ≥ 2 × PP (PP {}, {m} micro-batches)",
+                            self.pp
+                        ),
+                    )
+                    .with_fix(format!(
+                        "use an even PP and a micro-batch that gives an even number of at least {two_pp} micro-batches, or 1f1b"
+                    )));
                 }
             }
             _ if self.virtual_stages != 1 => {
@@ -639,10 +720,10 @@ impl Layout {
     /// Empty when the layout has no chunk (PP or v is 0); callers bound PP × v first (a
     /// layout that passes [`Layout::check`] has at most [`MAX_SIMULATED_PASSES`] chunks).
     pub fn split_layers(&self, layers: u64) -> Vec<u64> {
-        let Some(chunks) = self.chunks().filter(|c| *c > 0) else {
+        let Some(chunks) = self.pieces().filter(|c| *c > 0) else {
             return Vec::new();
         };
-        if self.virtual_stages > 1 && !layers.is_multiple_of(chunks) {
+        if chunks > self.pp && !layers.is_multiple_of(chunks) {
             return self.chunk_split(&self.stage_split(layers));
         }
         let base = layers / chunks;
@@ -672,12 +753,16 @@ impl Layout {
         per
     }
 
-    /// Layers per virtual stage (pipeline order: chunk `c` of stage `s` is `c·PP + s`) for
-    /// the given layers per stage. Each stage spreads its layers evenly over its chunks; the
+    /// Layers per piece (model order: chunk `c` of stage `s` holds [`Layout::piece`], `c·PP + s`
+    /// unless zb-v or dualpipe) for the given layers per stage. Each stage spreads its layers evenly over its chunks; the
     /// chunks left a layer short are the first ones of the first stage (the embedding's
     /// chunk), the last ones of the last stage (the head's) and the first ones of the others.
     pub fn chunk_split(&self, per_stage: &[u64]) -> Vec<u64> {
         let (pp, v) = (per_stage.len(), self.virtual_stages.max(1) as usize);
+        if self.schedule == ScheduleKind::DualPipe {
+            // Each stage's pieces are its two directions' copies of the same layers.
+            return per_stage.to_vec();
+        }
         let mut split = vec![0; pp * v];
         for (s, &n) in per_stage.iter().enumerate() {
             let base = n / v as u64;
@@ -688,7 +773,7 @@ impl Layout {
                 } else {
                     c >= v - extra
                 };
-                split[c * pp + s] = base + u64::from(more);
+                split[self.piece(s, c)] = base + u64::from(more);
             }
         }
         split

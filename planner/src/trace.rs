@@ -55,6 +55,8 @@ pub fn op_label(op: &Op) -> (String, &'static str) {
     match *op {
         Op::Forward { mb, chunk } => (format!("F{mb}.{chunk}"), "forward"),
         Op::Backward { mb, chunk } => (format!("B{mb}.{chunk}"), "backward"),
+        Op::BackwardInput { mb, chunk } => (format!("Bi{mb}.{chunk}"), "backward"),
+        Op::BackwardWeight { mb, chunk } => (format!("W{mb}.{chunk}"), "backward"),
         Op::SendActivation { mb, chunk, peer } => {
             (format!("send act {mb}.{chunk} → {peer}"), "p2p")
         }
@@ -104,14 +106,18 @@ pub fn predicted(
         .expect("predict_layout always evaluates")
         .pipeline;
     let sched = schedule::build(p.kind, p.pp, p.microbatches, p.virtual_stages)?;
-    let fwd = |s: usize, c: usize| p.chunks[c * p.pp + s].fwd.total();
-    let bwd = |s: usize, c: usize| p.chunks[c * p.pp + s].bwd.total();
+    let fwd = |s: usize, c: usize| p.chunk(s, c).fwd.total();
+    let bwd = |s: usize, c: usize| p.chunk(s, c).bwd.total();
+    let bwd_in = |s: usize, c: usize| p.backward_input(s, c);
+    let bwd_w = |s: usize, c: usize| p.backward_weight(s, c);
     let p2p = |a: usize, b: usize| p.p2p(a, b);
     let sim = schedule::simulate(
         &sched,
         &SimCosts {
             forward: &fwd,
             backward: &bwd,
+            backward_input: &bwd_in,
+            backward_weight: &bwd_w,
             p2p: &p2p,
         },
     )?;

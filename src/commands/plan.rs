@@ -45,6 +45,12 @@ enum ScheduleArg {
     #[value(name = "1f1b")]
     OneFOneB,
     Interleaved,
+    #[value(name = "zb-h1")]
+    ZbH1,
+    #[value(name = "zb-v")]
+    ZbV,
+    #[value(name = "dualpipe")]
+    DualPipe,
 }
 
 #[derive(Args)]
@@ -118,7 +124,7 @@ pub struct PlanArgs {
     /// Pin the pipeline schedule.
     #[arg(long, value_enum)]
     schedule: Option<ScheduleArg>,
-    /// Pin the model chunks per stage (interleaved schedule).
+    /// Pin the model chunks per stage (interleaved schedule; zb-v and dualpipe run 2).
     #[arg(long)]
     virtual_stages: Option<u64>,
     /// Pin how context parallelism exchanges keys and values: `p2p` (ring attention, overlapped)
@@ -234,6 +240,9 @@ impl PlanArgs {
                 ScheduleArg::Gpipe => ScheduleKind::Gpipe,
                 ScheduleArg::OneFOneB => ScheduleKind::OneFOneB,
                 ScheduleArg::Interleaved => ScheduleKind::Interleaved,
+                ScheduleArg::ZbH1 => ScheduleKind::ZbH1,
+                ScheduleArg::ZbV => ScheduleKind::ZbV,
+                ScheduleArg::DualPipe => ScheduleKind::DualPipe,
             }),
             virtual_stages: self.virtual_stages,
             cp_comm: self.cp_comm.map(|c| match c {

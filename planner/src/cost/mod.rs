@@ -255,9 +255,10 @@ pub fn evaluate(
 ) -> Evaluation {
     let (pp, v) = (layout.pp as usize, layout.virtual_stages as usize);
     let m = layout.microbatches(model);
-    let last = pp * v - 1;
+    let pieces = split.len();
+    let last = pieces.saturating_sub(1);
     let starts = crate::partition::chunk_starts(split);
-    let chunks: Vec<ChunkTime> = (0..pp * v)
+    let chunks: Vec<ChunkTime> = (0..pieces)
         .map(|vs| {
             let (dense, moe) = crate::memory::moe::layer_mix(model, starts[vs], split[vs]);
             let mut c = times.layers(dense, moe);
@@ -310,9 +311,7 @@ pub fn evaluate(
     };
     // Parameters per stage, as the memory model counts them: the dense weights, and apart
     // the routed experts, whose gradients the expert-data-parallel group sums.
-    let layers: Vec<u64> = (0..pp)
-        .map(|s| (0..v).map(|c| split[c * pp + s]).sum())
-        .collect();
+    let layers: Vec<u64> = layout.stage_layers(split);
     let (moe_common, moe_experts) = crate::memory::moe::moe_layer_params_per_rank(model, layout);
     let mixes = crate::memory::moe::stage_mixes(model, layout, split);
     // Frozen experts (LoRA on an MoE base) have no gradient to sum.
@@ -385,9 +384,7 @@ pub fn evaluate(
             let hidden = if options.overlap_dp && (pp == 1 || options.overlap_dp_pipeline) {
                 // Buckets go out during the last micro-batch's backward; the last bucket
                 // (one layer's gradients) always waits for it.
-                let window: f64 = (0..v)
-                    .map(|c| pipeline.chunks[c * pp + s].bwd.total())
-                    .sum();
+                let window: f64 = (0..v).map(|c| pipeline.chunk(s, c).bwd.total()).sum();
                 let last_bucket = g / layers[s].max(1) as f64;
                 (g - last_bucket).min(window).max(0.0)
             } else {
@@ -398,7 +395,7 @@ pub fn evaluate(
             let slowed = if options.overlap_slows_compute {
                 let compute: f64 = (0..v)
                     .map(|c| {
-                        let b = &pipeline.chunks[c * pp + s].bwd;
+                        let b = &pipeline.chunk(s, c).bwd;
                         b.compute + b.recompute
                     })
                     .sum();
@@ -524,7 +521,7 @@ impl Evaluation {
         let stage_parts = |s: usize| {
             (0..p.virtual_stages)
                 .map(|c| {
-                    let ch = &p.chunks[c * p.pp + s];
+                    let ch = p.chunk(s, c);
                     ch.fwd.add(&ch.bwd)
                 })
                 .fold(Parts::default(), |acc, x| acc.add(&x))

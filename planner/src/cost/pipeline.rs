@@ -97,15 +97,28 @@ pub struct Pipeline {
     pub pp: usize,
     pub microbatches: usize,
     pub virtual_stages: usize,
-    /// By virtual stage (`chunk · pp + stage`).
+    /// By layer piece, in model order (`schedule::virtual_stage` says which stage and chunk
+    /// holds each: `chunk · pp + stage` unless zb-v or dualpipe).
     pub chunks: Vec<ChunkTime>,
     /// `p2p_next[s]`: one activation or gradient between stage `s` and `(s + 1) % pp`.
     pub p2p_next: Vec<f64>,
 }
 
 impl Pipeline {
-    fn chunk(&self, stage: usize, chunk: usize) -> &ChunkTime {
-        &self.chunks[chunk * self.pp + stage]
+    /// The durations of chunk `chunk` of stage `stage`.
+    pub fn chunk(&self, stage: usize, chunk: usize) -> &ChunkTime {
+        let piece = schedule::virtual_stage(self.kind, self.pp, self.virtual_stages, stage, chunk);
+        &self.chunks[piece]
+    }
+
+    /// Seconds of the B pass of a split backward of chunk `chunk` of stage `stage`.
+    pub fn backward_input(&self, stage: usize, chunk: usize) -> f64 {
+        self.chunk(stage, chunk).bwd.total()
+    }
+
+    /// Seconds of the W pass of a split backward of chunk `chunk` of stage `stage`.
+    pub fn backward_weight(&self, _stage: usize, _chunk: usize) -> f64 {
+        0.0
     }
 
     /// Seconds for a message between two stages (the link is the same both ways).
@@ -249,10 +262,14 @@ impl Simulator {
         };
         let fwd = |s: usize, c: usize| finite(p.chunk(s, c).fwd.total());
         let bwd = |s: usize, c: usize| finite(p.chunk(s, c).bwd.total());
+        let bwd_in = |s: usize, c: usize| finite(p.backward_input(s, c));
+        let bwd_w = |s: usize, c: usize| finite(p.backward_weight(s, c));
         let p2p = |a: usize, b: usize| finite(p.p2p(a, b));
         let costs = SimCosts {
             forward: &fwd,
             backward: &bwd,
+            backward_input: &bwd_in,
+            backward_weight: &bwd_w,
             p2p: &p2p,
         };
         let r = schedule::simulate_summary(&self.schedules[at].1, &costs)
@@ -291,7 +308,7 @@ fn one_stage(p: &Pipeline, fwd: f64, bwd: f64) -> Option<Simulated> {
                 clock += bwd;
             }
         }
-        ScheduleKind::Interleaved => return None,
+        _ => return None,
     }
     Some(Simulated {
         makespan: clock.max(0.0),
@@ -317,6 +334,8 @@ mod tests {
                 let costs = SimCosts {
                     forward: &f,
                     backward: &b,
+                    backward_input: &|_, _| f64::NAN,
+                    backward_weight: &|_, _| f64::NAN,
                     p2p: &|_, _| 0.0,
                 };
                 let slow = schedule::simulate_summary(&s, &costs).unwrap();

@@ -82,7 +82,7 @@ impl Evaluation {
                 // The same sums, in the same order, as `predict`'s `stage_parts`.
                 let parts = (0..p.virtual_stages)
                     .map(|c| {
-                        let ch = &p.chunks[c * p.pp + s];
+                        let ch = p.chunk(s, c);
                         ch.fwd.add(&ch.bwd)
                     })
                     .fold(Parts::default(), |acc, x| acc.add(&x))

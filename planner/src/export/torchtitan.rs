@@ -81,6 +81,13 @@ pub(super) fn torchtitan(plan: &Plan) -> Result<String, ExportError> {
         (_, ScheduleKind::Gpipe) => "GPipe",
         (_, ScheduleKind::OneFOneB) => "1F1B",
         (_, ScheduleKind::Interleaved) => "Interleaved1F1B",
+        (_, kind @ (ScheduleKind::ZbH1 | ScheduleKind::ZbV | ScheduleKind::DualPipe)) => {
+            return Err(refuse(
+                t,
+                format!("the {kind} pipeline schedule"),
+                "re-plan with --schedule 1f1b or interleaved",
+            ))
+        }
     };
     // Under flash attention the plan's selective recompute is torchtitan's per-op checkpointing
     // (`selective_ac_option = "op"`), and full recompute of every N-th layer its layer option.

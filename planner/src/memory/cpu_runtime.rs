@@ -129,7 +129,9 @@ pub(crate) fn pooled_in_flight(layout: &Layout, microbatches: u64, stage: u64) -
                 live[chunk] += 1;
                 most[chunk] = most[chunk].max(live[chunk]);
             }
-            crate::schedule::Op::Backward { chunk, .. } => {
+            // A split backward holds the micro-batch until its W.
+            crate::schedule::Op::Backward { chunk, .. }
+            | crate::schedule::Op::BackwardWeight { chunk, .. } => {
                 live[chunk] = live[chunk].saturating_sub(1)
             }
             _ => {}

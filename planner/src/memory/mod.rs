@@ -120,6 +120,9 @@ pub fn in_flight(kind: ScheduleKind, pp: u64, m: u64, v: u64, stage: u64) -> u64
             .saturating_add(v.saturating_sub(1).saturating_mul(pp))
             .saturating_add(1)
             .min(m.saturating_mul(v)),
+        // Placeholders until the memory model counts the split schedules (issue 41).
+        ScheduleKind::ZbH1 => pp.min(m),
+        ScheduleKind::ZbV | ScheduleKind::DualPipe => pp.saturating_mul(2).min(m.saturating_mul(v)),
     }
 }
 

@@ -37,14 +37,18 @@ pub fn stage_mix(model: &Model, layout: &Layout, split: &[u64], stage: u64) -> (
 
 /// [`stage_mix`] of every stage, in one pass over the split.
 pub fn stage_mixes(model: &Model, layout: &Layout, split: &[u64]) -> Vec<(u64, u64)> {
-    let pp = layout.pp.max(1) as usize;
+    let (pp, v) = (layout.pp.max(1) as usize, layout.virtual_stages as usize);
+    let starts = crate::partition::chunk_starts(split);
     let mut mixes = vec![(0, 0); pp];
-    let mut start = 0;
-    for (vs, &n) in split.iter().enumerate() {
-        let (d, m) = layer_mix(model, start, n);
-        mixes[vs % pp].0 += d;
-        mixes[vs % pp].1 += m;
-        start += n;
+    for (s, mix) in mixes.iter_mut().enumerate() {
+        for c in 0..v {
+            let g = layout.piece(s, c);
+            if let (Some(&start), Some(&n)) = (starts.get(g), split.get(g)) {
+                let (d, m) = layer_mix(model, start, n);
+                mix.0 += d;
+                mix.1 += m;
+            }
+        }
     }
     mixes
 }

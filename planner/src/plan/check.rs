@@ -324,23 +324,27 @@ fn check_search(alternatives: &[super::Alternative], src: &Source) -> Result<(),
     Ok(())
 }
 
-/// The split (layers per virtual stage) that `stages` describe, if their chunks cover
-/// `0..layers` contiguously in virtual-stage order with at least one layer each (interleaved,
-/// the first and last chunk may hold none: only the embedding, only the head).
+/// The split (layers per piece) that `stages` describe, if their chunks cover `0..layers`
+/// contiguously in piece (model) order with at least one layer each (with two or more chunks,
+/// the first and last piece may hold none: only the embedding, only the head). Under DualPipe
+/// each piece is listed twice, once per direction, with the same layers.
 pub(super) fn split_of(stages: &[Stage], layout: &Layout, layers: u64) -> Option<Vec<u64>> {
     // Allocate by what the file lists, never by a count it claims.
-    let chunks = usize::try_from(layout.chunks()?).ok()?;
-    if stages.iter().map(|s| s.chunks.len()).sum::<usize>() != chunks {
+    let listed = usize::try_from(layout.chunks()?).ok()?;
+    let chunks = usize::try_from(layout.pieces()?).ok()?;
+    if stages.iter().map(|s| s.chunks.len()).sum::<usize>() != listed {
         return None;
     }
+    let twice = layout.schedule == crate::schedule::ScheduleKind::DualPipe;
     let mut ranges = vec![None; chunks];
     for st in stages {
         for ch in &st.chunks {
             let slot = ranges.get_mut(ch.virtual_stage as usize)?;
-            if slot.is_some() {
-                return None;
+            match slot {
+                Some(r) if twice && *r == ch.layers => continue,
+                Some(_) => return None,
+                None => *slot = Some(ch.layers),
             }
-            *slot = Some(ch.layers);
         }
     }
     let mut next = 0;
@@ -356,4 +360,70 @@ pub(super) fn split_of(stages: &[Stage], layout: &Layout, layers: u64) -> Option
         next = end;
     }
     (next == layers).then_some(split)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::schedule::ScheduleKind;
+
+    /// Each chunk's `(virtual_stage, layers, embedding, head)`, per stage.
+    type Table = Vec<Vec<(u64, [u64; 2], bool, bool)>>;
+
+    fn table(stages: &[Stage]) -> Table {
+        stages
+            .iter()
+            .map(|s| {
+                s.chunks
+                    .iter()
+                    .map(|c| (c.virtual_stage, c.layers, c.embedding, c.head))
+                    .collect()
+            })
+            .collect()
+    }
+
+    #[test]
+    fn plan_chunks_follow_the_schedules_layout() {
+        let layout = |kind: ScheduleKind, pp: u64| Layout {
+            pp,
+            schedule: kind,
+            virtual_stages: kind.fixed_virtual_stages().unwrap_or(2) as u64,
+            ..Layout::without_pipeline(1, 1, 0, 1)
+        };
+        // ZB-V, PP 2, 8 layers in 4 pieces of 2: rank 0 holds pieces 0 and 3 (embedding and
+        // head), rank 1 pieces 1 and 2.
+        let l = layout(ScheduleKind::ZbV, 2);
+        let stages = stages_for_split(&l, &[2, 2, 2, 2]);
+        let want: Table = vec![
+            vec![(0, [0, 2], true, false), (3, [6, 8], false, true)],
+            vec![(1, [2, 4], false, false), (2, [4, 6], false, false)],
+        ];
+        assert_eq!(table(&stages), want);
+        assert_eq!(split_of(&stages, &l, 8), Some(vec![2, 2, 2, 2]));
+        // DualPipe, PP 2, 8 layers in 2 pieces of 4, each held by both ranks: rank 0's chunk 1
+        // is the reverse direction's last piece, rank 1's chunk 1 its first.
+        let l = layout(ScheduleKind::DualPipe, 2);
+        let stages = stages_for_split(&l, &[4, 4]);
+        let want: Table = vec![
+            vec![(0, [0, 4], true, false), (1, [4, 8], false, true)],
+            vec![(1, [4, 8], false, true), (0, [0, 4], true, false)],
+        ];
+        assert_eq!(table(&stages), want);
+        assert_eq!(split_of(&stages, &l, 8), Some(vec![4, 4]));
+        assert_eq!(l.stage_layers(&[4, 4]), vec![8, 8]);
+        // A piece listed twice with different layers is no split.
+        let mut bad = stages.clone();
+        bad[1].chunks[1].layers = [0, 3];
+        assert_eq!(split_of(&bad, &l, 8), None);
+        // Interleaved keeps chunk · PP + stage.
+        let l = layout(ScheduleKind::Interleaved, 2);
+        let stages = stages_for_split(&l, &[2, 2, 2, 2]);
+        assert_eq!(
+            table(&stages)
+                .iter()
+                .map(|s| s.iter().map(|c| c.0).collect::<Vec<_>>())
+                .collect::<Vec<_>>(),
+            vec![vec![0, 2], vec![1, 3]]
+        );
+    }
 }

@@ -214,7 +214,9 @@ pub struct Stage {
 #[serde(deny_unknown_fields)]
 pub struct Chunk {
     pub chunk: u64,
-    /// Position in the pipeline: chunk · PP + stage.
+    /// The contiguous layer piece it holds, in model order: chunk · PP + stage, except under
+    /// zb-v (chunk 1 holds piece 2·PP − 1 − stage) and dualpipe (chunk 1 holds piece
+    /// PP − 1 − stage of the PP pieces).
     pub virtual_stage: u64,
     /// First layer (inclusive) and end layer (exclusive).
     pub layers: [u64; 2],
@@ -403,16 +405,17 @@ pub fn stages(layout: &Layout, layers: u64) -> Vec<Stage> {
     stages_for_split(layout, &layout.split_layers(layers))
 }
 
-/// The stages and chunks of a layout for a split (layers per virtual stage, pipeline order).
+/// The stages and chunks of a layout for a split (layers per piece, model order): chunk `c`
+/// of stage `s` holds piece [`Layout::piece`].
 pub fn stages_for_split(layout: &Layout, split: &[u64]) -> Vec<Stage> {
     let starts = crate::partition::chunk_starts(split);
-    let last = layout.pp * layout.virtual_stages - 1;
+    let last = layout.pieces().unwrap_or(0).saturating_sub(1);
     (0..layout.pp)
         .map(|stage| Stage {
             stage,
             chunks: (0..layout.virtual_stages)
                 .map(|chunk| {
-                    let vs = chunk * layout.pp + stage;
+                    let vs = layout.piece(stage as usize, chunk as usize) as u64;
                     let start = starts[vs as usize];
                     Chunk {
                         chunk,

@@ -1,21 +1,23 @@
 //! `Schedule::check`: the invariants every op list must satisfy before anything executes it.
 //!
-//! Every (mb, chunk) runs Forward and Backward exactly once per stage, Backward after Forward;
-//! sends and receives pair up in channel order; and the happens-before graph ([`graph`]) has no
-//! cycle, so under buffered sends and blocking receives every op list runs to its end. This
-//! module only checks; it builds nothing.
+//! Every (mb, chunk) a stage computes runs Forward once and then either Backward once, or
+//! BackwardInput and later BackwardWeight once each; sends and receives pair up in channel
+//! order; and the happens-before graph ([`graph`]) has no cycle, so under buffered sends and
+//! blocking receives every op list runs to its end. This module only checks; it builds nothing.
 
 use super::*;
 
 impl Schedule {
-    /// Check invariants; returns the first violation. Every (mb, chunk) runs Forward and
-    /// Backward exactly once per stage, Backward after Forward; each input from another stage is
+    /// Check invariants; returns the first violation. Every (mb, chunk) the stage computes
+    /// ([`runs_through`]) runs Forward once, then Backward once or BackwardInput and later
+    /// BackwardWeight once each, and no other (mb, chunk) runs anything; each input from another stage is
     /// received before the compute using it and each output is sent after the compute making it,
     /// to the stage the layout says; each channel's receives are exactly its sends, in order; and
     /// the happens-before graph has no cycle (no deadlock under buffered sends / blocking
     /// receives).
     pub fn check(&self) -> Result<(), String> {
         let (pp, m, v) = (self.pp, self.microbatches, self.virtual_stages);
+        let geo = Geometry::of(self);
         if pp == 0 || m == 0 || v == 0 || self.stages.len() != pp {
             let n = self.stages.len();
             return Err(format!(
@@ -33,12 +35,12 @@ impl Schedule {
         for (s, ops) in self.stages.iter().enumerate() {
             for op in ops {
                 match op.parts() {
-                    (Role::Compute, ..) => {}
+                    (Role::Compute | Role::Input | Role::Weight, ..) => {}
                     (Role::Recv, bw, mb, chunk, peer) => {
                         got.entry((peer, s)).or_default().push((bw, mb, chunk));
                     }
                     (Role::Send, bw, mb, chunk, peer) => {
-                        let c = edges(pp, v, s, chunk, bw).1.map_or(usize::MAX, |o| o.1);
+                        let c = geo.edges(s, chunk, bw).1.map_or(usize::MAX, |o| o.1);
                         sent.entry((s, peer)).or_default().push((bw, mb, c));
                     }
                 }
@@ -80,14 +82,22 @@ pub(super) fn recv_grad_first(m: usize) -> Schedule {
 
 fn check_stage(sched: &Schedule, s: usize, ops: &[Op]) -> Result<(), String> {
     let (pp, m, v) = (sched.pp, sched.microbatches, sched.virtual_stages);
+    let geo = Geometry::of(sched);
     // (role, backward, mb, chunk) → (position, peer)
     let mut pos: HashMap<(Role, bool, usize, usize), (usize, usize)> = HashMap::new();
     for (i, op) in ops.iter().enumerate() {
         let (role, bw, mb, chunk, peer) = op.parts();
-        let bad_peer = role != Role::Compute && (peer >= pp || peer == s);
+        let bad_peer = matches!(role, Role::Send | Role::Recv) && (peer >= pp || peer == s);
         if mb >= m || chunk >= v || bad_peer {
             return Err(format!(
                 "stage {s} op {i} {op:?}: out of range or addressed to itself"
+            ));
+        }
+        if !runs_through(sched.kind, m, mb, chunk) {
+            return Err(format!(
+                "stage {s} op {i} {op:?}: micro-batch {mb} does not pass through chunk {chunk} \
+                 under {}",
+                sched.kind
             ));
         }
         if pos.insert((role, bw, mb, chunk), (i, peer)).is_some() {
@@ -96,14 +106,32 @@ fn check_stage(sched: &Schedule, s: usize, ops: &[Op]) -> Result<(), String> {
     }
     let mut needed = 0;
     for mb in 0..m {
-        for chunk in 0..v {
+        for chunk in (0..v).filter(|&c| runs_through(sched.kind, m, mb, c)) {
             let at = |role, bw, c| pos.get(&(role, bw, mb, c)).copied();
+            // The op that makes the input gradient of (mb, c): its Backward or its B.
+            let grad_at = |c| at(Role::Compute, true, c).or(at(Role::Input, true, c));
             let who = format!("stage {s} (mb {mb}, chunk {chunk})");
-            let (Some((f, _)), Some((b, _))) = (
-                at(Role::Compute, false, chunk),
-                at(Role::Compute, true, chunk),
-            ) else {
-                return Err(format!("{who}: Forward or Backward missing"));
+            let fused = at(Role::Compute, true, chunk);
+            let split = (at(Role::Input, true, chunk), at(Role::Weight, true, chunk));
+            let (Some((f, _)), b) = (at(Role::Compute, false, chunk), fused) else {
+                return Err(format!("{who}: Forward missing"));
+            };
+            let b = match (b, split) {
+                (Some((b, _)), (None, None)) => b,
+                (None, (Some((i, _)), Some((w, _)))) => {
+                    if w < i {
+                        return Err(format!(
+                            "{who}: BackwardWeight at op {w} before BackwardInput at op {i}"
+                        ));
+                    }
+                    needed += 1;
+                    i
+                }
+                _ => {
+                    return Err(format!(
+                        "{who}: needs one Backward, or one BackwardInput and one BackwardWeight"
+                    ))
+                }
             };
             if b < f {
                 return Err(format!(
@@ -113,12 +141,17 @@ fn check_stage(sched: &Schedule, s: usize, ops: &[Op]) -> Result<(), String> {
             needed += 2;
             for (bw, run) in [(false, f), (true, b)] {
                 let name = if bw { "Backward" } else { "Forward" };
-                let (input, output) = edges(pp, v, s, chunk, bw);
-                // Input made on this stage (pp = 1 interleaved): its producer ran earlier.
-                // Input from another stage: received earlier, from that stage.
+                let (input, output) = geo.edges(s, chunk, bw);
+                // Input made on this stage (pp = 1 interleaved, the tip of ZB-V's V): its
+                // producer ran earlier. Input from another stage: received earlier, from it.
                 if let Some((from, c)) = input {
                     let ok = if from == s {
-                        matches!(at(Role::Compute, bw, c), Some((p, _)) if p < run)
+                        let made = if bw {
+                            grad_at(c)
+                        } else {
+                            at(Role::Compute, false, c)
+                        };
+                        matches!(made, Some((p, _)) if p < run)
                     } else {
                         needed += 1;
                         matches!(at(Role::Recv, bw, chunk), Some((r, p)) if r < run && p == from)
@@ -219,11 +252,17 @@ mod tests {
         // No built-in schedule needs it, so a hand-made order: stage 1 runs micro-batch 1 before
         // 0 in both directions. Stage 1 must still receive activation 0 first (it was sent
         // first), and stage 0 gradient 1 first.
+        let (f, b) = (Pass::Forward, Pass::Backward);
         let orders = vec![
-            vec![(false, 0, 0), (false, 1, 0), (true, 0, 0), (true, 1, 0)],
-            vec![(false, 1, 0), (false, 0, 0), (true, 1, 0), (true, 0, 0)],
+            vec![(f, 0, 0), (f, 1, 0), (b, 0, 0), (b, 1, 0)],
+            vec![(f, 1, 0), (f, 0, 0), (b, 1, 0), (b, 0, 0)],
         ];
-        let stages = place_comm(2, 1, &orders);
+        let geo = Geometry {
+            kind: ScheduleKind::Gpipe,
+            pp: 2,
+            v: 1,
+        };
+        let stages = place_comm(geo, &orders);
         use Op::*;
         assert_eq!(
             stages[1][..4],
@@ -275,5 +314,41 @@ mod tests {
         // its own forward.
         let s = recv_grad_first(2);
         assert!(s.check().unwrap_err().contains("deadlock"));
+    }
+
+    #[test]
+    fn schedule_check_catches_split_backward_bugs() {
+        let s = build(ScheduleKind::ZbH1, 3, 4, 1).unwrap();
+        let pos = |s: &Schedule, st: usize, op: Op| s.stages[st].iter().position(|o| *o == op);
+        // A W moved before its B.
+        let mut bad = s.clone();
+        let w = pos(&bad, 2, Op::BackwardWeight { mb: 0, chunk: 0 }).unwrap();
+        let op = bad.stages[2].remove(w);
+        bad.stages[2].insert(0, op);
+        assert!(bad.check().unwrap_err().contains("before BackwardInput"));
+        // A W dropped: the split backward is incomplete.
+        let mut bad = s.clone();
+        bad.stages[2].remove(w);
+        assert!(bad
+            .check()
+            .unwrap_err()
+            .contains("one BackwardInput and one"));
+        // A B fused as well as split.
+        let mut bad = s.clone();
+        bad.stages[2].push(Op::Backward { mb: 0, chunk: 0 });
+        assert!(bad.check().is_err());
+        // DualPipe: a micro-batch of the forward direction run on the reverse chunk.
+        let mut d = build(ScheduleKind::DualPipe, 2, 4, 2).unwrap();
+        d.stages[0].push(Op::Forward { mb: 0, chunk: 1 });
+        assert!(d
+            .check()
+            .unwrap_err()
+            .contains("does not pass through chunk 1"));
+        // ZB-V: the last rank's chunk 1 forward put before the chunk 0 forward feeding it.
+        let mut v = build(ScheduleKind::ZbV, 2, 2, 2).unwrap();
+        let a = pos(&v, 1, Op::Forward { mb: 0, chunk: 0 }).unwrap();
+        let b = pos(&v, 1, Op::Forward { mb: 0, chunk: 1 }).unwrap();
+        v.stages[1].swap(a, b);
+        assert!(v.check().unwrap_err().contains("no input"));
     }
 }

@@ -45,7 +45,10 @@ impl DependencyGraph {
                     Op::RecvActivation { .. } | Op::RecvGrad { .. } => {
                         receivers.push((keys.of(s, op)?, n, s, *op));
                     }
-                    Op::Forward { .. } | Op::Backward { .. } => {}
+                    Op::Forward { .. }
+                    | Op::Backward { .. }
+                    | Op::BackwardInput { .. }
+                    | Op::BackwardWeight { .. } => {}
                 }
             }
         }
@@ -88,11 +91,7 @@ pub fn critical_path(schedule: &Schedule, costs: &SimCosts) -> Result<f64, Sched
             })
             .fold(0.0, f64::max);
         let (s, i) = g[n];
-        let d = match schedule.stages[s][i] {
-            Op::Forward { chunk, .. } => (costs.forward)(s, chunk),
-            Op::Backward { chunk, .. } => (costs.backward)(s, chunk),
-            _ => 0.0,
-        };
+        let d = costs.compute(s, &schedule.stages[s][i]);
         finish[n.index()] = ready + d;
     }
     Ok(finish.into_iter().fold(0.0, f64::max))
@@ -123,6 +122,12 @@ mod tests {
             (ScheduleKind::Interleaved, 2, 4, 2),
             (ScheduleKind::Interleaved, 4, 8, 3),
             (ScheduleKind::Interleaved, 3, 9, 4),
+            (ScheduleKind::ZbH1, 4, 8, 1),
+            (ScheduleKind::ZbH1, 5, 3, 1),
+            (ScheduleKind::ZbV, 4, 8, 2),
+            (ScheduleKind::ZbV, 3, 2, 2),
+            (ScheduleKind::DualPipe, 4, 8, 2),
+            (ScheduleKind::DualPipe, 6, 14, 2),
         ];
         for (kind, pp, m, v) in cases {
             let s = build(kind, pp, m, v).unwrap();
@@ -133,6 +138,8 @@ mod tests {
                 let costs = SimCosts {
                     forward: &f,
                     backward: &b,
+                    backward_input: &|st, c| 1.2 * dur(seed + 300, st, c),
+                    backward_weight: &|st, c| 0.8 * dur(seed + 400, st, c),
                     p2p: &p2p,
                 };
                 let sim = simulate(&s, &costs).unwrap().makespan;
@@ -159,6 +166,8 @@ mod tests {
         let costs = SimCosts {
             forward: &unit,
             backward: &unit,
+            backward_input: &unit,
+            backward_weight: &unit,
             p2p: &unit,
         };
         assert!(critical_path(&s, &costs).is_err());

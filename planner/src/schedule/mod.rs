@@ -7,15 +7,20 @@
 //! `a` sent to `b`. Every list built here satisfies that model, and [`Schedule::check`] verifies
 //! it. This module must not hold a cost model (durations come from the caller) or do I/O.
 //!
-//! Layout: virtual stage of chunk `c` on stage `s` is `c * pp + s`; the model's layers are cut
-//! into `pp * v` contiguous pieces in virtual-stage order (Megatron's interleaving).
+//! Layout ([`virtual_stage`]): the model's layers are cut into contiguous pieces in model order,
+//! and chunk `c` of stage `s` holds one of them: piece `c * pp + s` for Megatron's interleaving
+//! (and the one-chunk schedules), a V for ZB-V (stage 0 holds the first and the last piece), and
+//! for DualPipe two pipelines in opposite directions over the same `pp` pieces.
 
 mod check;
+mod dualpipe;
 mod gpipe;
 pub mod graph;
 mod interleaved;
 mod one_f_one_b;
 pub mod sim;
+mod zb_h1;
+mod zb_v;
 
 use std::collections::HashMap;
 use std::fmt;
@@ -26,7 +31,8 @@ use serde::{Deserialize, Serialize};
 
 pub use sim::{bubble_formula, simulate, simulate_summary, SimCosts, SimResult};
 
-/// Which pipeline schedule. Serialized names are a contract: "gpipe", "1f1b", "interleaved".
+/// Which pipeline schedule. Serialized names are a contract: "gpipe", "1f1b", "interleaved",
+/// "zb-h1", "zb-v", "dualpipe".
 #[derive(
     Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema, PartialOrd, Ord,
 )]
@@ -40,13 +46,28 @@ pub enum ScheduleKind {
     /// Megatron's interleaved 1F1B: `v` model chunks per stage (Narayanan et al. 2021).
     #[serde(rename = "interleaved")]
     Interleaved,
+    /// Zero bubble ZB-H1 (Qi et al. 2024, §3.1): 1F1B with each backward split into B (input
+    /// gradients) and W (weight gradients), some W delayed into the cool-down bubble.
+    #[serde(rename = "zb-h1")]
+    ZbH1,
+    /// Zero bubble ZB-V (Qi et al. 2024, "Pipeline Parallelism with Controllable Memory"): two
+    /// chunks per stage in a V, B and W split, as `torch`'s `ScheduleZBVZeroBubble`.
+    #[serde(rename = "zb-v")]
+    ZbV,
+    /// DeepSeek-V3's DualPipe (DeepSeek-AI 2024, §3.2.1): two pipelines in opposite directions,
+    /// each stage holding two model stages' parameters.
+    #[serde(rename = "dualpipe")]
+    DualPipe,
 }
 
 impl ScheduleKind {
-    pub const ALL: [ScheduleKind; 3] = [
+    pub const ALL: [ScheduleKind; 6] = [
         ScheduleKind::Gpipe,
         ScheduleKind::OneFOneB,
         ScheduleKind::Interleaved,
+        ScheduleKind::ZbH1,
+        ScheduleKind::ZbV,
+        ScheduleKind::DualPipe,
     ];
 
     /// The serialized name, also accepted by [`FromStr`].
@@ -55,7 +76,69 @@ impl ScheduleKind {
             ScheduleKind::Gpipe => "gpipe",
             ScheduleKind::OneFOneB => "1f1b",
             ScheduleKind::Interleaved => "interleaved",
+            ScheduleKind::ZbH1 => "zb-h1",
+            ScheduleKind::ZbV => "zb-v",
+            ScheduleKind::DualPipe => "dualpipe",
         }
+    }
+
+    /// Whether the schedule splits backwards into B and W ops.
+    pub fn splits_backward(self) -> bool {
+        matches!(
+            self,
+            ScheduleKind::ZbH1 | ScheduleKind::ZbV | ScheduleKind::DualPipe
+        )
+    }
+
+    /// The virtual stages (chunks per stage) the schedule fixes, if it fixes them: 1 for
+    /// gpipe, 1f1b and zb-h1, 2 for zb-v and dualpipe; `None` for interleaved (any v >= 2).
+    pub fn fixed_virtual_stages(self) -> Option<usize> {
+        match self {
+            ScheduleKind::Gpipe | ScheduleKind::OneFOneB | ScheduleKind::ZbH1 => Some(1),
+            ScheduleKind::ZbV | ScheduleKind::DualPipe => Some(2),
+            ScheduleKind::Interleaved => None,
+        }
+    }
+}
+
+/// The index of the contiguous layer piece (model order, 0 = the embedding end) that chunk
+/// `chunk` of PP rank `stage` holds. Interleaved, 1f1b, gpipe and zb-h1: `chunk * pp + stage`.
+/// ZB-V (v = 2): chunk 0 holds piece `stage`, chunk 1 piece `2 * pp - 1 - stage`, so rank 0
+/// holds the embedding and the head and the last rank runs pieces `pp - 1` and `pp` back to
+/// back. DualPipe (v = 2): chunk 0 holds piece `stage` (the forward direction), chunk 1 piece
+/// `pp - 1 - stage` (the reverse direction); the model is cut into `pp` pieces, each held twice.
+/// (`_v` is there so that callers need not know which kinds ignore it.)
+pub fn virtual_stage(
+    kind: ScheduleKind,
+    pp: usize,
+    _v: usize,
+    stage: usize,
+    chunk: usize,
+) -> usize {
+    match kind {
+        ScheduleKind::ZbV if chunk == 1 => 2 * pp - 1 - stage,
+        ScheduleKind::DualPipe if chunk == 1 => pp - 1 - stage,
+        ScheduleKind::ZbV | ScheduleKind::DualPipe => stage,
+        _ => chunk * pp + stage,
+    }
+}
+
+/// How many contiguous layer pieces the model is cut into: `pp * v`, except DualPipe's `pp`
+/// (its two directions hold the same pieces).
+pub fn pieces(kind: ScheduleKind, pp: usize, v: usize) -> usize {
+    match kind {
+        ScheduleKind::DualPipe => pp,
+        _ => pp * v,
+    }
+}
+
+/// Whether micro-batch `mb` of `m` passes through chunk `chunk` of every stage. Always, except
+/// under DualPipe, where the first `m / 2` micro-batches take the forward direction (chunk 0)
+/// and the rest the reverse one (chunk 1).
+pub fn runs_through(kind: ScheduleKind, m: usize, mb: usize, chunk: usize) -> bool {
+    match kind {
+        ScheduleKind::DualPipe => chunk == usize::from(mb >= m / 2),
+        _ => true,
     }
 }
 
@@ -78,8 +161,10 @@ impl FromStr for ScheduleKind {
 }
 
 /// One step a pipeline stage (a PP rank) performs, in order. `mb` = micro-batch index 0..m,
-/// `chunk` = model chunk index on this stage 0..v (v = 1 unless interleaved). In send and
-/// receive ops `chunk` is always the chunk *on the stage holding the op*.
+/// `chunk` = model chunk index on this stage 0..v (v = 1 unless interleaved, zb-v or dualpipe).
+/// In send and receive ops `chunk` is always the chunk *on the stage holding the op*. A stage
+/// runs, for every (mb, chunk) it computes, one `Forward` and either one `Backward` or one
+/// `BackwardInput` followed later by one `BackwardWeight`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub enum Op {
     Forward {
@@ -87,6 +172,16 @@ pub enum Op {
         chunk: usize,
     },
     Backward {
+        mb: usize,
+        chunk: usize,
+    },
+    /// The B pass of a split backward: the input gradients only (sent on like a `Backward`'s).
+    BackwardInput {
+        mb: usize,
+        chunk: usize,
+    },
+    /// The W pass of a split backward: the weight gradients of (mb, chunk); no communication.
+    BackwardWeight {
         mb: usize,
         chunk: usize,
     },
@@ -128,7 +223,10 @@ pub struct Schedule {
 
 #[derive(Debug, thiserror::Error, PartialEq)]
 pub enum ScheduleError {
-    #[error("unknown pipeline schedule `{found}`; expected one of: gpipe, 1f1b, interleaved")]
+    #[error(
+        "unknown pipeline schedule `{found}`; expected one of: gpipe, 1f1b, interleaved, zb-h1, \
+         zb-v, dualpipe"
+    )]
     UnknownKind { found: String },
     #[error("{what} must be at least 1, found 0; set it to 1 or more")]
     ZeroDegree { what: &'static str },
@@ -150,6 +248,21 @@ pub enum ScheduleError {
         kind: ScheduleKind,
         virtual_stages: usize,
     },
+    #[error(
+        "the {kind} schedule runs exactly {want} model chunks per stage, found virtual_stages = \
+         {found}; set virtual_stages = {want}"
+    )]
+    FixedVirtualStages {
+        kind: ScheduleKind,
+        want: usize,
+        found: usize,
+    },
+    #[error(
+        "the dualpipe schedule needs an even pp and an even number of micro-batches, at least \
+         2 * pp (half go each way, as DeepSeek's DualPipe asserts), found pp = {pp} and \
+         {microbatches} micro-batches"
+    )]
+    DualPipeNeedsEven { pp: usize, microbatches: usize },
     #[error("malformed schedule: {reason}")]
     Malformed { reason: String },
     #[error(
@@ -186,11 +299,30 @@ pub fn build(
             return Err(ScheduleError::ZeroDegree { what });
         }
     }
+    let fused = |orders: Vec<Vec<(bool, usize, usize)>>| -> Vec<Vec<Step>> {
+        orders
+            .into_iter()
+            .map(|o| {
+                o.into_iter()
+                    .map(|(bw, mb, c)| (if bw { Pass::Backward } else { Pass::Forward }, mb, c))
+                    .collect()
+            })
+            .collect()
+    };
     let orders = match kind {
         ScheduleKind::Gpipe | ScheduleKind::OneFOneB if virtual_stages != 1 => {
             return Err(ScheduleError::VirtualStagesWithoutInterleaving {
                 kind,
                 virtual_stages,
+            });
+        }
+        ScheduleKind::ZbH1 | ScheduleKind::ZbV | ScheduleKind::DualPipe
+            if kind.fixed_virtual_stages() != Some(virtual_stages) =>
+        {
+            return Err(ScheduleError::FixedVirtualStages {
+                kind,
+                want: kind.fixed_virtual_stages().unwrap_or(1),
+                found: virtual_stages,
             });
         }
         ScheduleKind::Interleaved if virtual_stages < 2 => {
@@ -201,11 +333,28 @@ pub fn build(
         ScheduleKind::Interleaved if !microbatches.is_multiple_of(pp) => {
             return Err(ScheduleError::MicrobatchesNotMultipleOfPp { microbatches, pp });
         }
-        ScheduleKind::Gpipe => gpipe::compute_order(pp, microbatches),
-        ScheduleKind::OneFOneB => one_f_one_b::compute_order(pp, microbatches),
-        ScheduleKind::Interleaved => interleaved::compute_order(pp, microbatches, virtual_stages),
+        ScheduleKind::DualPipe
+            if !pp.is_multiple_of(2)
+                || !microbatches.is_multiple_of(2)
+                || microbatches < 2 * pp =>
+        {
+            return Err(ScheduleError::DualPipeNeedsEven { pp, microbatches });
+        }
+        ScheduleKind::Gpipe => fused(gpipe::compute_order(pp, microbatches)),
+        ScheduleKind::OneFOneB => fused(one_f_one_b::compute_order(pp, microbatches)),
+        ScheduleKind::Interleaved => {
+            fused(interleaved::compute_order(pp, microbatches, virtual_stages))
+        }
+        ScheduleKind::ZbH1 => zb_h1::compute_order(pp, microbatches),
+        ScheduleKind::ZbV => zb_v::compute_order(pp, microbatches),
+        ScheduleKind::DualPipe => dualpipe::compute_order(pp, microbatches),
     };
-    let stages = place_comm(pp, virtual_stages, &orders);
+    let geo = Geometry {
+        kind,
+        pp,
+        v: virtual_stages,
+    };
+    let stages = place_comm(geo, &orders);
     Ok(Schedule {
         kind,
         pp,
@@ -215,10 +364,82 @@ pub fn build(
     })
 }
 
+/// A compute op's pass: what the generators order.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub(crate) enum Pass {
+    Forward,
+    /// B and W fused.
+    Backward,
+    /// B: input gradients.
+    Input,
+    /// W: weight gradients.
+    Weight,
+}
+
+/// One compute op of a generator's order: `(pass, mb, chunk)`.
+pub(crate) type Step = (Pass, usize, usize);
+
+/// Where the pieces sit: what [`virtual_stage`] says, and its inverse.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Geometry {
+    pub kind: ScheduleKind,
+    pub pp: usize,
+    pub v: usize,
+}
+
+impl Geometry {
+    pub(crate) fn of(s: &Schedule) -> Geometry {
+        Geometry {
+            kind: s.kind,
+            pp: s.pp,
+            v: s.virtual_stages,
+        }
+    }
+
+    pub(crate) fn piece(&self, stage: usize, chunk: usize) -> usize {
+        virtual_stage(self.kind, self.pp, self.v, stage, chunk)
+    }
+
+    pub(crate) fn pieces(&self) -> usize {
+        pieces(self.kind, self.pp, self.v)
+    }
+
+    /// `(stage, chunk)` holding piece `g` in the pipeline that chunk `chunk` belongs to (DualPipe
+    /// has two, one per direction; the other layouts one).
+    fn holder(&self, g: usize, chunk: usize) -> (usize, usize) {
+        let pp = self.pp;
+        match self.kind {
+            ScheduleKind::ZbV if g >= pp => (2 * pp - 1 - g, 1),
+            ScheduleKind::ZbV => (g, 0),
+            ScheduleKind::DualPipe if chunk == 1 => (pp - 1 - g, 1),
+            ScheduleKind::DualPipe => (g, 0),
+            _ => (g % pp, g / pp),
+        }
+    }
+
+    /// `(input, output)` of a compute op as `(stage, chunk)` of the producer and the consumer;
+    /// `None` at the ends of the model.
+    fn edges(&self, stage: usize, chunk: usize, backward: bool) -> (Link, Link) {
+        let g = self.piece(stage, chunk);
+        let prev = (g > 0).then(|| self.holder(g - 1, chunk));
+        let next = (g + 1 < self.pieces()).then(|| self.holder(g + 1, chunk));
+        if backward {
+            (next, prev)
+        } else {
+            (prev, next)
+        }
+    }
+}
+
 /// An op taken apart: what it does, in which direction, on what, with whom.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 enum Role {
+    /// A forward, or a fused backward.
     Compute,
+    /// The B of a split backward.
+    Input,
+    /// The W of a split backward.
+    Weight,
     Send,
     Recv,
 }
@@ -230,6 +451,8 @@ impl Op {
         match self {
             Op::Forward { mb, chunk } => (Compute, false, mb, chunk, usize::MAX),
             Op::Backward { mb, chunk } => (Compute, true, mb, chunk, usize::MAX),
+            Op::BackwardInput { mb, chunk } => (Input, true, mb, chunk, usize::MAX),
+            Op::BackwardWeight { mb, chunk } => (Weight, true, mb, chunk, usize::MAX),
             Op::SendActivation { mb, chunk, peer } => (Send, false, mb, chunk, peer),
             Op::RecvActivation { mb, chunk, peer } => (Recv, false, mb, chunk, peer),
             Op::SendGrad { mb, chunk, peer } => (Send, true, mb, chunk, peer),
@@ -241,28 +464,35 @@ impl Op {
         match (role, backward) {
             (Role::Compute, false) => Op::Forward { mb, chunk },
             (Role::Compute, true) => Op::Backward { mb, chunk },
+            (Role::Input, _) => Op::BackwardInput { mb, chunk },
+            (Role::Weight, _) => Op::BackwardWeight { mb, chunk },
             (Role::Send, false) => Op::SendActivation { mb, chunk, peer },
             (Role::Recv, false) => Op::RecvActivation { mb, chunk, peer },
             (Role::Send, true) => Op::SendGrad { mb, chunk, peer },
             (Role::Recv, true) => Op::RecvGrad { mb, chunk, peer },
         }
     }
-}
 
-/// `(input, output)` of a compute op as `(stage, chunk)` of the producer and the consumer,
-/// from the layout (virtual stage `chunk * pp + stage`); `None` at the ends of the model.
-type Link = Option<(usize, usize)>;
-fn edges(pp: usize, v: usize, stage: usize, chunk: usize, backward: bool) -> (Link, Link) {
-    let vs = chunk * pp + stage;
-    let at = |g: usize| (g % pp, g / pp);
-    let prev = (vs > 0).then(|| at(vs - 1));
-    let next = (vs + 1 < pp * v).then(|| at(vs + 1));
-    if backward {
-        (next, prev)
-    } else {
-        (prev, next)
+    /// Whether the op computes (forward, backward, B or W) rather than communicates.
+    pub fn is_compute(&self) -> bool {
+        matches!(self.parts().0, Role::Compute | Role::Input | Role::Weight)
     }
 }
+
+impl Pass {
+    /// `(role, backward)` of the compute op; `backward` picks the direction of its messages.
+    fn role(self) -> (Role, bool) {
+        match self {
+            Pass::Forward => (Role::Compute, false),
+            Pass::Backward => (Role::Compute, true),
+            Pass::Input => (Role::Input, true),
+            Pass::Weight => (Role::Weight, true),
+        }
+    }
+}
+
+/// `(stage, chunk)` of a producer or consumer; `None` at the ends of the model.
+type Link = Option<(usize, usize)>;
 
 /// Turns per-stage compute orders (`(backward, mb, chunk)`) into op lists. A send goes right
 /// after the compute producing it. A receive goes just before the compute consuming it, except
@@ -275,14 +505,20 @@ fn edges(pp: usize, v: usize, stage: usize, chunk: usize, backward: bool) -> (Li
 /// fraction of a second: a channel is found among its sender's (at most two) peers, and a
 /// receive that was pulled ahead of its turn waits in a short list until its compute needs it
 /// (each message is needed exactly once, so that list is the "already received" test).
-fn place_comm(pp: usize, v: usize, orders: &[Vec<(bool, usize, usize)>]) -> Vec<Vec<Op>> {
+fn place_comm(geo: Geometry, orders: &[Vec<Step>]) -> Vec<Vec<Op>> {
+    let pp = geo.pp;
+    // A W pass moves nothing; every other pass sends and receives along the layout.
+    let links = |s: usize, (pass, _, chunk): Step| match pass {
+        Pass::Weight => (None, None),
+        _ => geo.edges(s, chunk, pass.role().1),
+    };
     // channels[from]: (to, messages in send order).
     let mut channels: Vec<Vec<(usize, Vec<Op>)>> = vec![Vec::new(); pp];
     for (s, order) in orders.iter().enumerate() {
-        for &(backward, mb, chunk) in order {
-            if let (_, Some((to, c))) = edges(pp, v, s, chunk, backward) {
+        for &step in order {
+            if let (_, Some((to, c))) = links(s, step) {
                 if to != s {
-                    let recv = Op::make(Role::Recv, backward, mb, c, s);
+                    let recv = Op::make(Role::Recv, step.0.role().1, step.1, c, s);
                     let out = &mut channels[s];
                     match out.iter_mut().find(|(t, _)| *t == to) {
                         Some((_, queue)) => queue.push(recv),
@@ -297,8 +533,10 @@ fn place_comm(pp: usize, v: usize, orders: &[Vec<(bool, usize, usize)>]) -> Vec<
         let mut ops = Vec::with_capacity(order.len() * 3);
         let mut early: Vec<Op> = Vec::new();
         let mut cursor = vec![0usize; pp];
-        for &(backward, mb, chunk) in order {
-            let (input, output) = edges(pp, v, s, chunk, backward);
+        for &step in order {
+            let (pass, mb, chunk) = step;
+            let (role, backward) = pass.role();
+            let (input, output) = links(s, step);
             if let Some((from, _)) = input.filter(|i| i.0 != s) {
                 let needed = Op::make(Role::Recv, backward, mb, chunk, from);
                 if let Some(i) = early.iter().position(|m| *m == needed) {
@@ -320,7 +558,7 @@ fn place_comm(pp: usize, v: usize, orders: &[Vec<(bool, usize, usize)>]) -> Vec<
                     }
                 }
             }
-            ops.push(Op::make(Role::Compute, backward, mb, chunk, s));
+            ops.push(Op::make(role, backward, mb, chunk, s));
             if let Some((to, _)) = output.filter(|o| o.0 != s) {
                 ops.push(Op::make(Role::Send, backward, mb, chunk, to));
             }
@@ -331,20 +569,33 @@ fn place_comm(pp: usize, v: usize, orders: &[Vec<(bool, usize, usize)>]) -> Vec<
 }
 
 impl Schedule {
-    /// Largest number of (micro-batch, chunk) forward passes whose activations are held at once
-    /// on `stage` (forward done, backward not yet done). With interleaving each unit is one chunk,
-    /// i.e. `1/v` of the stage's layers.
+    /// Largest number of (micro-batch, chunk) forward passes held at once on `stage`: from the
+    /// forward until the last backward op of that (mb, chunk), its `Backward` or, split, its
+    /// `BackwardWeight` (W still needs what B kept). With two or more chunks each unit is one
+    /// chunk, i.e. `1/v` of the stage's layers (DualPipe: one of its two model stages).
     pub fn peak_in_flight(&self, stage: usize) -> usize {
-        let (mut live, mut peak) = (0usize, 0usize);
+        // A W-stash counted as a whole micro-batch: the peak is a count.
+        self.peak_held(stage, 1.0).round() as usize
+    }
+
+    /// The largest `full + stash · waiting` over `stage`'s list, where `full` counts the
+    /// (mb, chunk) whose forward ran and whose backward (fused, or B) has not, and `waiting`
+    /// those whose B ran and whose W has not: between B and W a micro-batch keeps only what W
+    /// needs (the linear layers' inputs and output gradients), `stash` of its activations.
+    pub fn peak_held(&self, stage: usize, stash: f64) -> f64 {
+        let (mut full, mut waiting, mut peak) = (0usize, 0usize, 0.0f64);
         for op in self.stages.get(stage).map_or(&[][..], Vec::as_slice) {
             match op {
-                Op::Forward { .. } => {
-                    live += 1;
-                    peak = peak.max(live);
+                Op::Forward { .. } => full += 1,
+                Op::Backward { .. } => full = full.saturating_sub(1),
+                Op::BackwardInput { .. } => {
+                    full = full.saturating_sub(1);
+                    waiting += 1;
                 }
-                Op::Backward { .. } => live = live.saturating_sub(1),
-                _ => {}
+                Op::BackwardWeight { .. } => waiting = waiting.saturating_sub(1),
+                _ => continue,
             }
+            peak = peak.max(full as f64 + stash * waiting as f64);
         }
         peak
     }
@@ -365,6 +616,11 @@ mod tests {
                 for v in (2..=4).filter(|_| m % pp == 0) {
                     out.push((ScheduleKind::Interleaved, pp, m, v));
                 }
+                out.push((ScheduleKind::ZbH1, pp, m, 1));
+                out.push((ScheduleKind::ZbV, pp, m, 2));
+                if pp % 2 == 0 && m % 2 == 0 && m >= 2 * pp {
+                    out.push((ScheduleKind::DualPipe, pp, m, 2));
+                }
             }
         }
         out
@@ -372,10 +628,8 @@ mod tests {
 
     #[test]
     fn schedule_kind_names_are_the_contract() {
-        for (kind, name) in ScheduleKind::ALL
-            .into_iter()
-            .zip(["gpipe", "1f1b", "interleaved"])
-        {
+        let names = ["gpipe", "1f1b", "interleaved", "zb-h1", "zb-v", "dualpipe"];
+        for (kind, name) in ScheduleKind::ALL.into_iter().zip(names) {
             assert_eq!(kind.name(), name);
             assert_eq!(name.parse::<ScheduleKind>(), Ok(kind));
             assert_eq!(serde_json::to_string(&kind).unwrap(), format!("\"{name}\""));
@@ -385,10 +639,7 @@ mod tests {
             );
         }
         let err = "1F1B".parse::<ScheduleKind>().unwrap_err().to_string();
-        assert!(
-            err.contains("gpipe") && err.contains("1f1b") && err.contains("interleaved"),
-            "{err}"
-        );
+        assert!(names.iter().all(|n| err.contains(n)), "{err}");
     }
 
     #[test]
@@ -425,10 +676,83 @@ mod tests {
             }
         );
         assert!(e.to_string().contains("multiple of 4"), "{e}");
+        for (kind, v) in [(ZbH1, 2), (ZbV, 1), (ZbV, 3), (DualPipe, 1)] {
+            let want = kind.fixed_virtual_stages().unwrap();
+            let e = build(kind, 4, 8, v).unwrap_err();
+            assert_eq!(
+                e,
+                E::FixedVirtualStages {
+                    kind,
+                    want,
+                    found: v
+                }
+            );
+            assert!(e.to_string().contains(kind.name()), "{e}");
+        }
+        for (pp, m) in [(3, 8), (4, 9), (4, 6)] {
+            let e = build(DualPipe, pp, m, 2).unwrap_err();
+            assert_eq!(
+                e,
+                E::DualPipeNeedsEven {
+                    pp,
+                    microbatches: m
+                }
+            );
+            assert!(e.to_string().contains("2 * pp"), "{e}");
+        }
     }
 
-    /// Counted here, independently of `check`: each (mb, chunk) runs Forward and Backward once per
-    /// stage, sends equal receives, and the number of p2p messages is what the layout implies.
+    /// The layouts of the shared API, written out: pp = 3.
+    #[test]
+    fn schedule_virtual_stage_layouts() {
+        use ScheduleKind::*;
+        let table = |kind, v| -> Vec<Vec<usize>> {
+            (0..3)
+                .map(|s| (0..v).map(|c| virtual_stage(kind, 3, v, s, c)).collect())
+                .collect()
+        };
+        assert_eq!(table(Interleaved, 2), [[0, 3], [1, 4], [2, 5]]);
+        assert_eq!(table(OneFOneB, 1), [[0], [1], [2]]);
+        assert_eq!(table(ZbH1, 1), [[0], [1], [2]]);
+        // The V: rank 0 holds the embedding's piece and the head's.
+        assert_eq!(table(ZbV, 2), [[0, 5], [1, 4], [2, 3]]);
+        // Two directions over 3 pieces, each held twice.
+        assert_eq!(table(DualPipe, 2), [[0, 2], [1, 1], [2, 0]]);
+        assert_eq!((pieces(ZbV, 3, 2), pieces(DualPipe, 3, 2)), (6, 3));
+        assert!(runs_through(DualPipe, 8, 3, 0) && !runs_through(DualPipe, 8, 3, 1));
+        assert!(runs_through(DualPipe, 8, 4, 1) && !runs_through(DualPipe, 8, 4, 0));
+        assert!(runs_through(ZbV, 8, 4, 0) && runs_through(ZbV, 8, 4, 1));
+    }
+
+    /// `peak_held` weighs a micro-batch between its B and its W by `stash`: a hand-made stage
+    /// F0 F1 B0(split) F2 W0 B1 B2 holds 2 full, then 1 full + 1 stash, then 2 full + 1 stash.
+    #[test]
+    fn schedule_peak_held_weighs_the_w_stash() {
+        use Op::*;
+        let s = Schedule {
+            kind: ScheduleKind::ZbH1,
+            pp: 1,
+            microbatches: 3,
+            virtual_stages: 1,
+            stages: vec![vec![
+                Forward { mb: 0, chunk: 0 },
+                Forward { mb: 1, chunk: 0 },
+                BackwardInput { mb: 0, chunk: 0 },
+                Forward { mb: 2, chunk: 0 },
+                BackwardWeight { mb: 0, chunk: 0 },
+                Backward { mb: 1, chunk: 0 },
+                Backward { mb: 2, chunk: 0 },
+            ]],
+        };
+        assert_eq!(s.check(), Ok(()));
+        assert_eq!(s.peak_held(0, 0.0), 2.0);
+        assert_eq!(s.peak_held(0, 0.25), 2.25);
+        assert_eq!(s.peak_in_flight(0), 3);
+    }
+
+    /// Counted here, independently of `check`: each (mb, chunk) a stage computes runs Forward
+    /// once and either Backward or B and W once, sends equal receives, and the number of p2p
+    /// messages is what the layout implies.
     #[test]
     fn schedule_ops_counted_independently() {
         for (kind, pp, m, v) in grid() {
@@ -440,13 +764,34 @@ mod tests {
                     match *op {
                         Op::Forward { mb, chunk } => *seen.entry((0, mb, chunk)).or_insert(0) += 1,
                         Op::Backward { mb, chunk } => *seen.entry((1, mb, chunk)).or_insert(0) += 1,
+                        Op::BackwardInput { mb, chunk } => {
+                            *seen.entry((1, mb, chunk)).or_insert(0) += 1
+                        }
+                        Op::BackwardWeight { mb, chunk } => {
+                            *seen.entry((2, mb, chunk)).or_insert(0) += 1
+                        }
                         Op::SendActivation { .. } | Op::SendGrad { .. } => sends += 1,
                         Op::RecvActivation { .. } | Op::RecvGrad { .. } => recvs += 1,
                     }
                 }
+                // DualPipe: each micro-batch through one of the two chunks; else through all.
+                let units = if kind == ScheduleKind::DualPipe {
+                    m
+                } else {
+                    m * v
+                };
+                let splits = ops
+                    .iter()
+                    .filter(|o| matches!(o, Op::BackwardInput { .. }))
+                    .count();
+                let ws = ops
+                    .iter()
+                    .filter(|o| matches!(o, Op::BackwardWeight { .. }))
+                    .count();
+                assert_eq!(splits, ws, "{kind} pp={pp} m={m} v={v} stage {st}");
                 assert_eq!(
                     seen.len(),
-                    2 * m * v,
+                    2 * units + splits,
                     "{kind} pp={pp} m={m} v={v} stage {st}"
                 );
                 assert!(
@@ -454,8 +799,16 @@ mod tests {
                     "{kind} pp={pp} m={m} v={v} stage {st}"
                 );
             }
-            // pp·v − 1 boundaries, each crossed by m activations and m gradients (none if pp = 1).
-            let want = if pp == 1 { 0 } else { 2 * m * (pp * v - 1) };
+            // Boundaries between pieces, each crossed by every micro-batch's activation and
+            // gradient: pp·v − 1 of them (DualPipe: pp − 1 per direction, each crossed by the
+            // m/2 micro-batches going that way, so 2 · (m/2) · (pp − 1) · 2 messages). ZB-V's
+            // boundary pp − 1 | pp lies inside the last stage: no message.
+            let want = match kind {
+                _ if pp == 1 => 0,
+                ScheduleKind::DualPipe => 2 * m * (pp - 1),
+                ScheduleKind::ZbV => 2 * m * (2 * pp - 2),
+                _ => 2 * m * (pp * v - 1),
+            };
             assert_eq!((sends, recvs), (want, want), "{kind} pp={pp} m={m} v={v}");
         }
     }
@@ -474,12 +827,14 @@ mod tests {
         #![proptest_config(ProptestConfig::with_cases(48))]
         #[test]
         fn schedule_check_holds_for_random_degrees(
-            kind in 0usize..3, pp in 1usize..=24, groups in 1usize..=6, extra in 0usize..24, v in 2usize..=6,
+            kind in 0usize..6, pp in 1usize..=24, groups in 1usize..=6, extra in 0usize..24, v in 2usize..=6,
         ) {
             let kind = ScheduleKind::ALL[kind];
-            let (m, v) = match kind {
-                ScheduleKind::Interleaved => (pp * groups, v),
-                _ => (groups * 4 + extra, 1),
+            let (pp, m, v) = match kind {
+                ScheduleKind::Interleaved => (pp, pp * groups, v),
+                // An even pp and an even m of at least 2 pp.
+                ScheduleKind::DualPipe => (2 * pp, 4 * pp + 2 * extra, 2),
+                _ => (pp, groups * 4 + extra, kind.fixed_virtual_stages().unwrap_or(1)),
             };
             let s = build(kind, pp, m, v).unwrap();
             prop_assert_eq!(s.check(), Ok(()), "{} pp={} m={} v={}", kind, pp, m, v);

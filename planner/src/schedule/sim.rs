@@ -8,14 +8,18 @@
 //! passes [`Schedule::check`]. This module must not know where durations come from (no cost
 //! model) and does no I/O.
 
-use super::{Op, Schedule, ScheduleError, ScheduleKind};
+use super::{Geometry, Op, Schedule, ScheduleError, ScheduleKind};
 
 /// Per-op durations in seconds, supplied by the cost model.
 pub struct SimCosts<'a> {
     /// `(stage, chunk)` → forward time of one micro-batch.
     pub forward: &'a dyn Fn(usize, usize) -> f64,
-    /// `(stage, chunk)` → backward time of one micro-batch.
+    /// `(stage, chunk)` → backward time of one micro-batch (B and W fused: `Op::Backward`).
     pub backward: &'a dyn Fn(usize, usize) -> f64,
+    /// `(stage, chunk)` → time of the B pass of a split backward (`Op::BackwardInput`).
+    pub backward_input: &'a dyn Fn(usize, usize) -> f64,
+    /// `(stage, chunk)` → time of the W pass of a split backward (`Op::BackwardWeight`).
+    pub backward_weight: &'a dyn Fn(usize, usize) -> f64,
     /// `(from, to)` → transfer time of one activation or gradient.
     pub p2p: &'a dyn Fn(usize, usize) -> f64,
 }
@@ -24,7 +28,7 @@ pub struct SimCosts<'a> {
 pub struct SimResult {
     /// End of the last op on any stage.
     pub makespan: f64,
-    /// Compute (Forward + Backward) time per stage.
+    /// Compute (Forward, Backward, B and W) time per stage.
     pub busy: Vec<f64>,
     /// `1 - mean(busy) / makespan`; 0 when nothing runs.
     pub bubble_fraction: f64,
@@ -43,59 +47,74 @@ pub fn simulate_summary(schedule: &Schedule, costs: &SimCosts) -> Result<SimResu
 }
 
 /// The textbook bubble, as bubble time / ideal time: `(p − 1) / m` for GPipe and 1F1B,
-/// `(p − 1) / (v · m)` for interleaved. A test oracle for [`simulate`], not a cost model.
+/// `(p − 1) / (v · m)` for interleaved. The split schedules' papers state theirs in the pass
+/// times; with B and W taking equal times and F = B (`T_F = T_B = T_W`, a fused backward
+/// `2 T_F`) they are: ZB-H1 `(p − 1)(T_F + T_B − T_W) / (m (T_F + T_B + T_W)) = (p − 1) / (3m)`,
+/// ZB-V 0, DualPipe `(p/2 − 1)(T_F&B + T_B − 3 T_W) / (m (T_F + T_B + T_W)) = (p/2 − 1) / (3m)`
+/// (DeepSeek-V3 Table 2, with `T_F&B = T_F + T_B + T_W`, nothing overlapped). A test oracle
+/// for [`simulate`] and a line of the explanation, not a cost model.
 pub fn bubble_formula(
     kind: ScheduleKind,
     pp: usize,
     microbatches: usize,
     virtual_stages: usize,
 ) -> f64 {
-    let v = match kind {
-        ScheduleKind::Interleaved => virtual_stages.max(1),
-        ScheduleKind::Gpipe | ScheduleKind::OneFOneB => 1,
-    };
-    pp.saturating_sub(1) as f64 / (v as f64 * microbatches.max(1) as f64)
+    let (p, m) = (pp.saturating_sub(1) as f64, microbatches.max(1) as f64);
+    match kind {
+        ScheduleKind::Interleaved => p / (virtual_stages.max(1) as f64 * m),
+        ScheduleKind::Gpipe | ScheduleKind::OneFOneB => p / m,
+        ScheduleKind::ZbH1 => p / (3.0 * m),
+        ScheduleKind::ZbV => 0.0,
+        ScheduleKind::DualPipe => (pp / 2).saturating_sub(1) as f64 / (3.0 * m),
+    }
 }
 
 /// Slot of a message in the arrival array: direction, micro-batch, and the boundary between
-/// virtual stages `b` and `b + 1` it crosses.
+/// pieces `b` and `b + 1` it crosses. Under DualPipe a micro-batch takes one direction only, so
+/// the micro-batch also names the direction (the pipeline) its message belongs to.
 pub(super) struct Keys {
-    pp: usize,
+    geo: Geometry,
     m: usize,
-    v: usize,
 }
 
 impl Keys {
     pub(super) fn for_schedule(schedule: &Schedule) -> Keys {
         Keys {
-            pp: schedule.pp,
+            geo: Geometry::of(schedule),
             m: schedule.microbatches,
-            v: schedule.virtual_stages,
         }
     }
 
     pub(super) fn len(&self) -> usize {
-        2 * self.m * (self.pp * self.v - 1)
+        2 * self.m * self.geo.pieces().saturating_sub(1)
     }
 
     /// Slot of a send or receive on `stage` (compute ops have none and are an error here).
     pub(super) fn of(&self, stage: usize, op: &Op) -> Result<usize, ScheduleError> {
         let (grad, send, mb, chunk, peer) = match *op {
-            Op::Forward { .. } | Op::Backward { .. } => (false, false, usize::MAX, 0, 0),
+            Op::Forward { .. }
+            | Op::Backward { .. }
+            | Op::BackwardInput { .. }
+            | Op::BackwardWeight { .. } => (false, false, usize::MAX, 0, 0),
             Op::SendActivation { mb, chunk, peer } => (false, true, mb, chunk, peer),
             Op::RecvActivation { mb, chunk, peer } => (false, false, mb, chunk, peer),
             Op::SendGrad { mb, chunk, peer } => (true, true, mb, chunk, peer),
             Op::RecvGrad { mb, chunk, peer } => (true, false, mb, chunk, peer),
         };
-        let vs = chunk * self.pp + stage;
+        let (pp, v) = (self.geo.pp, self.geo.v);
+        let vs = if chunk < v {
+            self.geo.piece(stage, chunk)
+        } else {
+            0
+        };
         // Activations cross boundary vs (send) / vs - 1 (recv); gradients the reverse.
         let boundary = match (grad, send) {
             (false, true) | (true, false) => Some(vs),
             (false, false) | (true, true) => vs.checked_sub(1),
         };
-        let bounds = self.pp * self.v - 1;
+        let bounds = self.geo.pieces().saturating_sub(1);
         match boundary {
-            Some(b) if b < bounds && mb < self.m && chunk < self.v && peer < self.pp => {
+            Some(b) if b < bounds && mb < self.m && chunk < v && peer < pp => {
                 Ok((usize::from(grad) * self.m + mb) * bounds + b)
             }
             _ => Err(ScheduleError::Malformed {
@@ -103,6 +122,19 @@ impl Keys {
                     "stage {stage}: {op:?} crosses no pipeline boundary or is out of range"
                 ),
             }),
+        }
+    }
+}
+
+impl SimCosts<'_> {
+    /// Duration of a compute op on `stage`; 0 for a send or receive.
+    pub fn compute(&self, stage: usize, op: &Op) -> f64 {
+        match *op {
+            Op::Forward { chunk, .. } => (self.forward)(stage, chunk),
+            Op::Backward { chunk, .. } => (self.backward)(stage, chunk),
+            Op::BackwardInput { chunk, .. } => (self.backward_input)(stage, chunk),
+            Op::BackwardWeight { chunk, .. } => (self.backward_weight)(stage, chunk),
+            _ => 0.0,
         }
     }
 }
@@ -140,12 +172,11 @@ fn run(schedule: &Schedule, costs: &SimCosts, record: bool) -> Result<SimResult,
             let op = ops[pc[s]];
             let start = clock[s];
             match op {
-                Op::Forward { chunk, .. } | Op::Backward { chunk, .. } => {
-                    let d = if matches!(op, Op::Forward { .. }) {
-                        (costs.forward)(s, chunk)
-                    } else {
-                        (costs.backward)(s, chunk)
-                    };
+                Op::Forward { .. }
+                | Op::Backward { .. }
+                | Op::BackwardInput { .. }
+                | Op::BackwardWeight { .. } => {
+                    let d = costs.compute(s, &op);
                     clock[s] += d;
                     busy[s] += d;
                 }
@@ -209,6 +240,8 @@ mod tests {
         SimCosts {
             forward: f,
             backward: b,
+            backward_input: &|_, _| f64::NAN,
+            backward_weight: &|_, _| f64::NAN,
             p2p,
         }
     }

@@ -254,17 +254,16 @@ pub fn assess_pinned(
             .map(|n| n * unit)
             .collect(),
     };
-    let per_stage = |split: &[u64]| -> Vec<u64> {
-        (0..pp)
-            .map(|s| (0..v as usize).map(|c| split[c * pp + s]).sum())
-            .collect()
-    };
+    let per_stage = |split: &[u64]| layout.stage_layers(split);
     let fits_as_is = |split: &[u64]| {
         let per = per_stage(split);
         mem.peak(&per) <= capacity && (0..pp).all(|s| per[s] <= mem.max_layers(s, capacity))
     };
-    let equal_chunks = layout.chunks().is_some_and(|c| layers.is_multiple_of(c));
-    let split = if pinned.is_some() || (v > 1 && equal_chunks) || pp == 1 {
+    let equal_chunks = layout.pieces().is_some_and(|c| layers.is_multiple_of(c));
+    // ZB-V and DualPipe keep the even split: their chunks are not Megatron's interleaving that
+    // the balance below spreads over (`Layout::chunk_split` still places ZB-V's remainder).
+    let fixed_chunks = v > 1 && layout.schedule != ScheduleKind::Interleaved;
+    let split = if pinned.is_some() || (v > 1 && equal_chunks) || fixed_chunks || pp == 1 {
         fits_as_is(&even).then(|| even.clone())
     } else {
         let mut extra = vec![0.0; pp];

@@ -77,7 +77,11 @@ pub(super) fn schedules(layers: u64, pp: u64, pins: &Pins) -> Vec<(ScheduleKind,
     let kinds = match pins.schedule {
         Some(k) => vec![k],
         None if pp == 1 => vec![ScheduleKind::OneFOneB],
-        None => ScheduleKind::ALL.to_vec(),
+        // The split schedules join the search once the cost and memory models charge them.
+        None => ScheduleKind::ALL
+            .into_iter()
+            .filter(|k| !k.splits_backward())
+            .collect(),
     };
     let mut out = Vec::new();
     for kind in kinds {
@@ -101,7 +105,7 @@ pub(super) fn schedules(layers: u64, pp: u64, pins: &Pins) -> Vec<(ScheduleKind,
                     out.extend(vs.into_iter().map(|v| (kind, v)));
                 }
             }
-            (_, None) => out.push((kind, 1)),
+            (_, None) => out.push((kind, kind.fixed_virtual_stages().unwrap_or(1) as u64)),
         }
     }
     out

@@ -294,10 +294,7 @@ fn replay(f: &Figure, model: &Model, on: &Cluster) -> Option<FeatureRow> {
     let result = search::search_with(model, &cluster, &pins, options);
     let best = result.fits.first()?;
     let p = best.prediction.as_ref()?;
-    let (pp, v) = (best.layout.pp as usize, best.layout.virtual_stages as usize);
-    let stage_layers = (0..pp)
-        .map(|s| (0..v).map(|c| best.split[c * pp + s]).sum())
-        .collect();
+    let stage_layers = best.layout.stage_layers(&best.split);
     let (tflops, mfu, published_step_s) = match f.published {
         Published::Tflops(t, m) => (
             t,

@@ -23,6 +23,7 @@ use std::time::Instant;
 
 use tessera_planner::optimizer::{Optimizer, Schedule};
 use tessera_planner::plan::Plan;
+use tessera_planner::schedule::ScheduleKind;
 use tessera_planner::Mesh;
 
 use crate::backend::{Backend, Collective, Cpu};
@@ -221,6 +222,20 @@ pub fn check_supported(plan: &Plan) -> Result<(), RunError> {
             ),
             fix: "plan for fewer devices (--devices N)".into(),
         });
+    }
+    // Every schedule is named, so a new one is refused until the executor is taught it.
+    match p.schedule {
+        ScheduleKind::Gpipe
+        | ScheduleKind::OneFOneB
+        | ScheduleKind::Interleaved
+        | ScheduleKind::ZbH1
+        | ScheduleKind::ZbV => {}
+        ScheduleKind::DualPipe => {
+            return Err(RunError::Unsupported {
+                what: "parallel.schedule dualpipe: the runtime does not run DualPipe (two pipelines in opposite directions, each rank holding two model stages' parameters)".into(),
+                fix: "re-plan with --schedule zb-v (its V keeps the stages as busy, with one copy of the parameters), zb-h1 or 1f1b; plans of dualpipe are for the planner's numbers only".into(),
+            });
+        }
     }
     // A rank holds seq_len / CP tokens of each sequence.
     let rows = p.micro_batch * plan.job.model.training.seq_len / p.cp.max(1);

@@ -246,7 +246,8 @@ struct Rank<'a, B: Backend, C: Collective<B>> {
     /// Gradients summed over TP at the end of a step: the norms' under sequence parallelism
     /// (each TP rank computes them from its own rows), else none.
     tp_summed: Vec<Range<usize>>,
-    /// Per chunk: the index in `ops` of its last backward (its gradients are final there), and
+    /// Per chunk: the index in `ops` of its last backward, or, split, its last B or W (its
+    /// gradients are final there), and
     /// whether this step's DP sum of them has started (see `sync::chunk_grads_done`).
     last_backward: Vec<Option<usize>>,
     bucketed: Vec<bool>,
@@ -347,8 +348,8 @@ impl<'a, B: Backend, C: Collective<B>> Rank<'a, B, C> {
         let chunks = model.chunks.len();
         let mut last_backward = vec![None; chunks];
         for (i, op) in ops.iter().enumerate() {
-            if let Op::Backward { chunk, .. } = op {
-                *last_backward.get_mut(*chunk).ok_or_else(|| {
+            if let Some(chunk) = writes_grads(op) {
+                *last_backward.get_mut(chunk).ok_or_else(|| {
                     schedule_bug(format!("a backward of chunk {chunk}, of {chunks} here"))
                 })? = Some(i);
             }
@@ -416,9 +417,9 @@ impl<'a, B: Backend, C: Collective<B>> Rank<'a, B, C> {
         for (i, op) in ops.iter().enumerate() {
             let start = self.ctx.epoch.elapsed();
             self.op(*op, step as u64)?;
-            if let Op::Backward { chunk, .. } = op {
-                if self.last_backward[*chunk] == Some(i) {
-                    self.chunk_grads_done(*chunk)?;
+            if let Some(chunk) = writes_grads(op) {
+                if self.last_backward[chunk] == Some(i) {
+                    self.chunk_grads_done(chunk)?;
                 }
             }
             if self.ctx.opts.trace {
@@ -432,6 +433,11 @@ impl<'a, B: Backend, C: Collective<B>> Rank<'a, B, C> {
             }
         }
         self.ops = ops;
+        if let Some((mb, chunk)) = self.waiting.keys().next() {
+            return Err(schedule_bug(format!(
+                "never runs the weight gradients of micro-batch {mb} of chunk {chunk}"
+            )));
+        }
         let start = self.ctx.epoch.elapsed();
         let sync = crate::alloc::tagged(crate::alloc::Tag::Sync);
         self.sync_and_update(step)?;
@@ -494,7 +500,9 @@ impl<'a, B: Backend, C: Collective<B>> Rank<'a, B, C> {
         let n = self.rows().0 * self.model.cfg.hidden;
         let _tag = crate::alloc::tagged(match op {
             Op::Forward { .. } => crate::alloc::Tag::Forward,
-            Op::Backward { .. } => crate::alloc::Tag::Backward,
+            Op::Backward { .. } | Op::BackwardInput { .. } | Op::BackwardWeight { .. } => {
+                crate::alloc::Tag::Backward
+            }
             _ => crate::alloc::Tag::P2p,
         });
         match op {
@@ -511,6 +519,8 @@ impl<'a, B: Backend, C: Collective<B>> Rank<'a, B, C> {
             }
             Op::Forward { mb, chunk } => self.forward(mb, chunk, step)?,
             Op::Backward { mb, chunk } => self.backward(mb, chunk, false)?,
+            Op::BackwardInput { mb, chunk } => self.backward(mb, chunk, true)?,
+            Op::BackwardWeight { mb, chunk } => self.backward_weight(mb, chunk)?,
         }
         Ok(())
     }
@@ -816,6 +826,17 @@ fn take_input<B: Backend>(
     };
     let c = chunks.iter().position(|c| c.virtual_stage == next)?;
     outbox.remove(&(mb, c))
+}
+
+/// The chunk whose gradients `op` adds to: a fused backward, and under a zero-bubble schedule
+/// both halves (B computes the norms' and embeddings' gradients, W the linears').
+fn writes_grads(op: &Op) -> Option<usize> {
+    match *op {
+        Op::Backward { chunk, .. }
+        | Op::BackwardInput { chunk, .. }
+        | Op::BackwardWeight { chunk, .. } => Some(chunk),
+        _ => None,
+    }
 }
 
 /// The MoE workspace of a rank on `be`: MoE layers run on host memory, so only on a backend

@@ -150,7 +150,10 @@ fn check_recompute(p: &Pins, model: &Model) -> anyhow::Result<()> {
         );
     }
     let interleaved = p.schedule == Some(ScheduleKind::Interleaved);
-    let v = p.virtual_stages.unwrap_or(if interleaved { 2 } else { 1 });
+    let fixed = p.schedule.and_then(ScheduleKind::fixed_virtual_stages);
+    let v = p
+        .virtual_stages
+        .unwrap_or(fixed.map_or(if interleaved { 2 } else { 1 }, |v| v as u64));
     if let Some(pp) = p.pp {
         let chunks = pp.saturating_mul(v);
         if layers / n < chunks {
@@ -177,6 +180,23 @@ fn check_recompute(p: &Pins, model: &Model) -> anyhow::Result<()> {
 
 fn check_schedule(p: &Pins) -> anyhow::Result<()> {
     let interleaved = p.schedule == Some(ScheduleKind::Interleaved);
+    let fixed = p
+        .schedule
+        .and_then(|k| k.fixed_virtual_stages().map(|v| (k, v as u64)));
+    if let (Some(v), Some((kind, want))) = (p.virtual_stages, fixed) {
+        if v != want {
+            return refuse(
+                "--virtual-stages",
+                format!(
+                    "--schedule {} runs exactly {want} model chunk{} per stage, and --virtual-stages is {v}",
+                    kind.name(),
+                    if want == 1 { "" } else { "s" }
+                ),
+                format!("pass --virtual-stages {want}, or drop --virtual-stages"),
+            );
+        }
+        return Ok(());
+    }
     if let Some(v) = p.virtual_stages {
         if let Some(s) = p.schedule.filter(|_| v > 1 && !interleaved) {
             return refuse(
