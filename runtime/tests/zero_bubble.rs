@@ -135,3 +135,28 @@ fn zb_v_layouts() {
         ],
     );
 }
+
+/// A plan whose schedule the executor cannot run (DualPipe: two pipelines in opposite
+/// directions) is refused before any rank starts, naming the schedule and the fix.
+#[test]
+fn dualpipe_is_refused_with_the_fix() {
+    let model = tiny::model();
+    let mut p = tiny::plan(
+        &model,
+        &layout(1, 2, 1, 0, ScheduleKind::ZbV, 2, Recompute::None),
+    );
+    // A hand-edited plan (`tessera plan` writes none for a CPU cluster).
+    p.parallel.schedule = ScheduleKind::DualPipe;
+    let err = tessera_runtime::exec::check_supported(&p)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("dualpipe") && err.contains("--schedule zb-v"),
+        "{err}"
+    );
+    let err = tessera_runtime::exec::train(&p, &tiny::data(), &Default::default(), &mut |_| {})
+        .err()
+        .expect("refused")
+        .to_string();
+    assert!(err.contains("dualpipe"), "{err}");
+}
