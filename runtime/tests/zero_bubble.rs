@@ -136,6 +136,17 @@ fn zb_v_layouts() {
     );
 }
 
+/// A mixture of experts (tiny-moe: layers 1 and 2 route over 4 experts) under both schedules:
+/// the experts' backward runs whole in B (W has none of their gradients), attention splits.
+#[test]
+fn zero_bubble_with_experts() {
+    let (model, none) = (tiny::moe_model(), Recompute::None);
+    let h1: [Case; 2] = [(2, 2, 1, 0, none, false), (1, 4, 2, 1, none, true)];
+    parity(&model, ScheduleKind::ZbH1, 1, &h1);
+    let v: [Case; 2] = [(2, 2, 1, 0, none, false), (1, 2, 2, 0, none, true)];
+    parity(&model, ScheduleKind::ZbV, 2, &v);
+}
+
 /// A plan whose schedule the executor cannot run (DualPipe: two pipelines in opposite
 /// directions) is refused before any rank starts, naming the schedule and the fix.
 #[test]
