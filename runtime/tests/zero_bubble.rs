@@ -136,7 +136,7 @@ fn zb_v_layouts() {
     );
 }
 
-/// A mixture of experts (tiny-moe: layers 1 and 2 route over 4 experts) under both schedules:
+/// A mixture of experts (tiny-moe: layers 1 to 3 route over 4 experts) under both schedules:
 /// the experts' backward runs whole in B (W has none of their gradients), attention splits.
 #[test]
 fn zero_bubble_with_experts() {
@@ -166,8 +166,7 @@ fn dualpipe_is_refused_with_the_fix() {
         "{err}"
     );
     let err = tessera_runtime::exec::train(&p, &tiny::data(), &Default::default(), &mut |_| {})
-        .err()
-        .expect("refused")
+        .expect_err("refused")
         .to_string();
     assert!(err.contains("dualpipe"), "{err}");
 }
