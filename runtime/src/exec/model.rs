@@ -237,11 +237,15 @@ impl StageModel {
                             // Same name as stage 0's table: the same initial values by global
                             // index. Under ZB-V the table is in this rank's first chunk.
                             let here = chunks.iter().any(|c: &Chunk| c.embedding.is_some());
-                            let copy = match here {
-                                true => VocabParallelEmbedding::copy,
-                                false => VocabParallelEmbedding::new,
-                            };
-                            let copy = copy(&mut layout, WTE, vocab, c, tp, 0.02)?;
+                            let copy = VocabParallelEmbedding::new_or_copy(
+                                &mut layout,
+                                WTE,
+                                vocab,
+                                c,
+                                tp,
+                                0.02,
+                                here,
+                            )?;
                             debug_assert!(pp > 1);
                             tied_copy = Some(copy.w.range());
                             copy.w

@@ -34,23 +34,12 @@ impl VocabParallelEmbedding {
         tp: TpShard,
         std: f32,
     ) -> Result<Self, LayerError> {
-        Self::register(layout, name, vocab, c, tp, std, false)
+        Self::new_or_copy(layout, name, vocab, c, tp, std, false)
     }
 
-    /// [`new`](Self::new) for a second copy of a table `layout` already holds (a tied output
-    /// layer's, `ParamLayout::add_copy`).
-    pub fn copy(
-        layout: &mut ParamLayout,
-        name: &str,
-        vocab: usize,
-        c: usize,
-        tp: TpShard,
-        std: f32,
-    ) -> Result<Self, LayerError> {
-        Self::register(layout, name, vocab, c, tp, std, true)
-    }
-
-    fn register(
+    /// [`new`](Self::new), or with `copy` a second copy of a table `layout` already holds (a
+    /// tied output layer's on the rank that also embeds, `ParamLayout::add_copy`).
+    pub fn new_or_copy(
         layout: &mut ParamLayout,
         name: &str,
         vocab: usize,
