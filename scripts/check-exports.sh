@@ -118,6 +118,11 @@ PLAN[tiny-cpu]="specs/models/tiny.toml specs/clusters/cpu-8.toml --dp 2 --pp 2 -
 # 2048 H800s as its report describes it (PP 16, EP 64, ZeRO-1; MLA, sigmoid router with score
 # bias, group-limited top-8, a shared expert, the first 3 layers dense).
 PLAN[mixtral-ep]="specs/models/mixtral-8x7b.toml specs/clusters/dgx-h100-80g.toml --nodes 8 --seq-len 4096 --global-batch 256 --tp 1 --pp 4 --dp 16 --ep 8 --micro-batch 1 --zero 1 --recompute none --schedule interleaved --virtual-stages 8 --no-hybrid-shard"
+# (i') Zero-bubble schedules (issue 41): Llama-3 8B on PP 2 under ZB-V planned for torchtitan (its
+# ZBVZeroBubble, two model parts per rank in a V), and under ZB-H1 planned for tessera (no
+# engine export runs a one-chunk zero-bubble schedule).
+PLAN[llama-zbv-fsdp]="${LLAMA[*]} --nodes 1 --tp 2 --pp 2 --dp 2 --micro-batch 1 --sp --zero 3 --no-hybrid-shard --recompute full --schedule zb-v --framework torchtitan"
+PLAN[llama-zbh1]="${LLAMA[*]} --nodes 1 --tp 2 --pp 2 --dp 2 --micro-batch 1 --sp --zero 1 --recompute full --schedule zb-h1 --framework tessera"
 PLAN[deepseek-v3-ep]="specs/models/deepseek-v3.toml specs/clusters/h800-deepseek.toml --tp 1 --pp 16 --ep 64 --dp 128 --zero 1 --micro-batch 1 --schedule 1f1b --recompute full --no-hybrid-shard"
 # Fine-tuning (docs/finetuning.md): Llama 3 8B with adapters as torchtune's
 # llama3/8B_lora_single_device runs it (specs/finetune/llama3-8b-lora-torchtune.toml: pure bf16,
@@ -186,6 +191,8 @@ llama-12-gpus                  ok                        ok                     
 llama-12-gpus-fsdp             refuse:ZeRO-3             ok                        ok                        refuse:12_ranks           refuse:12_ranks           refuse:full_fine-tune     refuse:precision          refuse:12_ranks           refuse:12_ranks
 mixtral-ep                     ok                        refuse:mixture            refuse:mixture            ok                        ok                        refuse:full_fine-tune     refuse:mixture            refuse:mixture            refuse:mixture
 deepseek-v3-ep                 ok                        refuse:Latent             refuse:Latent             ok                        ok                        refuse:full_fine-tune     refuse:Latent             refuse:Latent             refuse:Latent
+llama-zbv-fsdp                 refuse:framework_profile  refuse:framework_profile  ok                        ok                        ok                        refuse:full_fine-tune     refuse:framework_profile  refuse:framework_profile  refuse:framework_profile
+llama-zbh1                     refuse:framework_profile  refuse:framework_profile  refuse:framework_profile  ok                        ok                        refuse:full_fine-tune     refuse:framework_profile  refuse:framework_profile  refuse:framework_profile
 tiny-cpu                       refuse:CPU                refuse:CPU                refuse:CPU                ok                        ok                        refuse:full_fine-tune     refuse:CPU                refuse:CPU                refuse:CPU
 ft-lora-1gpu                   refuse:adapters           refuse:adapters           refuse:adapters           refuse:adapters           refuse:adapters           ok                        ok                        refuse:precision          refuse:adapters
 ft-qlora-1gpu                  refuse:adapters           refuse:adapters           refuse:adapters           refuse:adapters           refuse:adapters           ok                        ok                        refuse:precision          refuse:adapters

@@ -110,6 +110,7 @@ pub fn predicted(
     let bwd = |s: usize, c: usize| p.chunk(s, c).bwd.total();
     let bwd_in = |s: usize, c: usize| p.backward_input(s, c);
     let bwd_w = |s: usize, c: usize| p.backward_weight(s, c);
+    let overlap = |s: usize, f: usize, b: usize| p.overlap(s, f, b);
     let p2p = |a: usize, b: usize| p.p2p(a, b);
     let sim = schedule::simulate(
         &sched,
@@ -118,6 +119,7 @@ pub fn predicted(
             backward: &bwd,
             backward_input: &bwd_in,
             backward_weight: &bwd_w,
+            overlap: &overlap,
             p2p: &p2p,
         },
     )?;

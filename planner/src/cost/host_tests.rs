@@ -27,6 +27,7 @@ fn chunk(fwd: f64, bwd: f64, recompute: f64) -> ChunkTime {
             recompute,
             ..Parts::default()
         },
+        wgrad: 0.0,
     }
 }
 

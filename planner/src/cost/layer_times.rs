@@ -136,6 +136,15 @@ pub fn layer_times(
                 ep: ep_pass,
                 ..Parts::default()
             },
+            // The weight-gradient GEMMs: one per linear layer, with its forward GEMM's FLOPs
+            // and shapes transposed (dW = Xᵀ·dY for Y = X·W), so they cost the linears'
+            // forward. A frozen base (LoRA, QLoRA) has none; its adapters' are negligible
+            // and stay in B.
+            wgrad: if model.training.method.adapters() {
+                0.0
+            } else {
+                lc.linear_fwd
+            },
         };
         match layout.recompute {
             Recompute::None => {}
@@ -226,13 +235,17 @@ pub fn layer_times(
         layer,
         moe_layer,
         moe_share,
+        // The embedding's and the head's weight gradients stay in B (a lookup's scatter-add;
+        // the head's one GEMM beside the loss): W is the transformer layers' linears.
         embedding: ChunkTime {
             fwd: part(ef, emb_tp_f),
             bwd: part(eb, emb_tp_b),
+            wgrad: 0.0,
         },
         head: ChunkTime {
             fwd: part(hf, head_tp_f + ce),
             bwd: part(hb, head_tp_b),
+            wgrad: 0.0,
         },
         zero3_first_gather,
     }

@@ -198,10 +198,12 @@ impl LayerTimes {
         let mut c = ChunkTime {
             fwd: self.layer.fwd.scale(dense as f64),
             bwd: self.layer.bwd.scale(dense as f64),
+            wgrad: self.layer.wgrad * dense as f64,
         };
         if let Some(m) = &self.moe_layer {
             c.fwd = c.fwd.add(&m.fwd.scale(moe as f64));
             c.bwd = c.bwd.add(&m.bwd.scale(moe as f64));
+            c.wgrad += m.wgrad * moe as f64;
         }
         c
     }

@@ -88,6 +88,9 @@ impl Parts {
 pub struct ChunkTime {
     pub fwd: Parts,
     pub bwd: Parts,
+    /// Seconds of `bwd.compute` that are the weight-gradient GEMMs: what a split backward's W
+    /// pass runs; its B pass runs the rest of `bwd` (`Pipeline::backward_input`).
+    pub wgrad: f64,
 }
 
 /// The op durations of one layout's pipeline: what the simulator needs.
@@ -111,14 +114,31 @@ impl Pipeline {
         &self.chunks[piece]
     }
 
-    /// Seconds of the B pass of a split backward of chunk `chunk` of stage `stage`.
+    /// Seconds of the B pass of a split backward of chunk `chunk` of stage `stage`: the
+    /// backward without its weight-gradient GEMMs. B carries the backward's communication,
+    /// recompute and overheads; W is GEMMs alone.
     pub fn backward_input(&self, stage: usize, chunk: usize) -> f64 {
-        self.chunk(stage, chunk).bwd.total()
+        let c = self.chunk(stage, chunk);
+        c.bwd.total() - c.wgrad
+    }
+
+    /// Seconds a DualPipe backward of chunk `bwd` saves when it runs as one "F&B" step with the
+    /// forward of chunk `fwd` just before it (`SimCosts::overlap`): each pass's expert
+    /// all-to-all hides under the other's compute (DeepSeek-V3 §3.2.1, Fig. 4), at most that
+    /// compute. Its pipeline sends are asynchronous anyway (the simulator's sends cost the
+    /// sender nothing); its tensor-parallel collectives are not hidden (DeepSeek-V3 trains
+    /// without TP).
+    pub fn overlap(&self, stage: usize, fwd: usize, bwd: usize) -> f64 {
+        if self.kind != ScheduleKind::DualPipe {
+            return 0.0;
+        }
+        let (f, b) = (&self.chunk(stage, fwd).fwd, &self.chunk(stage, bwd).bwd);
+        f.ep.min(b.compute) + b.ep.min(f.compute)
     }
 
     /// Seconds of the W pass of a split backward of chunk `chunk` of stage `stage`.
-    pub fn backward_weight(&self, _stage: usize, _chunk: usize) -> f64 {
-        0.0
+    pub fn backward_weight(&self, stage: usize, chunk: usize) -> f64 {
+        self.chunk(stage, chunk).wgrad
     }
 
     /// Seconds for a message between two stages (the link is the same both ways).
@@ -130,6 +150,15 @@ impl Pipeline {
         }
     }
 
+    /// Micro-batches through each chunk of a stage: all, or under DualPipe the half that
+    /// takes that chunk's direction.
+    fn runs_per_chunk(&self) -> f64 {
+        match self.kind {
+            ScheduleKind::DualPipe => (self.microbatches / 2) as f64,
+            _ => self.microbatches as f64,
+        }
+    }
+
     /// Busy seconds of every stage over the step (all micro-batches, all its chunks).
     pub fn busy(&self) -> Vec<f64> {
         (0..self.pp)
@@ -137,25 +166,40 @@ impl Pipeline {
                 (0..self.virtual_stages)
                     .map(|c| self.chunk(s, c).fwd.total() + self.chunk(s, c).bwd.total())
                     .sum::<f64>()
-                    * self.microbatches as f64
+                    * self.runs_per_chunk()
             })
             .collect()
     }
 
     /// The least time stage `s` needs after its last backward: that micro-batch's gradient
-    /// still crosses virtual stages `s−1..0`.
+    /// still crosses virtual stages `s−1..0`. Zero for the split schedules (a stage's W fill
+    /// the end of the step, so its gradients are complete only near the makespan) and for
+    /// DualPipe (whose reverse direction ends at the other end).
     pub fn drain(&self, stage: usize) -> f64 {
+        if self.kind.splits_backward() {
+            return 0.0;
+        }
         (0..stage)
             .map(|j| self.chunks[j].bwd.total() + self.p2p(j + 1, j))
             .sum()
     }
 
-    /// A lower bound of the simulated makespan (module docs).
+    /// A lower bound of the simulated makespan (module docs). Under DualPipe each stage's busy
+    /// time less the most its F&B steps could save, with no fill (micro-batches enter at both
+    /// ends).
     pub fn lower_bound(&self) -> f64 {
         let busy = self.busy();
+        let dual = self.kind == ScheduleKind::DualPipe;
         let mut fill = 0.0;
         let mut best: f64 = 0.0;
         for (s, b) in busy.iter().enumerate() {
+            if dual {
+                let saved: f64 = (0..self.virtual_stages.min(2))
+                    .map(|c| self.overlap(s, 1 - c, c))
+                    .sum();
+                best = best.max(b - saved * self.runs_per_chunk());
+                continue;
+            }
             if s > 0 {
                 fill += self.chunks[s - 1].fwd.total() + self.p2p(s - 1, s);
             }
@@ -175,6 +219,7 @@ impl Pipeline {
         for c in &self.chunks {
             k.push(c.fwd.total().to_bits());
             k.push(c.bwd.total().to_bits());
+            k.push(c.wgrad.to_bits());
         }
         k.extend(self.p2p_next.iter().map(|x| x.to_bits()));
         k
@@ -264,12 +309,14 @@ impl Simulator {
         let bwd = |s: usize, c: usize| finite(p.chunk(s, c).bwd.total());
         let bwd_in = |s: usize, c: usize| finite(p.backward_input(s, c));
         let bwd_w = |s: usize, c: usize| finite(p.backward_weight(s, c));
+        let overlap = |s: usize, f: usize, b: usize| finite(p.overlap(s, f, b));
         let p2p = |a: usize, b: usize| finite(p.p2p(a, b));
         let costs = SimCosts {
             forward: &fwd,
             backward: &bwd,
             backward_input: &bwd_in,
             backward_weight: &bwd_w,
+            overlap: &overlap,
             p2p: &p2p,
         };
         let r = schedule::simulate_summary(&self.schedules[at].1, &costs)
@@ -336,6 +383,7 @@ mod tests {
                     backward: &b,
                     backward_input: &|_, _| f64::NAN,
                     backward_weight: &|_, _| f64::NAN,
+                    overlap: &|_, _, _| 0.0,
                     p2p: &|_, _| 0.0,
                 };
                 let slow = schedule::simulate_summary(&s, &costs).unwrap();
@@ -362,9 +410,10 @@ mod tests {
             chunks: vec![
                 ChunkTime {
                     fwd: part(f),
-                    bwd: part(b)
+                    bwd: part(b),
+                    wgrad: 0.0,
                 };
-                pp * v
+                schedule::pieces(kind, pp, v)
             ],
             p2p_next: vec![0.0; pp],
         }
@@ -407,19 +456,27 @@ mod tests {
             (seed >> 11) as f64 / (1u64 << 53) as f64
         };
         let mut sim = Simulator::new();
-        for case in 0..120 {
-            let kind = ScheduleKind::ALL[case % 3];
-            let pp = 1 + case % 6;
-            let v = if kind == ScheduleKind::Interleaved {
-                2 + case % 3
+        for case in 0..240 {
+            let kind = ScheduleKind::ALL[case % 6];
+            let dual = kind == ScheduleKind::DualPipe;
+            let pp = if dual {
+                2 + 2 * (case % 3)
             } else {
-                1
+                1 + case % 6
             };
-            let m = pp * (1 + case % 4);
+            let v = match kind.fixed_virtual_stages() {
+                Some(v) => v,
+                None => 2 + case % 3,
+            };
+            let m = if dual { 2 * pp } else { pp } * (1 + case % 4);
             let mut p = uniform(kind, pp, m, v, 1.0, 2.0);
             for c in p.chunks.iter_mut() {
                 c.fwd.compute = 0.1 + rnd();
                 c.bwd.tp = 0.1 + 2.0 * rnd();
+                // W, and all-to-alls DualPipe's F&B steps hide.
+                c.wgrad = c.bwd.compute * rnd();
+                c.fwd.ep = 0.3 * rnd();
+                c.bwd.ep = 0.3 * rnd();
             }
             for x in p.p2p_next.iter_mut() {
                 *x = 0.2 * rnd();

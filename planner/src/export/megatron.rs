@@ -137,6 +137,19 @@ pub(super) fn megatron(plan: &Plan, launch: &Launch) -> Result<String, ExportErr
             "re-plan with --schedule 1f1b or --schedule interleaved",
         ));
     }
+    if p.schedule.splits_backward() && p.pp > 1 {
+        // Megatron-Core 0.19's pipeline schedules (pipeline_parallel/schedules.py) are 1F1B
+        // and interleaved 1F1B; its `delay_wgrad_compute` only defers MoE expert weight
+        // gradients for the all-to-all overlap, not a zero-bubble pipeline schedule.
+        return Err(refuse(
+            t,
+            format!(
+                "the {} schedule (Megatron-Core 0.19 runs 1F1B and interleaved 1F1B; the zero-bubble and DualPipe schedules are in forks: sail-sg/zero-bubble-pipeline-parallelism, deepseek-ai/DualPipe)",
+                p.schedule.name()
+            ),
+            "re-plan with --schedule 1f1b or --schedule interleaved",
+        ));
+    }
     if p.zero_stage == 3 || p.hybrid_shard {
         return Err(refuse(
             t,

@@ -25,6 +25,8 @@ mod lightning;
 mod megatron;
 mod offload;
 mod peft;
+#[cfg(test)]
+mod schedule_tests;
 mod scheduler;
 mod torchtitan;
 mod torchtune;

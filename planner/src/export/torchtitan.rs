@@ -81,11 +81,22 @@ pub(super) fn torchtitan(plan: &Plan) -> Result<String, ExportError> {
         (_, ScheduleKind::Gpipe) => "GPipe",
         (_, ScheduleKind::OneFOneB) => "1F1B",
         (_, ScheduleKind::Interleaved) => "Interleaved1F1B",
-        (_, kind @ (ScheduleKind::ZbH1 | ScheduleKind::ZbV | ScheduleKind::DualPipe)) => {
+        // torch's `ScheduleZBVZeroBubble`, the order of `schedule::zb_v`; torchtitan places
+        // its two model parts per rank in a V (`pipeline_module_split`, style "v"), which is
+        // the plan's piece order below.
+        (_, ScheduleKind::ZbV) => "ZBVZeroBubble",
+        (_, ScheduleKind::ZbH1) => {
             return Err(refuse(
                 t,
-                format!("the {kind} pipeline schedule"),
-                "re-plan with --schedule 1f1b or interleaved",
+                "the zb-h1 pipeline schedule (torch 2's pipelining has no one-chunk zero-bubble schedule: its zero-bubble schedules are InterleavedZeroBubble, ZBVZeroBubble and DualPipeV, all with two or more chunks per rank)",
+                "re-plan with --schedule zb-v (torchtitan's ZBVZeroBubble) or 1f1b",
+            ))
+        }
+        (_, ScheduleKind::DualPipe) => {
+            return Err(refuse(
+                t,
+                "the dualpipe pipeline schedule (torchtitan runs DualPipeV, DeepSeek's one-direction variant with one copy of the parameters, not DualPipe's two directions)",
+                "re-plan with --schedule zb-v or 1f1b",
             ))
         }
     };
@@ -208,7 +219,18 @@ pub(super) fn torchtitan(plan: &Plan) -> Result<String, ExportError> {
     }
     let (optimizer, lr_scheduler, decay_note) = optimizer_tables(plan, &mut training)?;
     let mut doc = Table::new();
-    if crate::framework::of(&plan.job.model, &plan.job.cluster).name == "torchtitan-compile" {
+    let compiled =
+        crate::framework::of(&plan.job.model, &plan.job.cluster).name == "torchtitan-compile";
+    if compiled && p.schedule == ScheduleKind::ZbV && p.pp > 1 {
+        // torch's ZBVZeroBubble raises on compiled stage modules
+        // (`_check_torch_compile_compatibility`: it does not split compiled backwards).
+        return Err(refuse(
+            t,
+            "the zb-v schedule under torch.compile (torch's ZBVZeroBubble refuses compiled stage modules)",
+            "re-plan with --framework torchtitan (eager), or --schedule 1f1b or interleaved",
+        ));
+    }
+    if compiled {
         // The plan was predicted compiled: each block and the loss (torchtitan 0.2's
         // `[compile]`, whose default components these are).
         let mut compile = Table::new();

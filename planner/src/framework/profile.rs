@@ -420,12 +420,34 @@ impl CanRun {
             );
         }
         if l.pp > 1 && !self.schedules.contains(&l.schedule) {
-            return one_of(
+            let refused = one_of(
                 format!("the {} schedule", l.schedule.name()),
                 "--schedule",
                 &self.schedules,
                 |s| s.name().to_string(),
             );
+            if !l.schedule.splits_backward() {
+                return refused;
+            }
+            // The newer schedules name the frameworks that do run them.
+            let runs: Vec<&str> = crate::framework::all()
+                .iter()
+                .filter(|p| p.can_run.schedules.contains(&l.schedule))
+                .map(|p| p.name.as_str())
+                .collect();
+            let who = if runs.is_empty() {
+                format!(
+                    "no framework profile here runs {} (DeepSeek's public DualPipe code, deepseek-ai/DualPipe, has none)",
+                    l.schedule.name()
+                )
+            } else {
+                format!(
+                    "--framework {} runs {}",
+                    runs.join(" | "),
+                    l.schedule.name()
+                )
+            };
+            return refused.map(|(what, fix)| (what, format!("{fix}; {who}")));
         }
         if l.cp > 1 && !self.context_parallel {
             return no(&format!("CP {}", l.cp), "use --cp 1");

@@ -108,6 +108,12 @@ impl MemoryReport {
 /// schedule's own op lists (`Schedule::peak_in_flight`).
 /// GPipe keeps all m; 1F1B keeps min(p − s, m) (PipeDream-Flush warm-up + 1); interleaved keeps
 /// Megatron's warm-up `2(p − s − 1) + (v − 1)p` plus one, capped at m·v.
+/// The split schedules hold a micro-batch until its W ran (the autograd graph that W runs on
+/// keeps the chunk's saved activations alive in torch's `stage_backward_input`/`_weight`, so
+/// the whole activations are counted, not only the linear layers' inputs and output
+/// gradients W needs): ZB-H1 min(p, m) on every stage (1F1B's stage-0 peak); ZB-V
+/// min(2p, 2m, m + s + 1) chunks (half a stage each: rank 0 holds p micro-batches of a stage
+/// when m ≥ 2p); DualPipe p + 1 chunks (one model stage each: DeepSeek-V3's Table 2).
 /// Saturating, so that no degree makes it wrap.
 pub fn in_flight(kind: ScheduleKind, pp: u64, m: u64, v: u64, stage: u64) -> u64 {
     let after = pp.saturating_sub(stage);
@@ -120,9 +126,12 @@ pub fn in_flight(kind: ScheduleKind, pp: u64, m: u64, v: u64, stage: u64) -> u64
             .saturating_add(v.saturating_sub(1).saturating_mul(pp))
             .saturating_add(1)
             .min(m.saturating_mul(v)),
-        // Placeholders until the memory model counts the split schedules (issue 41).
         ScheduleKind::ZbH1 => pp.min(m),
-        ScheduleKind::ZbV | ScheduleKind::DualPipe => pp.saturating_mul(2).min(m.saturating_mul(v)),
+        ScheduleKind::ZbV => pp
+            .saturating_mul(2)
+            .min(m.saturating_mul(2))
+            .min(m.saturating_add(stage).saturating_add(1)),
+        ScheduleKind::DualPipe => pp.saturating_add(1),
     }
 }
 
@@ -317,8 +326,8 @@ impl<'a> Ctx<'a> {
     }
 
     fn layers(&self, stage: u64) -> u64 {
-        (0..self.layout.virtual_stages)
-            .map(|c| self.split[(c * self.layout.pp + stage) as usize])
+        (0..self.layout.virtual_stages as usize)
+            .map(|c| self.split[self.layout.piece(stage as usize, c)])
             .sum()
     }
 

@@ -204,4 +204,35 @@ mod tests {
             );
         }
     }
+
+    #[test]
+    fn schedule_dualpipe_f_and_b_steps_overlap() {
+        // pp = 2, m = 4 (the order above), F = 1, fused B = 2, B = W = 1, free p2p, and each
+        // F&B step saves 0.5. By hand: rank 0 runs F0.0 [0,1], F2.1 [1,2], F1.0 [2,3], then
+        // B2.1 right after it (another chunk, nothing to wait for): [3,4.5]; rank 1 runs F2.1
+        // [0,1], F0.0 [1,2], F3.1 [2,3], B0.0 [3,4.5], F1.0 [4.5,5.5] (act at 3), B2.1
+        // [5.5,7] (grad at 4.5), B1.0 [7,9] (after a backward: no saving), I3.1 [9,10] (grad
+        // at 9), W3.1 [10,11]; rank 0: F3.1 [4.5,5.5] (act at 3), B0.0 [5.5,7], B3.1 [7,9],
+        // I1.0 [9,10] (grad at 9), W1.0 [10,11]. Four F&B steps, 0.5 each: busy 12 − 1.
+        let s = build(ScheduleKind::DualPipe, 2, 4, 2).unwrap();
+        let (one, two) = (|_, _| 1.0, |_, _| 2.0);
+        let costs = |x: f64| SimCosts {
+            forward: &one,
+            backward: &two,
+            backward_input: &one,
+            backward_weight: &one,
+            overlap: Box::leak(Box::new(move |_, _, _| x)),
+            p2p: &|_, _| 0.0,
+        };
+        let r = simulate(&s, &costs(0.5)).unwrap();
+        assert_eq!((r.makespan, r.busy.clone()), (11.0, vec![11.0, 11.0]));
+        let r = simulate(&s, &costs(0.0)).unwrap();
+        assert_eq!(r.busy, vec![12.0, 12.0]);
+        // Other schedules have no F&B step: the same costs change nothing.
+        let one_f = build(ScheduleKind::OneFOneB, 2, 4, 1).unwrap();
+        assert_eq!(
+            simulate(&one_f, &costs(0.5)).unwrap().makespan,
+            simulate(&one_f, &costs(0.0)).unwrap().makespan
+        );
+    }
 }

@@ -76,7 +76,9 @@ impl DependencyGraph {
 }
 
 /// The longest path through the dependency graph, with compute ops weighted by their
-/// durations and message edges by their transfer time: the pipeline's makespan.
+/// durations and message edges by their transfer time: the pipeline's makespan. Without
+/// DualPipe's F&B overlap (`SimCosts::overlap`), which depends on when ops start: an oracle
+/// for the simulation where that is zero.
 pub fn critical_path(schedule: &Schedule, costs: &SimCosts) -> Result<f64, ScheduleError> {
     let deps = DependencyGraph::new(schedule)?;
     let g = &deps.graph;
@@ -140,6 +142,7 @@ mod tests {
                     backward: &b,
                     backward_input: &|st, c| 1.2 * dur(seed + 300, st, c),
                     backward_weight: &|st, c| 0.8 * dur(seed + 400, st, c),
+                    overlap: &|_, _, _| 0.0,
                     p2p: &p2p,
                 };
                 let sim = simulate(&s, &costs).unwrap().makespan;
@@ -168,6 +171,7 @@ mod tests {
             backward: &unit,
             backward_input: &unit,
             backward_weight: &unit,
+            overlap: &|_, _, _| 0.0,
             p2p: &unit,
         };
         assert!(critical_path(&s, &costs).is_err());

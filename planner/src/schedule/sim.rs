@@ -20,6 +20,11 @@ pub struct SimCosts<'a> {
     pub backward_input: &'a dyn Fn(usize, usize) -> f64,
     /// `(stage, chunk)` → time of the W pass of a split backward (`Op::BackwardWeight`).
     pub backward_weight: &'a dyn Fn(usize, usize) -> f64,
+    /// `(stage, forward chunk, backward chunk)` → seconds a fused `Backward` saves when it
+    /// follows a `Forward` of another chunk on its stage with nothing to wait for in between:
+    /// DualPipe's overlapped "F&B" step, whose communication of one pass hides under the
+    /// other's compute. Only DualPipe schedules ask; clamped to the backward's duration.
+    pub overlap: &'a dyn Fn(usize, usize, usize) -> f64,
     /// `(from, to)` → transfer time of one activation or gradient.
     pub p2p: &'a dyn Fn(usize, usize) -> f64,
 }
@@ -156,6 +161,9 @@ fn run(schedule: &Schedule, costs: &SimCosts, record: bool) -> Result<SimResult,
     let mut clock = vec![0.0f64; pp];
     let mut busy = vec![0.0f64; pp];
     let mut waiting = vec![false; pp];
+    // Per stage: (chunk, end) of its last compute op if that was a forward (DualPipe's F&B).
+    let mut after_forward: Vec<Option<(usize, f64)>> = vec![None; pp];
+    let pairs = schedule.kind == ScheduleKind::DualPipe;
     let mut timeline: Vec<Vec<(Op, f64, f64)>> = if record {
         schedule
             .stages
@@ -176,7 +184,18 @@ fn run(schedule: &Schedule, costs: &SimCosts, record: bool) -> Result<SimResult,
                 | Op::Backward { .. }
                 | Op::BackwardInput { .. }
                 | Op::BackwardWeight { .. } => {
-                    let d = costs.compute(s, &op);
+                    let mut d = costs.compute(s, &op);
+                    if let (true, Op::Backward { chunk, .. }, Some((f, end))) =
+                        (pairs, op, after_forward[s])
+                    {
+                        if f != chunk && end == start {
+                            d -= (costs.overlap)(s, f, chunk).clamp(0.0, d);
+                        }
+                    }
+                    after_forward[s] = match op {
+                        Op::Forward { chunk, .. } => Some((chunk, start + d)),
+                        _ => None,
+                    };
                     clock[s] += d;
                     busy[s] += d;
                 }
@@ -242,6 +261,7 @@ mod tests {
             backward: b,
             backward_input: &|_, _| f64::NAN,
             backward_weight: &|_, _| f64::NAN,
+            overlap: &|_, _, _| 0.0,
             p2p,
         }
     }

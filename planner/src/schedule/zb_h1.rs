@@ -90,6 +90,7 @@ pub(super) mod tests {
             backward: &two,
             backward_input: &one,
             backward_weight: &one,
+            overlap: &|_, _, _| 0.0,
             p2p: &zero,
         };
         simulate(&s, &costs).unwrap().makespan

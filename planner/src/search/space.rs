@@ -73,14 +73,20 @@ fn pick<T: Copy>(pin: Option<T>, all: Vec<T>) -> Vec<T> {
 /// layers on 16 × 8 chunks; the split itself is the balanced one of `assess`). Where no v is
 /// left under a pinned interleaved schedule, v = 2 stands in, so that [`Layout::check`] says
 /// why it cannot be built. A pinned v is tried as given.
-pub(super) fn schedules(layers: u64, pp: u64, pins: &Pins) -> Vec<(ScheduleKind, u64)> {
+pub(super) fn schedules(
+    layers: u64,
+    pp: u64,
+    pins: &Pins,
+    runs: &[ScheduleKind],
+) -> Vec<(ScheduleKind, u64)> {
     let kinds = match pins.schedule {
         Some(k) => vec![k],
         None if pp == 1 => vec![ScheduleKind::OneFOneB],
-        // The split schedules join the search once the cost and memory models charge them.
+        // The split schedules (zb-h1, zb-v, dualpipe) only where the framework runs them; the
+        // others always, so that the framework's refusal says why one is not offered.
         None => ScheduleKind::ALL
             .into_iter()
-            .filter(|k| !k.splits_backward())
+            .filter(|k| !k.splits_backward() || runs.contains(k))
             .collect(),
     };
     let mut out = Vec::new();
@@ -351,13 +357,14 @@ pub(super) fn for_each_layout(
 ) {
     let mut lists = Lists::new(model, cluster, pins, false);
     let layers = model.architecture.layers;
+    let runs = &crate::framework::of(model, cluster).can_run.schedules;
     let (zeros, recomputes) = (lists.zeros(), lists.recomputes());
     for tp in lists.tps() {
         for cp in lists.cps(tp) {
             let tcp = tp.saturating_mul(cp);
             let comms = lists.cp_comms(cp);
             for pp in lists.pps(tcp).unwrap_or_default() {
-                let schedules = schedules(layers, pp, pins);
+                let schedules = schedules(layers, pp, pins, runs);
                 if schedules.is_empty() {
                     continue; // no layout (interleaving pinned, no v splits the layers)
                 }
@@ -429,6 +436,7 @@ pub struct SpaceSize {
 pub fn count_layouts(model: &Model, cluster: &Cluster, pins: &Pins) -> SpaceSize {
     let mut lists = Lists::new(model, cluster, pins, true);
     let layers = model.architecture.layers;
+    let runs = &crate::framework::of(model, cluster).can_run.schedules;
     let tps = lists.tps();
     let zeros = lists.zeros();
     let recomputes = lists.recomputes().len() as u64;
@@ -459,7 +467,7 @@ pub fn count_layouts(model: &Model, cluster: &Cluster, pins: &Pins) -> SpaceSize
                     complete = false;
                     break 'count;
                 };
-                let schedules = schedules(layers, pp, pins).len() as u64;
+                let schedules = schedules(layers, pp, pins, runs).len() as u64;
                 let hybrids: Vec<u64> = zeros
                     .iter()
                     .map(|z| (lists.hybrids(*z, dp).len() * lists.offloads(*z).len()) as u64)

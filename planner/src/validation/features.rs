@@ -242,8 +242,13 @@ fn preset(model: (&str, &str)) -> Option<Model> {
     spec::parse_model_toml(&src, TrainingOverrides::default()).ok()
 }
 
+/// The figures also rescored under DualPipe (issue 41): DeepSeek-V3's, which the report runs
+/// with it.
+const DUALPIPE_RESCORE: &[&str] = &["deepseek-v3 2,048 H800 seq 4,096"];
+
 /// Every figure replayed on `h100` (the H100 preset); a figure whose layout cannot be built
-/// is left out (the test of this module requires all of them).
+/// is left out (the test of this module requires all of them). A figure of
+/// [`DUALPIPE_RESCORE`] is followed by its DualPipe rescore ([`dualpipe_rescore`]).
 pub fn feature_rows(h100: &Cluster) -> Vec<FeatureRow> {
     FIGURES
         .iter()
@@ -255,19 +260,88 @@ pub fn feature_rows(h100: &Cluster) -> Vec<FeatureRow> {
                     spec::parse_cluster_toml(&src, Default::default()).ok()?
                 }
             };
-            replay(f, &preset(f.model)?, &cluster)
+            let model = preset(f.model)?;
+            let (row, layout) = replay(f, &model, &cluster)?;
+            let rescore = DUALPIPE_RESCORE
+                .contains(&f.run)
+                .then(|| dualpipe_rescore(f, &model, &cluster, &layout, &row))
+                .flatten();
+            Some(std::iter::once(row).chain(rescore))
         })
+        .flatten()
         .collect()
 }
 
-fn replay(f: &Figure, model: &Model, on: &Cluster) -> Option<FeatureRow> {
+/// The figure's replayed layout with DeepSeek's DualPipe in place of 1F1B: two chunks per
+/// stage (each stage holds its model stage and the mirror one: twice the parameters), the
+/// F&B steps hiding each pass's expert all-to-all under the other's compute. Costed directly
+/// (`search::predict_layout`): no framework profile here runs DualPipe, so the search would
+/// refuse it; the row is the cost model's answer to "what does DualPipe change", beside the
+/// 1F1B row. The micro-batch is the replay's when it gives DualPipe's even count of at least
+/// 2 × PP micro-batches, else the largest that does.
+fn dualpipe_rescore(
+    f: &Figure,
+    model: &Model,
+    on: &Cluster,
+    replayed: &crate::layout::Layout,
+    row: &FeatureRow,
+) -> Option<FeatureRow> {
+    let (model, cluster) = figure_job(f, model, on);
+    let mut layout = *replayed;
+    layout.schedule = ScheduleKind::DualPipe;
+    layout.virtual_stages = 2;
+    let per_replica = f.global_batch / layout.dp.max(1);
+    let fits = |mb: u64| {
+        let mut l = layout;
+        l.micro_batch = mb;
+        l.check(&model, &cluster).is_ok()
+    };
+    if !fits(layout.micro_batch) {
+        layout.micro_batch = (1..=per_replica).rev().find(|&mb| fits(mb))?;
+    }
+    let options = crate::cost::Options::for_model(&model, &cluster);
+    let predict = |l: &crate::layout::Layout| search::predict_layout(&model, &cluster, l, options);
+    let (mut assessed, mut p) = predict(&layout);
+    if !assessed.fits && layout.recompute != Recompute::Full {
+        // Twice the parameters may not fit beside the replay's activations: full recompute
+        // (every layer) is what would make room.
+        let mut full = layout;
+        full.recompute = Recompute::Full;
+        full.recompute_every = 1;
+        let (a, q) = predict(&full);
+        if a.fits {
+            (layout, assessed, p) = (full, a, q);
+        }
+    }
+    Some(FeatureRow {
+        feature: "DualPipe (issue 41): the row above rescored with schedule dualpipe",
+        layout: layout.label(),
+        stage_layers: layout.stage_layers(&assessed.split),
+        open: if assessed.fits {
+            "the replayed layout with schedule dualpipe (two chunks per stage, twice the parameters; full recompute where the replay's does not leave room); costed directly, as no framework profile here runs DualPipe"
+        } else {
+            "the replayed layout with schedule dualpipe (two chunks per stage, twice the parameters), which does not fit in memory even with full recompute; costed directly, as no framework profile here runs DualPipe"
+        },
+        predicted_step_s: p.step_time_s,
+        predicted_mfu: p.mfu,
+        ..row.clone()
+    })
+}
+
+/// The figure's model and cluster: its sequence and batch, its GPU count.
+fn figure_job(f: &Figure, model: &Model, on: &Cluster) -> (Model, Cluster) {
     let mut model = model.clone();
     model.training.seq_len = f.seq_len;
     model.training.global_batch = f.global_batch;
-    let model = &model;
     let mut cluster = on.clone();
     cluster.devices = f.gpus;
     cluster.nodes = f.gpus.div_ceil(cluster.gpus_per_node);
+    (model, cluster)
+}
+
+fn replay(f: &Figure, model: &Model, on: &Cluster) -> Option<(FeatureRow, crate::layout::Layout)> {
+    let (model, cluster) = figure_job(f, model, on);
+    let model = &model;
     let pins = Pins {
         dp: Some(f.dp),
         cp: Some(f.cp),
@@ -307,7 +381,7 @@ fn replay(f: &Figure, model: &Model, on: &Cluster) -> Option<FeatureRow> {
             (f.global_batch * f.seq_len) as f64 / (x * cluster.devices as f64),
         ),
     };
-    Some(FeatureRow {
+    let row = FeatureRow {
         feature: f.feature,
         run: f.run,
         source: f.source,
@@ -319,7 +393,8 @@ fn replay(f: &Figure, model: &Model, on: &Cluster) -> Option<FeatureRow> {
         predicted_step_s: p.step_time_s,
         predicted_mfu: p.mfu,
         published_step_s,
-    })
+    };
+    Some((row, best.layout))
 }
 
 #[cfg(test)]
@@ -336,7 +411,11 @@ mod tests {
         )
         .unwrap();
         let rows = feature_rows(&h100);
-        assert_eq!(rows.len(), FIGURES.len(), "every figure replays");
+        assert_eq!(
+            rows.len(),
+            FIGURES.len() + DUALPIPE_RESCORE.len(),
+            "every figure replays, and the DualPipe rescores follow theirs"
+        );
         for r in rows.iter().filter(|r| r.run.starts_with("mixtral")) {
             // Mixtral's 32 layers on PP 4 × 8 chunks of one layer each.
             assert_eq!(r.stage_layers, vec![8; 4], "{}", r.run);
@@ -344,10 +423,20 @@ mod tests {
             assert!(r.predicted_mfu > 0.0 && r.predicted_step_s.is_finite());
         }
         for r in rows.iter().filter(|r| r.run.starts_with("deepseek")) {
-            // 61 layers on 16 stages: the even split gives the first three stages 3 layers.
-            assert_eq!(r.stage_layers.iter().sum::<u64>(), 61, "{}", r.run);
+            // 61 layers on 16 stages: the even split gives the first three stages 3 layers;
+            // under DualPipe every stage also holds its mirror stage's, each layer twice.
+            let dual = r.layout.contains("dualpipe");
+            let held = if dual { 122 } else { 61 };
+            assert_eq!(r.stage_layers.iter().sum::<u64>(), held, "{}", r.layout);
             assert!(r.layout.contains("·ep64") && r.layout.contains("pp16"));
+            assert!(r.predicted_step_s.is_finite(), "{}", r.layout);
         }
+        assert_eq!(
+            rows.iter()
+                .filter(|r| r.layout.contains("dualpipe"))
+                .count(),
+            1
+        );
         for r in rows.iter().filter(|r| r.run.starts_with("llama")) {
             // Llama 3's split: the end stages 7 layers, the others 8 (126 layers).
             let mut want = vec![8; 16];
