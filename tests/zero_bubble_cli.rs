@@ -1,9 +1,13 @@
 //! `tessera run` of the zero-bubble schedules' plans (ZB-H1, ZB-V) on the CPU backend, end to
-//! end (the same losses as 1F1B's), and `tessera plan` refusing DualPipe on a CPU cluster.
+//! end (the same losses as 1F1B's), and DualPipe refused on a CPU cluster by `tessera plan` and
+//! `tessera run` alike.
 
 mod common;
 
 use common::{metrics_losses, plan_file, refused, run, s, Scratch, README_TINY_LAYOUT};
+use tessera_planner::layout::Layout;
+use tessera_planner::plan::Plan;
+use tessera_planner::schedule::ScheduleKind;
 
 /// The README's job (tiny on cpu-8 as DP 2 × PP 2 × TP 2) under `schedule`.
 fn layout(schedule: &str) -> Vec<&str> {
@@ -45,6 +49,23 @@ fn zero_bubble_plans_train_and_dualpipe_is_refused() {
     let out = s(&dir.path("dualpipe.json"));
     args.extend(["-o", &out]);
     refused(&run(&args), &["dualpipe"]);
-    // (`Plan::load` cannot read a DualPipe plan file yet: the memory model indexes its pieces
-    // as interleaved ones. The runtime's own refusal is tested in runtime/tests/zero_bubble.rs.)
+    // `tessera run` of a DualPipe plan file (the ZB-V plan re-planned as DualPipe by the
+    // library, which writes what `tessera plan` does not) is refused by the runtime's check.
+    let zbv = Plan::load(&dir.path("zb-v.json")).unwrap();
+    let layout = Layout {
+        schedule: ScheduleKind::DualPipe,
+        ..zbv.parallel.layout()
+    };
+    let dualpipe = Plan::new(
+        &zbv.job.model,
+        &zbv.job.cluster,
+        &layout,
+        zbv.search.clone(),
+    );
+    let plan = dir.path("dualpipe.json");
+    std::fs::write(&plan, dualpipe.to_json()).unwrap();
+    refused(
+        &run(&["run", &s(&plan), "--steps", "1"]),
+        &["dualpipe", "--schedule zb-v"],
+    );
 }
