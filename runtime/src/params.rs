@@ -92,6 +92,8 @@ pub enum ParamError {
     },
     #[error("parameter {name} registered twice")]
     Duplicate { name: String },
+    #[error("parameter {name}: a copy registered before the tensor itself")]
+    CopyFirst { name: String },
     #[error("a layout's tensors can be appended to another only when both freeze (the appended one holding frozen tensors only) or neither does")]
     Frozen,
 }
@@ -269,10 +271,30 @@ impl ParamLayout {
         self.register(spec, true)
     }
 
+    /// Registers a second shard of a tensor this layout already holds, `spec` as the first's:
+    /// a tied embedding table's copy for the output layer in another chunk of the same rank
+    /// (ZB-V puts the first and the last model piece on PP rank 0). It initialises as the
+    /// first; [`get`](Self::get) by name finds the first.
+    pub fn add_copy(&mut self, spec: ParamSpec) -> Result<ParamRef, ParamError> {
+        if self.get(&spec.name).is_none() {
+            return Err(ParamError::CopyFirst { name: spec.name });
+        }
+        let trainable = self.frozen.is_none();
+        self.register_unchecked(spec, trainable)
+    }
+
     fn register(&mut self, spec: ParamSpec, trainable: bool) -> Result<ParamRef, ParamError> {
         if self.entries.iter().any(|e| e.name == spec.name) {
             return Err(ParamError::Duplicate { name: spec.name });
         }
+        self.register_unchecked(spec, trainable)
+    }
+
+    fn register_unchecked(
+        &mut self,
+        spec: ParamSpec,
+        trainable: bool,
+    ) -> Result<ParamRef, ParamError> {
         let mut e = Self::describe(spec)?;
         let len = e.len;
         let offset = match (trainable, self.frozen.as_mut()) {

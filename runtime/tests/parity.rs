@@ -9,7 +9,7 @@ mod tiny;
 use tessera_planner::layout::{Layout, Recompute};
 use tessera_planner::plan::Plan;
 use tessera_planner::schedule::ScheduleKind;
-use tessera_runtime::exec::{train, EvalSet, TrainOptions, TrainReport};
+use tessera_runtime::exec::TrainReport;
 use tiny::layout;
 
 const STEPS: usize = 5;
@@ -19,36 +19,11 @@ fn plan(layout: Layout) -> Plan {
 }
 
 fn run(plan: &Plan) -> TrainReport {
-    // The validation loss is part of the oracle: two global batches of fixed sequences,
-    // evaluated after steps 2, 4 and the last.
-    let t = &plan.job.model.training;
-    let (seq, batch) = (t.seq_len as usize, t.global_batch as usize);
-    let (inputs, targets) = tiny::data().eval_sequences(seq, 2 * batch);
-    assert_eq!(
-        inputs.len(),
-        2 * batch * seq,
-        "the tiny text holds two eval batches"
-    );
-    let opts = TrainOptions {
-        steps: STEPS,
-        eval: Some(std::sync::Arc::new(EvalSet {
-            every: 2,
-            inputs,
-            targets,
-            source: "tiny text".into(),
-        })),
-        ..TrainOptions::default()
-    };
-    train(plan, &tiny::data(), &opts, &mut |_| {})
-        .unwrap_or_else(|e| panic!("{}: {e}", plan.parallel.layout().label()))
+    tiny::run_evaluated(plan, STEPS)
 }
 
 fn assert_same(got: &TrainReport, want: &TrainReport, what: &str) {
-    assert_eq!(got.steps.len(), STEPS, "{what}: every step reports a loss");
-    tiny::assert_losses_close(got, want, what);
-    let evals = got.steps.iter().filter(|m| m.val_loss.is_some()).count();
-    assert_eq!(evals, 3, "{what}: evaluated after steps 2, 4 and 5");
-    tiny::assert_params_close(&got.params, &want.params, what);
+    tiny::assert_same_run(got, want, STEPS, what);
 }
 
 fn reference() -> TrainReport {

@@ -94,7 +94,7 @@ impl<B: Backend, C: Collective<B>> Rank<'_, B, C> {
             m.take_aux();
         }
         let sum = std::mem::replace(&mut self.loss_sum, train_sum);
-        if self.stage + 1 != self.ctx.mesh.pp as usize {
+        if !self.holds_head() {
             return Ok(None);
         }
         let total = self.ctx.dp.all_reduce_f64(sum)?;

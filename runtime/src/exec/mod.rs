@@ -23,6 +23,7 @@ use std::time::Instant;
 
 use tessera_planner::optimizer::{Optimizer, Schedule};
 use tessera_planner::plan::Plan;
+use tessera_planner::schedule::ScheduleKind;
 use tessera_planner::Mesh;
 
 use crate::backend::{Backend, Collective, Cpu};
@@ -221,6 +222,20 @@ pub fn check_supported(plan: &Plan) -> Result<(), RunError> {
             ),
             fix: "plan for fewer devices (--devices N)".into(),
         });
+    }
+    // Every schedule is named, so a new one is refused until the executor is taught it.
+    match p.schedule {
+        ScheduleKind::Gpipe
+        | ScheduleKind::OneFOneB
+        | ScheduleKind::Interleaved
+        | ScheduleKind::ZbH1
+        | ScheduleKind::ZbV => {}
+        ScheduleKind::DualPipe => {
+            return Err(RunError::Unsupported {
+                what: "parallel.schedule dualpipe: the runtime does not run DualPipe (two pipelines in opposite directions, each rank holding two model stages' parameters)".into(),
+                fix: "re-plan with --schedule zb-v (its V keeps the stages as busy, with one copy of the parameters), zb-h1 or 1f1b; plans of dualpipe are for the planner's numbers only".into(),
+            });
+        }
     }
     // A rank holds seq_len / CP tokens of each sequence.
     let rows = p.micro_batch * plan.job.model.training.seq_len / p.cp.max(1);
@@ -630,11 +645,17 @@ fn saver(
     )
 }
 
-/// With tied embeddings split over PP, ranks of stage 0 and the last stage with the same
+/// With tied embeddings split over PP, ranks of stage 0 and the stage holding the head (the
+/// last, but stage 0 itself under ZB-V, which then sums the two copies alone) with the same
 /// (dp, tp) sum the table's gradient: one two-rank group each (Megatron's embedding group).
 fn tied_embedding_groups(plan: &Plan, mesh: &Mesh) -> Result<Vec<Option<LocalComm>>, RunError> {
     let world = mesh.world() as usize;
-    if !(plan.job.model.architecture.tied_embeddings && mesh.pp > 1) {
+    let head = plan
+        .stages
+        .iter()
+        .position(|s| s.chunks.iter().any(|c| c.head))
+        .unwrap_or(0) as u64;
+    if !(plan.job.model.architecture.tied_embeddings && head > 0) {
         return Ok((0..world).map(|_| None).collect());
     }
     let mut slots: Vec<Option<LocalComm>> = (0..world).map(|_| None).collect();
@@ -643,10 +664,7 @@ fn tied_embedding_groups(plan: &Plan, mesh: &Mesh) -> Result<Vec<Option<LocalCom
         if c.pp != 0 {
             continue;
         }
-        let last = mesh.rank(tessera_planner::mesh::Coord {
-            pp: mesh.pp - 1,
-            ..c
-        });
+        let last = mesh.rank(tessera_planner::mesh::Coord { pp: head, ..c });
         let mut pair = LocalComm::group(2).into_iter();
         slots[r as usize] = pair.next();
         slots[last as usize] = pair.next();

@@ -234,9 +234,18 @@ impl StageModel {
                     let table = match &embedding {
                         Some(e) => e.wte.w,
                         None => {
-                            // Same name as stage 0's table: the same initial values by global index.
-                            let copy =
-                                VocabParallelEmbedding::new(&mut layout, WTE, vocab, c, tp, 0.02)?;
+                            // Same name as stage 0's table: the same initial values by global
+                            // index. Under ZB-V the table is in this rank's first chunk.
+                            let here = chunks.iter().any(|c: &Chunk| c.embedding.is_some());
+                            let copy = VocabParallelEmbedding::new_or_copy(
+                                &mut layout,
+                                WTE,
+                                vocab,
+                                c,
+                                tp,
+                                0.02,
+                                here,
+                            )?;
                             debug_assert!(pp > 1);
                             tied_copy = Some(copy.w.range());
                             copy.w

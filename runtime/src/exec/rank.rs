@@ -25,11 +25,12 @@ use crate::data::{Sampler, Tokens};
 use crate::layers::dropout::{DropCall, DropoutRates};
 use crate::layers::tp::{gather_rows, scatter_rows};
 use crate::layers::{
-    vocab_parallel_cross_entropy_backward, vocab_parallel_cross_entropy_forward, BlockActs,
-    BlockWorkspace, Dims, EpShard, MoeWorkspace, TpShard,
+    vocab_parallel_cross_entropy_forward, BlockActs, BlockWorkspace, Dims, EpShard, MoeWorkspace,
+    TpShard, WeightStash,
 };
 use crate::optim::LrSchedule;
 use crate::params::ParamLayout;
+use backward::take_input;
 
 /// Everything a rank needs: the plan, its backend and groups, the data and the options.
 pub struct RankCtx<'a, B: Backend, C: Collective<B>> {
@@ -234,6 +235,10 @@ struct Rank<'a, B: Backend, C: Collective<B>> {
     pool: Vec<Vec<ChunkActs<B>>>,
     inbox: HashMap<Key, B::Buf>,
     outbox: HashMap<Key, B::Buf>,
+    /// Zero-bubble schedules: the weight gradients each B pass deferred, until its W pass,
+    /// and the spare stashes (their buffers reused from one micro-batch to the next).
+    waiting: HashMap<Key, WeightStash<B>>,
+    stashes: Vec<WeightStash<B>>,
     /// ZeRO buffers, kept between steps so the step allocates nothing: a padded copy of a
     /// region (for regions whose length DP does not divide) and one DP shard of a region, for
     /// the gradients (f32, reduce-scatter) and for the weights (working precision, all-gather).
@@ -242,7 +247,8 @@ struct Rank<'a, B: Backend, C: Collective<B>> {
     /// Gradients summed over TP at the end of a step: the norms' under sequence parallelism
     /// (each TP rank computes them from its own rows), else none.
     tp_summed: Vec<Range<usize>>,
-    /// Per chunk: the index in `ops` of its last backward (its gradients are final there), and
+    /// Per chunk: the index in `ops` of its last backward, or, split, its last B or W (its
+    /// gradients are final there), and
     /// whether this step's DP sum of them has started (see `sync::chunk_grads_done`).
     last_backward: Vec<Option<usize>>,
     bucketed: Vec<bool>,
@@ -343,8 +349,8 @@ impl<'a, B: Backend, C: Collective<B>> Rank<'a, B, C> {
         let chunks = model.chunks.len();
         let mut last_backward = vec![None; chunks];
         for (i, op) in ops.iter().enumerate() {
-            if let Op::Backward { chunk, .. } = op {
-                *last_backward.get_mut(*chunk).ok_or_else(|| {
+            if let Some(chunk) = writes_grads(op) {
+                *last_backward.get_mut(chunk).ok_or_else(|| {
                     schedule_bug(format!("a backward of chunk {chunk}, of {chunks} here"))
                 })? = Some(i);
             }
@@ -381,6 +387,8 @@ impl<'a, B: Backend, C: Collective<B>> Rank<'a, B, C> {
             pool: (0..chunks).map(|_| Vec::new()).collect(),
             inbox: HashMap::new(),
             outbox: HashMap::new(),
+            waiting: HashMap::new(),
+            stashes: Vec::new(),
             grad_bufs: ShardBufs::default(),
             param_bufs: ShardBufs::default(),
             tp_summed: model.tp_summed(p.sequence_parallel, tp.size),
@@ -410,9 +418,9 @@ impl<'a, B: Backend, C: Collective<B>> Rank<'a, B, C> {
         for (i, op) in ops.iter().enumerate() {
             let start = self.ctx.epoch.elapsed();
             self.op(*op, step as u64)?;
-            if let Op::Backward { chunk, .. } = op {
-                if self.last_backward[*chunk] == Some(i) {
-                    self.chunk_grads_done(*chunk)?;
+            if let Some(chunk) = writes_grads(op) {
+                if self.last_backward[chunk] == Some(i) {
+                    self.chunk_grads_done(chunk)?;
                 }
             }
             if self.ctx.opts.trace {
@@ -426,6 +434,11 @@ impl<'a, B: Backend, C: Collective<B>> Rank<'a, B, C> {
             }
         }
         self.ops = ops;
+        if let Some((mb, chunk)) = self.waiting.keys().next() {
+            return Err(schedule_bug(format!(
+                "never runs the weight gradients of micro-batch {mb} of chunk {chunk}"
+            )));
+        }
         let start = self.ctx.epoch.elapsed();
         let sync = crate::alloc::tagged(crate::alloc::Tag::Sync);
         self.sync_and_update(step)?;
@@ -445,8 +458,7 @@ impl<'a, B: Backend, C: Collective<B>> Rank<'a, B, C> {
                 self.ctx.epoch.elapsed(),
             ));
         }
-        let pp = self.ctx.mesh.pp as usize;
-        if self.stage + 1 != pp {
+        if !self.holds_head() {
             return Ok(None);
         }
         let total = self.ctx.dp.all_reduce_f64(self.loss_sum)?;
@@ -459,7 +471,7 @@ impl<'a, B: Backend, C: Collective<B>> Rank<'a, B, C> {
             let p = &self.ctx.plan.parallel;
             mean += aux * p.micro_batch as f64 / t.global_batch as f64;
         }
-        // Every rank of the last stage holds the same sum; the other stages learn of the stop
+        // Every rank of the head's stage holds the same sum; the other stages learn of the stop
         // when their next step's partner is gone.
         if !mean.is_finite() {
             return Err(RunError::NonFinite {
@@ -469,6 +481,12 @@ impl<'a, B: Backend, C: Collective<B>> Rank<'a, B, C> {
             });
         }
         Ok((c.dp == 0 && c.cp == 0 && c.tp == 0).then_some(mean))
+    }
+
+    /// Whether this rank computes the loss: the last stage's, or PP rank 0's under ZB-V (whose
+    /// second chunk is the model's last piece).
+    fn holds_head(&self) -> bool {
+        self.model.chunks.iter().any(|c| c.head.is_some())
     }
 
     /// Rows of the activations this rank holds between layers (all `B·T`, or its share
@@ -483,7 +501,9 @@ impl<'a, B: Backend, C: Collective<B>> Rank<'a, B, C> {
         let n = self.rows().0 * self.model.cfg.hidden;
         let _tag = crate::alloc::tagged(match op {
             Op::Forward { .. } => crate::alloc::Tag::Forward,
-            Op::Backward { .. } => crate::alloc::Tag::Backward,
+            Op::Backward { .. } | Op::BackwardInput { .. } | Op::BackwardWeight { .. } => {
+                crate::alloc::Tag::Backward
+            }
             _ => crate::alloc::Tag::P2p,
         });
         match op {
@@ -499,12 +519,9 @@ impl<'a, B: Backend, C: Collective<B>> Rank<'a, B, C> {
                 self.ctx.pp.send(B::view(&buf), peer)?;
             }
             Op::Forward { mb, chunk } => self.forward(mb, chunk, step)?,
-            Op::Backward { mb, chunk } => self.backward(mb, chunk)?,
-            Op::BackwardInput { .. } | Op::BackwardWeight { .. } => {
-                return Err(schedule_bug(format!(
-                    "runs {op:?}: this runtime does not split backwards into B and W yet"
-                )))
-            }
+            Op::Backward { mb, chunk } => self.backward(mb, chunk, false)?,
+            Op::BackwardInput { mb, chunk } => self.backward(mb, chunk, true)?,
+            Op::BackwardWeight { mb, chunk } => self.backward_weight(mb, chunk)?,
         }
         Ok(())
     }
@@ -572,7 +589,14 @@ impl<'a, B: Backend, C: Collective<B>> Rank<'a, B, C> {
                 acts.inputs = Some(inputs);
                 x
             }
-            None => self.inbox.remove(&(mb, chunk)).ok_or_else(|| {
+            None => take_input::<B>(
+                &mut self.inbox,
+                &mut self.outbox,
+                &self.model.chunks,
+                (mb, chunk),
+                true,
+            )
+            .ok_or_else(|| {
                 schedule_bug(format!("computes micro-batch {mb} before receiving it"))
             })?,
         };
@@ -639,117 +663,16 @@ impl<'a, B: Backend, C: Collective<B>> Rank<'a, B, C> {
         }
         Ok(())
     }
+}
 
-    fn backward(&mut self, mb: usize, chunk: usize) -> Result<(), RunError> {
-        if self.zero == 3 {
-            self.gather_region(chunk)?;
-        }
-        let be = self.be;
-        let (n, c) = (self.dims.n(), self.model.cfg.hidden);
-        let ((rows, _), sp) = (self.rows(), self.ctx.plan.parallel.sequence_parallel);
-        let tp = self.ctx.tp;
-        let mut acts = self
-            .acts
-            .remove(&(mb, chunk))
-            .ok_or_else(|| schedule_bug(format!("runs backward of micro-batch {mb} first")))?;
-        let ch = &self.model.chunks[chunk];
-        let p = B::view(&self.params);
-        let mut g = B::view_mut(&mut self.grads);
-        let (v, m) = (B::view, B::view_mut);
-        let mut dx = match (&ch.head, acts.head.take()) {
-            (Some(head), Some(mut s)) => {
-                let t = &self.ctx.plan.job.model.training;
-                let mut dl = be.alloc(Storage::F32, n)?;
-                be.fill(m(&mut dl), 1.0 / (t.global_batch * t.seq_len) as f32)?;
-                let start = self.tp.rank * (self.model.vocab / self.tp.size);
-                vocab_parallel_cross_entropy_backward(
-                    be,
-                    m(&mut s.logits),
-                    v(&s.max),
-                    v(&s.sumexp),
-                    &s.targets,
-                    v(&dl),
-                    start,
-                )?;
-                let mut dh = be.alloc(Storage::Bf16, rows * c)?;
-                if sp {
-                    let mut h = be.alloc(Storage::Bf16, n * c)?;
-                    gather_rows(tp, v(&s.h), m(&mut h))?;
-                    let mut dh_full = be.alloc(Storage::Bf16, n * c)?;
-                    let gg = B::rb(&mut g);
-                    head.proj
-                        .backward_partial(be, p, gg, v(&h), v(&s.logits), m(&mut dh_full))?;
-                    scatter_rows(tp, v(&dh_full), m(&mut dh))?;
-                } else {
-                    let gg = B::rb(&mut g);
-                    head.proj
-                        .backward(be, p, gg, v(&s.h), v(&s.logits), m(&mut dh), tp)?;
-                }
-                let mut dx = be.alloc(Storage::Bf16, rows * c)?;
-                head.norm.backward(
-                    be,
-                    p,
-                    B::rb(&mut g),
-                    v(&dh),
-                    v(&s.x),
-                    v(&s.mean),
-                    v(&s.rstd),
-                    m(&mut dx),
-                )?;
-                dx
-            }
-            _ => self.inbox.remove(&(mb, chunk)).ok_or_else(|| {
-                schedule_bug(format!(
-                    "runs backward of micro-batch {mb} before its gradient"
-                ))
-            })?,
-        };
-        for (blk, a) in ch.blocks.iter().zip(acts.blocks.iter()).rev() {
-            let mut din = be.alloc(Storage::Bf16, rows * c)?;
-            blk.backward(
-                be,
-                p,
-                B::rb(&mut g),
-                v(&dx),
-                m(&mut din),
-                a,
-                &mut self.ws,
-                tp,
-            )?;
-            dx = din;
-        }
-        match &ch.embedding {
-            Some(e) => {
-                if sp {
-                    // Every TP rank needs every row's gradient: its table rows may be used anywhere.
-                    let mut full = be.alloc(Storage::Bf16, n * c)?;
-                    gather_rows(tp, v(&dx), m(&mut full))?;
-                    dx = full;
-                }
-                dropout::drop_embedding::<B>(self.drop.embedding, c, m(&mut dx), acts.drop, 0)?;
-                let inputs = acts.inputs.take().ok_or_else(|| {
-                    schedule_bug(format!(
-                        "runs backward of micro-batch {mb} before embedding it"
-                    ))
-                })?;
-                if !self.model.adapters {
-                    e.wte.backward(be, B::rb(&mut g), &inputs, v(&dx))?;
-                }
-                if let Some(wpe) = e.wpe.as_ref().filter(|_| !self.model.adapters) {
-                    let (gg, cp) = (B::rb(&mut g), self.cp.as_ref());
-                    cp::positions_backward(be, wpe, gg, v(&dx), self.dims.t, cp)?;
-                }
-            }
-            None => {
-                self.outbox.insert((mb, chunk), dx);
-            }
-        }
-        drop(g);
-        self.pool[chunk].push(acts);
-        if self.zero == 3 {
-            self.release_region(chunk)?;
-        }
-        Ok(())
+/// The chunk whose gradients `op` adds to: a fused backward, and under a zero-bubble schedule
+/// both halves (B computes the norms' and embeddings' gradients, W the linears').
+fn writes_grads(op: &Op) -> Option<usize> {
+    match *op {
+        Op::Backward { chunk, .. }
+        | Op::BackwardInput { chunk, .. }
+        | Op::BackwardWeight { chunk, .. } => Some(chunk),
+        _ => None,
     }
 }
 
@@ -776,6 +699,9 @@ fn schedule_bug(what: String) -> RunError {
         fix: "report this with the plan file; the schedule's op list is inconsistent".into(),
     }
 }
+
+#[path = "backward.rs"]
+mod backward;
 
 #[path = "sync.rs"]
 mod sync;

@@ -65,17 +65,38 @@ impl<'a, B: Backend, C: Collective<B>> Rank<'a, B, C> {
             .any(|c| !c.experts.is_empty() && r.start >= c.experts.start && r.end <= c.experts.end)
     }
 
-    /// The tied embedding's gradient range on this rank, summed over the embedding group at
-    /// the end of the step (stage 0's table, or the last stage's copy of it).
-    fn tied_range(&self) -> Option<Range<usize>> {
-        self.ctx.embedding?;
+    /// The tied embedding's gradient ranges on this rank, summed at the end of the step: over
+    /// the embedding group (stage 0's table, or the head stage's copy of it), or, where this
+    /// rank holds both the table and the head's copy (ZB-V puts the first and the last piece
+    /// of the model on PP rank 0), with each other here ([`Self::sum_tied_here`]).
+    fn tied_ranges(&self) -> Vec<Range<usize>> {
         if self.model.adapters {
-            return None; // frozen: no gradient
+            return Vec::new(); // frozen: no gradient
         }
-        Some(match &self.model.tied_copy {
-            Some(r) => r.clone(),
-            None => self.model.chunks[0].embedding.as_ref()?.wte.w.range(),
-        })
+        let chunks = self.model.chunks.iter();
+        let table = chunks
+            .filter_map(|c| c.embedding.as_ref())
+            .map(|e| e.wte.w.range())
+            .next();
+        let mut r: Vec<Range<usize>> = match (self.ctx.embedding, &self.model.tied_copy) {
+            (Some(_), Some(copy)) => vec![copy.clone()],
+            (Some(_), None) => table.into_iter().collect(),
+            (None, Some(copy)) => table.into_iter().chain([copy.clone()]).collect(),
+            (None, None) => Vec::new(),
+        };
+        r.sort_by_key(|r| r.start);
+        r
+    }
+
+    /// Sums the gradients of the table and the head's copy of it, both on this rank (`lo`
+    /// before `hi` in the flat buffer), into both, so the two stay equal after the optimizer
+    /// as they do across ranks (a two-term sum is the same in either order).
+    fn sum_tied_here(&mut self, lo: Range<usize>, hi: Range<usize>) -> Result<(), RunError> {
+        let (before, rest) = B::split_at_mut(B::view_mut(&mut self.grads), hi.start);
+        let (mut a, mut b) = (B::sub_mut(before, lo), B::sub_mut(rest, 0..hi.len()));
+        self.be.add_assign(B::rb(&mut a), B::ro(&b))?;
+        self.be.copy(B::rb(&mut b), B::ro(&a))?;
+        Ok(())
     }
 
     /// Chunk `c`'s gradients are final for this step (its last backward ran): without ZeRO,
@@ -94,7 +115,7 @@ impl<'a, B: Backend, C: Collective<B>> Rank<'a, B, C> {
             let g = B::sub_mut(B::view_mut(&mut self.grads), r.clone());
             self.ctx.tp.all_reduce_sum(g)?;
         }
-        let holes: Vec<Range<usize>> = self.tied_range().into_iter().collect();
+        let holes = self.tied_ranges();
         for piece in without(self.model.chunks[c].dense(), &holes) {
             let g = B::sub_mut(B::view_mut(&mut self.grads), piece);
             self.ctx.dp.all_reduce_sum_start(g)?;
@@ -127,9 +148,13 @@ impl<'a, B: Backend, C: Collective<B>> Rank<'a, B, C> {
             let g = B::sub_mut(B::view_mut(&mut self.grads), r.clone());
             self.ctx.tp.all_reduce_sum(g)?;
         }
-        let tied = self.tied_range();
-        if let (Some(emb), Some(range)) = (self.ctx.embedding, tied.clone()) {
-            emb.all_reduce_sum(B::sub_mut(B::view_mut(&mut self.grads), range))?;
+        let tied = self.tied_ranges();
+        match (self.ctx.embedding, &tied[..]) {
+            (Some(emb), [range]) => {
+                emb.all_reduce_sum(B::sub_mut(B::view_mut(&mut self.grads), range.clone()))?
+            }
+            (None, [a, b]) => self.sum_tied_here(a.clone(), b.clone())?,
+            _ => {}
         }
         if self.zero == 0 {
             // What the chunk buckets did not cover: chunks without a backward this step (none

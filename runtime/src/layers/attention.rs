@@ -21,6 +21,7 @@ use super::context_parallel::CpRing;
 use super::dropout::{host, host_mut, Site};
 use super::linear::{ColumnParallelLinear, RowParallelLinear};
 use super::tp::{copy_to_tp_backward, reduce_from_tp_forward, TpShard};
+use super::wgrad::WeightStash;
 use super::{BlockConfig, Dims, LayerError};
 
 /// RoPE tables for sequences of `t` positions, heads of size `hd`, on the backend.
@@ -370,6 +371,7 @@ impl ParallelAttention {
             rope,
             None,
             d,
+            None,
         )?;
         copy_to_tp_backward(comm, dx)?;
         Ok(())
@@ -377,7 +379,8 @@ impl ParallelAttention {
 
     /// [`backward`](Self::backward) without the final all-reduce: `dx` is this rank's
     /// partial sum (sequence parallelism reduce-scatters it instead, the block all-reduces it
-    /// otherwise). `ring` as in [`forward_partial`](Self::forward_partial).
+    /// otherwise). `ring` as in [`forward_partial`](Self::forward_partial). With `defer`, the
+    /// projections' weight and bias gradients go there for a later W pass (`super::wgrad`).
     pub fn backward_partial<B: Backend>(
         &self,
         be: &B,
@@ -393,10 +396,11 @@ impl ParallelAttention {
         rope: Option<&RopeTables<B>>,
         ring: Option<&mut CpRing>,
         d: Dims,
+        mut defer: Option<&mut WeightStash<B>>,
     ) -> Result<(), LayerError> {
         let s = self.shape(d);
-        self.proj
-            .backward(be, p, B::rb(&mut g), y, dout, B::view_mut(&mut gr.dy))?;
+        let (gg, dy, dr) = (B::rb(&mut g), B::view_mut(&mut gr.dy), defer.as_deref_mut());
+        self.proj.backward_split(be, p, gg, y, dout, dy, dr)?;
         match (self.ring(ring)?, self.drop_mask()) {
             (Some(_), Some(_)) => return Err(cp_dropout()),
             (Some(r), None) => {
@@ -431,8 +435,17 @@ impl ParallelAttention {
                 true,
             )?;
         }
-        // A frozen bias has no gradient to protect.
+        // A frozen bias has no gradient to protect; a deferred one is protected in the W pass.
         let k_bias = self.k_bias.filter(|_| !self.qkv.frozen);
+        if let Some(stash) = defer {
+            let dqkv = B::view(&gr.dqkv);
+            self.qkv
+                .backward_split(be, p, g, x, dqkv, dx, Some(&mut *stash))?;
+            if let Some(kb) = k_bias {
+                stash.keep_last(kb);
+            }
+            return Ok(());
+        }
         if let Some(kb) = k_bias {
             be.copy(B::view_mut(&mut gr.k_bias), kb.view::<B>(B::ro(&g)))?;
         }

@@ -35,6 +35,7 @@ use super::mlp::ParallelMlp;
 use super::moe::{EpShard, MoeMlp, MoeWorkspace};
 use super::norm::Norm;
 use super::tp::{copy_to_tp_backward, gather_rows, reduce_from_tp_forward, scatter_rows, TpShard};
+use super::wgrad::WeightStash;
 use super::{BlockConfig, Dims, LayerError};
 
 /// A pre-norm transformer block on one TP rank.
@@ -361,12 +362,31 @@ impl TransformerBlock {
         &self,
         be: &B,
         p: B::Ref<'_>,
+        g: B::Mut<'_>,
+        dout: B::Ref<'_>,
+        dx: B::Mut<'_>,
+        acts: &BlockActs<B>,
+        ws: &mut BlockWorkspace<B>,
+        comm: &C,
+    ) -> Result<(), LayerError> {
+        self.backward_split(be, p, g, dout, dx, acts, ws, comm, None)
+    }
+
+    /// [`backward`](Self::backward), the linears' weight and bias gradients deferred to
+    /// `defer` when given: the B pass of a zero-bubble schedule, whose W pass is
+    /// [`WeightStash::run`] ([`super::wgrad`] says what stays in B). The MoE experts' backward
+    /// runs whole here (their gradients come in B; W does nothing for them).
+    pub fn backward_split<B: Backend, C: Collective<B> + ?Sized>(
+        &self,
+        be: &B,
+        p: B::Ref<'_>,
         mut g: B::Mut<'_>,
         dout: B::Ref<'_>,
         mut dx: B::Mut<'_>,
         acts: &BlockActs<B>,
         ws: &mut BlockWorkspace<B>,
         comm: &C,
+        mut defer: Option<&mut WeightStash<B>>,
     ) -> Result<(), LayerError> {
         let d = acts.dims;
         check_dims(ws.dims, d)?;
@@ -433,6 +453,7 @@ impl TransformerBlock {
                 d,
                 comm,
                 moe.as_mut(),
+                defer,
             );
         }
         let (m, v) = (B::view_mut, B::view);
@@ -459,6 +480,7 @@ impl TransformerBlock {
             m(&mut gr.da),
             comm,
             moe.as_mut(),
+            defer.as_deref_mut(),
         )?;
         copy_to_tp_backward(comm, m(&mut gr.dln))?;
         be.copy(m(&mut gr.dx2), dout)?;
@@ -494,6 +516,7 @@ impl TransformerBlock {
             rope,
             ring.as_mut(),
             d,
+            defer,
         )?;
         copy_to_tp_backward(comm, m(&mut gr.dln))?;
         be.copy(B::rb(&mut dx), v(&gr.dx2))?;
@@ -534,6 +557,7 @@ impl TransformerBlock {
         d: Dims,
         comm: &C,
         moe_ws: Option<&mut MoeWorkspace>,
+        mut defer: Option<&mut WeightStash<B>>,
     ) -> Result<(), LayerError> {
         let (m, v) = (B::view_mut, B::view);
         gather_rows(comm, dout, m(&mut sp.full_in))?;
@@ -551,6 +575,7 @@ impl TransformerBlock {
             m(&mut gr.da),
             comm,
             moe_ws,
+            defer.as_deref_mut(),
         )?;
         scatter_rows(comm, v(&sp.partial), m(&mut gr.dln))?;
         be.copy(m(&mut gr.dx2), dout)?;
@@ -581,6 +606,7 @@ impl TransformerBlock {
             rope,
             ring,
             d,
+            defer,
         )?;
         scatter_rows(comm, v(&sp.partial), m(&mut gr.dln))?;
         be.copy(B::rb(&mut dx), v(&gr.dx2))?;
@@ -614,12 +640,16 @@ impl TransformerBlock {
         da: B::Mut<'_>,
         comm: &C,
         moe_ws: Option<&mut MoeWorkspace>,
+        defer: Option<&mut WeightStash<B>>,
     ) -> Result<(), LayerError> {
         match &self.mlp {
             Mlp::Dense(mlp) => {
                 let (h, a) = (B::view(&s.h), B::view(&s.a));
-                mlp.backward_partial(be, p, g, ln2, h, a, dout, dx, dh, da)
+                mlp.backward_split(be, p, g, ln2, h, a, dout, dx, dh, da, defer)
             }
+            // Whole in B even when deferring: the experts' GEMMs run on host memory between
+            // two all-to-alls, and splitting them would keep every expert's dispatched tokens
+            // and gradients until W. Their gradients are final after B; W has none of them.
             Mlp::Moe { moe, .. } => {
                 let ws = moe_ws.ok_or_else(|| {
                     LayerError::Config("an MoE block needs the stage's MoE workspace".into())

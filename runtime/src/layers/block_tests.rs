@@ -4,6 +4,7 @@
 use super::*;
 use crate::backend::Cpu;
 use crate::layers::testkit::{assert_globals_close, gather, jitter_nondecay, on_tp};
+use crate::layers::wgrad::WeightStash;
 use crate::layers::Recompute;
 use crate::layers::{Activation, NormKind};
 use crate::testutil::{assert_close, fd_check, randn, weighted};
@@ -160,6 +161,83 @@ fn recompute_is_bitwise_identical() {
                     assert_eq!(bits(&a.out), bits(&b.out), "{rc:?} out");
                     assert_eq!(bits(&a.dx), bits(&b.dx), "{rc:?} dx");
                     assert_eq!(bits(&a.grads), bits(&b.grads), "{rc:?} grads");
+                }
+            }
+        }
+    }
+}
+
+/// Per rank: two micro-batches' `dx` and the gradients they sum to.
+struct TwoOut {
+    dx: [Vec<f32>; 2],
+    grads: Vec<f32>,
+}
+
+/// Two micro-batches through one block on `t` TP ranks (sequence parallel when `sp`), both
+/// forwards first; then either two fused backwards, or the zero-bubble split B(0), B(1),
+/// W(0), W(1), the workspace reused in between as on a pipeline stage (so the stash must hold
+/// its own copies of what W reads).
+fn run_two(cfg: &BlockConfig, t: usize, sp: bool, rc: Recompute, split: bool) -> Vec<TwoOut> {
+    on_tp(t, |comm, tp| {
+        let mut layout = ParamLayout::new();
+        let mut block = TransformerBlock::new(&mut layout, "h.0", cfg, tp).unwrap();
+        block.sequence_parallel = sp;
+        let mut p = layout.init(11);
+        jitter_nondecay(&layout, &mut p, 0.1);
+        let n = block.rows(D) * cfg.hidden;
+        let seed = 10 * tp.rank as u64;
+        let mut ws = BlockWorkspace::new(&Cpu, &block, D).unwrap();
+        let mut acts = [0, 1].map(|_| BlockActs::new(&Cpu, &block, D, rc).unwrap());
+        for (mb, a) in acts.iter_mut().enumerate() {
+            let (x, mut out) = (randn(n, seed + mb as u64, 1.0), vec![0.0; n]);
+            block
+                .forward(&Cpu, &p, &x, &mut out, a, &mut ws, comm)
+                .unwrap();
+        }
+        let mut grads = layout.zeros();
+        let mut stash = [WeightStash::default(), WeightStash::default()];
+        let dx = [0, 1].map(|mb| {
+            let (gy, mut dx) = (randn(n, seed + 5 + mb as u64, 1.0), vec![0.0; n]);
+            let defer = split.then_some(&mut stash[mb]);
+            let (g, a) = (&mut grads, &acts[mb]);
+            block
+                .backward_split(&Cpu, &p, g, &gy, &mut dx, a, &mut ws, comm, defer)
+                .unwrap();
+            dx
+        });
+        assert_eq!(stash.iter().all(|s| !s.is_empty()), split);
+        for s in &mut stash {
+            s.run(&Cpu, &mut grads).unwrap();
+            assert!(s.is_empty());
+        }
+        TwoOut { dx, grads }
+    })
+}
+
+#[test]
+fn split_backward_is_bitwise_the_fused_one() {
+    let same = |a: &[f32], b: &[f32], what: &str| {
+        assert_eq!(a.len(), b.len(), "{what}: lengths");
+        let differ = a
+            .iter()
+            .zip(b)
+            .position(|(x, y)| x.to_bits() != y.to_bits());
+        if let Some(i) = differ {
+            panic!("{what}: element {i} is {} fused, {} split", a[i], b[i]);
+        }
+    };
+    for cfg in [gpt2(), llama()] {
+        for (t, sp) in [(1, false), (2, false), (2, true)] {
+            for rc in [Recompute::None, Recompute::Full] {
+                let fused = run_two(&cfg, t, sp, rc, false);
+                let split = run_two(&cfg, t, sp, rc, true);
+                let what = format!("{:?} t={t} sp={sp} {rc:?}", cfg.activation);
+                for (a, b) in fused.iter().zip(&split) {
+                    for mb in 0..2 {
+                        same(&a.dx[mb], &b.dx[mb], &format!("{what}: dx {mb}"));
+                    }
+                    assert!(a.grads.iter().any(|&g| g != 0.0), "{what}: no gradient");
+                    same(&a.grads, &b.grads, &format!("{what}: gradients"));
                 }
             }
         }

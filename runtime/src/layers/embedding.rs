@@ -34,15 +34,33 @@ impl VocabParallelEmbedding {
         tp: TpShard,
         std: f32,
     ) -> Result<Self, LayerError> {
+        Self::new_or_copy(layout, name, vocab, c, tp, std, false)
+    }
+
+    /// [`new`](Self::new), or with `copy` a second copy of a table `layout` already holds (a
+    /// tied output layer's on the rank that also embeds, `ParamLayout::add_copy`).
+    pub fn new_or_copy(
+        layout: &mut ParamLayout,
+        name: &str,
+        vocab: usize,
+        c: usize,
+        tp: TpShard,
+        std: f32,
+        copy: bool,
+    ) -> Result<Self, LayerError> {
         let (vocab_start, vocab_local) =
             tp.split(vocab, "vocabulary size (pad it to a multiple of TP)")?;
-        let w = layout.add(ParamSpec {
+        let spec = ParamSpec {
             name: format!("{name}.weight"),
             global_shape: vec![vocab, c],
             shard: tp.shard(0),
             decay: true,
             init: Init::Normal { std },
-        })?;
+        };
+        let w = match copy {
+            true => layout.add_copy(spec)?,
+            false => layout.add(spec)?,
+        };
         Ok(Self {
             w,
             vocab,

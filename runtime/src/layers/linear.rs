@@ -20,6 +20,7 @@ use crate::params::{Init, ParamLayout, ParamRef, ParamSpec, Shard};
 use super::lora::Adapter;
 use super::nf4_base::Nf4Weights;
 use super::tp::{copy_to_tp_backward, reduce_from_tp_forward, TpShard};
+use super::wgrad::WeightStash;
 use super::LayerError;
 
 /// `y_local (N, out_local) = x (N, in) · W_localᵀ + b_local`.
@@ -206,13 +207,28 @@ impl ColumnParallelLinear {
         dy: B::Ref<'_>,
         dx: B::Mut<'_>,
     ) -> Result<(), LayerError> {
-        let (k, m) = (self.in_features, self.out_local);
-        let weights = Weights::of(self.weight(), self.b, self.frozen, &self.lora);
-        matmul_backward(be, p, g, x, dy, dx, weights, k, m)
+        self.backward_split(be, p, g, x, dy, dx, None)
     }
 
-    /// [`backward_partial`](Self::backward_partial) without the bias gradient, for a caller
-    /// that sums it in a fused kernel (GELU's backward).
+    /// [`backward_partial`](Self::backward_partial), the weight and bias gradients deferred
+    /// to `defer` when given (the B pass of a zero-bubble schedule, [`super::wgrad`]).
+    pub fn backward_split<B: Backend>(
+        &self,
+        be: &B,
+        p: B::Ref<'_>,
+        g: B::Mut<'_>,
+        x: B::Ref<'_>,
+        dy: B::Ref<'_>,
+        dx: B::Mut<'_>,
+        defer: Option<&mut WeightStash<B>>,
+    ) -> Result<(), LayerError> {
+        let (k, m) = (self.in_features, self.out_local);
+        let weights = Weights::of(self.weight(), self.b, self.frozen, &self.lora);
+        matmul_backward(be, p, g, x, dy, dx, weights, k, m, defer)
+    }
+
+    /// [`backward_split`](Self::backward_split) without the bias gradient, for a caller that
+    /// sums it in a fused kernel (GELU's backward) when it does not defer.
     pub fn backward_matmuls<B: Backend>(
         &self,
         be: &B,
@@ -221,10 +237,11 @@ impl ColumnParallelLinear {
         x: B::Ref<'_>,
         dy: B::Ref<'_>,
         dx: B::Mut<'_>,
+        defer: Option<&mut WeightStash<B>>,
     ) -> Result<(), LayerError> {
         let (k, m) = (self.in_features, self.out_local);
         let weights = Weights::of(self.weight(), None, self.frozen, &self.lora);
-        matmul_backward(be, p, g, x, dy, dx, weights, k, m)
+        matmul_backward(be, p, g, x, dy, dx, weights, k, m, defer)
     }
 }
 
@@ -337,9 +354,24 @@ impl RowParallelLinear {
         dy: B::Ref<'_>,
         dx: B::Mut<'_>,
     ) -> Result<(), LayerError> {
+        self.backward_split(be, p, g, x, dy, dx, None)
+    }
+
+    /// [`backward`](Self::backward), the weight and bias gradients deferred to `defer` when
+    /// given ([`super::wgrad`]).
+    pub fn backward_split<B: Backend>(
+        &self,
+        be: &B,
+        p: B::Ref<'_>,
+        g: B::Mut<'_>,
+        x: B::Ref<'_>,
+        dy: B::Ref<'_>,
+        dx: B::Mut<'_>,
+        defer: Option<&mut WeightStash<B>>,
+    ) -> Result<(), LayerError> {
         let (k, m) = (self.in_local, self.out_features);
         let weights = Weights::of(self.weight(), self.b, self.frozen, &self.lora);
-        matmul_backward(be, p, g, x, dy, dx, weights, k, m)
+        matmul_backward(be, p, g, x, dy, dx, weights, k, m, defer)
     }
 }
 
@@ -425,8 +457,8 @@ impl<'a> Weights<'a> {
     }
 }
 
-/// `dW += dyᵀ·x` and `db += Σ dy` unless frozen; `dx (N, k) = dy · W` (overwritten), plus the
-/// adapters' gradients and their part of `dx`.
+/// `dW += dyᵀ·x` and `db += Σ dy` unless frozen (deferred to `defer` when given); `dx (N, k) =
+/// dy · W` (overwritten), plus the adapters' gradients and their part of `dx`.
 #[allow(clippy::too_many_arguments)]
 fn matmul_backward<B: Backend>(
     be: &B,
@@ -438,14 +470,19 @@ fn matmul_backward<B: Backend>(
     t: Weights<'_>,
     k: usize,
     m: usize,
+    defer: Option<&mut WeightStash<B>>,
 ) -> Result<(), LayerError> {
     let n = B::len(x) / k;
     match t.w {
         Weight::Flat(w) => {
-            if !t.frozen {
-                be.matmul_at(w.view_mut::<B>(B::rb(&mut g)), dy, x, m, n, k, true)?;
-                if let Some(b) = t.b {
-                    be.bias_backward(b.view_mut::<B>(B::rb(&mut g)), dy)?;
+            match (t.frozen, defer) {
+                (true, _) => {}
+                (false, Some(stash)) => stash.push(be, w, t.b, x, dy, k, m)?,
+                (false, None) => {
+                    be.matmul_at(w.view_mut::<B>(B::rb(&mut g)), dy, x, m, n, k, true)?;
+                    if let Some(b) = t.b {
+                        be.bias_backward(b.view_mut::<B>(B::rb(&mut g)), dy)?;
+                    }
                 }
             }
             be.matmul(B::rb(&mut dx), dy, w.view::<B>(p), n, m, k, false)?;

@@ -7,6 +7,7 @@ use crate::params::ParamLayout;
 
 use super::linear::{ColumnParallelLinear, RowParallelLinear};
 use super::tp::{copy_to_tp_backward, TpShard};
+use super::wgrad::WeightStash;
 use super::{Activation, LayerError};
 
 /// `out = proj(act(fc(x)))` with hidden size `f_local = ffn / t` on this rank.
@@ -127,6 +128,24 @@ impl ParallelMlp {
         &self,
         be: &B,
         p: B::Ref<'_>,
+        g: B::Mut<'_>,
+        x: B::Ref<'_>,
+        h: B::Ref<'_>,
+        a: B::Ref<'_>,
+        dout: B::Ref<'_>,
+        dx: B::Mut<'_>,
+        dh: B::Mut<'_>,
+        da: B::Mut<'_>,
+    ) -> Result<(), LayerError> {
+        self.backward_split(be, p, g, x, h, a, dout, dx, dh, da, None)
+    }
+
+    /// [`backward_partial`](Self::backward_partial), both linears' weight and bias gradients
+    /// deferred to `defer` when given (the B pass of a zero-bubble schedule, `super::wgrad`).
+    pub fn backward_split<B: Backend>(
+        &self,
+        be: &B,
+        p: B::Ref<'_>,
         mut g: B::Mut<'_>,
         x: B::Ref<'_>,
         h: B::Ref<'_>,
@@ -135,23 +154,29 @@ impl ParallelMlp {
         dx: B::Mut<'_>,
         mut dh: B::Mut<'_>,
         mut da: B::Mut<'_>,
+        mut defer: Option<&mut WeightStash<B>>,
     ) -> Result<(), LayerError> {
-        self.proj
-            .backward(be, p, B::rb(&mut g), a, dout, B::rb(&mut da))?;
+        let proj = &self.proj;
+        let dr = defer.as_deref_mut();
+        proj.backward_split(be, p, B::rb(&mut g), a, dout, B::rb(&mut da), dr)?;
         let da = B::ro(&da);
         match self.act {
             // GELU's backward and the fc bias gradient in one kernel on a device, then the
-            // fc matmuls (`Backend::gelu_backward_bias`).
+            // fc matmuls (`Backend::gelu_backward_bias`). Deferred, the bias gradient goes
+            // with the weight's to the W pass (`bias_backward` on the same `dh`).
             Activation::Gelu => {
                 let fc = &self.fc;
-                let db = fc.b.filter(|_| !fc.frozen);
+                let db = fc.b.filter(|_| !fc.frozen && defer.is_none());
                 let db = db.map(|b| b.view_mut::<B>(B::rb(&mut g)));
                 be.gelu_backward_bias(B::rb(&mut dh), db, h, da)?;
-                self.fc.backward_matmuls(be, p, g, x, B::ro(&dh), dx)
+                match defer {
+                    None => fc.backward_matmuls(be, p, g, x, B::ro(&dh), dx, None),
+                    d => fc.backward_split(be, p, g, x, B::ro(&dh), dx, d),
+                }
             }
             Activation::SwiGlu => {
                 be.swiglu_backward(B::rb(&mut dh), h, da, self.f_local)?;
-                self.fc.backward_partial(be, p, g, x, B::ro(&dh), dx)
+                self.fc.backward_split(be, p, g, x, B::ro(&dh), dx, defer)
             }
         }
     }

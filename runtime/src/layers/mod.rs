@@ -30,6 +30,7 @@ pub mod moe;
 pub mod nf4_base;
 pub mod norm;
 pub mod tp;
+pub mod wgrad;
 
 #[cfg(test)]
 mod gpt_tests;
@@ -51,6 +52,7 @@ pub use norm::Norm;
 /// reaches the runtime unchanged.
 pub use tessera_planner::layout::Recompute;
 pub use tp::TpShard;
+pub use wgrad::WeightStash;
 
 use crate::comm::CommError;
 use crate::params::ParamError;

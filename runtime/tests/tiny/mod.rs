@@ -11,7 +11,7 @@ use tessera_planner::schedule::ScheduleKind;
 use tessera_planner::spec::{load_cluster, load_model, ClusterOverrides, TrainingOverrides};
 use tessera_planner::Cluster;
 use tessera_runtime::data::Tokens;
-use tessera_runtime::exec::{train, TrainOptions, TrainReport};
+use tessera_runtime::exec::{train, EvalSet, TrainOptions, TrainReport};
 
 fn root() -> std::path::PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
@@ -88,6 +88,45 @@ pub fn run(plan: &Plan, steps: usize) -> TrainReport {
         ..TrainOptions::default()
     };
     train(plan, &data, &opts, &mut |_| {}).unwrap()
+}
+
+/// `steps` steps of `plan` on [`data`], with the validation loss as part of the oracle: two
+/// global batches of fixed sequences, evaluated after every second step and the last.
+pub fn run_evaluated(plan: &Plan, steps: usize) -> TrainReport {
+    let t = &plan.job.model.training;
+    let (seq, batch) = (t.seq_len as usize, t.global_batch as usize);
+    let (inputs, targets) = data().eval_sequences(seq, 2 * batch);
+    assert_eq!(
+        inputs.len(),
+        2 * batch * seq,
+        "the tiny text holds two eval batches"
+    );
+    let opts = TrainOptions {
+        steps,
+        eval: Some(std::sync::Arc::new(EvalSet {
+            every: 2,
+            inputs,
+            targets,
+            source: "tiny text".into(),
+        })),
+        ..TrainOptions::default()
+    };
+    train(plan, &data(), &opts, &mut |_| {})
+        .unwrap_or_else(|e| panic!("{}: {e}", plan.parallel.layout().label()))
+}
+
+/// A [`run_evaluated`] run of `steps` steps matches the reference: every step's loss, the
+/// validation losses and the final parameters.
+pub fn assert_same_run(got: &TrainReport, want: &TrainReport, steps: usize, what: &str) {
+    assert_eq!(got.steps.len(), steps, "{what}: every step reports a loss");
+    assert_losses_close(got, want, what);
+    let evals = got.steps.iter().filter(|m| m.val_loss.is_some()).count();
+    assert_eq!(
+        evals,
+        steps.div_ceil(2),
+        "{what}: evaluated every second step and the last"
+    );
+    assert_params_close(&got.params, &want.params, what);
 }
 
 /// Each tensor within 1e-5 of the reference in relative L2 norm, ‖a − b‖ / ‖b‖. (Element-wise
