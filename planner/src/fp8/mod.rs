@@ -59,43 +59,45 @@ pub const ACTIVATION_TILE: f64 = 128.0;
 pub const WEIGHT_BLOCK: f64 = 128.0 * 128.0;
 
 /// The memory-bound traffic of one recipe's casts, in bytes per element of each GEMM operand
-/// (the linear's input X (m × k), weight W (k × n), output gradient dY (m × n)), and its kernels.
+/// (the linear's input X (m × k), weight W (k × n), output gradient dY (m × n)), and the
+/// kernels that move it.
 ///
 /// An amax pass reads the 16-bit tensor (2 B); a cast pass reads it (2 B) and writes 1 B per
 /// FP8 layout it produces (Hopper's FP8 GEMMs take only the TN layout, so a tensor that one
-/// GEMM reads by rows and another by columns is written twice).
-/// - torchao's dynamic recipes (tensorwise, rowwise; torchao/float8/README.md and
-///   `float8_linear.py`'s `matmul_with_hp_or_float8_args`, which saves the 16-bit input and
-///   weight and casts them again in the backward): forward, X and W each amax + cast to one
-///   layout, 2 + 2 + 1 = 5 B; backward, dY amax + one cast pass writing both layouts (the input
-///   gradient's and the weight gradient's), 2 + 2 + 2 = 6 B, and X and W cast again for the
-///   weight and input gradients, 5 B each. Two kernels per operand.
+/// GEMM reads by rows and another by columns is written twice, or transposed).
+/// - torchao's dynamic recipes, as torchao's own roofline counts them
+///   (`torchao/testing/training/roofline_utils.py`, `get_tensor_memory_traffic_ovhd_s`, no
+///   fusion with the producing op): tensorwise, X and dY each an amax (2) and one cast to both
+///   layouts (2 + 1 + 1): 6 B in 2 kernels; W an amax (2) and a cast for each pass (2 + 1 twice):
+///   8 B in 3 kernels, its backward cast in the backward. Rowwise, X and dY a cast that also
+///   writes a 16-bit transposed copy (2 + 1 + 2) and a cast of that copy (2 + 1): 8 B in 2
+///   kernels; W a cast (2 + 1), a transpose (2 + 2) and a cast (2 + 1): 10 B in 3 kernels, the
+///   last two in the backward. torchao keeps no FP8 copy between micro-batches.
 /// - Transformer Engine's delayed scaling (TE docs, "Using FP8 with Transformer Engine": the
 ///   scale comes from the amax history, and the cast kernel records the new amax as it goes):
 ///   one fused cast-transpose per operand writing both layouts, 2 + 1 + 1 = 4 B, for X in the
 ///   forward (the transposed copy is what the weight gradient reads: TE saves it) and dY in the
 ///   backward; W's FP8 copy and its transpose are cast once per step (`is_first_microbatch`)
 ///   and cached across micro-batches, 4 B per weight element per step.
-/// - Blockwise (DeepSeek-V3 §3.3.1–3.3.3; TE's `Float8BlockScaling`): the amax of a tile is
-///   local, so one fused pass per operand like delayed, writing both layouts and an fp32 scale
-///   per 1×128 tile (4/128 B per element and layout) or per 128×128 weight block (4/16384); the
-///   scales are applied inside the GEMM (DeepSeek-V3's promotion to CUDA cores), which the FP8
-///   GEMM efficiency carries.
+/// - Blockwise (DeepSeek-V3 §3.3.1–3.3.3, §3.5.2; TE's `Float8BlockScaling`): the amax of a
+///   tile is local, so one fused pass per operand like delayed, writing both layouts and an
+///   fp32 scale per 1×128 tile (4/128 B per element and layout) or per 128×128 weight block
+///   (4/16384); the scales are applied inside the GEMM (DeepSeek-V3's promotion to CUDA cores),
+///   which the FP8 GEMM efficiency carries.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct CastBytes {
-    /// Forward: the input's and the weight's casts.
+    /// Forward: the input's casts and the weight's forward cast.
     pub input: f64,
-    pub weight: f64,
-    /// Backward: the output gradient's cast, and the input and weight cast again (0 where the
-    /// forward's copies are kept).
+    pub weight_fwd: f64,
+    /// Backward: the output gradient's casts and the weight's backward cast (0 where the
+    /// forward wrote both layouts).
     pub grad_output: f64,
-    pub input_again: f64,
-    pub weight_again: f64,
+    pub weight_bwd: f64,
+    /// Kernels of each of the four above.
+    pub kernels: [f64; 4],
     /// Whether the weight's FP8 copies are cast once per optimizer step and cached across the
     /// micro-batches (TE), rather than once per micro-batch (torchao).
     pub weight_per_step: bool,
-    /// Kernels per operand cast: 2 (amax, then cast) or 1 (fused).
-    pub kernels_per_operand: f64,
 }
 
 impl Recipe {
@@ -118,35 +120,34 @@ impl Recipe {
     /// for 16-bit training.
     pub fn cast_bytes(self) -> Option<CastBytes> {
         let tile = 2.0 * 4.0 / ACTIVATION_TILE;
+        let te = |activation: f64, weight: f64| CastBytes {
+            input: activation,
+            weight_fwd: weight,
+            grad_output: activation,
+            weight_bwd: 0.0,
+            kernels: [1.0, 1.0, 1.0, 0.0],
+            weight_per_step: true,
+        };
         match self {
             Recipe::None => None,
-            Recipe::Tensorwise | Recipe::Rowwise => Some(CastBytes {
-                input: 5.0,
-                weight: 5.0,
+            Recipe::Tensorwise => Some(CastBytes {
+                input: 6.0,
+                weight_fwd: 5.0,
                 grad_output: 6.0,
-                input_again: 5.0,
-                weight_again: 5.0,
+                weight_bwd: 3.0,
+                kernels: [2.0, 2.0, 2.0, 1.0],
                 weight_per_step: false,
-                kernels_per_operand: 2.0,
             }),
-            Recipe::Delayed => Some(CastBytes {
-                input: 4.0,
-                weight: 4.0,
-                grad_output: 4.0,
-                input_again: 0.0,
-                weight_again: 0.0,
-                weight_per_step: true,
-                kernels_per_operand: 1.0,
+            Recipe::Rowwise => Some(CastBytes {
+                input: 8.0,
+                weight_fwd: 3.0,
+                grad_output: 8.0,
+                weight_bwd: 7.0,
+                kernels: [2.0, 1.0, 2.0, 2.0],
+                weight_per_step: false,
             }),
-            Recipe::Blockwise => Some(CastBytes {
-                input: 4.0 + tile,
-                weight: 4.0 + 2.0 * 4.0 / WEIGHT_BLOCK,
-                grad_output: 4.0 + tile,
-                input_again: 0.0,
-                weight_again: 0.0,
-                weight_per_step: true,
-                kernels_per_operand: 1.0,
-            }),
+            Recipe::Delayed => Some(te(4.0, 4.0)),
+            Recipe::Blockwise => Some(te(4.0 + tile, 4.0 + 2.0 * 4.0 / WEIGHT_BLOCK)),
         }
     }
 
@@ -256,15 +257,14 @@ impl Fp8Device {
     pub fn casts(&self, m: f64, k: f64, n: f64) -> (f64, f64) {
         let c = &self.cast;
         let (bw, launch) = (self.gemm.bandwidth, self.gemm.launch);
+        // A weight cast once per step is charged to each micro-batch in its share.
         let wc = self.weight_casts;
-        let fwd_bytes = c.input * m * k + c.weight * k * n * wc;
-        let fwd_kernels = c.kernels_per_operand * (1.0 + wc);
-        let bwd_bytes = c.grad_output * m * n + c.input_again * m * k + c.weight_again * k * n;
-        let again = f64::from(c.input_again > 0.0) + f64::from(c.weight_again > 0.0);
-        let bwd_kernels = c.kernels_per_operand * (1.0 + again);
+        let [ki, kw, kg, kwb] = c.kernels;
+        let fwd_bytes = c.input * m * k + c.weight_fwd * k * n * wc;
+        let bwd_bytes = c.grad_output * m * n + c.weight_bwd * k * n * wc;
         (
-            fwd_bytes / bw + fwd_kernels * launch,
-            bwd_bytes / bw + bwd_kernels * launch,
+            fwd_bytes / bw + (ki + kw * wc) * launch,
+            bwd_bytes / bw + (kg + kwb * wc) * launch,
         )
     }
 

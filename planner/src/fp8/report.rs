@@ -171,17 +171,16 @@ pub fn lines(c: &Fp8Change) -> Vec<String> {
         ),
     ];
     for l in &c.linears {
+        let shape = format!("{:.0}×{:.0}×{:.0}", l.m, l.k, l.n);
+        let count = if l.count > 1.0 {
+            format!(" (×{})", l.count)
+        } else {
+            String::new()
+        };
         out.push(format!(
-            "  {:<8} {:>6.0}×{:<6.0}×{:<6.0}{} bf16 {:>8.1} us, fp8 {:>8.1} us GEMMs + {:>7.1} us casts: {}",
+            "  {:<8} {:<24} bf16 {:>9.1} µs; fp8 {:>9.1} µs GEMMs + {:>8.1} µs casts: {}",
             l.name,
-            l.m,
-            l.k,
-            l.n,
-            if l.count > 1.0 {
-                format!(" ×{}", l.count)
-            } else {
-                "   ".into()
-            },
+            format!("{shape}{count}"),
             l.bf16_s * 1e6,
             l.fp8_gemm_s * 1e6,
             l.cast_s * 1e6,
