@@ -63,13 +63,20 @@ fn the_flag_states_the_recipe_and_the_plan_carries_it() {
     let terms = v["predicted"]["memory"]["per_stage"][0]["terms"]
         .as_array()
         .unwrap();
-    let cache = terms.iter().find(|t| t["name"] == "fp8_weight_cache").unwrap();
+    let cache = terms
+        .iter()
+        .find(|t| t["name"] == "fp8_weight_cache")
+        .unwrap();
     // 2 B × 218,103,808 FP8-linear parameters × 32 layers.
     assert_eq!(cache["bytes"], 2 * 218_103_808u64 * 32);
     // The plan reads back, and `explain` shows the section.
     let r = run(&["explain", &s(&p)]);
     assert_eq!(r.code, Some(0), "{}", r.stderr);
-    assert!(r.stdout.contains("FP8 (training.fp8 = \"delayed\")"), "{}", r.stdout);
+    assert!(
+        r.stdout.contains("FP8 (training.fp8 = \"delayed\")"),
+        "{}",
+        r.stdout
+    );
 }
 
 #[test]
@@ -87,7 +94,10 @@ fn a_16_bit_plan_says_what_fp8_would_change_and_writes_no_key() {
     let v = json(&out);
     assert!(v["job"]["model"]["training"].get("fp8").is_none());
     let c = &v["predicted"]["fp8"];
-    assert_eq!((c["recipe"].as_str(), c["stated"].as_bool()), (Some("tensorwise"), Some(false)));
+    assert_eq!(
+        (c["recipe"].as_str(), c["stated"].as_bool()),
+        (Some("tensorwise"), Some(false))
+    );
     assert_eq!(c["step_time_s_bf16"], v["predicted"]["step_time_s"]);
 }
 
@@ -96,9 +106,19 @@ fn a_device_without_an_fp8_peak_refuses_the_recipe() {
     let mut args = vec!["plan"];
     args.extend(layout(A100, &["--fp8", "tensorwise"]));
     let r = run(&args);
-    refused(&r, &[A100, "device.peak_tflops_fp8", "\"tensorwise\"", "fix:"]);
+    refused(
+        &r,
+        &[A100, "device.peak_tflops_fp8", "\"tensorwise\"", "fix:"],
+    );
     let r = run(&["plan", LLAMA, H100, "--fp8", "tensorwize"]);
-    refused(&r, &["--fp8", "tensorwize", "none | tensorwise | rowwise | delayed | blockwise"]);
+    refused(
+        &r,
+        &[
+            "--fp8",
+            "tensorwize",
+            "none | tensorwise | rowwise | delayed | blockwise",
+        ],
+    );
 }
 
 #[test]
@@ -106,22 +126,43 @@ fn exports_run_the_recipe_or_refuse_it() {
     let dir = Scratch::new();
     let delayed = plan_with(&dir, "delayed.json", &["--fp8", "delayed"]);
     let meg = export_text(&delayed, "megatron");
-    assert!(meg.contains("--fp8-format hybrid\n  --fp8-recipe delayed\n"), "{meg}");
+    assert!(
+        meg.contains("--fp8-format hybrid\n  --fp8-recipe delayed\n"),
+        "{meg}"
+    );
     let blockwise = plan_with(&dir, "blockwise.json", &["--fp8", "blockwise"]);
     let meg = export_text(&blockwise, "megatron");
-    assert!(meg.contains("--fp8-format e4m3\n  --fp8-recipe blockwise\n"), "{meg}");
+    assert!(
+        meg.contains("--fp8-format e4m3\n  --fp8-recipe blockwise\n"),
+        "{meg}"
+    );
     let rowwise = plan_with(&dir, "rowwise.json", &["--fp8", "rowwise"]);
     let tt = export_text(&rowwise, "torchtitan");
-    assert!(tt.contains("converters = [\"quantize.linear.float8\"]"), "{tt}");
+    assert!(
+        tt.contains("converters = [\"quantize.linear.float8\"]"),
+        "{tt}"
+    );
     assert!(tt.contains("recipe_name = \"rowwise\""), "{tt}");
     assert!(tt.contains("filter_fqns = [\"output\"]"), "{tt}");
     let tensorwise = plan_with(&dir, "tensorwise.json", &["--fp8", "tensorwise"]);
     let tt = export_text(&tensorwise, "torchtitan");
     assert!(!tt.contains("recipe_name"), "{tt}");
     for (plan, to, words) in [
-        (&rowwise, "megatron", &["\"rowwise\"", "no rowwise", "torchtitan"][..]),
-        (&delayed, "torchtitan", &["\"delayed\"", "no delayed", "megatron"][..]),
-        (&tensorwise, "deepspeed", &["FP8", "\"tensorwise\"", "--fp8 none"][..]),
+        (
+            &rowwise,
+            "megatron",
+            &["\"rowwise\"", "no rowwise", "torchtitan"][..],
+        ),
+        (
+            &delayed,
+            "torchtitan",
+            &["\"delayed\"", "no delayed", "megatron"][..],
+        ),
+        (
+            &tensorwise,
+            "deepspeed",
+            &["FP8", "\"tensorwise\"", "--fp8 none"][..],
+        ),
         (&tensorwise, "sbatch", &["FP8", "no FP8 GEMM"][..]),
     ] {
         let out = dir.path(&format!("refused.{to}"));
@@ -141,11 +182,14 @@ fn run_refuses_an_fp8_plan() {
     assert!(r.stderr.contains("no FP8 GEMM"), "{}", r.stderr);
     // The CPU backend: a CPU plan edited to state a recipe.
     let tiny = tiny_plan(&dir);
-    edit_json(&tiny, |v| v["job"]["model"]["training"]["fp8"] = "tensorwise".into());
+    edit_json(&tiny, |v| {
+        v["job"]["model"]["training"]["fp8"] = "tensorwise".into()
+    });
     let r = run(&["run", &s(&tiny), "--steps", "1"]);
     assert_ne!(r.code, Some(0));
     assert!(
-        r.stderr.contains("CPU backend computes in f32 and has no FP8 GEMM"),
+        r.stderr
+            .contains("CPU backend computes in f32 and has no FP8 GEMM"),
         "{}",
         r.stderr
     );

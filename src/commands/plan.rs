@@ -775,7 +775,10 @@ fn print_rejections(result: &search::SearchResult) {
 /// `--fp8`: a recipe name, the spec's `training.fp8` values.
 fn parse_fp8(s: &str) -> Result<tessera_planner::fp8::Recipe, String> {
     tessera_planner::fp8::Recipe::by_name(s).ok_or_else(|| {
-        let names: Vec<&str> = tessera_planner::fp8::RECIPES.iter().map(|(n, _)| *n).collect();
+        let names: Vec<&str> = tessera_planner::fp8::RECIPES
+            .iter()
+            .map(|(n, _)| *n)
+            .collect();
         format!("unknown FP8 recipe `{s}`: use one of {}", names.join(" | "))
     })
 }

@@ -25,9 +25,7 @@ use crate::model::Model;
 use crate::spec::Cluster;
 
 /// How FP8 scales are chosen and where they live.
-#[derive(
-    Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, JsonSchema, Hash,
-)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, JsonSchema, Hash)]
 #[serde(rename_all = "lowercase")]
 pub enum Recipe {
     /// 16-bit GEMMs (the precision policy's).

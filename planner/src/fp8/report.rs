@@ -99,12 +99,16 @@ pub fn memory_counted(recipe: Recipe) -> String {
     if cache > 0.0 {
         parts.push(format!("fp8_weight_cache: the FP8 weight and its transpose, {cache:.4} B per FP8-linear parameter (Transformer Engine)"));
     } else {
-        parts.push("no FP8 weight copy kept across layers (torchao casts inside each linear)".into());
+        parts.push(
+            "no FP8 weight copy kept across layers (torchao casts inside each linear)".into(),
+        );
     }
     if recipe.saves_fp8_inputs() {
         parts.push("the linears' saved inputs in FP8 (1 B per element)".into());
     } else {
-        parts.push("the linears' saved inputs in 16-bit (torchao saves the high-precision input)".into());
+        parts.push(
+            "the linears' saved inputs in 16-bit (torchao saves the high-precision input)".into(),
+        );
     }
     if recipe.float8_all_gather() {
         parts.push("under ZeRO-3/FSDP the linears' weights gathered in FP8, 1 B per parameter (float8 all-gather)".into());
@@ -154,7 +158,10 @@ pub fn change(
 /// The "FP8 would change" lines `plan` and `explain` print.
 pub fn lines(c: &Fp8Change) -> Vec<String> {
     let head = if c.stated {
-        format!("FP8 (training.fp8 = \"{}\") against 16-bit GEMMs, for this layout:", c.recipe)
+        format!(
+            "FP8 (training.fp8 = \"{}\") against 16-bit GEMMs, for this layout:",
+            c.recipe
+        )
     } else {
         format!("FP8 would change, for this layout (recipe \"{}\" as the example; --fp8 RECIPE states one):", c.recipe)
     };

@@ -87,7 +87,11 @@ fn a_large_linear_wins() {
     assert!(r.wins);
     // 4504.58 µs against 3053.13 µs.
     assert!((bf16 - 4504.58e-6).abs() < 0.01e-6, "{bf16}");
-    assert!((fp8_gemm + cast - 3053.13e-6).abs() < 0.01e-6, "{}", fp8_gemm + cast);
+    assert!(
+        (fp8_gemm + cast - 3053.13e-6).abs() < 0.01e-6,
+        "{}",
+        fp8_gemm + cast
+    );
 }
 
 /// GPT-2 124M's attention output projection at micro-batch 1, sequence 1024, TP 1:
@@ -121,7 +125,11 @@ fn a_small_linear_loses() {
     close(r.cast_s, cast);
     assert!(!r.wins);
     assert!((bf16 - 23.99e-6).abs() < 0.01e-6, "{bf16}");
-    assert!((fp8_gemm + cast - 38.81e-6).abs() < 0.01e-6, "{}", fp8_gemm + cast);
+    assert!(
+        (fp8_gemm + cast - 38.81e-6).abs() < 0.01e-6,
+        "{}",
+        fp8_gemm + cast
+    );
 }
 
 /// Delayed scaling casts each activation operand once (4 B: read 2, write both layouts) and
@@ -209,7 +217,10 @@ fn float8_all_gather_moves_half_the_bytes() {
             .zero3_first_gather
     };
     close(gather(Recipe::None), links.dp.all_gather(436_224_000.0));
-    close(gather(Recipe::Tensorwise), links.dp.all_gather(218_120_192.0));
+    close(
+        gather(Recipe::Tensorwise),
+        links.dp.all_gather(218_120_192.0),
+    );
     close(gather(Recipe::Rowwise), links.dp.all_gather(436_224_000.0));
 }
 
@@ -250,7 +261,8 @@ fn the_spec_key() {
     assert_eq!(e.location, Some((10, 7)));
     assert!(
         e.fix.contains("\"rowwise\"")
-            && e.fix.contains("none | tensorwise | rowwise | delayed | blockwise"),
+            && e.fix
+                .contains("none | tensorwise | rowwise | delayed | blockwise"),
         "{}",
         e.fix
     );

@@ -560,7 +560,13 @@ pub(crate) fn resolve_training(
         }
     };
     let tokens = budget_tokens(f, t, overrides, seq_len, global_batch)?;
-    let fp8 = f.choice(T, "fp8", &t.fp8, &crate::fp8::RECIPES, Some(Default::default()))?;
+    let fp8 = f.choice(
+        T,
+        "fp8",
+        &t.fp8,
+        &crate::fp8::RECIPES,
+        Some(Default::default()),
+    )?;
     Ok(Training {
         seq_len,
         global_batch,
