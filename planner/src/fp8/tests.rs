@@ -103,6 +103,7 @@ fn a_large_linear_wins() {
 ///   FP8 786,432 + 589,824 + 2 · 786,432 B = 1.21 µs);
 /// - weight gradient (768 × 1024 · 1024 × 768): 2 · 16384 · 1024 · 132 = 4,429,185,024:
 ///   bf16 6.682 µs, FP8 3.475 µs.
+///
 /// Each with a launch: bf16 23.99 µs, FP8 GEMMs 15.98 µs. The casts: forward 6 B × 786,432 + 5 B ×
 /// 589,824 = 7,667,712 B in 4 kernels; backward 6 B × 786,432 + 3 B × 589,824 = 6,488,064 B in
 /// 3 kernels: 5.82 µs + 17.01 µs = 22.83 µs. FP8 loses, 38.81 µs against 23.99: the launches
