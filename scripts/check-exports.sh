@@ -160,6 +160,14 @@ DERIVE[llama-off-act]="llama-zero3-2-nodes offload_activations=true"
 DERIVE[llama-every4-off-opt]="llama-every4 offload=optimizer"
 DERIVE[ft-full-fsdp-off]="ft-full-fsdp offload=params offload_activations=true"
 DERIVE[ft-full-fsdp-off-opt]="ft-full-fsdp offload=optimizer"
+# FP8 (issue 41): llama-pp1's layout with each recipe (`--fp8`). Megatron-LM 0.19 runs
+# tensorwise, delayed and blockwise (Transformer Engine), torchtitan 0.2.2 tensorwise and rowwise
+# (torchao); every other target refuses. And ZeRO-3 on 2 nodes with tensorwise: torchtitan's
+# float8 all-gather under FSDP.
+for r in tensorwise rowwise delayed blockwise; do
+  PLAN[llama-fp8-$r]="${PLAN[llama-pp1]} --fp8 $r"
+done
+PLAN[llama-fp8-fsdp]="${PLAN[llama-zero3-2-nodes]} --fp8 tensorwise"
 # A layout that does not fit, written with --force ("feasible": false): refused by every target;
 # exported with `tessera export --force` it is an ordinary DDP plan every target takes.
 PLAN[llama-infeasible]="${LLAMA[*]} --nodes 1 --dp 8 --tp 1 --pp 1 --micro-batch 4 --zero 0 --recompute none --force"
@@ -211,6 +219,11 @@ llama-off-act                  refuse:ZeRO-3             ok                     
 llama-every4-off-opt           ok                        refuse:some_layers        refuse:ZeRO-1             refuse:offload            refuse:offload            refuse:full_fine-tune     refuse:precision          refuse:tensor             refuse:tensor
 ft-full-fsdp-off               refuse:ZeRO-3             refuse:every_tensor       refuse:activation_offload refuse:offload            refuse:offload            refuse:full_fine-tune     ok                        refuse:activation_offload refuse:activation_offload
 ft-full-fsdp-off-opt           refuse:ZeRO-3             refuse:every_tensor       refuse:optimizer_offload  refuse:offload            refuse:offload            refuse:full_fine-tune     refuse:optimizer_offload  refuse:precision          ok
+llama-fp8-tensorwise           ok                        refuse:FP8                ok                        refuse:FP8                refuse:FP8                refuse:FP8                refuse:FP8                refuse:FP8                refuse:FP8
+llama-fp8-rowwise              refuse:rowwise            refuse:FP8                ok                        refuse:FP8                refuse:FP8                refuse:FP8                refuse:FP8                refuse:FP8                refuse:FP8
+llama-fp8-delayed              ok                        refuse:FP8                refuse:delayed            refuse:FP8                refuse:FP8                refuse:FP8                refuse:FP8                refuse:FP8                refuse:FP8
+llama-fp8-blockwise            ok                        refuse:FP8                refuse:blockwise          refuse:FP8                refuse:FP8                refuse:FP8                refuse:FP8                refuse:FP8                refuse:FP8
+llama-fp8-fsdp                 refuse:ZeRO-3             refuse:FP8                ok                        refuse:FP8                refuse:FP8                refuse:FP8                refuse:FP8                refuse:FP8                refuse:FP8
 llama-infeasible               refuse:feasible           refuse:feasible           refuse:feasible           refuse:feasible           refuse:feasible           refuse:feasible           refuse:feasible           refuse:feasible           refuse:feasible
 llama-infeasible+force         ok                        ok                        ok                        ok                        ok                        refuse:full_fine-tune     refuse:precision          ok                        ok
 TABLE

@@ -184,7 +184,15 @@ def check(name, plan, plan_path, path):
         "optimizer_offload_fraction": 1.0,
         "use_precision_aware_optimizer": offload,
     })
+    # FP8 (training.fp8): Transformer Engine's format and recipe, as Megatron parsed them and as
+    # its TransformerConfig keeps them; E4M3 everywhere for DeepSeek-V3's blockwise recipe.
+    fp8 = tr.get("fp8", "none")
+    want["fp8"] = None if fp8 == "none" else ("e4m3" if fp8 == "blockwise" else "hybrid")
+    if fp8 != "none":
+        want["fp8_recipe"] = fp8
     got = {k: getattr(args, k, None) for k in want}
+    if fp8 != "none":
+        got["fp8_recipe"] = str(getattr(cfg.fp8_recipe, "value", cfg.fp8_recipe))
     if moe:
         freq = cfg.moe_layer_freq
         got["MoE layers"] = ([layer for layer in range(a["layers"]) if layer % freq == 0]

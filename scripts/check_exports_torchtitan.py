@@ -213,6 +213,18 @@ def check(name, plan, plan_path, config_path):
     want["layers recomputed whole"] = sorted(recomputed_layers(plan))
     flash = tr["attention"] == "flash"
     want["layers with per-op checkpointing"] = list(range(layers)) if p["recompute"] == "selective" and flash else []
+    # FP8 (training.fp8): torchao's float8 linears through the converter torchtitan registers,
+    # the recipe (tensorwise: the default, no recipe_name), float8 all-gather exactly where FSDP
+    # shards and the recipe is tensorwise, and the LM head ("output") left in 16-bit.
+    fp8 = tr.get("fp8", "none")
+    f8 = c.quantize.linear.float8
+    got["converters"], want["converters"] = list(c.model.converters), [] if fp8 == "none" else ["quantize.linear.float8"]
+    if fp8 != "none":
+        got["float8 recipe_name"] = f8.recipe_name
+        want["float8 recipe_name"] = None if fp8 == "tensorwise" else fp8
+        got["enable_fsdp_float8_all_gather"] = f8.enable_fsdp_float8_all_gather
+        want["enable_fsdp_float8_all_gather"] = fp8 == "tensorwise" and dims.dp_shard > 1
+        got["float8 filter_fqns"], want["float8 filter_fqns"] = list(f8.filter_fqns), ["output"]
     compare("torchtitan", got, want)
     ac = c.activation_checkpoint
     print(f"  activation_checkpoint: mode {ac.mode!r}, selective_ac_option {ac.selective_ac_option!r}")

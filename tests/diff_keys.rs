@@ -70,6 +70,24 @@ const NOT_SHOWN: &[(&str, &str)] = &[
     ("predicted.whole_run.gpu_hours", DERIVED),
     ("predicted.whole_run.cost_usd", DERIVED),
     ("predicted.whole_run.interruptions", DERIVED),
+    // What FP8 would change follows from job.model.training.fp8 and the device's FP8 keys,
+    // which diff shows, and the layout.
+    ("predicted.fp8.recipe", DERIVED),
+    ("predicted.fp8.stated", DERIVED),
+    ("predicted.fp8.step_time_s_bf16", DERIVED),
+    ("predicted.fp8.step_time_s_fp8", DERIVED),
+    ("predicted.fp8.peak_bytes_bf16", DERIVED),
+    ("predicted.fp8.peak_bytes_fp8", DERIVED),
+    ("predicted.fp8.memory", DERIVED),
+    ("predicted.fp8.linears[].name", DERIVED),
+    ("predicted.fp8.linears[].m", DERIVED),
+    ("predicted.fp8.linears[].k", DERIVED),
+    ("predicted.fp8.linears[].n", DERIVED),
+    ("predicted.fp8.linears[].count", DERIVED),
+    ("predicted.fp8.linears[].bf16_s", DERIVED),
+    ("predicted.fp8.linears[].fp8_gemm_s", DERIVED),
+    ("predicted.fp8.linears[].cast_s", DERIVED),
+    ("predicted.fp8.linears[].wins", DERIVED),
     ("predicted.memory.peak_stage", DERIVED),
     ("predicted.memory.capacity_bytes", DERIVED),
     ("predicted.memory.per_stage[].stage", DERIVED),
@@ -258,7 +276,8 @@ fn plans(dir: &Scratch) -> Vec<Value> {
     let mut args = vec!["tests/fixtures/tiny-llama-rope.toml"];
     args.extend_from_slice(&README_TINY_LAYOUT[1..]);
     let rope = plan_file(dir, "rope.json", &args);
-    // Context parallelism (K and V all-gathered): CP 2 × PP 2 × TP 2, on a GPU cluster.
+    // Context parallelism (K and V all-gathered): CP 2 × PP 2 × TP 2, on a GPU cluster, with
+    // Transformer Engine's FP8 (training.fp8).
     let cp = plan_file(
         dir,
         "cp.json",
@@ -284,6 +303,8 @@ fn plans(dir: &Scratch) -> Vec<Value> {
             "1f1b",
             "--zero",
             "1",
+            "--fp8",
+            "delayed",
         ],
     );
     // Mixture of experts with every MoE and MLA key set, EP 2 × TP 2 with SP.

@@ -11,6 +11,7 @@ pub mod cost;
 pub mod error;
 pub mod export;
 pub mod finetune;
+pub mod fp8;
 pub mod framework;
 pub mod layout;
 pub mod memory;

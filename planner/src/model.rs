@@ -294,6 +294,10 @@ pub struct Training {
         skip_serializing_if = "crate::finetune::OptimizerStates::is_policy"
     )]
     pub optimizer_states: crate::finetune::OptimizerStates,
+    /// The FP8 recipe of the block's linears (`training.fp8`, `--fp8`; `crate::fp8`): plans
+    /// written before the key existed, and plans of `none`, carry no key.
+    #[serde(default, skip_serializing_if = "crate::fp8::Recipe::is_none")]
+    pub fp8: crate::fp8::Recipe,
 }
 
 /// A model spec, resolved.

@@ -88,6 +88,7 @@ pub fn run(args: ExplainArgs) -> anyhow::Result<ExitCode> {
         tessera_planner::memory::uncertainty(profile, &plan.job.cluster)
     );
     super::plan::print_whole_run(&plan);
+    super::plan::print_fp8(&plan);
     print!("{}", memory_tables(&plan.predicted.memory, args.all_stages));
     Ok(ExitCode::SUCCESS)
 }

@@ -102,6 +102,12 @@ pub struct PlanArgs {
     /// a variant is refused, naming the ones that have one.
     #[arg(long)]
     compile: bool,
+    /// FP8 GEMMs in the block's linears (overrides `training.fp8`): `tensorwise` or `rowwise`
+    /// (torchao's dynamic scaling), `delayed` (Transformer Engine's), `blockwise` (DeepSeek-V3's
+    /// 1×128 / 128×128 tiles), or `none`. The search never turns it on; `plan` shows what FP8
+    /// would change for the chosen layout either way.
+    #[arg(long, value_name = "RECIPE", value_parser = parse_fp8)]
+    fp8: Option<tessera_planner::fp8::Recipe>,
     /// Pin hybrid sharding on: ZeRO states sharded within a node only (HYBRID_SHARD).
     #[arg(long, conflicts_with = "no_hybrid_shard")]
     hybrid_shard: bool,
@@ -345,6 +351,17 @@ pub fn run(args: PlanArgs) -> anyhow::Result<ExitCode> {
         model.training.framework = Some(compiled.name.clone());
     }
     check_framework_builds(&args, &model, &cluster)?;
+    if let Some(r) = args.fp8 {
+        model.training.fp8 = r;
+    }
+    tessera_planner::fp8::check(&model, &cluster, &args.model, &args.cluster).map_err(|d| {
+        let at = cluster_key(&args, "device.peak_tflops");
+        match d.field.as_str() {
+            "device.peak_tflops_fp8" => anyhow::anyhow!(d.at(at)),
+            _ if args.fp8.is_some() => cli_error("--fp8", d.problem, d.fix),
+            _ => anyhow::anyhow!(d),
+        }
+    })?;
     let mut pins = args.pins();
     if args.force && pins.offload.is_none() {
         // --force writes the one pinned layout as it is: no offload pass in its place.
@@ -530,6 +547,7 @@ pub fn run(args: PlanArgs) -> anyhow::Result<ExitCode> {
         }
         println!("{t}\n");
         print_prediction(&plan);
+        print_fp8(&plan);
         print_alternatives(&plan.search.alternatives);
         print!("{}", memory_tables(&plan.predicted.memory, false));
         print_rejections(&result);
@@ -658,6 +676,14 @@ pub(crate) fn print_whole_run(plan: &Plan) {
     }
 }
 
+/// What FP8 changes for the chosen layout, with a blank line after (GPU devices with an FP8
+/// peak).
+pub(crate) fn print_fp8(plan: &Plan) {
+    if let Some(c) = &plan.predicted.fp8 {
+        println!("{}\n", tessera_planner::fp8::report::lines(c).join("\n"));
+    }
+}
+
 /// Why each ranked alternative lost to the chosen layout.
 fn print_alternatives(alternatives: &[Alternative]) {
     if alternatives.len() < 2 {
@@ -753,6 +779,17 @@ fn print_rejections(result: &search::SearchResult) {
         t.add_row(vec![g.count.to_string(), reason.clone(), g.example.clone()]);
     }
     println!("{t}");
+}
+
+/// `--fp8`: a recipe name, the spec's `training.fp8` values.
+fn parse_fp8(s: &str) -> Result<tessera_planner::fp8::Recipe, String> {
+    tessera_planner::fp8::Recipe::by_name(s).ok_or_else(|| {
+        let names: Vec<&str> = tessera_planner::fp8::RECIPES
+            .iter()
+            .map(|(n, _)| *n)
+            .collect();
+        format!("unknown FP8 recipe `{s}`: use one of {}", names.join(" | "))
+    })
 }
 
 /// `--tokens`: a count with an optional K, M, B (or G) or T suffix, or a number like `2.5e12`.

@@ -171,6 +171,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     let launched = launch.as_ref().map(|e| e.world_size).filter(|w| *w > 1);
     let reads_data = launched.is_none() || launch.as_ref().is_some_and(|e| e.rank == 0);
     check_flags(&args, &plan, launched, reads_data)?;
+    checks::check_fp8(&plan, &args.plan, args.on_cuda(&plan))?;
     if args.on_cuda(&plan) {
         let gpus = gpus_here(&args, &plan)?;
         exec::check_supported(&plan)

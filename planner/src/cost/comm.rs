@@ -343,6 +343,7 @@ mod tests {
                 kind: DeviceKind::Gpu,
                 memory_gib: 80.0,
                 peak_tflops: 100.0,
+                peak_tflops_fp8: None,
                 memory_bandwidth_gbps: 1000.0,
                 sms: 0,
                 kernel_launch_us: 0.0,

@@ -87,6 +87,14 @@ impl Gemm {
         let bytes = 2.0 * (m * k + k * n + m * n) * batch;
         self.compute(m, k, n, batch).max(bytes / self.bandwidth) + self.launch
     }
+
+    /// Seconds of one FP8 GEMM (`self` at the FP8 peak and efficiency): the same tile model, and
+    /// the memory roofline of 1-byte operands and a 16-bit result (the scaled output is written
+    /// in bf16: torch._scaled_mm's `out_dtype`, TE's GEMM output).
+    pub fn time_fp8(&self, m: f64, k: f64, n: f64) -> f64 {
+        let bytes = m * k + k * n + 2.0 * m * n;
+        self.compute(m, k, n, 1.0).max(bytes / self.bandwidth) + self.launch
+    }
 }
 
 #[cfg(test)]

@@ -37,7 +37,7 @@ pub fn layer_times(
     links: &Links,
     options: Options,
 ) -> LayerTimes {
-    let dev = Device::of(cluster);
+    let dev = Device::for_job(cluster, model, layout.microbatches(model));
     let (tp, sp, b) = (layout.tp, layout.sequence_parallel, layout.micro_batch);
     let cp = layout.cp.max(1);
     let lc = ops::layer_cp(model, &dev, tp, sp, b, cp);
@@ -74,7 +74,15 @@ pub fn layer_times(
         };
         (l.layer_params(a).per_tp_rank(tp), nf4)
     });
-    let gathers = |dense: f64, experts: f64| {
+    // torchao's float8 all-gather (tensorwise): FSDP gathers the FP8 linears' weights (`fp8`
+    // of them) in FP8, 1 B per parameter instead of the policy's weight bytes.
+    let float8_gather = model.training.fp8.float8_all_gather() && dev.fp8.is_some();
+    let gathers = |dense: f64, experts: f64, fp8: f64| {
+        let fp8_gather_saving = if float8_gather {
+            fp8 * (weight - 1.0)
+        } else {
+            0.0
+        };
         if let Some((trainable, nf4)) = adapters {
             let bytes =
                 (dense - nf4 + trainable) * weight + nf4 * crate::finetune::NF4_BYTES_PER_PARAM;
@@ -92,7 +100,7 @@ pub fn layer_times(
             (0.0, 0.0)
         };
         (
-            dp_group.all_gather(dense * weight) + xg,
+            dp_group.all_gather(dense * weight - fp8_gather_saving) + xg,
             dp_group.reduce_scatter(dense * grad) + xs,
         )
     };
@@ -120,7 +128,8 @@ pub fn layer_times(
     } else {
         0.0
     };
-    let chunk = |lc: &ops::LayerCompute, tp_pass: f64, ep_pass: f64, params: (f64, f64)| {
+    // `params`: the layer's dense and expert parameters on the rank, and those of its FP8 linears.
+    let chunk = |lc: &ops::LayerCompute, tp_pass: f64, ep_pass: f64, params: (f64, f64, f64)| {
         let mut layer = ChunkTime {
             fwd: Parts {
                 compute: lc.fwd,
@@ -171,7 +180,7 @@ pub fn layer_times(
         options.host.apply(cluster, &mut layer, recomputed);
         let mut first_gather = 0.0;
         if zero3 {
-            let (gather, scatter) = gathers(params.0, params.1);
+            let (gather, scatter) = gathers(params.0, params.1, params.2);
             // The next layer's gather runs beside this layer's forward, the gather and the
             // gradient scatter beside its backward: they slow its compute (`interference`).
             layer.fwd.interference = interference::slowdown(layer.fwd.compute, gather, sm_share);
@@ -194,7 +203,9 @@ pub fn layer_times(
         }
         (layer, first_gather)
     };
-    let (layer, mut zero3_first_gather) = chunk(&lc, per_pass, 0.0, (dense_params, 0.0));
+    let fp8_linears = crate::fp8::linear_params(model, tp, false);
+    let (layer, mut zero3_first_gather) =
+        chunk(&lc, per_pass, 0.0, (dense_params, 0.0, fp8_linears));
     let pair = |bytes: f64| {
         if sp {
             t.all_gather(bytes) + t.reduce_scatter(bytes)
@@ -206,8 +217,9 @@ pub fn layer_times(
         let mc = moe::moe_layer_compute(model, &dev, layout, &lc);
         let tp_pass = moe::tp_per_pass(model, layout, &pair, act);
         let ep_pass = moe::all_to_all_per_pass(model, layout, links);
-        let params = crate::memory::moe::moe_layer_params_per_rank(model, layout);
-        let (c, gather) = chunk(&mc, tp_pass, ep_pass, params);
+        let (common, experts) = crate::memory::moe::moe_layer_params_per_rank(model, layout);
+        let fp8 = crate::fp8::linear_params(model, tp, true);
+        let (c, gather) = chunk(&mc, tp_pass, ep_pass, (common, experts, fp8));
         zero3_first_gather = zero3_first_gather.max(gather);
         c
     });

@@ -37,6 +37,9 @@ pub struct Device<'a> {
     /// A GPU's tensor cores, whose GEMMs slow down on unaligned dimensions
     /// ([`super::loss::gemm_slowdown`]); false on the CPU backend.
     pub tensor_cores: bool,
+    /// The FP8 GEMMs and casts of the block's linears, where the job states a recipe and the
+    /// device an FP8 peak ([`Device::for_job`]); `None`: 16-bit.
+    pub fp8: Option<crate::fp8::Fp8Device>,
 }
 
 impl<'a> Device<'a> {
@@ -62,6 +65,25 @@ impl<'a> Device<'a> {
             gemm,
             exp_rate: cluster.device.transcendental_gops.map(|g| g * 1e9),
             tensor_cores: cluster.device.kind == crate::spec::DeviceKind::Gpu,
+            fp8: None,
+        }
+    }
+
+    /// [`Device::of`] with the job's FP8 recipe on the block's linears, `microbatches` per step
+    /// (over which cached FP8 weights are cast once).
+    pub fn for_job(cluster: &'a Cluster, model: &Model, microbatches: u64) -> Device<'a> {
+        Device {
+            fp8: crate::fp8::Fp8Device::of(model.training.fp8, cluster, microbatches),
+            ..Device::of(cluster)
+        }
+    }
+
+    /// Forward and backward of one of the block's linears: FP8 GEMMs and their casts under an
+    /// FP8 recipe (a trained weight only), else [`Device::linear_of`].
+    pub fn block_linear(&self, l: &LinearShape) -> (f64, f64) {
+        match &self.fp8 {
+            Some(f) if !l.frozen => f.linear(l.m, l.k, l.n),
+            _ => self.linear_of(l.frozen, l.m, l.k, l.n),
         }
     }
 
@@ -192,29 +214,83 @@ pub fn layer(model: &Model, dev: &Device, tp: u64, sp: bool, b: u64) -> LayerCom
 /// down projections are replicated over TP (`TELinear`, `parallel_mode = "duplicated"`): every
 /// rank runs them whole over the tokens it holds, all of them, or its 1/TP under sequence
 /// parallelism (they run before the gather: `t_rep` rows); the others are split by heads.
-fn attention_linears(model: &Model, dev: &Device, x: &Shapes) -> Vec<((f64, f64), f64)> {
+fn attention_linears(model: &Model, x: &Shapes) -> Vec<LinearShape> {
     let att = &x.att;
     let frozen = model.training.method.adapters();
+    let l = |name, m, k, n, frozen| LinearShape {
+        name,
+        m,
+        k,
+        n,
+        count: 1.0,
+        frozen,
+    };
     let Some(m) = &model.architecture.mla else {
         return vec![
-            (dev.linear_of(frozen, x.t, x.h, att.q + att.k + att.v), 1.0),
-            (dev.linear_of(frozen, x.t, att.o, x.h), 1.0),
+            l("qkv", x.t, x.h, att.q + att.k + att.v, frozen),
+            l("proj", x.t, att.o, x.h, frozen),
         ];
     };
     let mut v = Vec::with_capacity(5);
     match m.q_lora_rank {
         Some(r) => {
             let r = r as f64;
-            v.push((dev.linear(x.t_rep, x.h, r), 1.0));
-            v.push((dev.linear(x.t, r, att.q), 1.0));
+            v.push(l("q_down", x.t_rep, x.h, r, false));
+            v.push(l("q_up", x.t, r, att.q, false));
         }
-        None => v.push((dev.linear(x.t, x.h, att.q), 1.0)),
+        None => v.push(l("q_proj", x.t, x.h, att.q, false)),
     }
     let latent = m.kv_lora_rank as f64;
     let (nope, rope) = (m.qk_nope_head_dim as f64, m.qk_rope_head_dim as f64);
-    v.push((dev.linear(x.t_rep, x.h, latent + rope), 1.0));
-    v.push((dev.linear(x.t, latent, x.heads * (nope + att.d_v)), 1.0));
-    v.push((dev.linear(x.t, att.o, x.h), 1.0));
+    v.push(l("kv_down", x.t_rep, x.h, latent + rope, false));
+    v.push(l("kv_up", x.t, latent, x.heads * (nope + att.d_v), false));
+    v.push(l("proj", x.t, att.o, x.h, false));
+    v
+}
+
+/// One of a block's linear layers on one TP rank: `x (m × k) · w (k × n)`, `count` of them.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct LinearShape {
+    /// `qkv`, `proj`, `fc1`, `fc2` (GeLU MLP), `gate_up` (SwiGLU's gate and up, two GEMMs),
+    /// `down`, and MLA's projections.
+    pub name: &'static str,
+    pub m: f64,
+    pub k: f64,
+    pub n: f64,
+    pub count: f64,
+    /// A frozen weight (LoRA, QLoRA): no weight-gradient GEMM.
+    pub frozen: bool,
+}
+
+/// The linear layers of one transformer layer on one TP rank, attention's then the MLP's (the
+/// attention core and the adapters are not among them): what an FP8 recipe casts.
+pub fn block_linears(model: &Model, tp: u64, sp: bool, b: u64, cp: u64) -> Vec<LinearShape> {
+    linear_shapes(model, &shapes(model, tp, sp, b, cp))
+}
+
+fn linear_shapes(model: &Model, x: &Shapes) -> Vec<LinearShape> {
+    let frozen = model.training.method.adapters();
+    let mut v = attention_linears(model, x);
+    let (name_in, name_out, mlp_in) = match model.architecture.activation {
+        Activation::Gelu => ("fc1", "fc2", 1.0),
+        Activation::Swiglu => ("gate_up", "down", 2.0),
+    };
+    v.push(LinearShape {
+        name: name_in,
+        m: x.t,
+        k: x.h,
+        n: x.f,
+        count: mlp_in,
+        frozen,
+    });
+    v.push(LinearShape {
+        name: name_out,
+        m: x.t,
+        k: x.f,
+        n: x.h,
+        count: 1.0,
+        frozen,
+    });
     v
 }
 
@@ -233,16 +309,12 @@ pub fn layer_cp(model: &Model, dev: &Device, tp: u64, sp: bool, b: u64, cp: u64)
         fwd += f;
         bwd += b;
     };
-    // Linear layers (column-parallel in, row-parallel out).
-    let mlp_in = match a.activation {
-        Activation::Gelu => 1.0,
-        Activation::Swiglu => 2.0,
-    };
-    // (forward, backward) of each linear layer, and how many of it a layer has.
-    let mut linears = attention_linears(model, dev, &x);
-    let frozen = model.training.method.adapters();
-    linears.push((dev.linear_of(frozen, x.t, x.h, x.f), mlp_in));
-    linears.push((dev.linear_of(frozen, x.t, x.f, x.h), 1.0));
+    // Linear layers (column-parallel in, row-parallel out): (forward, backward) of each, and
+    // how many of it a layer has.
+    let mut linears: Vec<((f64, f64), f64)> = linear_shapes(model, &x)
+        .iter()
+        .map(|l| (dev.block_linear(l), l.count))
+        .collect();
     // The adapters (and QLoRA's dequantization) beside the frozen linears.
     let adapters = super::adapters::layer(model, dev, tp, x.t);
     linears.push((adapters, 1.0));

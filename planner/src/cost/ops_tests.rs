@@ -7,6 +7,7 @@ fn cal(eff: f64) -> Calibration {
         matmul_efficiency: vec![[1.0, eff]],
         memory_efficiency: 1.0,
         gemm_efficiency: None,
+        gemm_efficiency_fp8: None,
         flash_attention_efficiency: 0.5,
         intra_node_efficiency: 1.0,
         inter_node_efficiency: 1.0,
@@ -27,6 +28,7 @@ fn curve_device(peak: f64, bandwidth: f64, cal: &Calibration) -> Device<'_> {
         launch: 0.0,
         exp_rate: None,
         tensor_cores: true,
+        fp8: None,
     }
 }
 
@@ -45,6 +47,7 @@ fn gpt(h: u64, heads: u64, s: u64, v: u64) -> Model {
             framework: None,
             method: Default::default(),
             optimizer_states: Default::default(),
+            fp8: Default::default(),
         },
         optimizer: Default::default(),
         schedule: Default::default(),

@@ -123,6 +123,16 @@ fn layout_string(plan: &Plan) -> String {
         .join("|")
 }
 
+/// Megatron-LM's `--fp8-format` for a recipe (`None`: no FP8); the recipe itself was checked
+/// against Megatron's choices (`super::fp8_supported`).
+fn fp8_format(r: crate::fp8::Recipe) -> Option<&'static str> {
+    match r {
+        crate::fp8::Recipe::None => None,
+        crate::fp8::Recipe::Blockwise => Some("e4m3"),
+        _ => Some("hybrid"),
+    }
+}
+
 pub(super) fn megatron(plan: &Plan, launch: &Launch) -> Result<String, ExportError> {
     let t = Target::Megatron;
     let (a, tr, p) = (
@@ -337,6 +347,12 @@ pub(super) fn megatron(plan: &Plan, launch: &Launch) -> Result<String, ExportErr
         args.push(arg("--save-interval", c.save_every));
     }
     args.push(flag("--bf16"));
+    // FP8 on top of bf16 (Transformer Engine): E4M3 forward and E5M2 gradients ("hybrid", TE's
+    // default format), or E4M3 everywhere for DeepSeek-V3's blockwise recipe (report §3.3.2).
+    if let Some(format) = fp8_format(tr.fp8) {
+        args.push(arg("--fp8-format", format));
+        args.push(arg("--fp8-recipe", tr.fp8.name()));
+    }
     // Megatron-LM's validate_args asserts CUDA_DEVICE_MAX_CONNECTIONS=1 with TP > 1 (its TP
     // communication overlap relies on one hardware queue).
     let env = if p.tp > 1 {

@@ -151,6 +151,7 @@ pub fn export_with(plan: &Plan, target: Target, force: bool) -> Result<String, E
             ));
         }
     }
+    fp8_supported(plan, target)?;
     let gpu_engine = matches!(
         target,
         Target::Megatron
@@ -192,6 +193,28 @@ pub fn export_with(plan: &Plan, target: Target, force: bool) -> Result<String, E
         Target::Accelerate => accelerate::accelerate(plan, &launch),
         Target::Lightning => lightning::lightning(plan, &launch),
     }
+}
+
+/// An FP8 plan exports only to an engine that runs its recipe: Megatron-LM 0.19's
+/// `--fp8-recipe` (Transformer Engine: delayed, tensorwise, blockwise; also mxfp8, Blackwell's)
+/// and torchtitan 0.2.2's float8 converter (torchao: tensorwise, rowwise).
+fn fp8_supported(plan: &Plan, target: Target) -> Result<(), ExportError> {
+    use crate::fp8::Recipe;
+    let r = plan.job.model.training.fp8;
+    let why = match (target, r) {
+        (_, Recipe::None) => return Ok(()),
+        (Target::Megatron, Recipe::Delayed | Recipe::Tensorwise | Recipe::Blockwise) => return Ok(()),
+        (Target::Torchtitan, Recipe::Tensorwise | Recipe::Rowwise) => return Ok(()),
+        (Target::Megatron, _) => "Megatron-LM 0.19's --fp8-recipe takes tensorwise, delayed, mxfp8, blockwise or custom: no rowwise",
+        (Target::Torchtitan, _) => "torchtitan 0.2.2's float8 converter (torchao) takes recipe_name tensorwise (the default), rowwise or rowwise_with_gw_hp: no delayed or blockwise scaling",
+        (Target::Sbatch | Target::Kubernetes, _) => "the script runs `tessera run`, which has no FP8 GEMM",
+        _ => "this export writes no FP8 recipe",
+    };
+    Err(refuse(
+        target,
+        format!("FP8 training with the \"{r}\" recipe (training.fp8): {why}"),
+        format!("export to {}, or re-plan with --fp8 none", r.runs_on()),
+    ))
 }
 
 /// Why `target` cannot state adapters on a frozen base; `None` where it can.

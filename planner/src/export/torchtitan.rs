@@ -255,6 +255,10 @@ pub(super) fn torchtitan(plan: &Plan) -> Result<String, ExportError> {
         ck.insert("interval".into(), int(c.save_every));
         doc.insert("checkpoint".into(), Value::Table(ck));
     }
+    if let Some((model, quantize)) = float8_tables(plan, shard) {
+        doc.insert("model".into(), Value::Table(model));
+        doc.insert("quantize".into(), Value::Table(quantize));
+    }
     doc.insert("training".into(), Value::Table(training));
     doc.insert("optimizer".into(), Value::Table(optimizer));
     doc.insert("lr_scheduler".into(), Value::Table(lr_scheduler));
@@ -270,6 +274,45 @@ pub(super) fn torchtitan(plan: &Plan) -> Result<String, ExportError> {
         p.tp,
         p.pp
     ))
+}
+
+/// torchtitan 0.2.2's float8 training for an FP8 plan (`None` without): `[model] converters`
+/// with its registered `quantize.linear.float8`, and `[quantize.linear.float8]`. Tensorwise is
+/// the converter's default recipe (no `recipe_name`), with float8 all-gather under FSDP
+/// (`shard` > 1) and its precomputed scales, as torchtitan's docs recommend; rowwise names its
+/// recipe, with which torchtitan asserts the all-gather off. The output layer is filtered, as
+/// the plan keeps the LM head in 16-bit.
+fn float8_tables(plan: &Plan, shard: u64) -> Option<(Table, Table)> {
+    use crate::fp8::Recipe;
+    let r = plan.job.model.training.fp8;
+    if r.is_none() {
+        return None;
+    }
+    let mut float8 = Table::new();
+    if r == Recipe::Tensorwise {
+        let fsdp = shard > 1;
+        float8.insert("enable_fsdp_float8_all_gather".into(), Value::Boolean(fsdp));
+        float8.insert(
+            "precompute_float8_dynamic_scale_for_fsdp".into(),
+            Value::Boolean(fsdp),
+        );
+    } else {
+        float8.insert("recipe_name".into(), Value::String(r.name().into()));
+    }
+    float8.insert(
+        "filter_fqns".into(),
+        Value::Array(vec![Value::String("output".into())]),
+    );
+    let mut linear = Table::new();
+    linear.insert("float8".into(), Value::Table(float8));
+    let mut quantize = Table::new();
+    quantize.insert("linear".into(), Value::Table(linear));
+    let mut model = Table::new();
+    model.insert(
+        "converters".into(),
+        Value::Array(vec![Value::String("quantize.linear.float8".into())]),
+    );
+    Some((model, quantize))
 }
 
 /// torchtitan 0.2's `[optimizer]` and `[lr_scheduler]` for the plan's optimizer and schedule,

@@ -293,6 +293,7 @@ pub fn layer_tensors(model: &Model, b: u64) -> Vec<Stored> {
         x.sdpa_output = matches!(x.name, "softmax_lse_fp32" | "attn_proj_input");
     }
     super::adapters::adjust(model, b, &mut v);
+    crate::fp8::adjust_activations(model, &mut v);
     v
 }
 
@@ -384,6 +385,7 @@ mod tests {
                 framework: None,
                 method: Default::default(),
                 optimizer_states: Default::default(),
+                fp8: Default::default(),
             },
             optimizer: Default::default(),
             schedule: Default::default(),

@@ -481,6 +481,11 @@ impl<'a> Ctx<'a> {
                 }
             });
         }
+        let (dense_layers, moe_layers) = self.mix(stage);
+        let fp8 = crate::fp8::weight_cache(model, tp, dense_layers, moe_layers);
+        add(sink, "fp8_weight_cache", "model_states", fp8, &|| {
+            crate::fp8::weight_cache_reason(model, tp, dense_layers, moe_layers)
+        });
         if let (Some(ad), true) = (&self.adapters, zero == 3 && shard > 1) {
             let (common, experts) = self.moe_params;
             let bytes = ad.gathered_layers(&model.architecture, tp, common + experts);
@@ -527,7 +532,6 @@ impl<'a> Ctx<'a> {
         }
         let flight = self.in_flight(stage);
         let per_chunk = self.layers(stage) as f64 / v as f64;
-        let (dense_layers, moe_layers) = self.mix(stage);
         add(
             sink,
             "layer_activations",
@@ -545,8 +549,13 @@ impl<'a> Ctx<'a> {
                 } else {
                     format!("{:.0} B per layer", self.per_layer_act)
                 };
+                let fp8 = if model.training.fp8.saves_fp8_inputs() {
+                    format!("; training.fp8 = \"{}\": the linears' saved inputs in FP8, 1 B per element", model.training.fp8)
+                } else {
+                    String::new()
+                };
                 format!(
-                "{per_layer} per micro-batch ({} recompute{}) × {per_chunk:.1} layers per chunk × {flight} micro-batch-chunks in flight under {}",
+                "{per_layer} per micro-batch ({} recompute{}) × {per_chunk:.1} layers per chunk × {flight} micro-batch-chunks in flight under {}{fp8}",
                 layout.recompute.name(),
                 if sp { ", sequence parallel" } else { "" },
                 layout.schedule.name()

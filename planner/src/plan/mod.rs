@@ -258,6 +258,10 @@ pub struct Predicted {
     /// The whole run to `training.tokens`, where the job states a budget.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub whole_run: Option<crate::whole_run::WholeRun>,
+    /// What FP8 changes for this layout (the job's recipe, or tensorwise as the example), where
+    /// the device has an FP8 peak (`crate::fp8::report`). Absent in plans written before it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fp8: Option<crate::fp8::report::Fp8Change>,
 }
 
 impl Predicted {
@@ -266,18 +270,27 @@ impl Predicted {
     /// this; `Plan::load` recomputes it and refuses a plan whose stored copy differs.
     pub fn derive(model: &Model, cluster: &Cluster, layout: &Layout, split: &[u64]) -> Predicted {
         let memory = memory::estimate_split(model, cluster, layout, split);
-        let options = Options::for_model(model, cluster);
-        let links = Links::new(cluster, &layout.mesh(cluster));
-        let times = cost::layer_times(model, cluster, layout, &links, options);
-        let e = cost::evaluate(model, cluster, layout, split, &links, &times, options);
-        let p = e.predict(&Simulator::new().run(&e.pipeline));
+        let p = predict(model, cluster, layout, split);
         let caveats = caveats(cluster, layout, memory.peak_bytes, memory.capacity_bytes);
         let checkpoint = crate::whole_run::cadence(model, cluster, layout, &memory, p.step_time_s);
         let whole_run =
             crate::whole_run::whole_run(model, cluster, p.step_time_s, checkpoint.as_ref());
+        let fp8 = crate::fp8::report::change(
+            model,
+            cluster,
+            layout,
+            (p.step_time_s, memory.peak_bytes),
+            &|m| {
+                (
+                    predict(m, cluster, layout, split).step_time_s,
+                    memory::peak_bytes_split(m, cluster, layout, split),
+                )
+            },
+        );
         Predicted {
             checkpoint,
             whole_run,
+            fp8,
             ..Predicted::new(memory, &p, caveats)
         }
     }
@@ -286,6 +299,7 @@ impl Predicted {
         Predicted {
             checkpoint: None,
             whole_run: None,
+            fp8: None,
             memory,
             step_time_s: p.step_time_s,
             breakdown: p.breakdown.clone(),
@@ -298,6 +312,15 @@ impl Predicted {
             caveats,
         }
     }
+}
+
+/// The simulated step of `layout` with `split`.
+fn predict(model: &Model, cluster: &Cluster, layout: &Layout, split: &[u64]) -> Prediction {
+    let options = Options::for_model(model, cluster);
+    let links = Links::new(cluster, &layout.mesh(cluster));
+    let times = cost::layer_times(model, cluster, layout, &links, options);
+    let e = cost::evaluate(model, cluster, layout, split, &links, &times, options);
+    e.predict(&Simulator::new().run(&e.pipeline))
 }
 
 /// How the layout was chosen.

@@ -29,6 +29,10 @@ pub struct Device {
     pub memory_gib: f64,
     /// Dense peak in the training dtype, TFLOP/s.
     pub peak_tflops: f64,
+    /// Dense FP8 tensor-core peak, TFLOP/s (`training.fp8`'s GEMMs); absent on devices
+    /// without FP8 tensor cores (before Ada and Hopper), which refuse an FP8 plan.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub peak_tflops_fp8: Option<f64>,
     /// GB/s.
     pub memory_bandwidth_gbps: f64,
     /// Streaming multiprocessors (108 on the A100, 132 on the H100 SXM): the GEMM model's wave
@@ -157,6 +161,10 @@ pub struct Calibration {
     /// are timed by the tile and wave model (`cost::gemm`) and `matmul_efficiency` is not read.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub gemm_efficiency: Option<f64>,
+    /// Fraction of `peak_tflops_fp8` a full wave of large FP8 GEMM tiles reaches (a measured
+    /// FP8 GEMM's). Absent: `gemm_efficiency`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gemm_efficiency_fp8: Option<f64>,
     /// Fraction of `peak_tflops` that fused (flash) attention reaches on the FLOPs it executes.
     pub flash_attention_efficiency: f64,
     /// NCCL bus bandwidth of a collective inside a node, as a fraction of the intra-node link.
@@ -192,6 +200,7 @@ impl Default for Calibration {
             matmul_efficiency: DEFAULT_MATMUL_EFFICIENCY.to_vec(),
             memory_efficiency: 0.75,
             gemm_efficiency: None,
+            gemm_efficiency_fp8: None,
             flash_attention_efficiency: 0.31,
             intra_node_efficiency: 0.775,
             inter_node_efficiency: 0.86,
@@ -265,6 +274,7 @@ struct RawDevice {
     kind: Field<String>,
     memory_gib: Field<Num>,
     peak_tflops: Field<Num>,
+    peak_tflops_fp8: Field<Num>,
     memory_bandwidth_gbps: Field<Num>,
     sms: Field<i64>,
     kernel_launch_us: Field<Num>,
@@ -296,6 +306,7 @@ struct RawOverhead {
 struct RawCalibration {
     matmul_efficiency: Field<Vec<(Num, Num)>>,
     gemm_efficiency: Field<Num>,
+    gemm_efficiency_fp8: Field<Num>,
     memory_efficiency: Field<Num>,
     flash_attention_efficiency: Field<Num>,
     intra_node_efficiency: Field<Num>,
@@ -317,6 +328,7 @@ pub const CLUSTER_KEYS: &[&str] = &[
     "kind",
     "memory_gib",
     "peak_tflops",
+    "peak_tflops_fp8",
     "memory_bandwidth_gbps",
     "sms",
     "kernel_launch_us",
@@ -334,6 +346,7 @@ pub const CLUSTER_KEYS: &[&str] = &[
     "calibration",
     "matmul_efficiency",
     "gemm_efficiency",
+    "gemm_efficiency_fp8",
     "memory_efficiency",
     "flash_attention_efficiency",
     "intra_node_efficiency",
@@ -395,6 +408,7 @@ pub fn parse_cluster_toml(src: &Source, over: ClusterOverrides) -> Result<Cluste
         )?,
         memory_gib: f.pos_num("device", "memory_gib", &d.memory_gib, "80")?,
         peak_tflops: f.pos_num("device", "peak_tflops", &d.peak_tflops, "312")?,
+        peak_tflops_fp8: f.opt_pos_num("device", "peak_tflops_fp8", &d.peak_tflops_fp8)?,
         memory_bandwidth_gbps: f.pos_num(
             "device",
             "memory_bandwidth_gbps",
@@ -551,6 +565,7 @@ fn calibration(f: &Fields, c: RawCalibration) -> Result<Calibration, Diagnostic>
         }
     }
     out.gemm_efficiency = f.opt_nonneg_num(T, "gemm_efficiency", &c.gemm_efficiency)?;
+    out.gemm_efficiency_fp8 = f.opt_pos_num(T, "gemm_efficiency_fp8", &c.gemm_efficiency_fp8)?;
     out.host_op_us = f.opt_nonneg_num(T, "host_op_us", &c.host_op_us)?;
     out.host_dispatch_us = f.opt_nonneg_num(T, "host_dispatch_us", &c.host_dispatch_us)?;
     out.host_launch_us = f.opt_nonneg_num(T, "host_launch_us", &c.host_launch_us)?;

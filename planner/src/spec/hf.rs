@@ -100,6 +100,7 @@ pub fn parse_hf_config(src: &Source, over: TrainingOverrides) -> Result<Model, D
         framework: None,
         method: Default::default(),
         optimizer_states: Default::default(),
+        fp8: Default::default(),
     };
     let name = v
         .get("_name_or_path")

@@ -104,6 +104,8 @@ pub(crate) struct RawTraining {
     pub method: Field<String>,
     /// `policy` | `8bit`.
     pub optimizer_states: Field<String>,
+    /// `none` | `tensorwise` | `rowwise` | `delayed` | `blockwise` (`crate::fp8`).
+    pub fp8: Field<String>,
 }
 
 /// All keys of a model spec, for near-key suggestions.
@@ -163,6 +165,7 @@ pub const MODEL_KEYS: &[&str] = &[
     "global_batch",
     "tokens",
     "precision",
+    "fp8",
     "attention",
     "flash_kernel",
     "dropout",
@@ -557,6 +560,13 @@ pub(crate) fn resolve_training(
         }
     };
     let tokens = budget_tokens(f, t, overrides, seq_len, global_batch)?;
+    let fp8 = f.choice(
+        T,
+        "fp8",
+        &t.fp8,
+        &crate::fp8::RECIPES,
+        Some(Default::default()),
+    )?;
     Ok(Training {
         seq_len,
         global_batch,
@@ -568,6 +578,7 @@ pub(crate) fn resolve_training(
         framework,
         method: Default::default(),
         optimizer_states: Default::default(),
+        fp8,
     })
 }
 

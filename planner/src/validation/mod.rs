@@ -14,6 +14,7 @@ pub mod caveats;
 pub mod feasibility;
 pub mod features;
 pub mod fit;
+pub mod fp8;
 pub mod layer;
 pub mod offload;
 pub mod report;

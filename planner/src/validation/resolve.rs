@@ -430,6 +430,7 @@ fn training(
         framework: Some(profile.name.clone()),
         method: Default::default(),
         optimizer_states: Default::default(),
+        fp8: Default::default(),
     })
 }
 

@@ -25,6 +25,31 @@ pub fn check_runnable(plan: &Plan, file: &std::path::Path) -> anyhow::Result<()>
     exec::check_supported(plan).map_err(|e| anyhow::anyhow!("{}: {e}", file.display()))
 }
 
+/// A plan with an FP8 recipe runs on neither backend yet: the CPU backend computes in f32 and
+/// has no FP8 GEMM; the CUDA backend's (cuBLASLt's FP8 GEMM) is not written. Refused before
+/// anything starts, rather than trained in 16-bit under an FP8 plan's name.
+pub(super) fn check_fp8(plan: &Plan, file: &Path, cuda: bool) -> anyhow::Result<()> {
+    let recipe = plan.job.model.training.fp8;
+    if recipe.is_none() {
+        return Ok(());
+    }
+    let (problem, fix) = if cuda {
+        (
+            "the CUDA backend has no FP8 GEMM yet (cuBLASLt's FP8 matmul is not written)",
+            format!("run the plan's export with an engine that runs FP8 ({}), or re-plan with fp8 = \"none\"", recipe.runs_on()),
+        )
+    } else {
+        (
+            "the CPU backend computes in f32 and has no FP8 GEMM: FP8 GEMMs run on the CUDA backend",
+            "re-plan with fp8 = \"none\" (training.fp8, --fp8 none) to run on the CPU".to_string(),
+        )
+    };
+    bail!(
+        "{}: the plan's training.fp8 is \"{recipe}\": {problem}\n  fix: {fix}",
+        file.display()
+    )
+}
+
 /// Why a plan cannot run on the CUDA backend here, with the fix.
 pub(super) fn cuda_refusal(args: &RunArgs, plan: &Plan, problem: &str) -> String {
     let cluster = &plan.job.cluster;
