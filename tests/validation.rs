@@ -87,6 +87,7 @@ fn validation_meets_the_targets_and_the_document_is_current() {
     .unwrap();
     // As `validate-planner` appends it: the schedules against the zero-bubble paper's runs.
     md += &validation::schedules::section(&a100);
+    md += &validation::fp8::section_from_presets(&h100, &root().join("specs/models")).unwrap();
     // Every run with a published step time or tokens/s is replayed, none silently dropped.
     let doc: toml::Table = text.parse().unwrap();
     let with_time = doc["run"]

@@ -85,6 +85,7 @@ pub fn run(args: ValidatePlannerArgs) -> anyhow::Result<ExitCode> {
         .with_context(|| format!("{}", args.offload_runs.display()))?;
     md += &validation::whole_run::section_from_presets(&a100, &h100, &args.models, &args.clusters)?;
     md += &validation::schedules::section(&a100);
+    md += &validation::fp8::section_from_presets(&h100, &args.models)?;
     let mut t = table(&["run", "measured s", "predicted s", "error"], &[1, 2, 3]);
     for r in &v.scored {
         t.add_row(vec![

@@ -140,6 +140,50 @@ pub fn fp8_rows(llama: &Model, h100: &Cluster) -> Vec<Fp8Row> {
         .collect()
 }
 
+/// The report's section: every run's 16-bit and FP8 throughput and memory, predicted against
+/// published, with the speed-up FP8 alone decides. `models` is specs/models/.
+pub fn section_from_presets(
+    h100: &Cluster,
+    models: &std::path::Path,
+) -> Result<String, crate::error::Diagnostic> {
+    use crate::spec::{load_model, TrainingOverrides};
+    use std::fmt::Write;
+    let llama = load_model(&models.join("llama3-8b.toml"), TrainingOverrides::default())?;
+    let rows = fp8_rows(&llama, h100);
+    let mut out = String::from(
+        "\n## FP8 against published runs\n\n\
+         Published FP8 runs replayed with their recipe beside the same source's 16-bit run on the \
+         same layout (torchtitan compiled, FSDP over every GPU, per-op selective recompute), on the \
+         H100 preset; never fitted to. The speed-up (FP8 over 16-bit tokens/s) is the FP8 model's \
+         own; the FP8 throughput error carries the 16-bit model's too. Memory is torchtitan's max \
+         reserved GiB against the predicted allocated peak. The torchtitan runs' H100s are the 96 GB \
+         HBM2e part at 500 W; the preset is the 700 W SXM part.\n\n\
+         | run | source | recipe | 16-bit tok/s published | predicted | FP8 tok/s published | predicted | error | speed-up published | predicted | FP8 GiB published | predicted | error |\n\
+         |---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n",
+    );
+    for r in &rows {
+        let _ = writeln!(
+            out,
+            "| {} | {} | {} | {:.0} | {:.0} | {:.0} | {:.0} | {:+.1}% | {:.3} | {:.3} | {:.2} | {:.2} | {:+.1}% |",
+            r.run,
+            r.source,
+            r.recipe.name(),
+            r.published_tps.0,
+            r.predicted_tps.0,
+            r.published_tps.1,
+            r.predicted_tps.1,
+            100.0 * r.error(),
+            r.published_tps.1 / r.published_tps.0,
+            r.predicted_tps.1 / r.predicted_tps.0,
+            r.published_gib.1,
+            r.predicted_gib.1,
+            100.0 * r.memory_error()
+        );
+    }
+    out.push_str("\nThe tensorwise speed-ups agree within 5%; rowwise is over-predicted (one FP8 GEMM efficiency for both recipes, where torchao's rowwise runs a slower CUTLASS kernel). The throughput error is the 16-bit model's on these runs (its GPUs are 500 W parts), and the memory error is the 16-bit model's too: FP8 moves the predicted peak by under 1%, as it moves the published one.\n");
+    Ok(out)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
