@@ -15,6 +15,7 @@
 //!   PP 4 interleaved × 8, micro-batch 1, global batch 256 × 4096 tokens, 468 TFLOP/s per GPU;
 //!   docs/moe-figures.md row 3).
 
+use crate::fp8::Recipe;
 use crate::layout::{CpComm, Recompute};
 use crate::model::Model;
 use crate::schedule::ScheduleKind;
@@ -264,8 +265,13 @@ pub fn feature_rows(h100: &Cluster) -> Vec<FeatureRow> {
             let (row, layout) = replay(f, &model, &cluster)?;
             let rescore = DUALPIPE_RESCORE
                 .contains(&f.run)
-                .then(|| dualpipe_rescore(f, &model, &cluster, &layout, &row))
-                .flatten();
+                .then(|| {
+                    [Recipe::None, Recipe::Blockwise]
+                        .into_iter()
+                        .filter_map(|r| dualpipe_rescore(f, &model, &cluster, &layout, &row, r))
+                        .collect::<Vec<_>>()
+                })
+                .unwrap_or_default();
             Some(std::iter::once(row).chain(rescore))
         })
         .flatten()
@@ -278,15 +284,18 @@ pub fn feature_rows(h100: &Cluster) -> Vec<FeatureRow> {
 /// (`search::predict_layout`): no framework profile here runs DualPipe, so the search would
 /// refuse it; the row is the cost model's answer to "what does DualPipe change", beside the
 /// 1F1B row. The micro-batch is the replay's when it gives DualPipe's even count of at least
-/// 2 × PP micro-batches, else the largest that does.
+/// 2 × PP micro-batches, else the largest that does. With `fp8` (DeepSeek-V3 §3.3: 1×128
+/// activation tiles, 128×128 weight blocks, so `blockwise`) the block's linears run in FP8 too.
 fn dualpipe_rescore(
     f: &Figure,
     model: &Model,
     on: &Cluster,
     replayed: &crate::layout::Layout,
     row: &FeatureRow,
+    fp8: Recipe,
 ) -> Option<FeatureRow> {
-    let (model, cluster) = figure_job(f, model, on);
+    let (mut model, cluster) = figure_job(f, model, on);
+    model.training.fp8 = fp8;
     let mut layout = *replayed;
     layout.schedule = ScheduleKind::DualPipe;
     layout.virtual_stages = 2;
@@ -314,7 +323,10 @@ fn dualpipe_rescore(
         }
     }
     Some(FeatureRow {
-        feature: "DualPipe (issue 41): the row above rescored with schedule dualpipe",
+        feature: match fp8 {
+            Recipe::None => "DualPipe (issue 41): the first row rescored with schedule dualpipe",
+            _ => "DualPipe and FP8 (issue 41): the first row rescored with schedule dualpipe and fp8 blockwise, as the report trained",
+        },
         layout: layout.label(),
         stage_layers: layout.stage_layers(&assessed.split),
         open: if assessed.fits {
@@ -413,8 +425,8 @@ mod tests {
         let rows = feature_rows(&h100);
         assert_eq!(
             rows.len(),
-            FIGURES.len() + DUALPIPE_RESCORE.len(),
-            "every figure replays, and the DualPipe rescores follow theirs"
+            FIGURES.len() + 2 * DUALPIPE_RESCORE.len(),
+            "every figure replays, and the DualPipe rescores (16-bit and FP8) follow theirs"
         );
         for r in rows.iter().filter(|r| r.run.starts_with("mixtral")) {
             // Mixtral's 32 layers on PP 4 × 8 chunks of one layer each.
@@ -435,7 +447,7 @@ mod tests {
             rows.iter()
                 .filter(|r| r.layout.contains("dualpipe"))
                 .count(),
-            1
+            2
         );
         for r in rows.iter().filter(|r| r.run.starts_with("llama")) {
             // Llama 3's split: the end stages 7 layers, the others 8 (126 layers).
