@@ -16,7 +16,7 @@ pub mod moe;
 pub mod offload;
 mod overhead;
 #[cfg(test)]
-mod schedule_tests;
+pub(crate) mod schedule_tests;
 mod stage_bytes;
 mod zero3;
 

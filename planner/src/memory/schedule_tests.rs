@@ -7,7 +7,13 @@ use super::*;
 use crate::layout::{Layout, Recompute};
 use crate::spec::{load_cluster, load_model, ClusterOverrides, TrainingOverrides};
 
-fn report(kind: ScheduleKind) -> MemoryReport {
+/// Llama-3 8B on 4 GPUs of a DGX H100 as DP 2 × PP 2 under `kind` (its fixed chunks), ZeRO
+/// stage `zero`, recompute `recompute`; checked. The export tests' job too.
+pub(crate) fn llama8b_pp2(
+    kind: ScheduleKind,
+    zero: u8,
+    recompute: Recompute,
+) -> (Model, Cluster, Layout) {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
     let model = load_model(
         &root.join("specs/models/llama3-8b.toml"),
@@ -24,9 +30,15 @@ fn report(kind: ScheduleKind) -> MemoryReport {
         pp: 2,
         schedule: kind,
         virtual_stages: kind.fixed_virtual_stages().unwrap_or(1) as u64,
-        recompute: Recompute::None,
-        ..Layout::without_pipeline(2, 1, 0, 1)
+        recompute,
+        ..Layout::without_pipeline(2, 1, zero, 1)
     };
+    layout.check(&model, &cluster).unwrap();
+    (model, cluster, layout)
+}
+
+fn report(kind: ScheduleKind) -> MemoryReport {
+    let (model, cluster, layout) = llama8b_pp2(kind, 0, Recompute::None);
     estimate(&model, &cluster, &layout)
 }
 
