@@ -18,13 +18,16 @@ def load(path):
 
 
 def chunks(plan):
-    """The plan's model chunks in pipeline order (virtual stage = chunk · PP + stage), each as
+    """The plan's model chunks in pipeline order (virtual stage = chunk · PP + stage; under zb-v
+    chunk 1 of stage s holds piece 2·PP − 1 − s, the V of planner/src/schedule/mod.rs), each as
     (stage, chunk, first layer, end layer, embedding, head)."""
     pp = plan["parallel"]["pp"]
+    v_shape = plan["parallel"]["schedule"] == "zb-v"
     out = []
     for s in plan["stages"]:
         for c in s["chunks"]:
-            assert c["virtual_stage"] == c["chunk"] * pp + s["stage"], c
+            piece = 2 * pp - 1 - s["stage"] if v_shape and c["chunk"] == 1 else c["chunk"] * pp + s["stage"]
+            assert c["virtual_stage"] == piece, c
             out.append((c["virtual_stage"], s["stage"], c["chunk"], c["layers"][0], c["layers"][1],
                         c.get("embedding", False), c.get("head", False)))
     out.sort()

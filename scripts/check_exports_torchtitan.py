@@ -132,8 +132,19 @@ def check(name, plan, plan_path, config_path):
     got["training.enable_cpu_offload"] = c.training.enable_cpu_offload
     if p["pp"] > 1:
         want["pipeline_parallel_schedule"] = {"1f1b": "1F1B", "gpipe": "GPipe",
-                                              "interleaved": "Interleaved1F1B"}[p["schedule"]]
+                                              "interleaved": "Interleaved1F1B",
+                                              "zb-v": "ZBVZeroBubble"}[p["schedule"]]
         got["pipeline_parallel_schedule"] = par.pipeline_parallel_schedule
+    if p["pp"] > 1 and p["schedule"] == "zb-v":
+        # torchtitan puts model part i (module_fqns_per_model_part, in piece order) on the rank
+        # torch's V mapping names (pipeline_module_split, style "v"): the plan's holder of piece i.
+        from torch.distributed.pipelining._utils import generate_stage_to_rank_mapping
+        v_map = generate_stage_to_rank_mapping(p["pp"], 2 * p["pp"], style="v")
+        held = {c["virtual_stage"]: s["stage"] for s in plan["stages"] for c in s["chunks"]}
+        got["rank of each ZB-V model part"] = [v_map[i] for i in range(2 * p["pp"])]
+        want["rank of each ZB-V model part"] = [held[i] for i in range(2 * p["pp"])]
+        got["schedule class"] = get_schedule_class(par.pipeline_parallel_schedule).__name__
+        want["schedule class"] = "ScheduleZBVZeroBubble"
 
     # The mesh torchtitan builds for the plan's GPU count (ParallelDims asserts that the
     # degrees' product is the world size), and every rank's groups in it.
@@ -200,9 +211,13 @@ def check(name, plan, plan_path, config_path):
         got["layers of each part"] = [f"{part[0]}..{part[-1]}" for part in
                                       ([m for m in part if m.startswith("layers.")] for part in parts)]
         want["layers of each part"] = [f"layers.{a}..layers.{b - 1}" for _, _, a, b, _, _ in plan_chunks]
-        # pipeline_module_split, "loop" style: PP rank s builds stages s, s + PP, s + 2·PP, …
+        # pipeline_module_split, "loop" style: PP rank s builds stages s, s + PP, s + 2·PP, …;
+        # "v" style (ZBVZeroBubble): stages s and 2·PP − 1 − s.
         n = len(parts)
-        parts_of_rank = [[set(parts[i]) for i in range(s, n, p["pp"])] for s in range(p["pp"])]
+        if p["schedule"] == "zb-v":
+            parts_of_rank = [[set(parts[s]), set(parts[n - 1 - s])] for s in range(p["pp"])]
+        else:
+            parts_of_rank = [[set(parts[i]) for i in range(s, n, p["pp"])] for s in range(p["pp"])]
     else:
         parts_of_rank = [[None]]
 

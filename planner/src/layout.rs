@@ -199,6 +199,23 @@ impl Layout {
         crate::schedule::virtual_stage(self.schedule, pp, v, stage, chunk)
     }
 
+    /// Whether stage `stage` holds the embedding (the first piece): stage 0, and under
+    /// DualPipe also the last stage (the reverse direction's first piece).
+    pub fn holds_embedding(&self, stage: u64) -> bool {
+        self.holds_piece(stage, 0)
+    }
+
+    /// Whether stage `stage` holds the output layer and loss (the last piece): the last stage,
+    /// under ZB-V stage 0 (the tip of the V's return), under DualPipe both end stages.
+    pub fn holds_head(&self, stage: u64) -> bool {
+        let last = self.pieces().unwrap_or(1).saturating_sub(1) as usize;
+        self.holds_piece(stage, last)
+    }
+
+    fn holds_piece(&self, stage: u64, piece: usize) -> bool {
+        (0..self.virtual_stages.max(1) as usize).any(|c| self.piece(stage as usize, c) == piece)
+    }
+
     /// Layers per stage of a split (layers per piece): the sum over each stage's chunks.
     pub fn stage_layers(&self, split: &[u64]) -> Vec<u64> {
         (0..self.pp as usize)

@@ -326,10 +326,10 @@ pub fn evaluate(
         .map(|s| {
             let (dense, moe) = mixes[s];
             let mut p = a.layer_params().per_tp_rank(tp) * dense as f64 + moe_common * moe as f64;
-            if s == 0 {
+            if layout.holds_embedding(s as u64) {
                 p += a.embedding_params_at(tp, options.pad_vocab).per_tp_rank(tp);
             }
-            if s == pp - 1 {
+            if layout.holds_head(s as u64) {
                 p += a
                     .head_params_at(a.tied_embeddings && pp == 1, tp, options.pad_vocab)
                     .per_tp_rank(tp);

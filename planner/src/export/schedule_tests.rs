@@ -3,36 +3,15 @@
 //! DualPipe refuses it, naming the schedule. Plans are built directly (`Plan::new`), without a
 //! framework profile's admission, as a hand-edited or another tool's plan.json could be.
 
-use std::path::Path;
-
 use super::*;
-use crate::layout::{Layout, Recompute};
+use crate::layout::Recompute;
+use crate::memory::schedule_tests::llama8b_pp2;
 use crate::plan::SearchSummary;
 use crate::schedule::ScheduleKind;
-use crate::spec::{load_cluster, load_model, ClusterOverrides, TrainingOverrides};
 
 /// Llama-3 8B on one DGX H100: DP 2 × PP 2, ZeRO-3, full recompute, under `kind`.
 fn plan(kind: ScheduleKind) -> Plan {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
-    let model = load_model(
-        &root.join("specs/models/llama3-8b.toml"),
-        TrainingOverrides::default(),
-    )
-    .unwrap();
-    let mut cluster = load_cluster(
-        &root.join("specs/clusters/dgx-h100-80g.toml"),
-        ClusterOverrides::default(),
-    )
-    .unwrap();
-    cluster.devices = 4;
-    let layout = Layout {
-        pp: 2,
-        schedule: kind,
-        virtual_stages: kind.fixed_virtual_stages().unwrap_or(1) as u64,
-        recompute: Recompute::Full,
-        ..Layout::without_pipeline(2, 1, 3, 1)
-    };
-    layout.check(&model, &cluster).unwrap();
+    let (model, cluster, layout) = llama8b_pp2(kind, 3, Recompute::Full);
     Plan::new(&model, &cluster, &layout, SearchSummary::pinned())
 }
 
@@ -68,8 +47,11 @@ fn export_refuses_the_schedules_an_engine_cannot_run() {
         (ScheduleKind::ZbV, Target::DeepSpeed, "zb-v"),
     ] {
         // DualPipe needs an even count of at least 2 × PP micro-batches: the preset's global
-        // batch gives that on DP 2.
-        let e = export(&plan(kind), target).unwrap_err().to_string();
+        // batch gives that on DP 2. Its twice the parameters do not fit on 4 GPUs: exported
+        // as a forced plan, so that the schedule is what is refused.
+        let e = export_with(&plan(kind), target, true)
+            .unwrap_err()
+            .to_string();
         assert!(
             e.contains(says) && e.contains("fix"),
             "{kind} → {target:?}: {e}"

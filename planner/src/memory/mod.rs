@@ -15,6 +15,8 @@ pub mod logits;
 pub mod moe;
 pub mod offload;
 mod overhead;
+#[cfg(test)]
+pub(crate) mod schedule_tests;
 mod stage_bytes;
 mod zero3;
 
@@ -346,12 +348,12 @@ impl<'a> Ctx<'a> {
         let (common, experts) = self.moe_params;
         let mut params = times(a.layer_params().per_tp_rank(tp), dense_layers as f64)
             + times(common, moe_layers as f64);
-        if stage == 0 {
+        if self.layout.holds_embedding(stage) {
             params += a
                 .embedding_params_at(tp, self.fsdp.pad_vocab)
                 .per_tp_rank(tp);
         }
-        if stage == pp - 1 {
+        if self.layout.holds_head(stage) {
             // Tied embeddings share one matrix only when embedding and head sit on one stage.
             params += a
                 .head_params_at(a.tied_embeddings && pp == 1, tp, self.fsdp.pad_vocab)

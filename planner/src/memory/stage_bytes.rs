@@ -155,10 +155,10 @@ impl StageBytes {
             if cpu && adapters.is_none() {
                 f += cpu_runtime::tied_messages(model, layout, s);
             }
-            if s == 0 {
+            if layout.holds_embedding(s) {
                 f += first;
             }
-            if s == pp - 1 {
+            if layout.holds_head(s) {
                 f += last;
             }
             f += super::fsdp::stage_terms(&fsdp, model, layout, s)

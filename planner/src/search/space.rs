@@ -92,6 +92,9 @@ pub(super) fn schedules(
     let mut out = Vec::new();
     for kind in kinds {
         match (kind, pins.virtual_stages) {
+            // A pinned --virtual-stages alone means interleaving, as before the split
+            // schedules (zb-v and dualpipe run two chunks too, but only when named).
+            (_, Some(_)) if pins.schedule.is_none() && kind.splits_backward() => {}
             (_, Some(v)) => out.push((kind, v)),
             (ScheduleKind::Interleaved, None) => {
                 let divides =

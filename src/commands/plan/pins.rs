@@ -180,9 +180,12 @@ fn check_recompute(p: &Pins, model: &Model) -> anyhow::Result<()> {
 
 fn check_schedule(p: &Pins) -> anyhow::Result<()> {
     let interleaved = p.schedule == Some(ScheduleKind::Interleaved);
+    // zb-v and dualpipe run exactly two chunks (the one-chunk schedules keep the message
+    // below, which points to interleaving).
     let fixed = p
         .schedule
-        .and_then(|k| k.fixed_virtual_stages().map(|v| (k, v as u64)));
+        .and_then(|k| k.fixed_virtual_stages().map(|v| (k, v as u64)))
+        .filter(|&(_, v)| v > 1);
     if let (Some(v), Some((kind, want))) = (p.virtual_stages, fixed) {
         if v != want {
             return refuse(
