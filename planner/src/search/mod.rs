@@ -21,6 +21,7 @@ pub use space::{
     check_size, count_layouts, searched_cps, SearchError, SpaceSize, CP_MIN_TOKENS, MAX_LAYOUTS,
 };
 
+use rayon::prelude::*;
 use std::collections::{BTreeMap, HashMap};
 
 use crate::cost::comm::Links;
@@ -480,6 +481,10 @@ pub fn search_checked(
     let mut passes = vec![first];
     // Visits one pass's layouts; returns how many fit so far.
     let mut visit = |pass: &Pins| -> usize {
+        // Checked layouts first (cheap, in order), then assessed on every core: the assessment
+        // is pure and dominates the search (issue 41's zero-bubble schedules nearly doubled the
+        // space). The results are folded in enumeration order, so the outcome is the serial one.
+        let mut checked = Vec::new();
         space::for_each_layout(model, cluster, pass, &mut |layout| {
             if let Err(why) = layout
                 .check(model, cluster)
@@ -500,11 +505,20 @@ pub fn search_checked(
                 );
                 return;
             }
-            evaluated += 1;
-            let l = links
+            links
                 .entry((layout.dp, layout.pp, layout.tp, layout.ep))
                 .or_insert_with(|| Links::new(cluster, &layout.mesh(cluster)));
-            let a = assess_pinned(model, cluster, &layout, l, options.cost, pins.stage_layers);
+            checked.push(layout);
+        });
+        let assessed: Vec<Assessed> = checked
+            .par_iter()
+            .map(|layout| {
+                let l = &links[&(layout.dp, layout.pp, layout.tp, layout.ep)];
+                assess_pinned(model, cluster, layout, l, options.cost, pins.stage_layers)
+            })
+            .collect();
+        for (layout, a) in checked.into_iter().zip(assessed) {
+            evaluated += 1;
             let c = Candidate {
                 layout,
                 peak_bytes: a.peak_bytes,
@@ -556,7 +570,7 @@ pub fn search_checked(
                     closest_miss = Some(c);
                 }
             }
-        });
+        }
         fits.len()
     };
     let fitting = visit(&passes[0]);
