@@ -101,8 +101,9 @@ fn zb_h1_zero_stages_sequence_parallel_and_recompute() {
     parity(&tiny::model(), ScheduleKind::ZbH1, 1, &cases);
 }
 
-/// ZB-V on the tiny model (4 layers: PP 2 at most) and on the 8-layer one (PP 4 too), with
-/// TP, DP, ZeRO 1 to 3, sequence parallelism and recompute. Rank 0 holds the embedding and
+/// ZB-V on the tiny model (4 layers: PP 2 at most) and on the 8-layer one (PP 4 too): every
+/// DP × PP × TP layout up to 8 ranks of `parity.rs` (the 8-layer model's list holds all nine),
+/// with ZeRO 1 to 3, sequence parallelism and recompute. Rank 0 holds the embedding and
 /// the head (and the tied table's two copies, summed on the rank).
 #[test]
 fn zb_v_layouts() {
@@ -125,6 +126,9 @@ fn zb_v_layouts() {
         2,
         &[
             (1, 2, 1, 0, none, false),
+            (1, 2, 2, 0, none, false),
+            (2, 2, 1, 0, none, false),
+            (4, 2, 1, 0, none, false),
             (1, 4, 1, 0, none, false),
             (1, 4, 2, 0, none, false),
             (2, 4, 1, 0, none, false),

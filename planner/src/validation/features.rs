@@ -263,15 +263,14 @@ pub fn feature_rows(h100: &Cluster) -> Vec<FeatureRow> {
             };
             let model = preset(f.model)?;
             let (row, layout) = replay(f, &model, &cluster)?;
-            let rescore = DUALPIPE_RESCORE
-                .contains(&f.run)
-                .then(|| {
-                    [Recipe::None, Recipe::Blockwise]
-                        .into_iter()
-                        .filter_map(|r| dualpipe_rescore(f, &model, &cluster, &layout, &row, r))
-                        .collect::<Vec<_>>()
-                })
-                .unwrap_or_default();
+            let rescore: Vec<FeatureRow> = if DUALPIPE_RESCORE.contains(&f.run) {
+                [Recipe::None, Recipe::Blockwise]
+                    .into_iter()
+                    .filter_map(|r| dualpipe_rescore(f, &model, &cluster, &layout, &row, r))
+                    .collect()
+            } else {
+                Vec::new()
+            };
             Some(std::iter::once(row).chain(rescore))
         })
         .flatten()
