@@ -128,10 +128,6 @@ pub struct ScheduleRow {
     pub predicted_memory_gib: f64,
 }
 
-fn replay(m: &PaperModel, microbatches: u64, kind: ScheduleKind, a100: &Cluster) -> Option<f64> {
-    replay_full(m, microbatches, kind, a100).map(|(s, _)| s)
-}
-
 /// Samples per GPU per second and peak GiB of `m` at `microbatches` under `kind`.
 fn replay_full(
     m: &PaperModel,
@@ -257,31 +253,19 @@ pub fn section(a100: &Cluster) -> String {
         out,
         "\n{} runs: median |error| of the throughput {:.1}%; the speed-up of ZB-H1 over 1F1B at the same layout, median |error| {:.1}% over {} pairs.",
         rows.len(),
-        100.0 * median(&mut errors),
-        100.0 * median(&mut ratio_errors),
+        100.0 * super::median_abs(&errors),
+        100.0 * super::median_abs(&ratio_errors),
         ratio_errors.len()
     );
     out
-}
-
-fn median(v: &mut [f64]) -> f64 {
-    if v.is_empty() {
-        return f64::NAN;
-    }
-    v.sort_by(f64::total_cmp);
-    let n = v.len();
-    if n % 2 == 1 {
-        v[n / 2]
-    } else {
-        (v[n / 2 - 1] + v[n / 2]) / 2.0
-    }
 }
 
 /// The speed-up the planner predicts for ZB-H1 over 1F1B on one of the paper's runs.
 pub fn predicted_speedup(a100: &Cluster, model: usize, run: usize) -> Option<f64> {
     let m = MODELS.get(model)?;
     let (mb, _, _) = *m.runs.get(run)?;
-    Some(replay(m, mb, ScheduleKind::ZbH1, a100)? / replay(m, mb, ScheduleKind::OneFOneB, a100)?)
+    let samples = |kind| replay_full(m, mb, kind, a100).map(|(s, _)| s);
+    Some(samples(ScheduleKind::ZbH1)? / samples(ScheduleKind::OneFOneB)?)
 }
 
 #[cfg(test)]
