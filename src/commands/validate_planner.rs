@@ -27,6 +27,9 @@ pub struct ValidatePlannerArgs {
     /// The published runs that offloaded (their section of the report).
     #[arg(long, default_value = "docs/offload-validation/runs.toml")]
     offload_runs: PathBuf,
+    /// The published FP8 runs (their section of the report).
+    #[arg(long, default_value = "docs/fp8-validation/runs.toml")]
+    fp8_runs: PathBuf,
     /// The Markdown report to write.
     #[arg(short, long, default_value = "docs/validation.md")]
     output: PathBuf,
@@ -75,17 +78,18 @@ pub fn run(args: ValidatePlannerArgs) -> anyhow::Result<ExitCode> {
     };
     let (v, mut md) = validation::document_with(&text, &presets)
         .with_context(|| format!("{}", args.runs.display()))?;
-    let offload = std::fs::read_to_string(&args.offload_runs).with_context(|| {
-        format!(
-            "{}: cannot read the published offload runs",
-            args.offload_runs.display()
-        )
-    })?;
-    md += &validation::offload::section(&offload, &presets)
-        .with_context(|| format!("{}", args.offload_runs.display()))?;
+    // A further file of published runs, read and replayed into its own section.
+    type Section = fn(&str, &validation::Presets) -> Result<String, validation::ValidationError>;
+    let section = |path: &PathBuf, what: &str, make: Section| -> anyhow::Result<String> {
+        let text = std::fs::read_to_string(path).with_context(|| {
+            format!("{}: cannot read the published {what} runs", path.display())
+        })?;
+        make(&text, &presets).with_context(|| format!("{}", path.display()))
+    };
+    md += &section(&args.offload_runs, "offload", validation::offload::section)?;
     md += &validation::whole_run::section_from_presets(&a100, &h100, &args.models, &args.clusters)?;
     md += &validation::schedules::section(&a100);
-    md += &validation::fp8::section_from_presets(&h100, &args.models)?;
+    md += &section(&args.fp8_runs, "FP8", validation::fp8::section)?;
     let mut t = table(&["run", "measured s", "predicted s", "error"], &[1, 2, 3]);
     for r in &v.scored {
         t.add_row(vec![

@@ -1,228 +1,295 @@
-//! Published FP8 training runs, replayed with their recipe beside the same source's 16-bit run
-//! (never fitted to). Each source states both, on the same layout, with speed and memory, so a
-//! row scores the prediction and the FP8 speed-up apart: the 16-bit error is the rest of the
-//! model's, the speed-up's is the FP8 model's own.
-//!
-//! Sources (figures copied from them; /work/scratch/research-41.md §1a gathered them):
-//! - torchao's float8 README, "Training benchmarks" (pytorch/ao @927cbfb): Llama-3 8B on 8 H100,
-//!   FSDP2, batch 1 × 8192 tokens per GPU, per-op SAC, torch.compile: bf16 6150 tokens/s per
-//!   GPU and 47.65 GB; tensorwise with float8 all-gather 7689.5 and 47.77; rowwise (16-bit
-//!   all-gather) 6768 and 47.79. The memory is torchtitan's max reserved GiB.
-//! - torchtitan's `benchmarks/llama3_h100_202412_torchtitan.md` Tables 1 and 3: Llama 3.1 8B,
-//!   FSDP, local batch 2 × 8192, selective (per-op) AC, torch.compile, 8 and 128 H100 (96 GB
-//!   HBM2e at 500 W; the H100 preset is the 700 W SXM part): bf16 6,667 / 77.0 GiB and 6,514 /
-//!   62.0; Float8 (tensorwise) 8,532 / 76.8 and 8,380 / 61.8.
+//! Published FP8 training runs (docs/fp8-validation/runs.toml, each with its source), replayed
+//! with their stated layout and recipe through the same resolver and replay as every published
+//! run (never fitted to). Where the source also publishes its 16-bit run of the same layout, the
+//! run is replayed a second time without FP8, so the row scores the FP8 speed-up apart: the
+//! 16-bit error is the rest of the model's, the speed-up's is the FP8 model's own.
 
+use std::fmt::Write as _;
+
+use toml::Value;
+
+use super::{get, load_with, median_abs, num, replay, text, Presets, Row, Run, ValidationError};
 use crate::fp8::Recipe;
-use crate::layout::{Layout, Recompute};
-use crate::model::Model;
-use crate::plan::Predicted;
-use crate::spec::Cluster;
 
-/// One published FP8 run and its 16-bit counterpart, with the predictions of both.
-#[derive(Debug, Clone, PartialEq)]
+/// Where the FP8 runs live, as the section names them.
+pub const RUNS: &str = "docs/fp8-validation/runs.toml";
+
+/// One FP8 run's replay, with its 16-bit counterpart's where the source publishes one.
+#[derive(Debug, Clone)]
 pub struct Fp8Row {
-    pub run: &'static str,
-    pub source: &'static str,
+    pub row: Row,
     pub recipe: Recipe,
-    /// Tokens per second per GPU and peak GiB: (16-bit, FP8), published and predicted.
-    pub published_tps: (f64, f64),
-    pub published_gib: (f64, f64),
-    pub predicted_tps: (f64, f64),
-    pub predicted_gib: (f64, f64),
+    /// The same source's 16-bit run of the same layout: published tokens/s per GPU and
+    /// (where given) memory, and the prediction of the run replayed without FP8.
+    pub bf16: Option<Bf16Pair>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Bf16Pair {
+    pub published_tps: f64,
+    pub published_gib: Option<f64>,
+    pub predicted_tps: f64,
+    pub predicted_reported_gib: f64,
 }
 
 impl Fp8Row {
-    /// Predicted over published FP8 throughput, minus one.
-    pub fn error(&self) -> f64 {
-        self.predicted_tps.1 / self.published_tps.1 - 1.0
+    /// Predicted over published FP8 tokens/s per GPU, minus one.
+    pub fn error(&self) -> Option<f64> {
+        let m = self.row.measured_tokens?;
+        Some(self.row.predicted_tokens / m - 1.0)
     }
-    /// Predicted over published FP8 speed-up (FP8 over 16-bit throughput), minus one.
-    pub fn speedup_error(&self) -> f64 {
-        let s = |(b, f): (f64, f64)| f / b;
-        s(self.predicted_tps) / s(self.published_tps) - 1.0
+    /// Predicted over published speed-up (FP8 over 16-bit tokens/s), minus one.
+    pub fn speedup_error(&self) -> Option<f64> {
+        let (b, m) = (self.bf16?, self.row.measured_tokens?);
+        Some((self.row.predicted_tokens / b.predicted_tps) / (m / b.published_tps) - 1.0)
     }
-    /// Predicted over published FP8 peak memory, minus one.
-    pub fn memory_error(&self) -> f64 {
-        self.predicted_gib.1 / self.published_gib.1 - 1.0
+    /// The published and predicted speed-ups.
+    pub fn speedups(&self) -> Option<(f64, f64)> {
+        let (b, m) = (self.bf16?, self.row.measured_tokens?);
+        Some((
+            m / b.published_tps,
+            self.row.predicted_tokens / b.predicted_tps,
+        ))
+    }
+    /// Predicted (as the framework reports it) over published memory, minus one.
+    pub fn memory_error(&self) -> Option<f64> {
+        let m = self.row.measured_memory_gib?;
+        Some(self.row.predicted_reported_gib / m - 1.0)
     }
 }
 
-struct Run {
-    run: &'static str,
-    source: &'static str,
-    recipe: Recipe,
-    gpus: u64,
-    micro_batch: u64,
-    published_tps: (f64, f64),
-    published_gib: (f64, f64),
-}
-
-const TORCHAO: &str = "torchao float8 README, Training benchmarks (pytorch/ao @927cbfb)";
-const TORCHTITAN: &str =
-    "torchtitan benchmarks/llama3_h100_202412_torchtitan.md Tables 1 and 3 (H100 96 GB, 500 W)";
-
-const RUNS: [Run; 4] = [
-    Run {
-        run: "llama3-8b 8 H100 FSDP2 tensorwise + float8 all-gather",
-        source: TORCHAO,
-        recipe: Recipe::Tensorwise,
-        gpus: 8,
-        micro_batch: 1,
-        published_tps: (6150.0, 7689.5),
-        published_gib: (47.65, 47.77),
-    },
-    Run {
-        run: "llama3-8b 8 H100 FSDP2 rowwise",
-        source: TORCHAO,
-        recipe: Recipe::Rowwise,
-        gpus: 8,
-        micro_batch: 1,
-        published_tps: (6150.0, 6768.0),
-        published_gib: (47.65, 47.79),
-    },
-    Run {
-        run: "llama3.1-8b 8 H100 FSDP Float8",
-        source: TORCHTITAN,
-        recipe: Recipe::Tensorwise,
-        gpus: 8,
-        micro_batch: 2,
-        published_tps: (6667.0, 8532.0),
-        published_gib: (77.0, 76.8),
-    },
-    Run {
-        run: "llama3.1-8b 128 H100 FSDP Float8",
-        source: TORCHTITAN,
-        recipe: Recipe::Tensorwise,
-        gpus: 128,
-        micro_batch: 2,
-        published_tps: (6514.0, 8380.0),
-        published_gib: (62.0, 61.8),
-    },
-];
-
-/// Every run replayed on `h100` with `llama` (the Llama-3 8B preset): torchtitan compiled,
-/// FSDP (ZeRO-3) over every GPU, per-op selective recompute, one micro-batch per step.
-pub fn fp8_rows(llama: &Model, h100: &Cluster) -> Vec<Fp8Row> {
-    RUNS.iter()
-        .map(|r| {
-            let mut cluster = h100.clone();
-            cluster.devices = r.gpus;
-            cluster.nodes = r.gpus.div_ceil(cluster.gpus_per_node);
-            let mut m = llama.clone();
-            m.training.framework = Some("torchtitan-compile".into());
-            m.training.seq_len = 8192;
-            m.training.global_batch = r.gpus * r.micro_batch;
-            let layout = Layout {
-                recompute: Recompute::Selective,
-                ..Layout::without_pipeline(r.gpus, 1, 3, r.micro_batch)
-            };
-            let split = layout.split_layers(m.architecture.layers);
-            let mut predict = |recipe| {
-                m.training.fp8 = recipe;
-                let p = Predicted::derive(&m, &cluster, &layout, &split);
-                (
-                    p.tokens_per_s_per_device,
-                    p.memory.peak_bytes as f64 / (1u64 << 30) as f64,
-                )
-            };
-            let (b, f) = (predict(Recipe::None), predict(r.recipe));
-            Fp8Row {
-                run: r.run,
-                source: r.source,
-                recipe: r.recipe,
-                published_tps: r.published_tps,
-                published_gib: r.published_gib,
-                predicted_tps: (b.0, f.0),
-                predicted_gib: (b.1, f.1),
+/// The runs of `runs_toml` replayed: the rows, and the runs not replayed with the reason.
+pub fn fp8_rows(
+    runs_toml: &str,
+    presets: &Presets,
+) -> Result<(Vec<Fp8Row>, Vec<super::Skipped>), ValidationError> {
+    let (runs, mut skipped) = load_with(runs_toml, presets)?;
+    let doc: Value = runs_toml
+        .parse::<toml::Table>()
+        .map(Value::Table)
+        .map_err(|e| ValidationError::Toml(e.to_string()))?;
+    let listed = get(&doc, "run").and_then(Value::as_array);
+    let pair_of = |id: &str| {
+        let r = listed?.iter().find(|r| text(r, "id") == Some(id))?;
+        Some((
+            num(r, "measured.bf16_tokens_per_s")?,
+            num(r, "measured.bf16_max_reserved_gib"),
+        ))
+    };
+    let mut rows = Vec::new();
+    for run in &runs {
+        let row = match replay(run) {
+            Ok(row) => row,
+            Err(reason) => {
+                skipped.push(super::Skipped {
+                    id: run.id.clone(),
+                    reason,
+                });
+                continue;
             }
-        })
-        .collect()
+        };
+        let bf16 = match pair_of(&run.id) {
+            Some((published_tps, published_gib)) => {
+                let sixteen = Run {
+                    model: crate::model::Model {
+                        training: crate::model::Training {
+                            fp8: Recipe::None,
+                            ..run.model.training.clone()
+                        },
+                        ..run.model.clone()
+                    },
+                    ..run.clone()
+                };
+                let b = replay(&sixteen).map_err(ValidationError::Toml)?;
+                Some(Bf16Pair {
+                    published_tps,
+                    published_gib,
+                    predicted_tps: b.predicted_tokens,
+                    predicted_reported_gib: b.predicted_reported_gib,
+                })
+            }
+            None => None,
+        };
+        rows.push(Fp8Row {
+            recipe: run.model.training.fp8,
+            row,
+            bf16,
+        });
+    }
+    Ok((rows, skipped))
 }
 
-/// The report's section: every run's 16-bit and FP8 throughput and memory, predicted against
-/// published, with the speed-up FP8 alone decides. `models` is specs/models/.
-pub fn section_from_presets(
-    h100: &Cluster,
-    models: &std::path::Path,
-) -> Result<String, crate::error::Diagnostic> {
-    use crate::spec::{load_model, TrainingOverrides};
-    use std::fmt::Write;
-    let llama = load_model(&models.join("llama3-8b.toml"), TrainingOverrides::default())?;
-    let rows = fp8_rows(&llama, h100);
-    let mut out = String::from(
-        "\n## FP8 against published runs\n\n\
-         Published FP8 runs replayed with their recipe beside the same source's 16-bit run on the \
-         same layout (torchtitan compiled, FSDP over every GPU, per-op selective recompute), on the \
-         H100 preset; never fitted to. The speed-up (FP8 over 16-bit tokens/s) is the FP8 model's \
-         own; the FP8 throughput error carries the 16-bit model's too. Memory is torchtitan's max \
-         reserved GiB against the predicted allocated peak. The torchtitan runs' H100s are the 96 GB \
-         HBM2e part at 500 W; the preset is the 700 W SXM part.\n\n\
-         | run | source | recipe | 16-bit tok/s published | predicted | FP8 tok/s published | predicted | error | speed-up published | predicted | FP8 GiB published | predicted | error |\n\
-         |---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n",
+/// The median of signed errors (0 for none).
+fn median(errors: &[f64]) -> f64 {
+    let mut a = errors.to_vec();
+    a.sort_by(f64::total_cmp);
+    match a.len() {
+        0 => 0.0,
+        n if n % 2 == 1 => a[n / 2],
+        n => 0.5 * (a[n / 2 - 1] + a[n / 2]),
+    }
+}
+
+fn pct(e: Option<f64>) -> String {
+    e.map_or("-".into(), |e| format!("{:+.1}%", 100.0 * e))
+}
+
+/// The report's section.
+pub fn section(runs_toml: &str, presets: &Presets) -> Result<String, ValidationError> {
+    let (rows, skipped) = fp8_rows(runs_toml, presets)?;
+    let speed: Vec<f64> = rows.iter().filter_map(Fp8Row::error).collect();
+    let memory: Vec<f64> = rows.iter().filter_map(Fp8Row::memory_error).collect();
+    let speedup: Vec<f64> = rows.iter().filter_map(Fp8Row::speedup_error).collect();
+    let mut md = String::new();
+    let _ = writeln!(md, "\n## FP8 runs\n");
+    let _ = writeln!(
+        md,
+        "Published FP8 runs ({RUNS}, with each source), replayed with their stated layout and recipe on the presets (the 700 W H100 SXM one for every H100; the torchtitan runs' parts are the 96 GB HBM2e H100 at 500 W), never fitted to. Memory is compared as the framework reports it (torchtitan: max reserved). Where the source publishes its 16-bit run of the same layout, the run is replayed without FP8 too and the speed-up (FP8 over 16-bit tokens/s) is the FP8 model's own. {} runs replayed, {} not.\n",
+        rows.len(),
+        skipped.len()
     );
-    for r in &rows {
+    let _ = writeln!(
+        md,
+        "| run | recipe | layout | fits | tok/s published | predicted | error | 16-bit tok/s published | predicted | speed-up published | predicted | GiB published | predicted | error |\n|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+    );
+    for f in &rows {
+        let r = &f.row;
+        let (b_pub, b_pred) = f.bf16.map_or(("-".into(), "-".into()), |b| {
+            (
+                format!("{:.0}", b.published_tps),
+                format!("{:.0}", b.predicted_tps),
+            )
+        });
+        let (s_pub, s_pred) = f.speedups().map_or(("-".into(), "-".into()), |(p, q)| {
+            (format!("{p:.3}"), format!("{q:.3}"))
+        });
         let _ = writeln!(
-            out,
-            "| {} | {} | {} | {:.0} | {:.0} | {:.0} | {:.0} | {:+.1}% | {:.3} | {:.3} | {:.2} | {:.2} | {:+.1}% |",
-            r.run,
-            r.source,
-            r.recipe.name(),
-            r.published_tps.0,
-            r.predicted_tps.0,
-            r.published_tps.1,
-            r.predicted_tps.1,
-            100.0 * r.error(),
-            r.published_tps.1 / r.published_tps.0,
-            r.predicted_tps.1 / r.predicted_tps.0,
-            r.published_gib.1,
-            r.predicted_gib.1,
-            100.0 * r.memory_error()
+            md,
+            "| {} | {} | {} | {} | {} | {:.0} | {} | {b_pub} | {b_pred} | {s_pub} | {s_pred} | {} | {:.2} | {} |",
+            r.id,
+            f.recipe.name(),
+            r.layout.label(),
+            if r.fits { "yes" } else { "**no**" },
+            r.measured_tokens.map_or("-".into(), |t| format!("{t:.0}")),
+            r.predicted_tokens,
+            pct(f.error()),
+            r.measured_memory_gib.map_or("-".into(), |g| format!("{g:.2}")),
+            r.predicted_reported_gib,
+            pct(f.memory_error()),
         );
     }
-    out.push_str("\nThe tensorwise speed-ups agree within 5%; rowwise is over-predicted (one FP8 GEMM efficiency for both recipes, where torchao's rowwise runs a slower CUTLASS kernel). The throughput error is the 16-bit model's on these runs (its GPUs are 500 W parts), and the memory error is the 16-bit model's too: FP8 moves the predicted peak by under 1%, as it moves the published one.\n");
-    Ok(out)
+    let _ = writeln!(
+        md,
+        "\nMedian |error|: tokens/s {:.1}% over {} runs, speed-up {:.1}% over {} pairs, memory {:.1}% over {} runs.",
+        100.0 * median_abs(&speed),
+        speed.len(),
+        100.0 * median_abs(&speedup),
+        speedup.len(),
+        100.0 * median_abs(&memory),
+        memory.len()
+    );
+    // Per source (the tag its `source` opens with): the 16-bit model's error on a source's GPUs
+    // and framework carries into every FP8 row of it.
+    let tag = |f: &Fp8Row| {
+        let s = &f.row.source;
+        s.find(']').map_or(s.as_str(), |i| &s[..=i]).to_string()
+    };
+    let mut tags: Vec<String> = rows.iter().map(tag).collect();
+    tags.dedup();
+    let by_source: Vec<String> = tags
+        .iter()
+        .map(|t| {
+            let e: Vec<f64> = rows
+                .iter()
+                .filter(|f| &tag(f) == t)
+                .filter_map(Fp8Row::error)
+                .collect();
+            format!("{t} {:+.1}% ({} runs)", 100.0 * median(&e), e.len())
+        })
+        .collect();
+    let _ = writeln!(
+        md,
+        "\nMedian signed tokens/s error by source: {}.",
+        by_source.join(", ")
+    );
+    if !skipped.is_empty() {
+        let _ = writeln!(md, "\nNot replayed:\n\n| run | why |\n|---|---|");
+        for s in &skipped {
+            let _ = writeln!(md, "| {} | {} |", s.id, s.reason);
+        }
+    }
+    Ok(md)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::spec::{load_cluster, load_model, ClusterOverrides, TrainingOverrides};
+    use crate::spec::{load_cluster, ClusterOverrides};
     use std::path::Path;
 
-    /// The FP8 speed-up over the same source's 16-bit run, which the FP8 model alone decides:
-    /// tensorwise within 5% of the published one in all three tensorwise runs (predicted 1.27,
-    /// 1.30, 1.30 against 1.25, 1.28, 1.29); rowwise over-predicted (1.22 against 1.10: one
-    /// FP8 GEMM efficiency for both recipes, where torchao's rowwise runs a slower CUTLASS
-    /// kernel). FP8 memory within 1% of the 16-bit plan under torchao, as published.
+    fn presets_dir() -> std::path::PathBuf {
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../specs")
+    }
+
+    /// docs/fp8-validation/runs.toml replayed on the presets: every run on a GPU with a preset
+    /// replays. The FP8 speed-up over the same source's 16-bit run, which the FP8 model alone
+    /// decides: tensorwise and delayed within 12% of the published one in every pair (torchtitan
+    /// 1.30 against 1.28 and 1.29, torchao 1.27 against 1.25, 70B TP 8 1.24 against 1.36,
+    /// llm-foundry's TE runs 1.08-1.44 against 1.00-1.35), their median within 10%; rowwise
+    /// over-predicted (one FP8 GEMM efficiency for both recipes, where torchao's rowwise runs a
+    /// slower CUTLASS kernel). FP8 moves torchao's predicted reported memory by under 1%, as
+    /// published.
     #[test]
     fn fp8_runs_replay_with_their_speedup() {
-        let specs = Path::new(env!("CARGO_MANIFEST_DIR")).join("../specs");
-        let llama = load_model(
-            &specs.join("models/llama3-8b.toml"),
-            TrainingOverrides::default(),
-        )
-        .unwrap();
-        let h100 = load_cluster(
-            &specs.join("clusters/dgx-h100-80g.toml"),
-            ClusterOverrides::default(),
-        )
-        .unwrap();
-        let rows = fp8_rows(&llama, &h100);
-        assert_eq!(rows.len(), RUNS.len());
-        for r in &rows {
-            let e = r.speedup_error();
+        let specs = presets_dir();
+        let load = |n: &str| {
+            load_cluster(&specs.join("clusters").join(n), ClusterOverrides::default()).unwrap()
+        };
+        let (a100, h100) = (load("dgx-a100-80g.toml"), load("dgx-h100-80g.toml"));
+        let models: Vec<(String, String)> = ["llama3-8b", "llama3-70b", "llama3.1-405b"]
+            .iter()
+            .map(|n| {
+                let text = std::fs::read_to_string(specs.join(format!("models/{n}.toml")));
+                (n.to_string(), text.unwrap())
+            })
+            .collect();
+        let presets = Presets {
+            a100: &a100,
+            h100: &h100,
+            others: &[],
+            models: &models,
+        };
+        let text = include_str!("../../../docs/fp8-validation/runs.toml");
+        let (rows, skipped) = fp8_rows(text, &presets).unwrap();
+        let gpus: Vec<&str> = skipped.iter().map(|s| s.id.as_str()).collect();
+        assert_eq!(
+            gpus,
+            ["tth200-llama3.1-8b-32xh200-fsdp32-tensorwise"],
+            "{skipped:?}"
+        );
+        let mut pairs = Vec::new();
+        for f in &rows {
+            let Some(e) = f.speedup_error() else { continue };
             eprintln!(
-                "{}: tokens/s {:.0} → {:.0} predicted, {:.0} → {:.0} published; speed-up error {:+.1}%, FP8 error {:+.1}%, memory {:.2} GiB against {:.2} ({:+.1}%)",
-                r.run, r.predicted_tps.0, r.predicted_tps.1, r.published_tps.0, r.published_tps.1,
-                100.0 * e, 100.0 * r.error(), r.predicted_gib.1, r.published_gib.1, 100.0 * r.memory_error()
+                "{}: speed-up {:?}, error {:+.1}%",
+                f.row.id,
+                f.speedups(),
+                100.0 * e
             );
-            match r.recipe {
-                Recipe::Tensorwise => assert!(e.abs() < 0.05, "{}: {e}", r.run),
-                _ => assert!(e > 0.0 && e < 0.15, "{}: {e}", r.run),
+            match f.recipe {
+                Recipe::Rowwise => assert!(e > 0.0, "{}: {e}", f.row.id),
+                _ => {
+                    assert!(e.abs() < 0.12, "{}: {e}", f.row.id);
+                    pairs.push(e);
+                }
             }
-            let grew = r.predicted_gib.1 / r.predicted_gib.0 - 1.0;
-            assert!(grew.abs() < 0.01, "{}: {grew}", r.run);
+            if f.row.id.starts_with("ao-") {
+                let b = f.bf16.unwrap();
+                let grew = f.row.predicted_reported_gib / b.predicted_reported_gib - 1.0;
+                assert!(grew.abs() < 0.01, "{}: {grew}", f.row.id);
+            }
         }
+        assert!(pairs.len() >= 8, "{pairs:?}");
+        assert!(median_abs(&pairs) < 0.10, "{pairs:?}");
     }
 }

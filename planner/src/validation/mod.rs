@@ -19,6 +19,7 @@ pub mod layer;
 pub mod offload;
 pub mod report;
 pub mod resolve;
+pub mod resolve_fp8;
 pub mod schedules;
 pub mod whole_run;
 

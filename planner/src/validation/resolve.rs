@@ -94,7 +94,9 @@ fn alias(name: &str) -> &str {
         "fsdp" | "fsdp1" | "pytorch-fsdp" | "ddp" | "pytorch" | "pytorch-ddp" | "nanogpt"
         | "accelerate" | "hf-accelerate" | "transformers" | "hf-trainer" => "pytorch-eager",
         "megatron-deepspeed" | "deepspeed-megatron" => "deepspeed",
-        "megatron-lm" | "megatron" | "nemo" => "megatron-core",
+        "megatron-lm" | "megatron" | "nemo" | "megatron-bridge" | "nemo-megatron" => {
+            "megatron-core"
+        }
         "composer" | "mosaicml" | "llmfoundry" => "llm-foundry",
         "llmc" => "llm.c",
         _ => name,
@@ -274,6 +276,7 @@ pub fn resolve(r: &Value, p: &Presets) -> Result<Run, String> {
         global_batch,
     )?;
     training.framework = Some(profile.name.clone());
+    training.fp8 = super::resolve_fp8::recipe(r, profile, &cluster)?;
     let model = Model {
         name: id.clone(),
         architecture,
@@ -383,9 +386,11 @@ fn training(
     // --attention-dropout 0.1`, examples/pretrain_gpt.sh), materialising the softmax: the
     // profiles without flash attention.
     let megatron_era = !profile.runs.flash_attention;
+    // FP8 is beside the precision policy (`training.fp8`, read by `resolve_fp8`): a run whose
+    // precision text names it keeps its framework's policy for the states.
     let precision = match text(r, "training.precision") {
         Some(p) if stated && crate::precision::Policy::by_name(p).is_some() => p.to_string(),
-        Some(p) if stated => {
+        Some(p) if stated && !super::resolve_fp8::names_fp8(p) => {
             return Err(format!(
                 "`training.precision` = \"{p}\" is not a precision policy (megatron | mixed16 | default | fp32)"
             ))
