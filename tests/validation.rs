@@ -87,6 +87,8 @@ fn validation_meets_the_targets_and_the_document_is_current() {
     .unwrap();
     // As `validate-planner` appends it: the schedules against the zero-bubble paper's runs.
     md += &validation::schedules::section(&a100);
+    let h100 = std::fs::read_to_string(root().join(validation::h100::RUNS)).expect("H100 runs");
+    md += &validation::h100::section(&h100, &p).unwrap();
     let fp8 = std::fs::read_to_string(root().join(validation::fp8::RUNS)).expect("FP8 runs");
     md += &validation::fp8::section(&fp8, &p).unwrap();
     // Every run with a published step time or tokens/s is replayed, none silently dropped.

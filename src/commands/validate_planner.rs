@@ -30,6 +30,9 @@ pub struct ValidatePlannerArgs {
     /// The published FP8 runs (their section of the report).
     #[arg(long, default_value = "docs/fp8-validation/runs.toml")]
     fp8_runs: PathBuf,
+    /// The published H100 16-bit runs (their section of the report).
+    #[arg(long, default_value = "docs/h100-validation/runs.toml")]
+    h100_runs: PathBuf,
     /// The Markdown report to write.
     #[arg(short, long, default_value = "docs/validation.md")]
     output: PathBuf,
@@ -89,6 +92,7 @@ pub fn run(args: ValidatePlannerArgs) -> anyhow::Result<ExitCode> {
     md += &section(&args.offload_runs, "offload", validation::offload::section)?;
     md += &validation::whole_run::section_from_presets(&a100, &h100, &args.models, &args.clusters)?;
     md += &validation::schedules::section(&a100);
+    md += &section(&args.h100_runs, "H100 16-bit", validation::h100::section)?;
     md += &section(&args.fp8_runs, "FP8", validation::fp8::section)?;
     let mut t = table(&["run", "measured s", "predicted s", "error"], &[1, 2, 3]);
     for r in &v.scored {

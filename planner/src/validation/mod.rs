@@ -11,10 +11,12 @@
 //! resolved presets; `report` renders docs/validation.md.
 
 pub mod caveats;
+pub mod extra_runs;
 pub mod feasibility;
 pub mod features;
 pub mod fit;
 pub mod fp8;
+pub mod h100;
 pub mod layer;
 pub mod offload;
 pub mod report;
