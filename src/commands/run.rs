@@ -1,8 +1,8 @@
 //! `tessera run plan.json`: train for real as the plan says, and compare with its predictions.
 //!
 //! Under a launcher (`tessera launch`, torchrun, Slurm: `RANK` / `WORLD_SIZE` set) every rank
-//! process first meets the others (`crate::launched`, over `tessera_runtime::launch`) and checks that they
-//! all run the same plan. The CPU backend then trains every rank as a thread of rank 0's
+//! process first meets the others and checks that they all run the same plan
+//! (`crate::launched`). The CPU backend then trains every rank as a thread of rank 0's
 //! process, and the other processes wait for rank 0 and exit with its outcome (docs/cuda.md,
 //! "Launching").
 //!
