@@ -27,7 +27,7 @@ pub struct Device<'a> {
     pub tensor_cores: bool,
     /// The FP8 GEMMs and casts of the block's linears, where the job states a recipe and the
     /// device an FP8 peak ([`Device::for_job`]); `None`: 16-bit.
-    pub fp8: Option<crate::fp8::Fp8Device>,
+    pub fp8: Option<crate::fp8::device::Fp8Device>,
 }
 
 impl<'a> Device<'a> {
@@ -61,7 +61,7 @@ impl<'a> Device<'a> {
     /// (over which cached FP8 weights are cast once).
     pub fn for_job(cluster: &'a Cluster, model: &Model, microbatches: u64) -> Device<'a> {
         Device {
-            fp8: crate::fp8::Fp8Device::of(model.training.fp8, cluster, microbatches),
+            fp8: crate::fp8::device::Fp8Device::of(model.training.fp8, cluster, microbatches),
             ..Device::of(cluster)
         }
     }

@@ -12,11 +12,12 @@
 //! Byte counts per element are written out next to each op. No communication here (`comm`),
 //! no schedules (`pipeline`), no I/O.
 
+use super::device::LinearShape;
 use crate::framework::LossKind;
 use crate::memory::stored::AttentionWidths;
 use crate::model::{Activation, AttentionImpl, Model, Position};
 
-pub use super::device::{Device, LinearShape};
+pub use super::device::Device;
 
 /// Compute time of one transformer layer for one micro-batch on one TP rank, in seconds.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]

@@ -14,12 +14,11 @@
 //!
 //! Nothing here knows about layouts beyond the shapes it is given.
 
-mod device;
-mod recipe;
+pub mod device;
+pub mod recipe;
 pub mod report;
 
-pub use device::Fp8Device;
-pub use recipe::{CastBytes, Recipe, ACTIVATION_TILE, RECIPES, WEIGHT_BLOCK};
+pub use recipe::{Recipe, RECIPES};
 
 use crate::error::Diagnostic;
 use crate::model::Model;

@@ -16,8 +16,8 @@ use std::ops::Range;
 use super::{bf16, Backend, Cpu, GpuError};
 use crate::backend::cpu::kernels::{self as cpu, AttnShape, MatMut, MatRef};
 
-pub use super::shapes::{AdamWStep, RopeShape, RowMajorGemm, Storage};
-pub use RowMajorGemm as GemmShape;
+pub use super::shapes::RowMajorGemm as GemmShape;
+pub use super::shapes::{AdamWStep, RopeShape, Storage};
 
 /// The kernels every backend provides. Shapes in each method's doc; `N` is the number of rows.
 pub trait Kernels {
