@@ -192,8 +192,7 @@ fn defined(line: &str) -> Option<String> {
 fn parse(code: &str) -> File {
     let mut file = File::default();
     let mut rest = String::new();
-    let mut statements = code.split_inclusive(';').peekable();
-    while let Some(s) = statements.next() {
+    for s in code.split_inclusive(';') {
         // A statement starts after the previous `;`: find a `use` that begins a line in it.
         let Some(at) = s.lines().position(|l| after_vis(l).0.starts_with("use ")) else {
             rest.push_str(s);
@@ -270,7 +269,7 @@ impl Tree {
             }
             files.insert(m, parse(&code));
         }
-        files.retain(|m, _| !(0..=m.len()).any(|n| tests.contains(&m[..n].to_vec())));
+        files.retain(|m, _| !(0..=m.len()).any(|n| tests.contains(&m[..n])));
         Tree { files }
     }
 
