@@ -4,6 +4,7 @@
 
 mod commands;
 mod files;
+mod launched;
 mod output;
 mod signals;
 mod sinks;

@@ -725,7 +725,7 @@ impl Layout {
         let tokens = self.micro_batch as f64 * (model.training.seq_len / self.cp.max(1)) as f64;
         // K and V as attention reads them (under MLA, K of heads × (nope + rope) and V of
         // heads × v_head_dim; else kv_dim each).
-        let w = crate::memory::activations::AttentionWidths::of(&model.architecture);
+        let w = crate::memory::stored::AttentionWidths::of(&model.architecture);
         tokens * (w.k + w.v) / self.tp.max(1) as f64 * element_bytes
     }
 

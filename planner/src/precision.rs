@@ -7,6 +7,12 @@
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
+use crate::model::Model;
+
+mod device;
+
+pub use device::for_device;
+
 /// Which ZeRO stage first shards a state over the data-parallel group.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "lowercase")]
@@ -157,21 +163,21 @@ pub struct Term {
     pub why: &'static str,
 }
 
-/// The model as it runs on `cluster`: a device that states its precision policy (the CPU
-/// backend's `fp32`) runs only that one, so it replaces the model spec's `training.precision`;
-/// otherwise the model as it is.
-pub fn for_device<'a>(
-    model: &'a crate::model::Model,
-    cluster: &crate::spec::Cluster,
-) -> std::borrow::Cow<'a, crate::model::Model> {
-    match &cluster.device.precision {
-        Some(p) if *p != model.training.precision => {
-            let mut m = model.clone();
-            m.training.precision = p.clone();
-            std::borrow::Cow::Owned(m)
-        }
-        _ => std::borrow::Cow::Borrowed(model),
-    }
+/// Bytes per parameter of the gradient that DP reduces and of the weights ZeRO gathers.
+pub(crate) fn dtype_bytes(model: &Model) -> (f64, f64, f64) {
+    let policy = Policy::by_name(&model.training.precision)
+        .expect("the precision policy is validated when the spec is resolved");
+    let grad = policy
+        .states
+        .iter()
+        .filter(|s| s.class == StateClass::Grad)
+        .map(|s| s.bytes)
+        .max()
+        .unwrap_or(2) as f64;
+    let weight = policy.class_bytes(StateClass::Param) as f64;
+    // Adam reads and writes master, m and v, reads the gradient, writes the 16-bit weight.
+    let update = 2.0 * policy.class_bytes(StateClass::Optim) as f64 + grad + weight;
+    (grad, weight, update)
 }
 
 impl Policy {

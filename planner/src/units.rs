@@ -1,6 +1,9 @@
 //! Byte counts for people: in the largest binary unit that keeps the number at least 1, so a
 //! small model's memory never reads "0.0 GiB".
 
+/// Bytes in a GiB: the unit of every spec's memory sizes.
+pub const GIB: f64 = 1024.0 * 1024.0 * 1024.0;
+
 /// The binary units, largest first.
 const UNITS: [(&str, f64); 7] = [
     ("EiB", 1024.0 * 1024.0 * 1024.0 * 1024.0 * 1024.0 * 1024.0),

@@ -1,8 +1,8 @@
 //! `tessera run plan.json`: train for real as the plan says, and compare with its predictions.
 //!
 //! Under a launcher (`tessera launch`, torchrun, Slurm: `RANK` / `WORLD_SIZE` set) every rank
-//! process first meets the others (`tessera_runtime::launch::rendezvous`) and checks that they
-//! all run the same plan. The CPU backend then trains every rank as a thread of rank 0's
+//! process first meets the others and checks that they all run the same plan
+//! (`crate::launched`). The CPU backend then trains every rank as a thread of rank 0's
 //! process, and the other processes wait for rank 0 and exit with its outcome (docs/cuda.md,
 //! "Launching").
 //!
@@ -31,20 +31,19 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
 
-use anyhow::{anyhow, bail, Context};
+use anyhow::{anyhow, Context};
 use clap::{Args, Parser, ValueEnum};
 use indicatif::{ProgressBar, ProgressStyle};
 use tessera_planner::plan::Plan;
 use tessera_planner::spec::DeviceKind;
 use tessera_runtime::exec::{self, StepMetrics};
 use tessera_runtime::launch::env::LaunchEnv;
-use tessera_runtime::launch::rendezvous::{rendezvous, RendezvousError};
-use tessera_runtime::launch::EXIT_PEER_FAILED;
 use tessera_runtime::session::{
     json_line, progress, CheckpointOptions, Collectives, DataOptions, EvalOptions, Gpus, Observer,
     OptimOverrides, RunOptions, Session, SessionError,
 };
 
+use crate::launched::rank_process;
 use crate::signals::{uninterrupted, Interrupts};
 use crate::sinks::Outputs;
 
@@ -180,86 +179,11 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     }
     check_runnable(&plan, &args.plan)?;
     match launch {
-        Some(env) if env.world_size > 1 => distributed(&args, &plan, &env, &interrupts),
+        Some(env) if env.world_size > 1 => {
+            let train = || train_here(&args, &plan, None, &interrupts);
+            rank_process(&args.plan, &plan, &env, args.fail_rank, &interrupts, train)
+        }
         _ => train_here(&args, &plan, None, &interrupts),
-    }
-}
-
-/// One rank process of a launched CPU run: rendezvous, check the plan, then rank 0 trains and
-/// the others wait for its outcome.
-fn distributed(
-    args: &RunArgs,
-    plan: &Plan,
-    env: &LaunchEnv,
-    interrupts: &Interrupts,
-) -> anyhow::Result<ExitCode> {
-    let (rank, world) = (env.rank, env.world_size);
-    if world as u64 != plan.parallel.world {
-        bail!(
-            "{}: the plan has {} ranks, this launch {world} (WORLD_SIZE)\n  fix: launch {} processes (`tessera launch {} --nproc {}`)",
-            args.plan.display(),
-            plan.parallel.world,
-            plan.parallel.world,
-            args.plan.display(),
-            plan.parallel.world
-        );
-    }
-    if args.fail_rank == Some(rank) {
-        bail!("rank {rank}: injected failure (--fail-rank {rank}), before the rendezvous");
-    }
-    let cfg = env
-        .rendezvous_config(&|k| std::env::var(k).ok())
-        .with_context(|| format!("rank {rank}: cannot start the rendezvous"))?;
-    let bytes = std::fs::read(&args.plan)
-        .with_context(|| format!("{}: cannot read the plan", args.plan.display()))?;
-    let digest = format!("plan {:016x}", tessera_runtime::rng::fnv1a64(&bytes));
-    let joined = rendezvous(&cfg, || Ok(digest.clone().into_bytes()))
-        .with_context(|| format!("rank {rank}: rendezvous"))?;
-    if joined.blob != digest.as_bytes() {
-        bail!(
-            "rank {rank}: {} is not the plan rank 0 runs ({} here, {} there)\n  fix: give every rank the same plan file",
-            args.plan.display(),
-            digest,
-            String::from_utf8_lossy(&joined.blob)
-        );
-    }
-    if joined.session.is_root() {
-        println!(
-            "rank 0 of {world}: all ranks joined and run the same plan; the CPU backend trains all {world} ranks as threads of this process"
-        );
-        let result = train_here(args, plan, None, interrupts);
-        let outcome = match &result {
-            Ok(code) if *code == ExitCode::SUCCESS => Ok(()),
-            Ok(_) => Err("rank 0 exited with an error".to_string()),
-            Err(e) => Err(format!("{e:#}")),
-        };
-        if let Err(e) = joined.session.finish(outcome) {
-            eprintln!("warning: could not tell the other ranks how the run ended: {e}");
-        }
-        return result;
-    }
-    println!(
-        "rank {rank} of {world}: joined rank 0 (same plan); the CPU backend trains every rank as a thread of rank 0's process: waiting for it"
-    );
-    interrupts.waiting_for(Some(format!(
-        "rank {rank} was waiting for rank 0, which trains every rank"
-    )));
-    match joined.session.wait() {
-        Ok(()) => {
-            println!("rank {rank}: rank 0 finished");
-            Ok(ExitCode::SUCCESS)
-        }
-        Err(RendezvousError::RootFailed { message }) => {
-            eprintln!("error: rank {rank}: stopped because rank 0 failed: {message}");
-            Ok(ExitCode::from(EXIT_PEER_FAILED))
-        }
-        // Rank 0 died without a word (killed, crashed): this rank's stop is the consequence,
-        // so it exits as a peer's failure and the launcher names rank 0's exit as the cause.
-        Err(e @ RendezvousError::RootGone { .. }) => {
-            eprintln!("error: {e}");
-            Ok(ExitCode::from(EXIT_PEER_FAILED))
-        }
-        Err(e) => Err(e.into()),
     }
 }
 

@@ -8,7 +8,7 @@
 //! (`ops::layer_cp`); the row-parallel adapters' all-reduce of the rank-r intermediate
 //! (t·r elements per adapter) is not modelled.
 
-use super::ops::Device;
+use super::device::Device;
 use crate::finetune::{self, Method};
 use crate::model::Model;
 
@@ -19,7 +19,7 @@ pub fn layer(model: &Model, dev: &Device, tp: u64, t: f64) -> (f64, f64) {
         return (0.0, 0.0);
     };
     let a = &model.architecture;
-    let w = crate::memory::activations::element_bytes(model);
+    let w = crate::memory::stored::element_bytes(model);
     let tp = tp.max(1) as f64;
     let r = l.rank as f64;
     let (mut fwd, mut bwd) = (0.0, 0.0);

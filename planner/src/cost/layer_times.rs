@@ -9,25 +9,8 @@ use super::pipeline::{ChunkTime, Parts};
 use super::{moe, LayerTimes, Options};
 use crate::layout::{Layout, Recompute};
 use crate::model::{AttentionImpl, Model};
-use crate::precision::{Policy, StateClass};
+use crate::precision::{dtype_bytes, Policy};
 use crate::spec::Cluster;
-
-/// Bytes per parameter of the gradient that DP reduces and of the weights ZeRO gathers.
-pub(super) fn dtype_bytes(model: &Model) -> (f64, f64, f64) {
-    let policy = Policy::by_name(&model.training.precision)
-        .expect("the precision policy is validated when the spec is resolved");
-    let grad = policy
-        .states
-        .iter()
-        .filter(|s| s.class == StateClass::Grad)
-        .map(|s| s.bytes)
-        .max()
-        .unwrap_or(2) as f64;
-    let weight = policy.class_bytes(StateClass::Param) as f64;
-    // Adam reads and writes master, m and v, reads the gradient, writes the 16-bit weight.
-    let update = 2.0 * policy.class_bytes(StateClass::Optim) as f64 + grad + weight;
-    (grad, weight, update)
-}
 
 /// The per-micro-batch times of a layout's parts.
 pub fn layer_times(
@@ -280,7 +263,7 @@ fn ring_exposed(
         return (0.0, 0.0);
     }
     // K and V of this rank's tokens and its KV heads.
-    let kv = layout.cp_kv_block_bytes(model, crate::memory::activations::element_bytes(model));
+    let kv = layout.cp_kv_block_bytes(model, crate::memory::stored::element_bytes(model));
     if layout.cp_comm == crate::layout::CpComm::AllGather {
         // Llama 3's: K and V of the whole sequence all-gathered before the attention, on the
         // critical path (Dubey et al. 2024 §3.3.2: "the all-gather communication latency is

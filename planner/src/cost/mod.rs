@@ -11,6 +11,7 @@
 mod adapters;
 mod blocking;
 pub mod comm;
+mod device;
 pub mod gemm;
 pub mod host;
 #[cfg(test)]
@@ -35,10 +36,10 @@ use crate::layout::Layout;
 use crate::model::{AttentionImpl, Model};
 use crate::spec::{Cluster, DeviceKind};
 use comm::Links;
-use ops::Device;
+use device::Device;
 use pipeline::{ChunkTime, Parts, Pipeline, Simulated};
 
-use layer_times::dtype_bytes;
+use crate::precision::dtype_bytes;
 pub use layer_times::layer_times;
 use reasons::{cp_reason, dp_reason, ep_reason, recompute_reason, tp_reason};
 

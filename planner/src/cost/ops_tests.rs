@@ -1,6 +1,7 @@
 //! The ops' compute times against FLOPs and bytes written out by hand.
 use super::*;
 use crate::model::{Architecture, Mla, Norm, Training};
+use crate::spec::Calibration;
 
 fn cal(eff: f64) -> Calibration {
     Calibration {

@@ -9,7 +9,8 @@
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use super::{Fp8Device, Recipe};
+use super::device::Fp8Device;
+use super::Recipe;
 use crate::cost::ops::{self, Device};
 use crate::layout::Layout;
 use crate::model::Model;

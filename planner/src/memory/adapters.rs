@@ -10,7 +10,7 @@
 //! input and a 1-byte mask (PEFT gives every adapted module its own `lora_dropout`; with
 //! dropout 0 it is `nn.Identity` and the input itself serves).
 
-use super::activations::{Split, Stored};
+use super::stored::{Split, Stored};
 use crate::finetune::Target;
 use crate::model::Model;
 
@@ -41,7 +41,7 @@ pub(crate) fn adjust(model: &Model, b: f64, v: &mut Vec<Stored>) {
         // read (it reads `gelu_input`); SwiGLU's is the product, which nothing else reads.
         v.retain(|x| x.name != input);
     }
-    let w = super::activations::element_bytes(model);
+    let w = super::stored::element_bytes(model);
     let sb = model.training.seq_len as f64 * b;
     let r = l.rank as f64;
     for t in &l.targets {

@@ -45,7 +45,7 @@ pub fn workspace_bytes(model: &Model, cpu: bool, b: u64, tp: u64, sp: bool) -> f
         return 0.0;
     }
     let a = &model.architecture;
-    let w = crate::memory::activations::element_bytes(model);
+    let w = crate::memory::stored::element_bytes(model);
     let n = model.training.seq_len as f64 * b as f64;
     let t = tp as f64;
     let h = a.hidden as f64;

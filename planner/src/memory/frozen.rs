@@ -130,7 +130,7 @@ impl<'a> Adapters<'a> {
             return 0.0;
         }
         finetune::largest_linear(&model.architecture, layout.tp)
-            * super::activations::element_bytes(model)
+            * super::stored::element_bytes(model)
     }
 }
 

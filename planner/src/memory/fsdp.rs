@@ -174,7 +174,7 @@ fn working_set_bytes(model: &Model, layout: &Layout) -> f64 {
 fn pipe_buffer_bytes(model: &Model, layout: &Layout, stage: u64) -> f64 {
     let local = layout.rank_tokens(model);
     let one = (layout.micro_batch * local.training.seq_len * local.architecture.hidden) as f64
-        * activations::element_bytes(model);
+        * super::stored::element_bytes(model);
     let pp = layout.pp;
     let flight = super::in_flight(
         layout.schedule,

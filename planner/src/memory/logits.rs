@@ -32,7 +32,7 @@ pub fn terms(
 ) -> Vec<(&'static str, f64, &'static str)> {
     let rows = (model.architecture.vocab_rows(tp, pad_vocab) / tp.max(1)) as f64;
     let logits = tokens * rows;
-    let w = super::activations::element_bytes(model);
+    let w = super::stored::element_bytes(model);
     let fp32 = 4.0 * logits;
     match loss {
         LossKind::Fused => vec![(

@@ -18,6 +18,7 @@ mod overhead;
 #[cfg(test)]
 pub(crate) mod schedule_tests;
 mod stage_bytes;
+pub mod stored;
 mod zero3;
 
 pub use overhead::{runtime_overhead_bytes, runtime_overheads};
@@ -727,7 +728,7 @@ pub fn cp_ring_bytes(model: &Model, layout: &Layout) -> f64 {
     if layout.cp <= 1 {
         return 0.0;
     }
-    let block = layout.cp_kv_block_bytes(model, activations::element_bytes(model));
+    let block = layout.cp_kv_block_bytes(model, stored::element_bytes(model));
     let blocks = match layout.cp_comm {
         crate::layout::CpComm::P2p => 4.0,
         // The whole sequence's K and V, gathered, and their gradients before the scatter.

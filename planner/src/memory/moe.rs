@@ -9,7 +9,8 @@
 //! (`expert_data_parallel_group`). Everything else of an MoE layer (attention, norms, router,
 //! shared experts) is a dense weight, replicated over DP × CP as before.
 
-use super::activations::{element_bytes, kept_bytes, layer_tensors, Keep, Split, Stored};
+use super::activations::{kept_bytes, layer_tensors, Keep};
+use super::stored::{element_bytes, Split, Stored};
 use crate::layout::Layout;
 use crate::model::{Activation, Model};
 use crate::spec::Cluster;

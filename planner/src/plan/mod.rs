@@ -156,7 +156,7 @@ impl VocabPadding {
             } else {
                 String::new()
             };
-            let element = crate::memory::activations::element_bytes(model) as u64;
+            let element = crate::memory::stored::element_bytes(model) as u64;
             let align = if crate::cost::loss::aligned(rows, element) {
                 String::new()
             } else {

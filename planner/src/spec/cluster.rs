@@ -248,7 +248,7 @@ impl Cluster {
     }
 }
 
-pub const GIB: f64 = 1024.0 * 1024.0 * 1024.0;
+pub use crate::units::GIB;
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]

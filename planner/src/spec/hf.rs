@@ -7,8 +7,8 @@
 
 use serde_json::Value;
 
-use super::check::Problem;
 use super::model::TrainingOverrides;
+use super::problem::Problem;
 use crate::error::Diagnostic;
 use crate::model::{AttentionImpl, Model, Training};
 use crate::source::Source;

@@ -35,11 +35,11 @@ impl Host {
     }
 
     pub fn memory_bytes(&self) -> f64 {
-        self.memory_gib * super::cluster::GIB
+        self.memory_gib * crate::units::GIB
     }
 
     pub fn nvme_bytes(&self) -> f64 {
-        self.nvme_gib * super::cluster::GIB
+        self.nvme_gib * crate::units::GIB
     }
 
     /// The `[host]` table as `tessera calibrate` writes it.

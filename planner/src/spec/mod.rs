@@ -11,10 +11,12 @@ mod hf;
 mod host;
 mod model;
 mod moe;
+mod moe_check;
 mod optim;
+mod problem;
+mod raw_arch;
 mod whole_run;
 
-pub use check::Problem;
 pub use cluster::{
     parse_cluster_toml, Calibration, Cluster, ClusterOverrides, Device, DeviceKind, Link, Overhead,
     GIB,
@@ -24,6 +26,7 @@ pub use hf::parse_hf_config;
 pub use host::Host;
 pub use model::{parse_model_toml, TrainingOverrides, DEFAULT_VOCAB_DIVISIBLE_BY};
 pub use moe::DEFAULT_ROUTER_AUX_LOSS_COEF;
+pub use problem::Problem;
 pub use whole_run::{Cost, Reliability, Storage};
 
 use std::path::Path;

@@ -55,7 +55,7 @@ pub fn section(out: &mut String, v: &Validation) {
             "| {} | {} | {} | {:.1} | {:.0} | {:.0}% |",
             r.id,
             r.profile,
-            super::report::layout_cell(r),
+            r.layout_cell(),
             r.predicted_memory_gib,
             r.capacity_gib,
             100.0 * share(r)

@@ -170,6 +170,28 @@ pub struct Row {
     pub derived: Option<String>,
 }
 
+impl Row {
+    /// The layout as a table cell of the report: `dp tp pp mb`, then the knobs it turns on.
+    fn layout_cell(&self) -> String {
+        let l = &self.layout;
+        let mut s = format!("dp{} tp{} pp{} mb{}", l.dp, l.tp, l.pp, l.micro_batch);
+        if l.sharding.zero_stage > 0 {
+            s += &format!(" zero{}", l.sharding.zero_stage);
+        }
+        s += &format!(" {}", l.recompute.name());
+        if l.sequence_parallel {
+            s += " sp";
+        }
+        if l.pp > 1 {
+            s += &format!(" {}", l.schedule.name());
+            if l.virtual_stages > 1 {
+                s += &format!("×{}", l.virtual_stages);
+            }
+        }
+        s
+    }
+}
+
 pub(crate) fn get<'a>(v: &'a Value, path: &str) -> Option<&'a Value> {
     path.split('.').try_fold(v, |v, k| v.get(k))
 }

@@ -25,25 +25,6 @@ fn opt(x: Option<f64>, f: impl Fn(f64) -> String) -> String {
     x.map_or("–".into(), f)
 }
 
-pub(super) fn layout_cell(r: &Row) -> String {
-    let l = &r.layout;
-    let mut s = format!("dp{} tp{} pp{} mb{}", l.dp, l.tp, l.pp, l.micro_batch);
-    if l.sharding.zero_stage > 0 {
-        s += &format!(" zero{}", l.sharding.zero_stage);
-    }
-    s += &format!(" {}", l.recompute.name());
-    if l.sequence_parallel {
-        s += " sp";
-    }
-    if l.pp > 1 {
-        s += &format!(" {}", l.schedule.name());
-        if l.virtual_stages > 1 {
-            s += &format!("×{}", l.virtual_stages);
-        }
-    }
-    s
-}
-
 fn calibration(c: &Cluster) -> String {
     let k = &c.calibration;
     let gemm = match k.gemm_efficiency {
@@ -72,7 +53,7 @@ fn calibration(c: &Cluster) -> String {
 fn rows_table(out: &mut String, rows: &[Row]) {
     out.push_str("| run | layout (planner's choice for open knobs) | open knobs | measured s | predicted s | error | tokens/s/GPU measured | predicted | MFU measured | predicted |\n|---|---|---|---:|---:|---:|---:|---:|---:|---:|\n");
     for r in rows {
-        let mut layout = layout_cell(r);
+        let mut layout = r.layout_cell();
         if !r.fits {
             layout += " (over memory in this model)";
         }

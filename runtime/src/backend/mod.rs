@@ -24,6 +24,7 @@ pub mod cpu;
 pub mod cuda;
 mod error;
 pub mod ops;
+mod shapes;
 
 use std::ops::Range;
 
@@ -31,7 +32,8 @@ pub use self::cpu::kernels::AttnShape;
 pub use cpu::Cpu;
 pub use error::GpuError;
 pub use error::GpuError as BackendError;
-pub use ops::{AdamWStep, GemmShape, RopeShape, Storage};
+pub use ops::GemmShape;
+pub use shapes::{AdamWStep, RopeShape, Storage};
 
 use crate::comm::{all_reduce_f64, all_reduce_max, Comm, CommError};
 

@@ -7,7 +7,7 @@ use std::path::Path;
 use std::time::Instant;
 
 use crate::backend::cpu::kernels::adamw_update;
-use crate::backend::ops::AdamWStep;
+use crate::backend::AdamWStep;
 
 /// Parameters each thread updates per timed AdamW pass: 16 Mi, 256 MiB of fp32 state per
 /// thread (parameter, gradient, m, v), far beyond any cache, as a model's shards are.

@@ -12,8 +12,7 @@ use std::path::{Path, PathBuf};
 use safetensors::tensor::{Dtype, SafeTensors};
 use tessera_planner::plan::Plan;
 
-use super::save::complete_step;
-use super::{CheckpointError, Index, Kind, FORMAT, INDEX, LATEST};
+use super::{complete_step, CheckpointError, Index, Kind, FORMAT, INDEX, LATEST};
 use crate::data::Tokens;
 use crate::params::{ParamInfo, ParamLayout};
 

@@ -89,6 +89,12 @@ pub fn step_dir_name(step: usize) -> String {
     format!("step-{step}")
 }
 
+/// The step of a complete checkpoint directory `step-N` (one with its index).
+fn complete_step(dir: &std::path::Path, name: &str) -> Option<usize> {
+    let n = name.strip_prefix("step-")?.parse().ok()?;
+    dir.join(name).join(INDEX).is_file().then_some(n)
+}
+
 /// The shard file of `rank`.
 pub fn shard_file_name(rank: usize) -> String {
     format!("rank-{rank:05}.safetensors")

@@ -9,8 +9,7 @@ use std::fs::{self, File, OpenOptions};
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
-use super::save::complete_step;
-use super::{step_dir_name, Checkpoint, CheckpointError, INDEX, LATEST};
+use super::{complete_step, step_dir_name, Checkpoint, CheckpointError, INDEX, LATEST};
 
 /// The lock file of a save directory: held (flock) by the run that writes there; its text names
 /// that run.

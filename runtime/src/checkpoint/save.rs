@@ -349,12 +349,6 @@ fn write_shard(tmp: &Path, step: usize, shard: &RankShard) -> Result<ShardFile, 
     })
 }
 
-/// The step of a complete checkpoint directory `step-N` (one with its index).
-pub(super) fn complete_step(dir: &Path, name: &str) -> Option<usize> {
-    let n = name.strip_prefix("step-")?.parse().ok()?;
-    dir.join(name).join(INDEX).is_file().then_some(n)
-}
-
 /// Removes complete checkpoints of `lineage` beyond the newest `keep` by step, never
 /// `just_saved`; checkpoints of another lineage are never removed.
 fn prune(dir: &Path, just_saved: usize, keep: usize, lineage: Option<&str>) {

@@ -14,7 +14,6 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-use super::open::{split_of, Split};
 use super::shard::{self, Width};
 use super::tokenizer::{sha256_hex, Tokenizer, GPT2_EOT, GPT2_VOCAB};
 use super::DataError;
@@ -23,6 +22,23 @@ use super::DataError;
 pub const META_FILE: &str = "tessera-data.json";
 /// The value of its `format` field.
 pub const META_FORMAT: &str = "tessera-data";
+
+/// Which split a file's name puts it in, as llm.c names shards.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Split {
+    Train,
+    Val,
+}
+
+/// `*_val_*`, `*_val`, `val_*` (before the extension) are validation files; all else trains.
+pub fn split_of(file_name: &str) -> Split {
+    let stem = file_name.rsplit_once('.').map_or(file_name, |(s, _)| s);
+    if stem.contains("_val_") || stem.ends_with("_val") || stem.starts_with("val_") {
+        Split::Val
+    } else {
+        Split::Train
+    }
+}
 
 /// The tokenizer a folder was prepared with.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

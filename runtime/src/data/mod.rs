@@ -27,8 +27,8 @@ pub mod text;
 mod tokenizer;
 
 pub use corpus::{Part, PartKind, Tokens, FULL_HASH_TOKENS};
-pub use meta::{DataMeta, ShardEntry, TokenizerRef, META_FILE, META_FORMAT};
-pub use open::{split_of, DataFormat, DataSet, LoadOptions, Split, MAX_STREAM_BYTES};
+pub use meta::{split_of, DataMeta, ShardEntry, Split, TokenizerRef, META_FILE, META_FORMAT};
+pub use open::{DataFormat, DataSet, LoadOptions, MAX_STREAM_BYTES};
 pub use sampler::Sampler;
 pub use tokenizer::{sha256_hex, Tokenizer, GPT2_EOT, GPT2_VOCAB};
 

@@ -22,7 +22,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use super::corpus::{Backing, Part, PartKind, Store, Tokens};
-use super::meta::{DataMeta, TokenizerRef};
+use super::meta::{split_of, DataMeta, Split, TokenizerRef};
 use super::shard::{self, Width};
 use super::text;
 use super::tokenizer::Tokenizer;
@@ -88,23 +88,6 @@ fn read_bounded(file: std::fs::File) -> std::io::Result<Vec<u8>> {
         )));
     }
     Ok(bytes)
-}
-
-/// Which split a file's name puts it in, as llm.c names shards.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Split {
-    Train,
-    Val,
-}
-
-/// `*_val_*`, `*_val`, `val_*` (before the extension) are validation files; all else trains.
-pub fn split_of(file_name: &str) -> Split {
-    let stem = file_name.rsplit_once('.').map_or(file_name, |(s, _)| s);
-    if stem.contains("_val_") || stem.ends_with("_val") || stem.starts_with("val_") {
-        Split::Val
-    } else {
-        Split::Train
-    }
 }
 
 fn has_glob_chars(s: &str) -> bool {

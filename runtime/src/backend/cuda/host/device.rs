@@ -13,8 +13,7 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use super::launch::{self, Geometry};
-use super::ops::n64;
+use super::launch::{self, n64, Geometry};
 use super::views::{need, DMut, DRef};
 use super::{DType, GpuError, KArg, Launcher};
 use crate::backend::cuda::kernels::{self, Param};

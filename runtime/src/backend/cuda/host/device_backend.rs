@@ -8,7 +8,7 @@ use std::ops::Range;
 
 use super::device::Device;
 use super::launch;
-use super::ops::{i32_of, n64};
+use super::launch::{i32_of, n64};
 use super::views::{need, rows, DMut, DRef, DeviceIds};
 use super::{DType, GpuError, HostData, HostVec, KArg, Launcher};
 use crate::backend::GemmShape;

@@ -5,7 +5,7 @@
 
 use super::device::Device;
 use super::launch;
-use super::ops::{i32_of, n64};
+use super::launch::{i32_of, n64};
 use super::views::{need, rows, DMut, DRef, DeviceIds};
 use super::{DType, GpuError, KArg, Launcher};
 use crate::backend::AttnShape;

@@ -10,7 +10,7 @@
 //! the mapping without a GPU.
 
 /// The row-major product (defined with the `Kernels` surface that takes it; mapped here).
-pub use crate::backend::ops::RowMajorGemm;
+pub use crate::backend::shapes::RowMajorGemm;
 use crate::backend::GpuError;
 
 /// Which row-major operand a column-major argument slot holds.

@@ -7,6 +7,18 @@
 use super::GpuError;
 use crate::backend::AttnShape;
 
+/// A size as the kernels' `long long` argument (usize ≤ i64::MAX on every supported target).
+pub(super) fn n64(x: usize) -> i64 {
+    x as i64
+}
+
+pub(super) fn i32_of(x: usize, what: &str) -> Result<i32, GpuError> {
+    i32::try_from(x).map_err(|_| GpuError::Unsupported {
+        what: format!("{what} = {x} does not fit the kernels' 32-bit argument"),
+        fix: "split the work into smaller pieces".into(),
+    })
+}
+
 /// Threads per block of the element-wise and per-channel kernels.
 pub const THREADS: u32 = 256;
 /// Grid-stride kernels never launch more blocks than this (each thread loops).

@@ -7,7 +7,7 @@
 
 use std::ops::Range;
 
-use super::launch;
+use super::launch::{self, i32_of, n64};
 use super::{DType, Device, GpuError, HostData, HostVec, KArg, Launcher};
 use crate::backend::ops::{AdamWStep, GemmShape, Kernels, RopeShape, Storage};
 use crate::backend::AttnShape;
@@ -24,18 +24,6 @@ pub const F32_RTOL: f32 = 1e-5;
 /// The GPU kernels behind [`Kernels`], on launcher `L`.
 pub struct GpuKernels<L: Launcher> {
     dev: Device<L>,
-}
-
-/// A size as the kernels' `long long` argument (usize ≤ i64::MAX on every supported target).
-pub(super) fn n64(x: usize) -> i64 {
-    x as i64
-}
-
-pub(super) fn i32_of(x: usize, what: &str) -> Result<i32, GpuError> {
-    i32::try_from(x).map_err(|_| GpuError::Unsupported {
-        what: format!("{what} = {x} does not fit the kernels' 32-bit argument"),
-        fix: "split the work into smaller pieces".into(),
-    })
 }
 
 type D<L> = Device<L>;
