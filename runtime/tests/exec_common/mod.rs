@@ -96,6 +96,7 @@ pub fn cluster(spec: &str, devices: u64) -> Cluster {
 
 /// The plan of `layout` for the model spec at `spec` (its global batch [`GLOBAL_BATCH`]) on
 /// `cluster`; the layout must pass `Layout::check`.
+#[allow(dead_code)] // offload_parity.rs's; the plans above go through `plan_for`
 pub fn plan_on(spec: &str, cluster: Cluster, layout: &Layout) -> Plan {
     plan_of_model(&model(spec), cluster, layout)
 }
