@@ -598,6 +598,18 @@ fn fill_and_copy_body(k: &dyn Kernels) {
 }
 test_device!(fill_and_copy, super::fill_and_copy_body);
 
+/// `x *= s` in activation storage (a LoRA adapter's `alpha / r` on its intermediate), over
+/// several blocks and a length that is not a multiple of the block size; a negative, non-power-
+/// of-two factor, so a kernel that adds instead of multiplying, or drops the sign, fails.
+fn scale_body(k: &dyn Kernels) {
+    let x0 = randn(3001, 63, 1.0);
+    let mut x = x0.clone();
+    k.scale(&mut x, -1.75).unwrap();
+    let want: Vec<f64> = x0.iter().map(|&v| f64::from(v) * -1.75).collect();
+    check(k, "scale", &x, &want, Storage::Bf16);
+}
+test_device!(scale, super::scale_body);
+
 /// The bias add after a linear layer: `y (N, c) += b (c)`, every row; N·c not a multiple of
 /// the block size, over several blocks.
 fn add_bias_body(k: &dyn Kernels) {
@@ -954,6 +966,7 @@ const COVERAGE: &[(&str, &str)] = &[
     ("copy_f32", "fill_and_copy"),
     ("copy_bf16", "fill_and_copy"),
     ("add_inplace_bf16", "residual_and_norm"),
+    ("scale_bf16", "scale"),
 ];
 
 #[test]

@@ -199,7 +199,8 @@ fn dropout_on_gpus_is_refused_not_trained_without() {
 }
 
 /// A QLoRA plan trains on the CPU backend (runtime/tests/qlora_parity.rs), and is refused on
-/// GPUs before anything starts: the CUDA backend has no frozen base nor NF4 storage.
+/// GPUs before anything starts: the CUDA backend has no NF4 storage (a LoRA plan trains there:
+/// runtime/tests/executor_emulated_lora.rs).
 #[test]
 fn a_qlora_plan_is_refused_on_gpus_naming_the_method() {
     let mut model = tiny::model();

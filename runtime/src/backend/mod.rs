@@ -110,6 +110,8 @@ pub trait Backend: Sized + Sync + 'static {
     fn copy(&self, dst: Self::Mut<'_>, src: Self::Ref<'_>) -> Result<(), BackendError>;
     /// `a += b`.
     fn add_assign(&self, a: Self::Mut<'_>, b: Self::Ref<'_>) -> Result<(), BackendError>;
+    /// `x *= s`, in activation storage.
+    fn scale(&self, x: Self::Mut<'_>, s: f32) -> Result<(), BackendError>;
     /// Σ x (f64, in order): the loss sum.
     fn sum(&self, x: Self::Ref<'_>) -> Result<f64, BackendError>;
     /// Σ x² (f64, in order): the squared gradient norm.

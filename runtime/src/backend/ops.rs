@@ -178,6 +178,8 @@ pub trait Kernels {
     ) -> Result<(), GpuError>;
     /// `y (N, c) += b (c)`, in activation storage (the executor's bias add).
     fn add_bias(&self, y: &mut [f32], b: &[f32]) -> Result<(), GpuError>;
+    /// `x *= s`, in activation storage (a LoRA adapter's scaling).
+    fn scale(&self, x: &mut [f32], s: f32) -> Result<(), GpuError>;
 
     /// Σ x² (the squared norm of fp32 gradients, for global-norm clipping), summed in f64.
     fn sum_squares(&self, x: &[f32]) -> Result<f64, GpuError>;
@@ -548,6 +550,10 @@ impl Kernels for CpuKernels {
 
     fn add_bias(&self, y: &mut [f32], b: &[f32]) -> Result<(), GpuError> {
         Cpu.add_bias(y, b)
+    }
+
+    fn scale(&self, x: &mut [f32], s: f32) -> Result<(), GpuError> {
+        Cpu.scale(x, s)
     }
 
     fn gelu_forward(&self, out: &mut [f32], inp: &[f32]) -> Result<(), GpuError> {

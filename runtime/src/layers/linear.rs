@@ -436,7 +436,7 @@ fn matmul_forward<B: Backend>(
         Weight::Nf4(q) => q.forward::<B>(x, B::rb(&mut y), k, m)?,
     }
     for l in lora {
-        l.forward::<B>(p, x, B::rb(&mut y))?;
+        l.forward::<B>(be, p, x, B::rb(&mut y))?;
     }
     Ok(())
 }
@@ -491,7 +491,7 @@ fn matmul_backward<B: Backend>(
         Weight::Nf4(q) => q.input_grad::<B>(dy, B::rb(&mut dx), k, m)?,
     }
     for l in t.lora {
-        l.backward::<B>(p, B::rb(&mut g), x, dy, B::rb(&mut dx))?;
+        l.backward::<B>(be, p, B::rb(&mut g), x, dy, B::rb(&mut dx))?;
     }
     Ok(())
 }

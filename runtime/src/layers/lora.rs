@@ -19,8 +19,10 @@
 //!   the end of the step; `du = s·dy·B` is whole (`dy` is), so `dA_t` and `dx_t` are exact.
 //!
 //! The intermediate is not kept between forward and backward: the backward recomputes it from
-//! the linear's input, which the base keeps anyway. The adapter runs on host memory (the CPU
-//! backend) and allocates its `(N, r)` temporaries per call.
+//! the linear's input, which the base keeps anyway. The adapter runs on the backend's GEMMs
+//! (the base linear's own, with transposes and accumulation) and allocates its `(N, r)`
+//! temporaries per call, in activation storage: bf16 on a GPU, where `r` is small next to the
+//! base's widths.
 //!
 //! LoRA dropout (PEFT's `lora_dropout`) drops the adapter's input only, before `A`: the base
 //! sees the undropped `x`. The dropped copy is not kept either: forward and backward each make
@@ -29,11 +31,12 @@
 
 use tessera_planner::finetune::{Lora, Target};
 
-use crate::backend::cpu::kernels as cpu;
-use crate::backend::Backend;
+use std::ops::Range;
+
+use crate::backend::{Backend, Storage};
 use crate::params::{Init, ParamLayout, ParamRef, ParamSpec, Shard};
 
-use super::dropout::Site;
+use super::dropout::{self, Site};
 use super::tp::TpShard;
 use super::LayerError;
 
@@ -87,18 +90,6 @@ pub struct Adapter {
     pub y_stride: usize,
     /// Dropout on the input (`{name}.lora_dropout`; its features are `A`'s columns).
     pub dropout: Site,
-}
-
-fn off_host() -> LayerError {
-    LayerError::Config("LoRA adapters run on the CPU backend only (host memory)".into())
-}
-
-fn host<'a, B: Backend>(v: B::Ref<'a>) -> Result<&'a [f32], LayerError> {
-    B::host(v).ok_or_else(off_host)
-}
-
-fn host_mut<'a, B: Backend>(v: B::Mut<'a>) -> Result<&'a mut [f32], LayerError> {
-    B::host_mut(v).ok_or_else(off_host)
 }
 
 fn spec(name: String, shape: Vec<usize>, shard: Shard, init: Init) -> ParamSpec {
@@ -248,13 +239,18 @@ impl Adapter {
         }
     }
 
-    /// `u = s · x·Aᵀ (N, r)`.
-    fn intermediate(&self, p: &[f32], x: &[f32]) -> Vec<f32> {
-        let (n, k, r) = (x.len() / self.x_width, self.x_width, self.rank);
-        let mut u = vec![0.0; n * r];
-        cpu::matmul_bt(&mut u, x, self.a.of(p), n, k, r, false);
-        u.iter_mut().for_each(|v| *v *= self.scaling);
-        u
+    /// `u = s · x·Aᵀ (N, r)`, a new buffer.
+    fn intermediate<B: Backend>(
+        &self,
+        be: &B,
+        p: B::Ref<'_>,
+        x: B::Ref<'_>,
+    ) -> Result<B::Buf, LayerError> {
+        let (n, k, r) = (B::len(x) / self.x_width, self.x_width, self.rank);
+        let mut u = be.alloc(Storage::Bf16, n * r)?;
+        be.matmul_bt(B::view_mut(&mut u), x, self.a.view::<B>(p), n, k, r, false)?;
+        be.scale(B::view_mut(&mut u), self.scaling)?;
+        Ok(u)
     }
 
     /// Whether the adapter covers only some columns of the linear's output rows.
@@ -262,61 +258,77 @@ impl Adapter {
         self.y_stride != self.y_width
     }
 
-    /// This adapter's columns of `y (N, y_stride)`, as `(N, y_width)`.
-    fn columns(&self, y: &[f32]) -> Vec<f32> {
-        let (o, w) = (self.y_offset, self.y_width);
-        y.chunks_exact(self.y_stride)
-            .flat_map(|row| &row[o..o + w])
-            .copied()
-            .collect()
+    /// The range of row `i`'s columns this adapter covers in `y (N, y_stride)`.
+    fn row_columns(&self, i: usize) -> Range<usize> {
+        let at = i * self.y_stride + self.y_offset;
+        at..at + self.y_width
     }
 
-    /// PEFT's `lora_dropout(x)` for the armed micro-batch (`x` holds all its rows), or `None`
-    /// without dropout.
-    fn dropped(&self, x: &[f32]) -> Option<Vec<f32>> {
-        let mask = self.dropout.mask()?;
-        let mut d = x.to_vec();
-        mask.apply(&mut d, 0);
-        Some(d)
+    /// This adapter's columns of `y (N, y_stride)`, as a new `(N, y_width)` buffer. One copy
+    /// per row: the strided case is per-module targets on a fused projection only (Llama's
+    /// `q_proj` on the runtime's fused q/k/v), whose rows are few and short next to its GEMMs.
+    fn columns<B: Backend>(&self, be: &B, y: B::Ref<'_>) -> Result<B::Buf, LayerError> {
+        let (n, w) = (B::len(y) / self.y_stride, self.y_width);
+        let mut out = be.alloc(Storage::Bf16, n * w)?;
+        for i in 0..n {
+            let row = B::sub_mut(B::view_mut(&mut out), i * w..(i + 1) * w);
+            be.copy(row, B::sub(y, self.row_columns(i)))?;
+        }
+        Ok(out)
+    }
+
+    /// `y (N, y_stride)[:, y_offset..][..y_width] += part (N, y_width)`, row by row as
+    /// [`Self::columns`] reads them.
+    fn add_columns<B: Backend>(
+        &self,
+        be: &B,
+        mut y: B::Mut<'_>,
+        part: B::Ref<'_>,
+    ) -> Result<(), LayerError> {
+        let w = self.y_width;
+        for i in 0..B::len(part) / w {
+            let row = B::sub_mut(B::rb(&mut y), self.row_columns(i));
+            be.add_assign(row, B::sub(part, i * w..(i + 1) * w))?;
+        }
+        Ok(())
+    }
+
+    /// PEFT's `lora_dropout(x)` for the armed micro-batch (`x` holds all its rows) as a new
+    /// buffer, or `None` without dropout. The mask is drawn on the host, so dropout needs host
+    /// memory (the device backend refuses plans with dropout before they run).
+    fn dropped<B: Backend>(&self, be: &B, x: B::Ref<'_>) -> Result<Option<B::Buf>, LayerError> {
+        let Some(mask) = self.dropout.mask() else {
+            return Ok(None);
+        };
+        let mut d = be.alloc(Storage::Bf16, B::len(x))?;
+        be.copy(B::view_mut(&mut d), x)?;
+        mask.apply(dropout::host_mut::<B>(B::view_mut(&mut d))?, 0);
+        Ok(Some(d))
     }
 
     /// `y (N, y_stride)[:, y_offset..][..y_width] += s · (x·Aᵀ)·Bᵀ`.
     pub fn forward<B: Backend>(
         &self,
+        be: &B,
         p: B::Ref<'_>,
         x: B::Ref<'_>,
         y: B::Mut<'_>,
     ) -> Result<(), LayerError> {
-        let (p, x, y) = (host::<B>(p)?, host::<B>(x)?, host_mut::<B>(y)?);
-        let dropped = self.dropped(x);
-        let x = dropped.as_deref().unwrap_or(x);
-        let u = self.intermediate(p, x);
-        let n = x.len() / self.x_width;
+        let dropped = self.dropped(be, x)?;
+        let x = match &dropped {
+            Some(d) => B::view(d),
+            None => B::rr(&x),
+        };
+        let u = self.intermediate(be, p, x)?;
+        let (n, r, m) = (B::len(x) / self.x_width, self.rank, self.y_width);
+        let (u, b) = (B::view(&u), self.b.view::<B>(p));
         if !self.strided() {
-            cpu::matmul_bt(y, &u, self.b.of(p), n, self.rank, self.y_width, true);
+            be.matmul_bt(y, u, b, n, r, m, true)?;
             return Ok(());
         }
-        let mut part = vec![0.0; n * self.y_width];
-        cpu::matmul_bt(
-            &mut part,
-            &u,
-            self.b.of(p),
-            n,
-            self.rank,
-            self.y_width,
-            false,
-        );
-        let o = self.y_offset;
-        for (row, add) in y
-            .chunks_exact_mut(self.y_stride)
-            .zip(part.chunks_exact(self.y_width))
-        {
-            row[o..o + add.len()]
-                .iter_mut()
-                .zip(add)
-                .for_each(|(y, a)| *y += a);
-        }
-        Ok(())
+        let mut part = be.alloc(Storage::Bf16, n * m)?;
+        be.matmul_bt(B::view_mut(&mut part), u, b, n, r, m, false)?;
+        self.add_columns(be, y, B::view(&part))
     }
 
     /// `dB += s·dyᵀ·u`, `du = s·dy·B`, `dA += duᵀ·x`, `dx += du·A` (the base wrote `dx`), with
@@ -324,43 +336,55 @@ impl Adapter {
     /// copy and `dx += (du·A) ⊙ mask`.
     pub fn backward<B: Backend>(
         &self,
+        be: &B,
         p: B::Ref<'_>,
-        g: B::Mut<'_>,
+        mut g: B::Mut<'_>,
         x: B::Ref<'_>,
         dy: B::Ref<'_>,
         dx: B::Mut<'_>,
     ) -> Result<(), LayerError> {
-        let (p, x, dy) = (host::<B>(p)?, host::<B>(x)?, host::<B>(dy)?);
-        let (g, dx) = (host_mut::<B>(g)?, host_mut::<B>(dx)?);
-        let part;
-        let dy = match self.strided() {
-            true => {
-                part = self.columns(dy);
-                &part[..]
-            }
-            false => dy,
+        let part = match self.strided() {
+            true => Some(self.columns(be, dy)?),
+            false => None,
+        };
+        let dy = match &part {
+            Some(d) => B::view(d),
+            None => B::rr(&dy),
         };
         let (n, k, r, m) = (
-            x.len() / self.x_width,
+            B::len(x) / self.x_width,
             self.x_width,
             self.rank,
             self.y_width,
         );
-        let dropped = self.dropped(x);
-        let x = dropped.as_deref().unwrap_or(x);
-        let u = self.intermediate(p, x);
-        cpu::matmul_at(self.b.of_mut(g), dy, &u, m, n, r, true);
-        let mut du = vec![0.0; n * r];
-        cpu::matmul(&mut du, dy, self.b.of(p), n, m, r, false);
-        du.iter_mut().for_each(|v| *v *= self.scaling);
-        cpu::matmul_at(self.a.of_mut(g), &du, x, r, n, k, true);
+        let dropped = self.dropped(be, x)?;
+        let x = match &dropped {
+            Some(d) => B::view(d),
+            None => B::rr(&x),
+        };
+        let u = self.intermediate(be, p, x)?;
+        let (a, b) = (self.a.view::<B>(p), self.b.view::<B>(p));
+        be.matmul_at(
+            self.b.view_mut::<B>(B::rb(&mut g)),
+            dy,
+            B::view(&u),
+            m,
+            n,
+            r,
+            true,
+        )?;
+        let mut du = be.alloc(Storage::Bf16, n * r)?;
+        be.matmul(B::view_mut(&mut du), dy, b, n, m, r, false)?;
+        be.scale(B::view_mut(&mut du), self.scaling)?;
+        let du = B::view(&du);
+        be.matmul_at(self.a.view_mut::<B>(g), du, x, r, n, k, true)?;
         match self.dropout.mask() {
-            None => cpu::matmul(dx, &du, self.a.of(p), n, r, k, true),
+            None => be.matmul(dx, du, a, n, r, k, true)?,
             Some(mask) => {
-                let mut dxa = vec![0.0; n * k];
-                cpu::matmul(&mut dxa, &du, self.a.of(p), n, r, k, false);
-                mask.apply(&mut dxa, 0);
-                dx.iter_mut().zip(&dxa).for_each(|(d, a)| *d += a);
+                let mut dxa = be.alloc(Storage::Bf16, n * k)?;
+                be.matmul(B::view_mut(&mut dxa), du, a, n, r, k, false)?;
+                mask.apply(dropout::host_mut::<B>(B::view_mut(&mut dxa))?, 0);
+                be.add_assign(dx, B::view(&dxa))?;
             }
         }
         Ok(())

@@ -37,12 +37,13 @@ fn gradients_match_central_differences() {
         let w = randn(n * m, 3);
         let loss = |p: &[f32], x: &[f32]| {
             let mut y = vec![0.0; n * m];
-            ad.forward::<Cpu>(p, x, &mut y).unwrap();
+            ad.forward::<Cpu>(&Cpu, p, x, &mut y).unwrap();
             y.iter().zip(&w).map(|(a, b)| f64::from(a * b)).sum::<f64>()
         };
         let mut g = vec![0.0; layout.trainable_len()];
         let mut dx = vec![0.0; n * k];
-        ad.backward::<Cpu>(&p, &mut g, &x, &w, &mut dx).unwrap();
+        ad.backward::<Cpu>(&Cpu, &p, &mut g, &x, &w, &mut dx)
+            .unwrap();
         let h = 1e-2;
         let close = |num: f64, got: f32, what: &str| {
             assert!(
@@ -94,7 +95,7 @@ fn dropout_changes_the_adapter_output_and_only_while_armed() {
         let call = crate::layers::dropout::DropCall::new(1, 2, 3, n);
         ad.dropout.arm(armed.then_some(call));
         let mut y = vec![0.0; n * m];
-        ad.forward::<Cpu>(&p, &x, &mut y).unwrap();
+        ad.forward::<Cpu>(&Cpu, &p, &x, &mut y).unwrap();
         y
     };
     let (off, on) = (y(false), y(true));

@@ -227,14 +227,11 @@ impl<'p> Session<'p> {
             ));
         }
         let method = plan.job.model.training.method;
-        if !on_cpu && method.adapters() {
-            let nf4 = match method {
-                Method::Qlora => " (nor NF4 storage and dequantization)",
-                _ => "",
-            };
+        // LoRA runs on the backend's GEMMs; QLoRA's NF4 base is dequantized on the host.
+        if !on_cpu && method == Method::Qlora {
             return Err(refused(
-                format!("the plan trains LoRA adapters (training.method = {}), which the runtime trains on the CPU backend only so far: the CUDA backend's buffers and kernels have no frozen base{nf4}", method.name()),
-                "run it on the CPU backend (a plan for a CPU cluster), or plan --method full for GPUs (issue 37)",
+                format!("the plan trains QLoRA adapters (training.method = {}), which the runtime trains on the CPU backend only so far: the CUDA backend has no NF4 storage and dequantization", method.name()),
+                "run it on the CPU backend (a plan for a CPU cluster), or plan --method lora for GPUs (issue 37)",
             ));
         }
         let need = if on_cpu { host_bytes_needed(plan) } else { 0.0 };

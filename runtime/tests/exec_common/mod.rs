@@ -4,6 +4,7 @@
 use std::path::Path;
 
 use tessera_planner::layout::{Layout, Recompute};
+use tessera_planner::model::Model;
 use tessera_planner::plan::{Plan, SearchSummary};
 use tessera_planner::schedule::ScheduleKind;
 use tessera_planner::spec::{
@@ -58,6 +59,19 @@ pub fn plan_of(
     recompute: Recompute,
     sequence_parallel: bool,
 ) -> Plan {
+    plan_for(&model(spec), dp, pp, tp, zero, recompute, sequence_parallel)
+}
+
+/// [`plan_of`] for `model` (a spec's, changed: LoRA settings, say).
+pub fn plan_for(
+    model: &Model,
+    dp: u64,
+    pp: u64,
+    tp: u64,
+    zero: u8,
+    recompute: Recompute,
+    sequence_parallel: bool,
+) -> Plan {
     let layout = Layout {
         pp,
         recompute,
@@ -67,7 +81,7 @@ pub fn plan_of(
         ..Layout::without_pipeline(dp, tp, zero, 2)
     };
     let cluster = cluster("specs/clusters/cpu-8.toml", dp * pp * tp);
-    plan_on(spec, cluster, &layout)
+    plan_of_model(model, cluster, &layout)
 }
 
 /// The cluster spec at `spec` (relative to the workspace root) with `devices` devices.
@@ -82,20 +96,31 @@ pub fn cluster(spec: &str, devices: u64) -> Cluster {
 
 /// The plan of `layout` for the model spec at `spec` (its global batch [`GLOBAL_BATCH`]) on
 /// `cluster`; the layout must pass `Layout::check`.
+#[allow(dead_code)] // offload_parity.rs's; the plans above go through `plan_for`
 pub fn plan_on(spec: &str, cluster: Cluster, layout: &Layout) -> Plan {
+    plan_of_model(&model(spec), cluster, layout)
+}
+
+/// The model spec at `spec` (relative to the workspace root), its global batch
+/// [`GLOBAL_BATCH`].
+pub fn model(spec: &str) -> Model {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
-    let model = load_model(
+    load_model(
         &root.join(spec),
         TrainingOverrides {
             global_batch: Some(GLOBAL_BATCH),
             ..TrainingOverrides::default()
         },
     )
-    .unwrap();
+    .unwrap()
+}
+
+/// The plan of `layout` for `model` on `cluster`; the layout must pass `Layout::check`.
+pub fn plan_of_model(model: &Model, cluster: Cluster, layout: &Layout) -> Plan {
     layout
-        .check(&model, &cluster)
+        .check(model, &cluster)
         .unwrap_or_else(|e| panic!("{}: {e}", layout.label()));
-    Plan::new(&model, &cluster, layout, SearchSummary::pinned())
+    Plan::new(model, &cluster, layout, SearchSummary::pinned())
 }
 
 pub fn data() -> Tokens {

@@ -111,6 +111,10 @@ impl Backend for Cpu {
         a.iter_mut().zip(b).for_each(|(a, b)| *a += b);
         Ok(())
     }
+    fn scale(&self, x: &mut [f32], s: f32) -> R {
+        x.iter_mut().for_each(|v| *v *= s);
+        Ok(())
+    }
     fn sum(&self, x: &[f32]) -> R<f64> {
         Ok(x.iter().map(|&l| f64::from(l)).sum())
     }

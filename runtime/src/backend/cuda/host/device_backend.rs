@@ -192,6 +192,17 @@ where
             &args,
         )
     }
+    fn scale(&self, x: DMut<'_, L::Buf>, s: f32) -> Result<(), GpuError> {
+        if L::dtype(x.buf) != DType::Bf16 {
+            return Err(GpuError::shape(
+                "scale",
+                format!("a {:?} buffer", L::dtype(x.buf)),
+            ));
+        }
+        let n = x.len;
+        let args = [x.arg(), KArg::I64(n64(n)), KArg::F32(s)];
+        self.run("reduce", "scale_bf16", launch::elementwise(n as u64), &args)
+    }
     fn sum(&self, x: DRef<'_, L::Buf>) -> Result<f64, GpuError> {
         Ok(self.download(x)?.iter().map(|&v| f64::from(v)).sum())
     }

@@ -482,6 +482,12 @@ where
         self.read(&yb, y)
     }
 
+    fn scale(&self, x: &mut [f32], s: f32) -> Result<(), GpuError> {
+        let mut xb = self.bf16(x)?;
+        self.dev.scale(D::<L>::view_mut(&mut xb), s)?;
+        self.read(&xb, x)
+    }
+
     fn gelu_forward(&self, out: &mut [f32], inp: &[f32]) -> Result<(), GpuError> {
         let (mut o, x) = (self.zeros(DType::Bf16, out.len())?, self.bf16(inp)?);
         self.dev

@@ -91,6 +91,14 @@ extern "C" __global__ void copy_bf16(bf16* __restrict__ dst, const bf16* __restr
     }
 }
 
+// x (N) *= s, bf16 storage, fp32 arithmetic (a LoRA adapter's scaling of its intermediate).
+extern "C" __global__ void scale_bf16(bf16* __restrict__ x, long long n, float s) {
+    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+         i += (long long)gridDim.x * blockDim.x) {
+        x[i] = f2bf(bf2f(x[i]) * s);
+    }
+}
+
 // a (N) += b, bf16 storage, fp32 arithmetic (the residual connection in place).
 extern "C" __global__ void add_inplace_bf16(bf16* __restrict__ a, const bf16* __restrict__ b,
                                             long long n) {
