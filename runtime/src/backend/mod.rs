@@ -512,8 +512,9 @@ pub trait Collective<B: Backend> {
     fn all_reduce_f64(&self, x: f64) -> Result<f64, CommError>;
     /// All-to-all with per-peer sizes ([`Comm::all_to_all_v`]): `send_counts[p]` elements of
     /// `input` to rank `p`, `recv_counts[p]` elements from rank `p` into `output`, rank order.
-    /// Expert parallelism's token exchange. A collective without one (the GPU backend's, which
-    /// refuses EP plans before they run) says so.
+    /// Expert parallelism's token exchange (`layers::moe`). The host comms, the device's
+    /// host-staged collective and NCCL's (grouped send/receive) have one; a collective without
+    /// one says so.
     fn all_to_all_v(
         &self,
         _input: B::Ref<'_>,
@@ -523,7 +524,7 @@ pub trait Collective<B: Backend> {
     ) -> Result<(), CommError> {
         Err(CommError::Transport {
             op: "all_to_all_v",
-            message: "this backend's collectives have no all-to-all; expert parallelism runs on the CPU backend".into(),
+            message: "this collective has no all-to-all; expert parallelism needs one (the CPU backend's, or the device's staged or NCCL collectives)".into(),
         })
     }
 }
