@@ -127,14 +127,7 @@ impl MoeMlp {
             }
         }
         // Combine: back to the received order, home, then weighted per token.
-        let mut back = fresh(be, rows * c)?;
-        be.gather_rows(
-            head_mut::<B>(&mut back, rows * c),
-            head::<B>(&y, rows * c),
-            &s.unperm,
-            None,
-            c,
-        )?;
+        let back = self.reorder(be, &y, &s.unperm)?;
         s.y_back = Some(self.exchange(be, ws, back, &s.recv_rows, &s.send_rows)?);
         // Shared experts.
         self.shared_forward(be, p, x, s, n)?;
@@ -224,6 +217,21 @@ impl MoeMlp {
             .filter(|&slot| s.pos[slot] != usize::MAX)
             .map(|slot| (slot / k, s.pos[slot]))
             .unzip()
+    }
+
+    /// A fresh buffer of `src`'s rows `rows[i]`, in that order (expert-major from received,
+    /// or back).
+    fn reorder<B: Backend>(
+        &self,
+        be: &B,
+        src: &B::Buf,
+        rows: &[usize],
+    ) -> Result<B::Buf, LayerError> {
+        let len = rows.len() * self.c;
+        let mut out = fresh(be, len)?;
+        let v = head::<B>(src, len);
+        be.gather_rows(head_mut::<B>(&mut out, len), v, rows, None, self.c)?;
+        Ok(out)
     }
 
     /// The routed experts' `h` and `a` widths.
@@ -320,14 +328,7 @@ impl MoeMlp {
         )?;
         let recv = self.exchange(be, ws, dy, &s.send_rows, &s.recv_rows)?;
         let rows = s.perm.len();
-        let mut dye = fresh(be, rows * c)?;
-        be.gather_rows(
-            head_mut::<B>(&mut dye, rows * c),
-            head::<B>(&recv, rows * c),
-            &s.perm,
-            None,
-            c,
-        )?;
+        let dye = self.reorder(be, &recv, &s.perm)?;
         let (hw, fl) = self.widths();
         let mut dxe = fresh(be, rows * c)?;
         // Frozen experts sit past the gradient buffer, and their linears write no gradient.
@@ -362,14 +363,7 @@ impl MoeMlp {
                 )?;
             }
         }
-        let mut back = fresh(be, rows * c)?;
-        be.gather_rows(
-            head_mut::<B>(&mut back, rows * c),
-            head::<B>(&dxe, rows * c),
-            &s.unperm,
-            None,
-            c,
-        )?;
+        let back = self.reorder(be, &dxe, &s.unperm)?;
         let dx_back = self.exchange(be, ws, back, &s.recv_rows, &s.send_rows)?;
         be.fill(B::rb(&mut dx), 0.0)?;
         let (to, from) = self.kept_slots(s, n);
