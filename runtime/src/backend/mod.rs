@@ -156,6 +156,57 @@ pub trait Backend: Sized + Sync + 'static {
     /// `db (c) += Σ_rows dy (N, c)`.
     fn bias_backward(&self, db: Self::Mut<'_>, dy: Self::Ref<'_>) -> Result<(), BackendError>;
 
+    // ---- rows by index (expert parallelism's dispatch and combine) --------------------------
+    // The defaults are correct on any backend but stage through host memory where a row is
+    // scaled (download, `cpu::kernels::rows`, upload into activation storage); the CPU runs
+    // the kernels in place. Index lists are the router's host vectors.
+
+    /// `dst (rows.len(), c)`: row `i` = `src` row `rows[i]`, times `scale[i]` when given.
+    /// `dst` is in activation storage.
+    fn gather_rows(
+        &self,
+        mut dst: Self::Mut<'_>,
+        src: Self::Ref<'_>,
+        rows: &[usize],
+        scale: Option<&[f32]>,
+        c: usize,
+    ) -> Result<(), BackendError> {
+        if scale.is_none() {
+            // Plain copies stay on the backend.
+            for (i, &r) in rows.iter().enumerate() {
+                let o = Self::sub_mut(Self::rb(&mut dst), i * c..(i + 1) * c);
+                self.copy(o, Self::sub(src, r * c..(r + 1) * c))?;
+            }
+            return Ok(());
+        }
+        let mut out = vec![0.0; rows.len() * c];
+        cpu::kernels::gather_rows(&mut out, &self.download(src)?, rows, scale, c);
+        self.write_rows(dst, &out)
+    }
+    /// `dst` row `to[i]` += `scale[i]` · `src` row `from[i]`, for each `i` in order. `dst` is
+    /// in activation storage.
+    fn scatter_add_rows(
+        &self,
+        dst: Self::Mut<'_>,
+        src: Self::Ref<'_>,
+        to: &[usize],
+        from: &[usize],
+        scale: &[f32],
+        c: usize,
+    ) -> Result<(), BackendError> {
+        let mut out = self.download(Self::ro(&dst))?;
+        cpu::kernels::scatter_add_rows(&mut out, &self.download(src)?, to, from, scale, c);
+        self.write_rows(dst, &out)
+    }
+    /// Host values into an activation-storage view (the staged defaults' last step).
+    fn write_rows(&self, dst: Self::Mut<'_>, x: &[f32]) -> Result<(), BackendError> {
+        if x.is_empty() {
+            return Ok(());
+        }
+        let buf = self.upload(Storage::Bf16, x)?;
+        self.copy(dst, Self::view(&buf))
+    }
+
     // ---- embeddings ---------------------------------------------------------------------
     /// `out (N, c) = wte[ids − vocab_start]`, zeros for ids outside the shard.
     fn embedding_forward(
@@ -465,8 +516,9 @@ pub trait Collective<B: Backend> {
     fn all_reduce_f64(&self, x: f64) -> Result<f64, CommError>;
     /// All-to-all with per-peer sizes ([`Comm::all_to_all_v`]): `send_counts[p]` elements of
     /// `input` to rank `p`, `recv_counts[p]` elements from rank `p` into `output`, rank order.
-    /// Expert parallelism's token exchange. A collective without one (the GPU backend's, which
-    /// refuses EP plans before they run) says so.
+    /// Expert parallelism's token exchange (`layers::moe`). The host comms, the device's
+    /// host-staged collective and NCCL's (grouped send/receive) have one; a collective without
+    /// one says so.
     fn all_to_all_v(
         &self,
         _input: B::Ref<'_>,
@@ -476,7 +528,7 @@ pub trait Collective<B: Backend> {
     ) -> Result<(), CommError> {
         Err(CommError::Transport {
             op: "all_to_all_v",
-            message: "this backend's collectives have no all-to-all; expert parallelism runs on the CPU backend".into(),
+            message: "this collective has no all-to-all; expert parallelism needs one (the CPU backend's, or the device's staged or NCCL collectives)".into(),
         })
     }
 }

@@ -398,7 +398,7 @@ pub fn train_on<B, C>(
 ) -> Result<TrainReport, RunError>
 where
     B: Backend,
-    C: Collective<B>,
+    C: Collective<B> + 'static,
 {
     check_supported(plan)?;
     check_dropout(plan, &opts.dropout(plan))?;
@@ -463,7 +463,7 @@ where
                                 let host =
                                     |c: LocalComm| Box::new(c) as Box<dyn crate::comm::Comm + Send>;
                                 let comms = rank::MoeComms {
-                                    ep: host(m.ep),
+                                    ep: Box::new(group(m.ep)?),
                                     cp: m.cp.map(host),
                                 };
                                 (Some(group(m.expert_dp)?), Some(comms))

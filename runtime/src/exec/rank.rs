@@ -23,6 +23,7 @@ use crate::checkpoint::Saver;
 use crate::comm::Comm;
 use crate::data::{Sampler, Tokens};
 use crate::layers::dropout::{DropCall, DropoutRates};
+use crate::layers::moe::EpComm;
 use crate::layers::tp::{gather_rows, scatter_rows};
 use crate::layers::{
     vocab_parallel_cross_entropy_forward, BlockActs, BlockWorkspace, Dims, EpShard, MoeWorkspace,
@@ -95,10 +96,10 @@ struct ChunkActs<B: Backend> {
 
 type Key = (usize, usize);
 
-/// The host groups of an MoE model's rank: EP (the token all-to-all) and, with CP, the CP
-/// group its load-balancing statistics are summed over.
-pub struct MoeComms {
-    pub ep: Box<dyn Comm + Send>,
+/// The groups of an MoE model's rank: EP (the token all-to-all, on the backend's buffers) and,
+/// with CP, the host CP group its load-balancing statistics are summed over.
+pub struct MoeComms<B: Backend> {
+    pub ep: EpComm<B>,
     pub cp: Option<Box<dyn Comm + Send>>,
 }
 
@@ -107,7 +108,7 @@ pub struct MoeComms {
 pub fn run<B: Backend, C: Collective<B>>(
     ctx: &RankCtx<'_, B, C>,
     cp: Option<Box<dyn Comm + Send>>,
-    moe: Option<MoeComms>,
+    moe: Option<MoeComms<B>>,
 ) -> Result<RankResult, RunError> {
     let setup = crate::alloc::tagged(crate::alloc::Tag::Setup);
     let mut r = Rank::new(ctx, cp, moe)?;
@@ -267,7 +268,7 @@ impl<'a, B: Backend, C: Collective<B>> Rank<'a, B, C> {
     fn new(
         ctx: &'a RankCtx<'a, B, C>,
         cp: Option<Box<dyn Comm + Send>>,
-        moe: Option<MoeComms>,
+        moe: Option<MoeComms<B>>,
     ) -> Result<Self, RunError> {
         let (plan, be) = (ctx.plan, ctx.be);
         let p = &plan.parallel;
@@ -295,7 +296,7 @@ impl<'a, B: Backend, C: Collective<B>> Rank<'a, B, C> {
         };
         let (mut ws, cp) = cp::stage_workspace(be, &mut model, dims, stage, cp)?;
         if let Some(m) = moe {
-            ws.moe = Some(moe_workspace(be, m)?);
+            ws.moe = Some(MoeWorkspace::new(Some(m.ep), m.cp));
         }
         let schedule = schedule::build(
             p.schedule,
@@ -674,22 +675,6 @@ fn writes_grads(op: &Op) -> Option<usize> {
         | Op::BackwardWeight { chunk, .. } => Some(chunk),
         _ => None,
     }
-}
-
-/// The MoE workspace of a rank on `be`: MoE layers run on host memory, so only on a backend
-/// whose buffers are host f32 (the CPU's).
-fn moe_workspace<B: Backend>(be: &B, m: MoeComms) -> Result<MoeWorkspace, RunError> {
-    let probe = be.alloc(Storage::F32, 1)?;
-    if B::host(B::view(&probe)).is_none() {
-        return Err(RunError::Unsupported {
-            what: format!(
-                "architecture.experts: mixture-of-experts layers (routing, the EP all-to-all) run on the CPU backend only, not on {}",
-                be.name()
-            ),
-            fix: "run the plan on the CPU backend (--backend cpu)".into(),
-        });
-    }
-    Ok(MoeWorkspace::new(m.ep, m.cp))
 }
 
 /// The schedule's op list is inconsistent (a bug in `tessera_planner::schedule`).

@@ -201,7 +201,10 @@ impl<'a, B: Backend, C: Collective<B>> Rank<'a, B, C> {
             // Without ZeRO every rank of the EP group holds other experts whole: their sum
             // counts each expert once (ZeRO's shards are summed over DP × CP below).
             let experts: f64 = expert_parts.iter().sum();
-            sq += crate::comm::all_reduce_f64(&*m.ep, experts)?;
+            sq += match &m.ep {
+                Some(ep) => ep.all_reduce_f64(experts)?,
+                None => experts,
+            };
         }
         let mut sum = self.ctx.tp.all_reduce_f64(sq)?;
         sum = self.ctx.pp.all_reduce_f64(sum)?;

@@ -25,10 +25,10 @@ use crate::backend::{scratch, Backend, Collective, Storage};
 use crate::params::ParamLayout;
 
 use super::attention::{ParallelAttention, RopeTables};
-use super::block_bufs::{saved_in, Grads, Saved, SpScratch};
 pub use super::block_bufs::{BlockActs, BlockWorkspace};
+use super::block_bufs::{Grads, Saved, SpScratch};
 pub use super::block_mlp::Mlp;
-use super::block_mlp::{host, host_mut, moe_forward, tp_sum_host};
+use super::block_mlp::{moe_forward, stage_moe, tp_sum_host};
 use super::context_parallel::CpRing;
 use super::dropout::Site;
 use super::mlp::ParallelMlp;
@@ -160,7 +160,7 @@ impl TransformerBlock {
         comm: &C,
         sp: Option<&mut SpScratch<B>>,
         out: Option<B::Mut<'_>>,
-        moe_ws: Option<&mut MoeWorkspace>,
+        moe_ws: Option<&mut MoeWorkspace<B>>,
     ) -> Result<(), LayerError> {
         if let Some(sp) = sp {
             return self.forward_core_sp(be, p, x, s, att, rope, ring, d, comm, sp, out, moe_ws);
@@ -204,10 +204,10 @@ impl TransformerBlock {
             Mlp::Dense(mlp) => mlp,
             Mlp::Moe { moe, .. } => {
                 let Some(mut out) = out else {
-                    return moe_forward::<B>(moe, p, B::view(&s.ln2), &mut s.moe, None, moe_ws);
+                    return moe_forward::<B>(be, moe, p, B::view(&s.ln2), &mut s.moe, None, moe_ws);
                 };
                 let o = Some(B::rb(&mut out));
-                moe_forward::<B>(moe, p, B::view(&s.ln2), &mut s.moe, o, moe_ws)?;
+                moe_forward::<B>(be, moe, p, B::view(&s.ln2), &mut s.moe, o, moe_ws)?;
                 reduce_from_tp_forward(comm, B::rb(&mut out))?;
                 return self.mlp_out_residual(be, out, None, B::view(&s.x2), 0);
             }
@@ -239,7 +239,7 @@ impl TransformerBlock {
         comm: &C,
         sp: &mut SpScratch<B>,
         out: Option<B::Mut<'_>>,
-        moe_ws: Option<&mut MoeWorkspace>,
+        moe_ws: Option<&mut MoeWorkspace<B>>,
     ) -> Result<(), LayerError> {
         let (m, v) = (B::view_mut, B::view);
         self.ln1.forward(
@@ -281,10 +281,10 @@ impl TransformerBlock {
             Mlp::Dense(mlp) => mlp,
             Mlp::Moe { moe, .. } => {
                 let Some(mut out) = out else {
-                    return moe_forward::<B>(moe, p, v(&sp.ln), &mut s.moe, None, moe_ws);
+                    return moe_forward::<B>(be, moe, p, v(&sp.ln), &mut s.moe, None, moe_ws);
                 };
                 let partial = Some(m(&mut sp.partial));
-                moe_forward::<B>(moe, p, v(&sp.ln), &mut s.moe, partial, moe_ws)?;
+                moe_forward::<B>(be, moe, p, v(&sp.ln), &mut s.moe, partial, moe_ws)?;
                 scatter_rows(comm, v(&sp.partial), B::rb(&mut out))?;
                 return self.mlp_out_residual(be, out, None, v(&s.x2), row);
             }
@@ -335,7 +335,7 @@ impl TransformerBlock {
         };
         let s = match acts.saved.as_mut() {
             Some(s) => s,
-            None => saved_in(be, ws_saved, self, d)?,
+            None => Saved::in_slot(be, ws_saved, self, d)?,
         };
         self.forward_core(
             be,
@@ -415,7 +415,7 @@ impl TransformerBlock {
                 (s, B::freeze(att))
             }
             (_, None) => {
-                let s = saved_in(be, ws_saved, self, d)?;
+                let s = Saved::in_slot(be, ws_saved, self, d)?;
                 let mut att = scratch(be, ws_att, Storage::F32, att_len)?;
                 let x = B::view(&acts.x);
                 self.forward_core(
@@ -556,7 +556,7 @@ impl TransformerBlock {
         ring: Option<&mut CpRing>,
         d: Dims,
         comm: &C,
-        moe_ws: Option<&mut MoeWorkspace>,
+        moe_ws: Option<&mut MoeWorkspace<B>>,
         mut defer: Option<&mut WeightStash<B>>,
     ) -> Result<(), LayerError> {
         let (m, v) = (B::view_mut, B::view);
@@ -639,7 +639,7 @@ impl TransformerBlock {
         dh: B::Mut<'_>,
         da: B::Mut<'_>,
         comm: &C,
-        moe_ws: Option<&mut MoeWorkspace>,
+        moe_ws: Option<&mut MoeWorkspace<B>>,
         defer: Option<&mut WeightStash<B>>,
     ) -> Result<(), LayerError> {
         match &self.mlp {
@@ -647,22 +647,19 @@ impl TransformerBlock {
                 let (h, a) = (B::view(&s.h), B::view(&s.a));
                 mlp.backward_split(be, p, g, ln2, h, a, dout, dx, dh, da, defer)
             }
-            // Whole in B even when deferring: the experts' GEMMs run on host memory between
-            // two all-to-alls, and splitting them would keep every expert's dispatched tokens
+            // Whole in B even when deferring: the experts' GEMMs run between two all-to-alls, and splitting them would keep every expert's dispatched tokens
             // and gradients until W. Their gradients are final after B; W has none of them.
             Mlp::Moe { moe, .. } => {
-                let ws = moe_ws.ok_or_else(|| {
-                    LayerError::Config("an MoE block needs the stage's MoE workspace".into())
-                })?;
                 let mut tp_sum = |v: &mut [f32]| tp_sum_host(be, comm, v);
                 moe.backward(
-                    host::<B>(p)?,
-                    host_mut::<B>(g)?,
-                    host::<B>(ln2)?,
+                    be,
+                    p,
+                    g,
+                    ln2,
                     &s.moe,
-                    host::<B>(dout)?,
-                    host_mut::<B>(dx)?,
-                    ws,
+                    dout,
+                    dx,
+                    stage_moe(moe_ws)?,
                     &mut tp_sum,
                 )
             }

@@ -1,7 +1,6 @@
 //! A transformer block's feed-forward part ([`Mlp`]: the dense MLP or a mixture of experts)
-//! and the glue that runs the host-memory MoE layer (`super::moe`) from the backend-generic
-//! block: host views of the backend's buffers, and a TP sum of host vectors through the
-//! block's collective. Split from `block.rs`; must not hold activations.
+//! and the glue that runs the MoE layer (`super::moe`) from the block: its workspace, and a
+//! TP sum of host vectors (the router's few numbers per token) through the block's collective. Split from `block.rs`; must not hold activations.
 
 use crate::backend::{Backend, Collective, Storage};
 
@@ -59,19 +58,6 @@ impl Mlp {
     }
 }
 
-/// The host memory behind a view: mixture-of-experts layers run on the CPU backend only.
-pub(super) fn host<'a, B: Backend>(v: B::Ref<'a>) -> Result<&'a [f32], LayerError> {
-    B::host(v).ok_or_else(moe_off_host)
-}
-
-pub(super) fn host_mut<'a, B: Backend>(v: B::Mut<'a>) -> Result<&'a mut [f32], LayerError> {
-    B::host_mut(v).ok_or_else(moe_off_host)
-}
-
-fn moe_off_host() -> LayerError {
-    LayerError::Config("mixture-of-experts layers run on the CPU backend only (host memory)".into())
-}
-
 /// Sums a host vector over the TP group through the backend's collective.
 pub(super) fn tp_sum_host<B: Backend, C: Collective<B> + ?Sized>(
     be: &B,
@@ -90,15 +76,20 @@ pub(super) fn tp_sum_host<B: Backend, C: Collective<B> + ?Sized>(
 /// The MoE MLP's forward on `x` (every row of the TP region), writing its partial output into
 /// `out` when given.
 pub(super) fn moe_forward<B: Backend>(
+    be: &B,
     moe: &MoeMlp,
     p: B::Ref<'_>,
     x: B::Ref<'_>,
-    s: &mut MoeSaved,
+    s: &mut MoeSaved<B>,
     out: Option<B::Mut<'_>>,
-    ws: Option<&mut MoeWorkspace>,
+    ws: Option<&mut MoeWorkspace<B>>,
 ) -> Result<(), LayerError> {
-    let ws = ws
-        .ok_or_else(|| LayerError::Config("an MoE block needs the stage's MoE workspace".into()))?;
-    let out = out.map(host_mut::<B>).transpose()?;
-    moe.forward(host::<B>(p)?, host::<B>(x)?, s, out, ws)
+    moe.forward(be, p, x, s, out, stage_moe(ws)?)
+}
+
+/// The stage's MoE workspace, which an MoE block cannot run without.
+pub(super) fn stage_moe<B: Backend>(
+    ws: Option<&mut MoeWorkspace<B>>,
+) -> Result<&mut MoeWorkspace<B>, LayerError> {
+    ws.ok_or_else(|| LayerError::Config("an MoE block needs the stage's MoE workspace".into()))
 }

@@ -15,6 +15,7 @@
 
 pub mod attention;
 pub mod block;
+mod block_alloc;
 mod block_bufs;
 mod block_mlp;
 pub mod config;

@@ -166,6 +166,29 @@ impl Backend for Cpu {
         cpu::add_bias(y, b);
         Ok(())
     }
+    fn gather_rows(
+        &self,
+        dst: &mut [f32],
+        src: &[f32],
+        rows: &[usize],
+        scale: Option<&[f32]>,
+        c: usize,
+    ) -> R {
+        cpu::gather_rows(dst, src, rows, scale, c);
+        Ok(())
+    }
+    fn scatter_add_rows(
+        &self,
+        dst: &mut [f32],
+        src: &[f32],
+        to: &[usize],
+        from: &[usize],
+        scale: &[f32],
+        c: usize,
+    ) -> R {
+        cpu::scatter_add_rows(dst, src, to, from, scale, c);
+        Ok(())
+    }
     fn bias_backward(&self, db: &mut [f32], dy: &[f32]) -> R {
         cpu::bias_backward(db, dy);
         Ok(())

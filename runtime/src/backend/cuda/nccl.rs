@@ -334,7 +334,8 @@ impl Comm for NcclComm {
     }
 
     /// NCCL point-to-point sends are not buffered, so the default (every send, then every
-    /// receive) could wait forever; expert parallelism is refused before a GPU run starts.
+    /// receive) could wait forever. Expert parallelism exchanges on the device's buffers
+    /// instead (`NcclDevice`'s grouped all-to-all), never through this host view.
     fn all_to_all_v(
         &self,
         _input: &[f32],
@@ -345,7 +346,7 @@ impl Comm for NcclComm {
         Err(CommError::Transport {
             op: "all_to_all_v",
             message:
-                "NCCL groups have no all-to-all here; expert parallelism runs on the CPU backend"
+                "NCCL host groups have no all-to-all; expert parallelism exchanges through the device collective"
                     .into(),
         })
     }

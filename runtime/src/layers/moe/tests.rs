@@ -5,6 +5,7 @@
 use tessera_planner::model::{Moe, RouterScoring};
 
 use super::*;
+use crate::backend::Cpu;
 use crate::comm::LocalComm;
 use crate::layers::{Activation, NormKind};
 
@@ -259,11 +260,11 @@ fn check(m: &Moe, act: Activation, bias: bool) {
     let (layer, layout, p) = build(&cfg, m);
     let x = pseudo(N * C, 11);
     let r = pseudo(N * C, 12);
-    let mut ws = MoeWorkspace::single();
-    let mut s = MoeSaved::default();
+    let mut ws = MoeWorkspace::<Cpu>::single();
+    let mut s = MoeSaved::<Cpu>::default();
     let mut out = vec![0.0f32; N * C];
     layer
-        .forward(&p, &x, &mut s, Some(&mut out), &mut ws)
+        .forward(&Cpu, &p, &x, &mut s, Some(&mut out), &mut ws)
         .unwrap();
     let reference = Reference {
         layout: &layout,
@@ -290,7 +291,7 @@ fn check(m: &Moe, act: Activation, bias: bool) {
     let mut dx = vec![0.0f32; N * C];
     let mut no_tp = |_: &mut [f32]| Ok(());
     layer
-        .backward(&p, &mut g, &x, &s, &r, &mut dx, &mut ws, &mut no_tp)
+        .backward(&Cpu, &p, &mut g, &x, &s, &r, &mut dx, &mut ws, &mut no_tp)
         .unwrap();
     let h = 1e-6;
     let fd = |f: &dyn Fn(f64) -> f64| (f(h) - f(-h)) / (2.0 * h);

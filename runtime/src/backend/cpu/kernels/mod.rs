@@ -22,6 +22,7 @@ pub mod matmul;
 pub mod norm;
 pub mod ring_attention;
 pub mod rope;
+pub mod rows;
 pub mod vmath;
 
 pub use act::{gelu_backward, gelu_forward, swiglu_backward, swiglu_forward};
@@ -41,6 +42,7 @@ pub use matmul::{
 };
 pub use norm::{layernorm_backward, layernorm_forward, rmsnorm_backward, rmsnorm_forward};
 pub use rope::{rope_backward, rope_forward, rope_inv_freq, rope_tables, rope_tables_scaled};
+pub use rows::{gather_rows, scatter_add_rows};
 
 /// Σ a·b with 8 independent lanes (vectorises; fixed order, so deterministic).
 #[inline]

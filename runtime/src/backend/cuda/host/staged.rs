@@ -131,4 +131,17 @@ where
     fn all_reduce_f64(&self, x: f64) -> Result<f64, CommError> {
         all_reduce_f64(&self.comm, x)
     }
+    fn all_to_all_v(
+        &self,
+        input: DRef<'_, L::Buf>,
+        send_counts: &[usize],
+        output: DMut<'_, L::Buf>,
+        recv_counts: &[usize],
+    ) -> Result<(), CommError> {
+        let x = self.get("all_to_all_v", input)?;
+        let mut out = vec![0.0; output.len];
+        self.comm
+            .all_to_all_v(&x, send_counts, &mut out, recv_counts)?;
+        self.put("all_to_all_v", output, &out)
+    }
 }

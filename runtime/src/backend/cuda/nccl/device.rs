@@ -406,6 +406,63 @@ impl Collective<Device<CudaLauncher>> for NcclDevice {
         })
     }
 
+    /// Expert parallelism's token exchange: one NCCL group of a send and a receive per peer
+    /// (itself included, which NCCL copies), each part a span of the caller's buffers.
+    fn all_to_all_v(
+        &self,
+        input: DRef<'_, CudaBuf>,
+        send_counts: &[usize],
+        output: DMut<'_, CudaBuf>,
+        recv_counts: &[usize],
+    ) -> Result<(), CommError> {
+        let op = "all_to_all_v";
+        let n = self.size();
+        for (counts, len) in [(send_counts, input.len), (recv_counts, output.len)] {
+            let total: usize = counts.iter().sum();
+            if counts.len() != n || total != len {
+                return Err(CommError::SizeMismatch {
+                    op,
+                    expected: len,
+                    got: total,
+                });
+            }
+        }
+        let parts = |buf: &CudaBuf, at: usize, counts: &[usize]| {
+            let mut from = at;
+            counts
+                .iter()
+                .map(|&len| {
+                    let s = self.span(buf, from, len);
+                    from += len;
+                    s
+                })
+                .collect::<Result<Vec<_>, _>>()
+        };
+        let sends = parts(input.buf, input.at, send_counts)?;
+        let mut recvs = parts(output.buf, output.at, recv_counts)?;
+        self.blocking(true, |c| {
+            for (peer, (s, d)) in sends.iter().zip(recvs.iter_mut()).enumerate() {
+                let p = peer as i32;
+                if send_counts[peer] > 0 {
+                    match s {
+                        Typed::F32(s) => c.send(s, p),
+                        Typed::Bf16(s) => c.send(s, p),
+                    }
+                    .map_err(nccl_err("ncclSend"))?;
+                }
+                if recv_counts[peer] > 0 {
+                    match d {
+                        Typed::F32(d) => c.recv(d, p),
+                        Typed::Bf16(d) => c.recv(d, p),
+                    }
+                    .map(|_| ())
+                    .map_err(nccl_err("ncclRecv"))?;
+                }
+            }
+            Ok(())
+        })
+    }
+
     /// Exact and identical on every rank: the values travel bit-split through an all-gather
     /// and are added in rank order in f64 on the host (as `crate::comm::all_reduce_f64`).
     fn all_reduce_f64(&self, x: f64) -> Result<f64, CommError> {
@@ -515,5 +572,14 @@ impl Collective<Device<CudaLauncher>> for DeviceCollective {
     }
     fn all_reduce_f64(&self, x: f64) -> Result<f64, CommError> {
         each!(self, c => c.all_reduce_f64(x))
+    }
+    fn all_to_all_v(
+        &self,
+        input: DRef<'_, CudaBuf>,
+        send_counts: &[usize],
+        output: DMut<'_, CudaBuf>,
+        recv_counts: &[usize],
+    ) -> Result<(), CommError> {
+        each!(self, c => c.all_to_all_v(input, send_counts, output, recv_counts))
     }
 }
