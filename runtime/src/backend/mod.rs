@@ -24,11 +24,14 @@ pub mod cpu;
 pub mod cuda;
 mod error;
 pub mod ops;
+pub mod rope_tables;
 mod shapes;
 
 use std::ops::Range;
 
+pub use self::cpu::kernels::attention_dropout::AttnMask;
 pub use self::cpu::kernels::AttnShape;
+pub use cpu::kernels::set_threads as set_cpu_kernel_threads;
 pub use cpu::Cpu;
 pub use error::GpuError;
 pub use error::GpuError as BackendError;
@@ -305,6 +308,53 @@ pub trait Backend: Sized + Sync + 'static {
         qkv: Self::Ref<'_>,
         s: AttnShape,
     ) -> Result<(), BackendError>;
+    /// [`Backend::attention_forward`] with dropout on the probabilities (`mask` draws it, and
+    /// the backward draws the same). Host kernels only: the default runs the CPU's on host
+    /// views and refuses on a device, where a plan with dropout is refused before it starts.
+    fn attention_forward_dropout(
+        &self,
+        y: Self::Mut<'_>,
+        saved: Self::Mut<'_>,
+        qkv: Self::Ref<'_>,
+        s: AttnShape,
+        mask: &AttnMask,
+    ) -> Result<(), BackendError> {
+        let (Some(y), Some(saved), Some(qkv)) =
+            (Self::host_mut(y), Self::host_mut(saved), Self::host(qkv))
+        else {
+            return Err(dropout_off_host());
+        };
+        cpu::kernels::attention_probs(saved, qkv, s);
+        cpu::kernels::attention_dropout::attention_values_dropout(y, saved, qkv, s, mask);
+        Ok(())
+    }
+    /// The backward of [`Backend::attention_forward_dropout`], as it runs.
+    #[allow(clippy::too_many_arguments)]
+    fn attention_backward_dropout(
+        &self,
+        dqkv: Self::Mut<'_>,
+        scratch: Self::Mut<'_>,
+        dy: Self::Ref<'_>,
+        qkv: Self::Ref<'_>,
+        saved: Self::Ref<'_>,
+        s: AttnShape,
+        mask: &AttnMask,
+    ) -> Result<(), BackendError> {
+        let views = (
+            Self::host_mut(dqkv),
+            Self::host_mut(scratch),
+            Self::host(dy),
+            Self::host(qkv),
+            Self::host(saved),
+        );
+        let (Some(dqkv), Some(scratch), Some(dy), Some(qkv), Some(saved)) = views else {
+            return Err(dropout_off_host());
+        };
+        cpu::kernels::attention_dropout::attention_backward_dropout(
+            dqkv, scratch, dy, qkv, saved, s, mask,
+        );
+        Ok(())
+    }
     /// Recomputes `saved` alone from `qkv` (selective recompute).
     fn attention_recompute(
         &self,
@@ -631,4 +681,13 @@ pub fn scratch<'a, B: Backend>(
         None => slot.insert(be.alloc(storage, len)?),
     };
     Ok(B::sub_mut(B::view_mut(buf), 0..len))
+}
+
+/// Attention dropout off host memory: the refusal of [`Backend::attention_forward_dropout`]'s
+/// default on a device.
+fn dropout_off_host() -> BackendError {
+    BackendError::Unsupported {
+        what: "attention dropout runs on the CPU backend only (host memory)".into(),
+        fix: "train with dropout 0 on a device (training.dropout), or use --backend cpu".into(),
+    }
 }

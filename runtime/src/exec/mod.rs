@@ -449,7 +449,7 @@ where
                 let thread = std::thread::Builder::new().name(format!("rank {r}"));
                 thread.spawn_scoped(s, move || {
                     crate::alloc::set_rank(r);
-                    crate::backend::cpu::kernels::set_threads(opts.threads_per_rank);
+                    crate::backend::set_cpu_kernel_threads(opts.threads_per_rank);
                     let out = (|| {
                         let be = backend(r)?;
                         let group = |c| collective(&be, c);

@@ -10,15 +10,12 @@
 //! log-sum-exp as its saved state.
 //! This module must not own activations or allocate in forward/backward.
 
-use crate::backend::cpu::kernels::attention_dropout::{
-    attention_backward_dropout, attention_values_dropout, AttnMask,
-};
-use crate::backend::cpu::kernels::{self as cpu, AttnShape};
-use crate::backend::{Backend, Collective, RopeShape, Storage};
+use crate::backend::rope_tables::rope_tables_scaled;
+use crate::backend::{AttnMask, AttnShape, Backend, Collective, RopeShape, Storage};
 use crate::params::{ParamLayout, ParamRef};
 
 use super::context_parallel::CpRing;
-use super::dropout::{host, host_mut, Site};
+use super::dropout::Site;
 use super::linear::{ColumnParallelLinear, RowParallelLinear};
 use super::tp::{copy_to_tp_backward, reduce_from_tp_forward, TpShard};
 use super::wgrad::WeightStash;
@@ -47,7 +44,7 @@ impl<B: Backend> RopeTables<B> {
         theta: f64,
         scaling: Option<&tessera_planner::model::RopeScaling>,
     ) -> Result<Self, LayerError> {
-        let (cos, sin) = cpu::rope_tables_scaled(t, hd, theta, scaling);
+        let (cos, sin) = rope_tables_scaled(t, hd, theta, scaling);
         Ok(Self {
             cos: be.upload(Storage::F32, &cos)?,
             sin: be.upload(Storage::F32, &sin)?,
@@ -66,7 +63,7 @@ impl<B: Backend> RopeTables<B> {
         scaling: Option<&tessera_planner::model::RopeScaling>,
     ) -> Result<Self, LayerError> {
         let full = positions.iter().max().map_or(0, |m| m + 1);
-        let (cos, sin) = cpu::rope_tables_scaled(full, hd, theta, scaling);
+        let (cos, sin) = rope_tables_scaled(full, hd, theta, scaling);
         let h = hd / 2;
         let pick = |table: &[f32]| -> Vec<f32> {
             positions
@@ -312,10 +309,7 @@ impl ParallelAttention {
                 be.attention_forward(B::rb(&mut y), saved, B::ro(&qkv), self.shape(d))?
             }
             (None, Some(mk)) => {
-                let (s, qkv) = (self.shape(d), host::<B>(B::ro(&qkv))?);
-                let saved = host_mut::<B>(saved)?;
-                cpu::attention_probs(saved, qkv, s);
-                attention_values_dropout(host_mut::<B>(B::rb(&mut y))?, saved, qkv, s, &mk);
+                be.attention_forward_dropout(B::rb(&mut y), saved, B::ro(&qkv), self.shape(d), &mk)?
             }
         }
         self.proj.forward_partial(be, p, B::ro(&y), out)
@@ -406,15 +400,15 @@ impl ParallelAttention {
             (Some(r), None) => {
                 r.backward::<B>(B::view_mut(&mut gr.dqkv), B::view(&gr.dy), qkv, y, saved, s)?
             }
-            (None, Some(mk)) => attention_backward_dropout(
-                host_mut::<B>(B::view_mut(&mut gr.dqkv))?,
-                host_mut::<B>(B::view_mut(&mut gr.scratch))?,
-                host::<B>(B::view(&gr.dy))?,
-                host::<B>(qkv)?,
-                host::<B>(saved)?,
+            (None, Some(mk)) => be.attention_backward_dropout(
+                B::view_mut(&mut gr.dqkv),
+                B::view_mut(&mut gr.scratch),
+                B::view(&gr.dy),
+                qkv,
+                saved,
                 s,
                 &mk,
-            ),
+            )?,
             (None, None) => be.attention_backward(
                 B::view_mut(&mut gr.dqkv),
                 B::view_mut(&mut gr.scratch),

@@ -433,7 +433,7 @@ fn matmul_forward<B: Backend>(
     let n = B::len(x) / k;
     match w {
         Weight::Flat(w) => be.matmul_bt(B::rb(&mut y), x, w.view::<B>(p), n, k, m, false)?,
-        Weight::Nf4(q) => q.forward::<B>(x, B::rb(&mut y), k, m)?,
+        Weight::Nf4(q) => q.forward::<B>(be, x, B::rb(&mut y), k, m)?,
     }
     for l in lora {
         l.forward::<B>(be, p, x, B::rb(&mut y))?;
@@ -488,7 +488,7 @@ fn matmul_backward<B: Backend>(
             be.matmul(B::rb(&mut dx), dy, w.view::<B>(p), n, m, k, false)?;
         }
         // Only a frozen base is stored in NF4 (`ParamLayout::nf4_linears` is set with adapters).
-        Weight::Nf4(q) => q.input_grad::<B>(dy, B::rb(&mut dx), k, m)?,
+        Weight::Nf4(q) => q.input_grad::<B>(be, dy, B::rb(&mut dx), k, m)?,
     }
     for l in t.lora {
         l.backward::<B>(be, p, B::rb(&mut g), x, dy, B::rb(&mut dx))?;

@@ -11,12 +11,12 @@
 //! once it knows the initial weights (`exec::nf4`), each from the GLOBAL tensor quantized
 //! whole ([`crate::quant::shard`]), so every layout computes with the same values.
 //!
-//! CPU backend only (host memory), as the adapters on it.
+//! The GEMMs are the backend's own; the session refuses QLoRA on a device (the NF4 codes are
+//! dequantized on the host), so it trains on the CPU backend.
 
 use std::sync::OnceLock;
 
-use crate::backend::cpu::kernels as cpu;
-use crate::backend::Backend;
+use crate::backend::{Backend, Storage};
 use crate::params::ParamInfo;
 use crate::quant::Nf4Shard;
 
@@ -76,43 +76,63 @@ impl Nf4Weights {
 
     /// Each part's shard dequantized, stacked: the `(out_local, in_local)` weight.
     pub fn dequantize(&self) -> Result<Vec<f32>, LayerError> {
+        let mut w = vec![0.0; self.numel()];
+        self.dequantize_into(&mut w)?;
+        Ok(w)
+    }
+
+    fn numel(&self) -> usize {
+        self.parts.iter().map(|p| p.len).sum()
+    }
+
+    fn dequantize_into(&self, w: &mut [f32]) -> Result<(), LayerError> {
         let shards = self.shards().ok_or_else(|| unavailable("is not loaded"))?;
-        let mut w = vec![0.0; self.parts.iter().map(|p| p.len).sum()];
         let mut at = 0;
         for (s, p) in shards.iter().zip(&self.parts) {
             s.dequantize_into(p, &mut w[at..at + p.len])?;
             at += p.len;
         }
-        Ok(w)
+        Ok(())
+    }
+
+    /// The dequantized weight in a transient backend buffer: written in place where the
+    /// backend's buffers are host memory (the CPU's: one buffer, as before), else uploaded.
+    fn weight_on<B: Backend>(&self, be: &B) -> Result<B::Buf, LayerError> {
+        let mut buf = be.alloc(Storage::Bf16, self.numel())?;
+        match B::host_mut(B::view_mut(&mut buf)) {
+            Some(w) => self.dequantize_into(w)?,
+            None => buf = be.upload(Storage::Bf16, &self.dequantize()?)?,
+        }
+        Ok(buf)
     }
 
     /// `y (N, m) = x (N, k) · Wᵀ` (overwritten).
     pub fn forward<B: Backend>(
         &self,
+        be: &B,
         x: B::Ref<'_>,
         y: B::Mut<'_>,
         k: usize,
         m: usize,
     ) -> Result<(), LayerError> {
-        let x = B::host(x).ok_or_else(|| unavailable("is on a device"))?;
-        let y = B::host_mut(y).ok_or_else(|| unavailable("is on a device"))?;
-        let w = self.dequantize()?;
-        cpu::matmul_bt(y, x, &w, x.len() / k, k, m, false);
+        let w = self.weight_on(be)?;
+        let n = B::len(B::rr(&x)) / k;
+        be.matmul_bt(y, x, B::view(&w), n, k, m, false)?;
         Ok(())
     }
 
     /// `dx (N, k) = dy (N, m) · W` (overwritten).
     pub fn input_grad<B: Backend>(
         &self,
+        be: &B,
         dy: B::Ref<'_>,
         dx: B::Mut<'_>,
         k: usize,
         m: usize,
     ) -> Result<(), LayerError> {
-        let dy = B::host(dy).ok_or_else(|| unavailable("is on a device"))?;
-        let dx = B::host_mut(dx).ok_or_else(|| unavailable("is on a device"))?;
-        let w = self.dequantize()?;
-        cpu::matmul(dx, dy, &w, dy.len() / m, m, k, false);
+        let w = self.weight_on(be)?;
+        let n = B::len(B::rr(&dy)) / m;
+        be.matmul(dx, dy, B::view(&w), n, m, k, false)?;
         Ok(())
     }
 }
