@@ -1,16 +1,17 @@
-//! The executor on a real GPU (feature `cuda`): the tiny model, 1×1×1 and 2×2×2 with every rank
+//! The executor on a real GPU (feature `cuda`): the tiny model, 1×1×1 and 2×2×2, and the tiny
+//! mixture of experts on one rank and DP 2 × EP 2, with every rank
 //! on GPU 0 (threads as ranks, collectives through host memory), against the CPU backend at
 //! bf16 accuracy — the same comparison `executor_emulated.rs` makes on the emulator. Skips,
 //! with the reason printed, where no GPU is usable; `TESSERA_REQUIRE_GPU=1` (set by
 //! scripts/gpu-check.sh) turns the skip into a failure.
 #![cfg(feature = "cuda")]
 
-#[allow(dead_code)] // the Llama helpers serve executor_emulated.rs
+#[allow(dead_code)] // the Llama and LoRA helpers serve the emulated tests
 mod exec_common;
 
 use exec_common::{
-    assert_close, losses, on_cpu, on_device, one_rank, tp2_sequence_parallel, two_by_two_by_two,
-    STEPS,
+    assert_close, assert_updates_within, initial_params, losses, moe_plan, on_cpu, on_device,
+    one_rank, tp2_sequence_parallel, two_by_two_by_two, STEPS,
 };
 use tessera_runtime::backend::cuda::CudaLauncher;
 use tessera_runtime::exec::RunError;
@@ -53,4 +54,25 @@ fn sequence_parallel_on_one_gpu_trains_like_the_cpu() {
     let p = tp2_sequence_parallel();
     let dev = on_device(&p, &|_| Ok::<_, RunError>(gpu.clone()));
     assert_close(&dev, &on_cpu(&p), "GPU TP 2 with sequence parallelism");
+}
+
+/// The routed experts' and the router's update tolerance: as executor_emulated.rs's (bf16
+/// router logits can route a token near a top-k tie to another expert than the CPU's).
+const MOE_UPDATE_RTOL: f64 = 0.25;
+
+/// The mixture of experts on the GPU (router, gate and expert GEMMs on the device, rows moved
+/// by index, the EP all-to-all through host memory): one rank and DP 2 × EP 2, against the CPU
+/// backend, as executor_emulated.rs checks them on the emulator.
+#[test]
+fn moe_on_one_gpu_trains_like_the_cpu() {
+    let Some(gpu) = gpu() else { return };
+    for (p, what) in [
+        (moe_plan(1, 1, 1), "GPU MoE 1×1×1"),
+        (moe_plan(2, 1, 2), "GPU MoE DP 2 × EP 2"),
+    ] {
+        let dev = on_device(&p, &|_| Ok::<_, RunError>(gpu.clone()));
+        let cpu = on_cpu(&p);
+        assert_close(&dev, &cpu, what);
+        assert_updates_within(&dev, &cpu, &initial_params(&p), MOE_UPDATE_RTOL, what);
+    }
 }
