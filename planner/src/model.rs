@@ -59,8 +59,10 @@ pub enum AttentionImpl {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum FlashKernel {
-    /// FlashAttention-2 and kernels of its class (cuDNN's fused attention, PyTorch's SDPA
-    /// flash backend): the cluster's `flash_attention_efficiency` is theirs.
+    /// FlashAttention-2 and kernels of its class (PyTorch's SDPA flash backend; cuDNN's fused
+    /// attention where the cluster does not measure it apart): the cluster's
+    /// `flash_attention_efficiency` is theirs. A framework whose profile runs cuDNN's fused
+    /// attention (`runs.attention_kernel`) takes the cluster's `cudnn_attention_efficiency`.
     #[default]
     Fa2,
     /// FlashAttention (v1, CUDA; flash-attn < 2.0).

@@ -122,14 +122,20 @@ pub fn run(args: ValidatePlannerArgs) -> anyhow::Result<ExitCode> {
 }
 
 /// The cluster presets of GPUs other than the A100 80GB and H100 that runs may name (H800, H200,
-/// and the A100 40GB part, whose memory and bandwidth differ from the 80GB one's).
+/// the A100 40GB part, whose memory and bandwidth differ from the 80GB one's, and the 500 W
+/// H100 of torchtitan's hosts).
 fn other_gpus(dir: &std::path::Path) -> anyhow::Result<Vec<tessera_planner::Cluster>> {
     let mut out = Vec::new();
     for path in toml_files(dir)? {
         let c = spec::load_cluster(&path, ClusterOverrides::default())?;
-        if ["H800", "H200", "A100-SXM4-40GB"]
-            .iter()
-            .any(|g| c.device.name.contains(g))
+        if [
+            "H800",
+            "H200",
+            "A100-SXM4-40GB",
+            "H100-SXM5-96GB-HBM2e-500W",
+        ]
+        .iter()
+        .any(|g| c.device.name.contains(g))
         {
             out.push(c);
         }

@@ -28,6 +28,10 @@ pub struct Device<'a> {
     /// The FP8 GEMMs and casts of the block's linears, where the job states a recipe and the
     /// device an FP8 peak ([`Device::for_job`]); `None`: 16-bit.
     pub fp8: Option<crate::fp8::device::Fp8Device>,
+    /// Fraction of `peak` the job's flash-class attention kernel reaches: the cluster's
+    /// `flash_attention_efficiency`, or its `cudnn_attention_efficiency` where the job's
+    /// framework runs cuDNN's fused attention ([`Device::for_job`]).
+    pub attention_efficiency: f64,
 }
 
 impl<'a> Device<'a> {
@@ -54,14 +58,22 @@ impl<'a> Device<'a> {
             exp_rate: cluster.device.transcendental_gops.map(|g| g * 1e9),
             tensor_cores: cluster.device.kind == crate::spec::DeviceKind::Gpu,
             fp8: None,
+            attention_efficiency: cal.flash_attention_efficiency,
         }
     }
 
     /// [`Device::of`] with the job's FP8 recipe on the block's linears, `microbatches` per step
     /// (over which cached FP8 weights are cast once).
     pub fn for_job(cluster: &'a Cluster, model: &Model, microbatches: u64) -> Device<'a> {
+        let kernel = crate::framework::of(model, cluster).runs.attention_kernel;
+        let cal = &cluster.calibration;
+        let attention_efficiency = match (kernel, cal.cudnn_attention_efficiency) {
+            (crate::framework::AttentionKernel::Cudnn, Some(e)) => e,
+            _ => cal.flash_attention_efficiency,
+        };
         Device {
             fp8: crate::fp8::device::Fp8Device::of(model.training.fp8, cluster, microbatches),
+            attention_efficiency,
             ..Device::of(cluster)
         }
     }

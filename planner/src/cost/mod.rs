@@ -11,7 +11,7 @@
 mod adapters;
 mod blocking;
 pub mod comm;
-mod device;
+pub(crate) mod device;
 pub mod gemm;
 pub mod host;
 #[cfg(test)]

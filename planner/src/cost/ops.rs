@@ -230,10 +230,11 @@ pub fn layer_cp(model: &Model, dev: &Device, tp: u64, sp: bool, b: u64, cp: u64)
             // CP, the rank's s/CP queries against all s keys: 1/CP of it); reads Q, K, V and
             // writes O.
             let flops = 0.5 * 2.0 * x.b * x.heads * x.s * x.s_kv * (d_qk + d_v);
-            // The calibrated efficiency is FlashAttention-2's; older kernels take longer by
-            // the factor the FlashAttention-2 paper measured (`FlashKernel::slowdown`).
-            let eff = dev.peak * dev.cal.flash_attention_efficiency
-                / model.training.flash_kernel.slowdown();
+            // The calibrated efficiency is FlashAttention-2's (or cuDNN's fused attention's,
+            // where the framework runs it and the cluster measures it: `Device::for_job`);
+            // older kernels take longer by the factor the FlashAttention-2 paper measured
+            // (`FlashKernel::slowdown`).
+            let eff = dev.peak * dev.attention_efficiency / model.training.flash_kernel.slowdown();
             let io = dev.memory(2.0 * x.t * (att.q + att.k + att.v + att.o));
             // One forward kernel; the backward's three (FlashAttention-2: the `rowsum(dO ∘ O)`
             // pre-pass, the main kernel, the dQ conversion).

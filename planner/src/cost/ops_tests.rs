@@ -10,6 +10,7 @@ fn cal(eff: f64) -> Calibration {
         gemm_efficiency: None,
         gemm_efficiency_fp8: None,
         flash_attention_efficiency: 0.5,
+        cudnn_attention_efficiency: None,
         intra_node_efficiency: 1.0,
         inter_node_efficiency: 1.0,
         host_op_us: None,
@@ -30,6 +31,7 @@ fn curve_device(peak: f64, bandwidth: f64, cal: &Calibration) -> Device<'_> {
         exp_rate: None,
         tensor_cores: true,
         fp8: None,
+        attention_efficiency: cal.flash_attention_efficiency,
     }
 }
 

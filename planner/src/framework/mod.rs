@@ -11,7 +11,7 @@
 mod profile;
 
 pub use profile::{
-    Allocator, CanRun, HostCost, LossKind, Memory, Profile, Reports, Runs,
+    Allocator, AttentionKernel, CanRun, HostCost, LossKind, Memory, Profile, Reports, Runs,
     Sharding as ShardingPolicy, Unbuildable, Zero3Fetch,
 };
 

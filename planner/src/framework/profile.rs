@@ -144,6 +144,17 @@ pub enum LossKind {
     UnfusedFp32Freed,
 }
 
+/// The flash-class attention kernel a framework runs (`runs.attention_kernel`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum AttentionKernel {
+    /// FlashAttention-2 or a kernel of its speed (the cluster's `flash_attention_efficiency`).
+    #[default]
+    Flash,
+    /// cuDNN's fused attention (the cluster's `cudnn_attention_efficiency` where it has one).
+    Cudnn,
+}
+
 /// What the host pays per op it dispatches.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
@@ -209,6 +220,12 @@ pub struct Runs {
     /// CPU AdamW. Absent: 1.
     #[serde(default = "one")]
     pub host_adamw_speed: f64,
+    /// The flash-class attention kernel it runs where the cluster measures more than one
+    /// (`calibration.cudnn_attention_efficiency`): `cudnn` for Transformer Engine's
+    /// FusedAttention, which TE (>= 1.2) prefers over FlashAttention on Hopper. Absent:
+    /// FlashAttention-2 (`flash_attention_efficiency`).
+    #[serde(default)]
+    pub attention_kernel: AttentionKernel,
 }
 
 /// The sharding policy of ZeRO-3-class data parallelism.

@@ -340,3 +340,38 @@ fn counted_profiles_carry_the_trace_summarys_counts() {
         }
     }
 }
+
+/// The attention kernel a job runs: Megatron-Core (Transformer Engine, which prefers cuDNN's
+/// fused attention on Hopper) takes the H100 preset's `cudnn_attention_efficiency`; torchtitan
+/// (FlashAttention-class SDPA) its `flash_attention_efficiency`; on the A100, whose preset
+/// measures no cuDNN kernel apart, both take the flash figure.
+#[test]
+fn megatron_core_takes_cudnn_attention_where_the_cluster_measures_it() {
+    use crate::cost::device::Device;
+    use crate::spec::{self, ClusterOverrides, TrainingOverrides};
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let cluster = |n: &str| {
+        spec::load_cluster(
+            &root.join(format!("specs/clusters/{n}.toml")),
+            ClusterOverrides::default(),
+        )
+        .unwrap()
+    };
+    let model = |framework: &str| {
+        let mut m = spec::load_model(
+            &root.join("specs/models/llama3-8b.toml"),
+            TrainingOverrides::default(),
+        )
+        .unwrap();
+        m.training.framework = Some(framework.into());
+        m
+    };
+    let (h100, a100) = (cluster("dgx-h100-80g"), cluster("dgx-a100-80g"));
+    let eff = |m: &Model, c: &crate::spec::Cluster| Device::for_job(c, m, 1).attention_efficiency;
+    assert_eq!(h100.calibration.cudnn_attention_efficiency, Some(0.427));
+    assert_eq!(eff(&model("megatron-core"), &h100), 0.427);
+    assert_eq!(eff(&model("torchtitan"), &h100), 0.268);
+    assert_eq!(a100.calibration.cudnn_attention_efficiency, None);
+    assert_eq!(eff(&model("megatron-core"), &a100), 0.548);
+    assert_eq!(eff(&model("torchtitan"), &a100), 0.548);
+}

@@ -200,6 +200,9 @@ impl Cluster {
             "calibration.flash_attention_efficiency",
             c.flash_attention_efficiency,
         )?;
+        if let Some(e) = c.cudnn_attention_efficiency {
+            fraction("calibration.cudnn_attention_efficiency", e)?;
+        }
         fraction("calibration.intra_node_efficiency", c.intra_node_efficiency)?;
         fraction("calibration.inter_node_efficiency", c.inter_node_efficiency)?;
         if c.host_op_us.is_some_and(|x| !(x.is_finite() && x <= 1e6))

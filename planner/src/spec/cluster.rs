@@ -167,6 +167,11 @@ pub struct Calibration {
     pub gemm_efficiency_fp8: Option<f64>,
     /// Fraction of `peak_tflops` that fused (flash) attention reaches on the FLOPs it executes.
     pub flash_attention_efficiency: f64,
+    /// The same for cuDNN's fused attention, where it is measured on this GPU and a framework
+    /// runs it (a profile's `runs.attention_kernel = "cudnn"`: Transformer Engine's
+    /// FusedAttention, which TE prefers on Hopper). Absent: `flash_attention_efficiency`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cudnn_attention_efficiency: Option<f64>,
     /// NCCL bus bandwidth of a collective inside a node, as a fraction of the intra-node link.
     pub intra_node_efficiency: f64,
     /// NCCL bus bandwidth across nodes, as a fraction of the inter-node link (NIC line rate).
@@ -202,6 +207,7 @@ impl Default for Calibration {
             gemm_efficiency: None,
             gemm_efficiency_fp8: None,
             flash_attention_efficiency: 0.31,
+            cudnn_attention_efficiency: None,
             intra_node_efficiency: 0.775,
             inter_node_efficiency: 0.86,
             host_op_us: None,
@@ -309,6 +315,7 @@ struct RawCalibration {
     gemm_efficiency_fp8: Field<Num>,
     memory_efficiency: Field<Num>,
     flash_attention_efficiency: Field<Num>,
+    cudnn_attention_efficiency: Field<Num>,
     intra_node_efficiency: Field<Num>,
     inter_node_efficiency: Field<Num>,
     host_op_us: Field<Num>,
@@ -349,6 +356,7 @@ pub const CLUSTER_KEYS: &[&str] = &[
     "gemm_efficiency_fp8",
     "memory_efficiency",
     "flash_attention_efficiency",
+    "cudnn_attention_efficiency",
     "intra_node_efficiency",
     "inter_node_efficiency",
     "host_op_us",
@@ -566,6 +574,11 @@ fn calibration(f: &Fields, c: RawCalibration) -> Result<Calibration, Diagnostic>
     }
     out.gemm_efficiency = f.opt_nonneg_num(T, "gemm_efficiency", &c.gemm_efficiency)?;
     out.gemm_efficiency_fp8 = f.opt_pos_num(T, "gemm_efficiency_fp8", &c.gemm_efficiency_fp8)?;
+    out.cudnn_attention_efficiency = f.opt_pos_num(
+        T,
+        "cudnn_attention_efficiency",
+        &c.cudnn_attention_efficiency,
+    )?;
     out.host_op_us = f.opt_nonneg_num(T, "host_op_us", &c.host_op_us)?;
     out.host_dispatch_us = f.opt_nonneg_num(T, "host_dispatch_us", &c.host_dispatch_us)?;
     out.host_launch_us = f.opt_nonneg_num(T, "host_launch_us", &c.host_launch_us)?;

@@ -113,6 +113,29 @@ pub fn family_profile(family: Family) -> &'static str {
     }
 }
 
+/// The H100 preset of a run's part: the 700 W DGX one, or, where the run states
+/// `cluster.power_w` below 700 (torchtitan's hosts: "the default 500W power limit"), the preset
+/// of that power limit among the further presets (`h100-96g-500w`, device named `…-500W`): its
+/// tensor cores run at the clock that limit allows, which the GEMMs measured on it carry.
+fn h100_part<'a>(r: &Value, p: &Presets<'a>) -> Result<&'a Cluster, String> {
+    let Some(watts) = num(r, "cluster.power_w") else {
+        return Ok(p.h100);
+    };
+    if watts >= 700.0 {
+        return Ok(p.h100);
+    }
+    let tag = format!("{watts:.0}W");
+    p.others
+        .iter()
+        .find(|c| c.device.name.contains("H100") && c.device.name.ends_with(&tag))
+        .ok_or_else(|| {
+            format!(
+                "`cluster.power_w` = {watts}: no H100 preset for a {watts} W power limit \
+                 (specs/clusters/ has h100-96g-500w for 500 W; the 700 W part is dgx-h100-80g)"
+            )
+        })
+}
+
 fn cluster_for(r: &Value, p: &Presets, gpus: u64) -> Result<Cluster, String> {
     let gpu = text(r, "cluster.gpu").unwrap_or("");
     // The A100's 40 GB part is the same die with half the memory at 1,555 GB/s: its own preset
@@ -125,7 +148,7 @@ fn cluster_for(r: &Value, p: &Presets, gpus: u64) -> Result<Cluster, String> {
         })
         .flatten();
     let base = if gpu.contains("H100") {
-        p.h100
+        h100_part(r, p)?
     } else if let Some(c) = a100_40 {
         c
     } else if gpu.contains("A100") {
