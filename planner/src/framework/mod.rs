@@ -61,6 +61,10 @@ const FILES: &[(&str, &str)] = &[
         include_str!("../../../specs/frameworks/torchtitan-compile.toml"),
     ),
     (
+        "torchtitan-compile-blocks",
+        include_str!("../../../specs/frameworks/torchtitan-compile-blocks.toml"),
+    ),
+    (
         "llm-foundry",
         include_str!("../../../specs/frameworks/llm-foundry.toml"),
     ),
