@@ -144,7 +144,7 @@ pub fn section(runs_toml: &str, presets: &Presets) -> Result<String, ValidationE
     let _ = writeln!(md, "\n## FP8 runs\n");
     let _ = writeln!(
         md,
-        "Published FP8 runs ({RUNS}, with each source), replayed with their stated layout and recipe on the presets (the 700 W H100 SXM one for every H100; the torchtitan runs' parts are the 96 GB HBM2e H100 at 500 W), never fitted to. Memory is compared as the framework reports it (torchtitan: max reserved). Where the source publishes its 16-bit run of the same layout, the run is replayed without FP8 too and the speed-up (FP8 over 16-bit tokens/s) is the FP8 model's own. {} runs replayed, {} not.\n",
+        "Published FP8 runs ({RUNS}, with each source), replayed with their stated layout and recipe on the presets of the parts they ran on (the 700 W H100 SXM preset; torchtitan's and torchao's hosts, 96 GB HBM2e H100s at their 500 W limit, on h100-96g-500w, whose GEMM efficiencies come from a 500 W H100's measured GEMMs; the TE-based Megatron-Core runs with cuDNN's fused attention, which TE prefers on Hopper), never fitted to. Memory is compared as the framework reports it (torchtitan: max reserved). Where the source publishes its 16-bit run of the same layout, the run is replayed without FP8 too and the speed-up (FP8 over 16-bit tokens/s) is the FP8 model's own. {} runs replayed, {} not.\n",
         rows.len(),
         skipped.len()
     );
