@@ -360,15 +360,15 @@ fn zero_2_is_planned_for_pytorch_and_refused_by_a_framework_without_it() {
 }
 
 /// A torchtitan-compile plan exports to torchtitan with `[compile]` on (the blocks and the
-/// loss, as the profile predicts them), and its ZeRO-2 as `fsdp_reshard_after_forward =
-/// "never"`; an eager ZeRO-3 plan writes neither.
+/// loss, as the profile predicts them; a torchtitan-compile-blocks plan the blocks alone), and
+/// its ZeRO-2 as `fsdp_reshard_after_forward = "never"`; an eager ZeRO-3 plan writes neither.
 #[test]
 fn a_compiled_zero_2_plan_exports_to_torchtitan_with_compile_and_no_reshard() {
     let dir = tempfile::tempdir().unwrap();
-    let export = |extra: &[&str]| -> toml::Table {
+    let export_as = |framework: &str, extra: &[&str]| -> toml::Table {
         let p = dir.path().join("plan.json");
         let mut args = LLAMA_ONE_NODE.to_vec();
-        args.extend(["--framework", "torchtitan", "--top", "1", "-o"]);
+        args.extend(["--framework", framework, "--top", "1", "-o"]);
         args.push(p.to_str().unwrap());
         args.extend(extra);
         let r = run(&args);
@@ -377,15 +377,26 @@ fn a_compiled_zero_2_plan_exports_to_torchtitan_with_compile_and_no_reshard() {
         assert_eq!(o.code, Some(0), "{}", o.stderr);
         o.stdout.parse().unwrap()
     };
+    let export = |extra: &[&str]| export_as("torchtitan", extra);
+    let components = |t: &toml::Table| -> Vec<String> {
+        t["compile"]["components"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_str().unwrap().to_string())
+            .collect()
+    };
     let t = export(&["--compile", "--zero", "2"]);
     assert_eq!(t["compile"]["enable"].as_bool(), Some(true), "{t}");
-    let components: Vec<&str> = t["compile"]["components"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|v| v.as_str().unwrap())
-        .collect();
-    assert_eq!(components, ["model", "loss"]);
+    assert_eq!(components(&t), ["model", "loss"]);
+    // The blocks compiled and the loss eager, as the profile predicts them.
+    let blocks = export_as("torchtitan-compile-blocks", &["--zero", "3"]);
+    assert_eq!(
+        blocks["compile"]["enable"].as_bool(),
+        Some(true),
+        "{blocks}"
+    );
+    assert_eq!(components(&blocks), ["model"]);
     let par = &t["parallelism"];
     assert_eq!(par["fsdp_reshard_after_forward"].as_str(), Some("never"));
     assert_eq!(

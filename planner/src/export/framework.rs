@@ -12,7 +12,11 @@ pub fn profiles(target: Target) -> &'static [&'static str] {
     match target {
         Target::Megatron => &["megatron-core", "megatron-lm-2022", "megatron-legacy"],
         Target::DeepSpeed => &["deepspeed"],
-        Target::Torchtitan => &["torchtitan", "torchtitan-compile"],
+        Target::Torchtitan => &[
+            "torchtitan",
+            "torchtitan-compile",
+            "torchtitan-compile-blocks",
+        ],
         Target::Sbatch | Target::Kubernetes => &["tessera"],
         // A LoraConfig launches nothing: any plan's adapters are the same adapters. Tessera has
         // no torchtune profile: its plans are predicted for the default one (a warning says so).

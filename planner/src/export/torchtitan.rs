@@ -219,8 +219,17 @@ pub(super) fn torchtitan(plan: &Plan) -> Result<String, ExportError> {
     }
     let (optimizer, lr_scheduler, decay_note) = optimizer_tables(plan, &mut training)?;
     let mut doc = Table::new();
-    let compiled =
-        crate::framework::of(&plan.job.model, &plan.job.cluster).name == "torchtitan-compile";
+    // The plan's compile components: each block and the loss (torchtitan-compile), or the
+    // blocks alone (torchtitan-compile-blocks: the loss eager).
+    let components: &[&str] = match crate::framework::of(&plan.job.model, &plan.job.cluster)
+        .name
+        .as_str()
+    {
+        "torchtitan-compile" => &["model", "loss"],
+        "torchtitan-compile-blocks" => &["model"],
+        _ => &[],
+    };
+    let compiled = !components.is_empty();
     if compiled && p.schedule == ScheduleKind::ZbV && p.pp > 1 {
         // torch's ZBVZeroBubble raises on compiled stage modules
         // (`_check_torch_compile_compatibility`: it does not split compiled backwards).
@@ -231,16 +240,18 @@ pub(super) fn torchtitan(plan: &Plan) -> Result<String, ExportError> {
         ));
     }
     if compiled {
-        // The plan was predicted compiled: each block and the loss (torchtitan 0.2's
-        // `[compile]`, whose default components these are).
+        // The plan was predicted compiled: torchtitan 0.2's `[compile]` with the components
+        // its profile compiles (`["model", "loss"]` is the default).
         let mut compile = Table::new();
         compile.insert("enable".into(), Value::Boolean(true));
         compile.insert(
             "components".into(),
-            Value::Array(vec![
-                Value::String("model".into()),
-                Value::String("loss".into()),
-            ]),
+            Value::Array(
+                components
+                    .iter()
+                    .map(|c| Value::String((*c).into()))
+                    .collect(),
+            ),
         );
         doc.insert("compile".into(), Value::Table(compile));
     }
