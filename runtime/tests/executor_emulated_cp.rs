@@ -14,33 +14,15 @@ mod emu;
 mod exec_common;
 
 use exec_common::{
-    assert_close, assert_updates_close, cluster, initial_params, losses, model, on_cpu, on_device,
-    one_rank, plan_of_model, STEPS, TINY_LLAMA,
+    assert_close, assert_updates_close, cp_plan, initial_params, losses, on_cpu, on_device,
+    one_rank, STEPS, TINY_LLAMA,
 };
-use tessera_planner::layout::Layout;
 use tessera_planner::plan::Plan;
 use tessera_runtime::exec::{RunError, TrainReport};
 
-/// The model spec at `spec` on DP `dp` × CP `cp` × TP `tp` (one stage).
-fn cp_plan(spec: &str, dp: u64, cp: u64, tp: u64) -> Plan {
-    let layout = Layout {
-        cp,
-        ..Layout::without_pipeline(dp, tp, 0, 2)
-    };
-    let p = plan_of_model(
-        &model(spec),
-        cluster("specs/clusters/cpu-8.toml", dp * cp * tp),
-        &layout,
-    );
-    assert_eq!(p.parallel.cp, cp, "{}", layout.label());
-    p
-}
-
 /// The plan on the emulated device and on the CPU: losses and updates close.
 fn device_like_cpu(p: &Plan, what: &str) -> Option<TrainReport> {
-    let Some(emu) = emu::or_skip() else {
-        return None;
-    };
+    let emu = emu::or_skip()?;
     let dev = on_device(p, &|_| Ok::<_, RunError>(emu.clone()));
     let cpu = on_cpu(p);
     assert_close(&dev, &cpu, what);
