@@ -38,6 +38,37 @@ __device__ __forceinline__ float ring_dot(const float* a, const float* b) {
     return warp_sum(s);
 }
 
+// Where the query row of warp `warp` lives, for the warp-per-(b, h, query row r) kernels (the
+// forward step and dq), whose warps run (b, h, r) in row-major order.
+struct RingQRow {
+    long long q;    // its head in qkv
+    long long y;    // its head in o, y, dy, dq
+    long long lse;  // its entry in lse, delta
+    long long kv0;  // sequence b's kv head g (q head h's) at message row 0
+    long long kw;   // message row width, hkv * hd
+    long long half; // offset of the V half of the message
+    int i;          // row within its chunk
+    int qc;         // its chunk's global index
+};
+
+__device__ __forceinline__ RingQRow ring_q_row(long long warp, int B, int chunk, int hq, int hkv,
+                                               int hd, int q0, int q1) {
+    const int rows = 2 * chunk;
+    const int r = (int)(warp % rows);
+    const int h = (int)((warp / rows) % hq);
+    const long long b = warp / ((long long)rows * hq);
+    RingQRow x;
+    x.kw = (long long)hkv * hd;
+    x.half = (long long)B * rows * x.kw;
+    x.q = (b * rows + r) * (long long)(hq + 2 * hkv) * hd + (long long)h * hd;
+    x.y = (b * rows + r) * hq * hd + (long long)h * hd;
+    x.lse = (b * hq + h) * rows + r;
+    x.kv0 = b * rows * x.kw + (long long)(h / (hq / hkv)) * hd;
+    x.i = r % chunk;
+    x.qc = r < chunk ? q0 : q1;
+    return x;
+}
+
 // kv = [K | V] of the rank's own rows, copied out of qkv (n_rows = B * rows).
 extern "C" __global__ void ring_pack_kv(bf16* __restrict__ kv, const bf16* __restrict__ qkv,
                                         long long n_rows, int hq, int hkv, int hd) {
@@ -84,53 +115,43 @@ extern "C" __global__ void ring_forward_step(float* __restrict__ o, float* __res
                                              const bf16* __restrict__ kv, int B, int chunk,
                                              int hq, int hkv, int hd, int q0, int q1, int k0,
                                              int k1, float scale) {
-    const int rows = 2 * chunk;
     const long long warp = (long long)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
     const int lane = threadIdx.x % 32;
-    if (warp >= (long long)B * hq * rows) {
+    if (warp >= (long long)B * hq * 2 * chunk) {
         return;
     }
-    const int r = (int)(warp % rows);
-    const int h = (int)((warp / rows) % hq);
-    const long long b = warp / ((long long)rows * hq);
-    const int g = h / (hq / hkv);
-    const long long W = (long long)(hq + 2 * hkv) * hd;
-    const long long kw = (long long)hkv * hd;
-    const long long half = (long long)B * rows * kw;
-    const int i = r % chunk;
-    const int qc = r < chunk ? q0 : q1;
+    const RingQRow x = ring_q_row(warp, B, chunk, hq, hkv, hd, q0, q1);
     float q[RING_MAXD];
-    ring_load(q, qkv + (b * rows + r) * W + (long long)h * hd, hd, lane);
-    float* orow = o + (b * rows + r) * hq * hd + (long long)h * hd;
-    const long long lat = (b * hq + h) * rows + r;
-    float run = lse[lat];
+    ring_load(q, qkv + x.q, hd, lane);
+    float* orow = o + x.y;
+    float run = lse[x.lse];
     for (int kb = 0; kb < 2; kb++) {
-        const int mask = ring_mask(qc, kb == 0 ? k0 : k1);
+        const int mask = ring_mask(x.qc, kb == 0 ? k0 : k1);
         if (mask == 0) {
             continue;
         }
-        const int live = mask == 1 ? chunk : i + 1;
+        const int live = mask == 1 ? chunk : x.i + 1;
         float m = TS_NEG_INF;
         float l = 0.0f;
         float acc[RING_MAXD];
 #pragma unroll
-        for (int x = 0; x < RING_MAXD; x++) {
-            acc[x] = 0.0f;
+        for (int e = 0; e < RING_MAXD; e++) {
+            acc[e] = 0.0f;
         }
         for (int j = 0; j < live; j++) {
-            const long long at = (b * rows + kb * chunk + j) * kw + (long long)g * hd;
+            const long long at = x.kv0 + (long long)(kb * chunk + j) * x.kw;
             float k[RING_MAXD];
             float v[RING_MAXD];
             ring_load(k, kv + at, hd, lane);
-            ring_load(v, kv + half + at, hd, lane);
+            ring_load(v, kv + x.half + at, hd, lane);
             const float s = ring_dot(q, k) * scale;
             const float m_new = fmaxf(m, s);
             const float corr = m == TS_NEG_INF ? 0.0f : expf(m - m_new);
             const float p = expf(s - m_new);
             l = l * corr + p;
 #pragma unroll
-            for (int x = 0; x < RING_MAXD; x++) {
-                acc[x] = acc[x] * corr + p * v[x];
+            for (int e = 0; e < RING_MAXD; e++) {
+                acc[e] = acc[e] * corr + p * v[e];
             }
             m = m_new;
         }
@@ -138,10 +159,10 @@ extern "C" __global__ void ring_forward_step(float* __restrict__ o, float* __res
         const float inv = 1.0f / l;
         if (run == TS_NEG_INF) {
 #pragma unroll
-            for (int x = 0; x < RING_MAXD; x++) {
-                const int d = lane + 32 * x;
+            for (int e = 0; e < RING_MAXD; e++) {
+                const int d = lane + 32 * e;
                 if (d < hd) {
-                    orow[d] = acc[x] * inv;
+                    orow[d] = acc[e] * inv;
                 }
             }
             run = part_lse;
@@ -153,17 +174,17 @@ extern "C" __global__ void ring_forward_step(float* __restrict__ o, float* __res
             const float wa = ea / z;
             const float wb = eb / z;
 #pragma unroll
-            for (int x = 0; x < RING_MAXD; x++) {
-                const int d = lane + 32 * x;
+            for (int e = 0; e < RING_MAXD; e++) {
+                const int d = lane + 32 * e;
                 if (d < hd) {
-                    orow[d] = wa * orow[d] + wb * (acc[x] * inv);
+                    orow[d] = wa * orow[d] + wb * (acc[e] * inv);
                 }
             }
             run = mm + logf(z);
         }
     }
     if (lane == 0) {
-        lse[lat] = run;
+        lse[x.lse] = run;
     }
 }
 
@@ -176,59 +197,48 @@ extern "C" __global__ void ring_backward_dq(float* __restrict__ dq, const bf16* 
                                             const float* __restrict__ delta, int B, int chunk,
                                             int hq, int hkv, int hd, int q0, int q1, int k0,
                                             int k1, float scale) {
-    const int rows = 2 * chunk;
     const long long warp = (long long)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
     const int lane = threadIdx.x % 32;
-    if (warp >= (long long)B * hq * rows) {
+    if (warp >= (long long)B * hq * 2 * chunk) {
         return;
     }
-    const int r = (int)(warp % rows);
-    const int h = (int)((warp / rows) % hq);
-    const long long b = warp / ((long long)rows * hq);
-    const int g = h / (hq / hkv);
-    const long long W = (long long)(hq + 2 * hkv) * hd;
-    const long long kw = (long long)hkv * hd;
-    const long long half = (long long)B * rows * kw;
-    const int i = r % chunk;
-    const int qc = r < chunk ? q0 : q1;
-    const long long yat = (b * rows + r) * hq * hd + (long long)h * hd;
+    const RingQRow x = ring_q_row(warp, B, chunk, hq, hkv, hd, q0, q1);
     float q[RING_MAXD];
     float o[RING_MAXD];
-    ring_load(q, qkv + (b * rows + r) * W + (long long)h * hd, hd, lane);
-    ring_load(o, dy + yat, hd, lane);
-    const long long lat = (b * hq + h) * rows + r;
-    const float L = lse[lat];
-    const float D = delta[lat];
+    ring_load(q, qkv + x.q, hd, lane);
+    ring_load(o, dy + x.y, hd, lane);
+    const float L = lse[x.lse];
+    const float D = delta[x.lse];
     float acc[RING_MAXD];
 #pragma unroll
-    for (int x = 0; x < RING_MAXD; x++) {
-        acc[x] = 0.0f;
+    for (int e = 0; e < RING_MAXD; e++) {
+        acc[e] = 0.0f;
     }
     for (int kb = 0; kb < 2; kb++) {
-        const int mask = ring_mask(qc, kb == 0 ? k0 : k1);
+        const int mask = ring_mask(x.qc, kb == 0 ? k0 : k1);
         if (mask == 0) {
             continue;
         }
-        const int live = mask == 1 ? chunk : i + 1;
+        const int live = mask == 1 ? chunk : x.i + 1;
         for (int j = 0; j < live; j++) {
-            const long long at = (b * rows + kb * chunk + j) * kw + (long long)g * hd;
+            const long long at = x.kv0 + (long long)(kb * chunk + j) * x.kw;
             float k[RING_MAXD];
             float v[RING_MAXD];
             ring_load(k, kv + at, hd, lane);
-            ring_load(v, kv + half + at, hd, lane);
+            ring_load(v, kv + x.half + at, hd, lane);
             const float p = expf(ring_dot(q, k) * scale - L);
             const float ds = p * (ring_dot(o, v) - D);
 #pragma unroll
-            for (int x = 0; x < RING_MAXD; x++) {
-                acc[x] += ds * k[x];
+            for (int e = 0; e < RING_MAXD; e++) {
+                acc[e] += ds * k[e];
             }
         }
     }
 #pragma unroll
-    for (int x = 0; x < RING_MAXD; x++) {
-        const int d = lane + 32 * x;
+    for (int e = 0; e < RING_MAXD; e++) {
+        const int d = lane + 32 * e;
         if (d < hd) {
-            dq[yat + d] += scale * acc[x];
+            dq[x.y + d] += scale * acc[e];
         }
     }
 }
@@ -266,9 +276,9 @@ extern "C" __global__ void ring_backward_dkv(float* __restrict__ dkv,
     float dk[RING_MAXD];
     float dv[RING_MAXD];
 #pragma unroll
-    for (int x = 0; x < RING_MAXD; x++) {
-        dk[x] = 0.0f;
-        dv[x] = 0.0f;
+    for (int e = 0; e < RING_MAXD; e++) {
+        dk[e] = 0.0f;
+        dv[e] = 0.0f;
     }
     for (int a = 0; a < 2; a++) {
         const int mask = ring_mask(a == 0 ? q0 : q1, kc);
@@ -287,19 +297,19 @@ extern "C" __global__ void ring_backward_dkv(float* __restrict__ dkv,
                 const float p = expf(ring_dot(q, k) * scale - lse[lat]);
                 const float ds = p * (ring_dot(o, v) - delta[lat]);
 #pragma unroll
-                for (int x = 0; x < RING_MAXD; x++) {
-                    dv[x] += p * o[x];
-                    dk[x] += ds * q[x];
+                for (int e = 0; e < RING_MAXD; e++) {
+                    dv[e] += p * o[e];
+                    dk[e] += ds * q[e];
                 }
             }
         }
     }
 #pragma unroll
-    for (int x = 0; x < RING_MAXD; x++) {
-        const int d = lane + 32 * x;
+    for (int e = 0; e < RING_MAXD; e++) {
+        const int d = lane + 32 * e;
         if (d < hd) {
-            dkv[at + d] += scale * dk[x];
-            dkv[half + at + d] += dv[x];
+            dkv[at + d] += scale * dk[e];
+            dkv[half + at + d] += dv[e];
         }
     }
 }
