@@ -1,5 +1,6 @@
-//! The executor on a real GPU (feature `cuda`): the tiny model, 1×1×1 and 2×2×2, and the tiny
-//! mixture of experts on one rank and DP 2 × EP 2, with every rank
+//! The executor on a real GPU (feature `cuda`): the tiny model, 1×1×1 and 2×2×2, the tiny
+//! mixture of experts on one rank and DP 2 × EP 2, and context parallelism (CP 2 × DP 2, the
+//! tiny Llama on CP 2 × TP 2), with every rank
 //! on GPU 0 (threads as ranks, collectives through host memory), against the CPU backend at
 //! bf16 accuracy — the same comparison `executor_emulated.rs` makes on the emulator. Skips,
 //! with the reason printed, where no GPU is usable; `TESSERA_REQUIRE_GPU=1` (set by
@@ -10,8 +11,9 @@
 mod exec_common;
 
 use exec_common::{
-    assert_close, assert_updates_within, initial_params, losses, moe_plan, on_cpu, on_device,
-    one_rank, tp2_sequence_parallel, two_by_two_by_two, STEPS,
+    assert_close, assert_updates_close, assert_updates_within, cp_plan, initial_params, losses,
+    moe_plan, on_cpu, on_device, one_rank, tp2_sequence_parallel, two_by_two_by_two, STEPS,
+    TINY_LLAMA,
 };
 use tessera_runtime::backend::cuda::CudaLauncher;
 use tessera_runtime::exec::RunError;
@@ -74,5 +76,25 @@ fn moe_on_one_gpu_trains_like_the_cpu() {
         let cpu = on_cpu(&p);
         assert_close(&dev, &cpu, what);
         assert_updates_within(&dev, &cpu, &initial_params(&p), MOE_UPDATE_RTOL, what);
+    }
+}
+
+/// Context parallelism (ring attention on `ring_attention.cu`, the K/V and dK/dV messages
+/// through host memory) on one GPU: the losses and each weight's update, at the emulated
+/// tests' tolerances (`executor_emulated_cp.rs`).
+#[test]
+fn context_parallel_on_one_gpu_trains_like_the_cpu() {
+    let Some(gpu) = gpu() else { return };
+    for (p, what) in [
+        (
+            cp_plan("specs/models/tiny.toml", 2, 2, 1),
+            "GPU CP 2 × DP 2",
+        ),
+        (cp_plan(TINY_LLAMA, 1, 2, 2), "GPU Llama CP 2 × TP 2"),
+    ] {
+        let dev = on_device(&p, &|_| Ok::<_, RunError>(gpu.clone()));
+        let cpu = on_cpu(&p);
+        assert_close(&dev, &cpu, what);
+        assert_updates_close(&dev, &cpu, &initial_params(&p), what);
     }
 }

@@ -170,8 +170,7 @@ fn exec_sees_only_the_backend_traits() {
 
 /// Issue 42: every plan the CPU runs, the device runs, so the layers and the executor call no
 /// CPU kernel directly: each goes through the `Backend` (whose CPU implementation calls it).
-/// Test files (`*_tests.rs`) may. Context parallelism's ring attention still runs on the CPU
-/// kernels over host slices (docs/cuda.md, "Not built yet"): its one file is the exception.
+/// Test files (`*_tests.rs`) may.
 #[test]
 fn layers_and_exec_call_no_cpu_kernel() {
     let mut files = sources("layers");
@@ -179,9 +178,7 @@ fn layers_and_exec_call_no_cpu_kernel() {
     assert_none(
         "layers/ and exec/ reach the CPU kernels only through the Backend trait",
         violations(&files, &["backend::cpu", "cpu::"], |p| {
-            p.ends_with("_tests.rs")
-                || p.ends_with("/tests.rs")
-                || p == "layers/context_parallel.rs"
+            p.ends_with("_tests.rs") || p.ends_with("/tests.rs")
         }),
     );
 }

@@ -967,6 +967,31 @@ const COVERAGE: &[(&str, &str)] = &[
     ("copy_bf16", "fill_and_copy"),
     ("add_inplace_bf16", "residual_and_norm"),
     ("scale_bf16", "scale"),
+    // Backend-level ops (the ring's buffers), tested in ops_ring.rs.
+    (
+        "copy_f32_to_bf16",
+        "ops_ring.rs: copy_of_f32_into_activations_rounds_to_bf16",
+    ),
+    (
+        "ring_pack_kv",
+        "ops_ring.rs: ring_steps_on_emulated_kernels_match_the_cpu",
+    ),
+    (
+        "ring_forward_step",
+        "ops_ring.rs: ring_steps_on_emulated_kernels_match_the_cpu",
+    ),
+    (
+        "ring_backward_dq",
+        "ops_ring.rs: ring_steps_on_emulated_kernels_match_the_cpu",
+    ),
+    (
+        "ring_backward_dkv",
+        "ops_ring.rs: ring_steps_on_emulated_kernels_match_the_cpu",
+    ),
+    (
+        "ring_unpack",
+        "ops_ring.rs: ring_steps_on_emulated_kernels_match_the_cpu",
+    ),
 ];
 
 #[test]

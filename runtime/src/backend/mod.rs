@@ -23,6 +23,7 @@ pub mod bf16;
 pub mod cpu;
 pub mod cuda;
 mod error;
+mod host_collective;
 pub mod ops;
 pub mod rope_tables;
 mod shapes;
@@ -30,6 +31,7 @@ mod shapes;
 use std::ops::Range;
 
 pub use self::cpu::kernels::attention_dropout::AttnMask;
+pub use self::cpu::kernels::ring_attention::{block_mask, block_pairs, BlockMask, RingShape};
 pub use self::cpu::kernels::AttnShape;
 pub use cpu::kernels::set_threads as set_cpu_kernel_threads;
 pub use cpu::Cpu;
@@ -38,7 +40,7 @@ pub use error::GpuError as BackendError;
 pub use ops::GemmShape;
 pub use shapes::{AdamWStep, RopeShape, Storage};
 
-use crate::comm::{all_reduce_f64, all_reduce_max, Comm, CommError};
+use crate::comm::CommError;
 
 /// Buffers, views and kernels. Semantics follow `crate::backend::cpu::kernels`: row-major, parameter gradients
 /// accumulated, other outputs overwritten unless a method says otherwise.
@@ -92,8 +94,8 @@ pub trait Backend: Sized + Sync + 'static {
     where
         Self: 'a;
     /// The host f32 memory behind a read view, on a backend whose buffers are host f32 slices
-    /// (the CPU's, where `Storage::Bf16` is f32 too); `None` on a device. Context parallelism's
-    /// ring attention (`layers::context_parallel`) runs on these, so only where they exist.
+    /// (the CPU's, where `Storage::Bf16` is f32 too); `None` on a device. The host-only
+    /// defaults (attention dropout) run on these, so only where they exist.
     fn host<'a>(_v: Self::Ref<'a>) -> Option<&'a [f32]>
     where
         Self: 'a,
@@ -383,6 +385,72 @@ pub trait Backend: Sized + Sync + 'static {
         backward: bool,
     ) -> Result<(), BackendError>;
 
+    // ---- ring attention (context parallelism; layouts in `cpu::kernels::ring_attention`) ----
+    // One rank's share of `s.b` sequences, `s.rows()` local tokens each. The running output
+    // and the gradients accumulate in `F32` buffers (bf16 would round at every ring step);
+    // `qkv`, `dy`, `y`, `dqkv` and the K/V message `kv` are in activation storage.
+
+    /// Scratch elements (`F32`) [`Backend::ring_forward_step`] and
+    /// [`Backend::ring_backward_step`] need.
+    fn ring_scratch_len(&self, s: &RingShape) -> usize;
+    /// The K/V message of the rank's own chunks, `kv = [K | V]`, out of `qkv`.
+    fn ring_pack_kv(
+        &self,
+        kv: Self::Mut<'_>,
+        qkv: Self::Ref<'_>,
+        s: &RingShape,
+    ) -> Result<(), BackendError>;
+    /// One ring step of the forward: the rank's query chunks (global indices `q_chunks`)
+    /// against the message `kv` of chunks `kv_chunks`, each block merged by log-sum-exp into
+    /// the running `o (b, rows, hq·hd)` and `lse (b, hq, rows)` (both `F32`; start them at 0
+    /// and −∞).
+    fn ring_forward_step(
+        &self,
+        o: Self::Mut<'_>,
+        lse: Self::Mut<'_>,
+        scratch: Self::Mut<'_>,
+        qkv: Self::Ref<'_>,
+        kv: Self::Ref<'_>,
+        q_chunks: [usize; 2],
+        kv_chunks: [usize; 2],
+        s: &RingShape,
+    ) -> Result<(), BackendError>;
+    /// `delta (b, hq, rows)` (`F32`) = `rowsum(dy ∘ y)` per head.
+    fn ring_softmax_delta(
+        &self,
+        delta: Self::Mut<'_>,
+        y: Self::Ref<'_>,
+        dy: Self::Ref<'_>,
+        s: &RingShape,
+    ) -> Result<(), BackendError>;
+    /// One ring step of the backward, ACCUMULATING: `dq (b, rows, hq·hd)` the step's dQ of the
+    /// rank's queries, `dkv` (the message's layout) the step's dK/dV of chunks `kv_chunks`
+    /// (both `F32`), from the forward's final `lse` and [`Backend::ring_softmax_delta`]'s
+    /// `delta`.
+    fn ring_backward_step(
+        &self,
+        dq: Self::Mut<'_>,
+        dkv: Self::Mut<'_>,
+        scratch: Self::Mut<'_>,
+        qkv: Self::Ref<'_>,
+        kv: Self::Ref<'_>,
+        dy: Self::Ref<'_>,
+        lse: Self::Ref<'_>,
+        delta: Self::Ref<'_>,
+        q_chunks: [usize; 2],
+        kv_chunks: [usize; 2],
+        s: &RingShape,
+    ) -> Result<(), BackendError>;
+    /// `dqkv` overwritten: each row `[dq | dK | dV]` from `dq` and the rank's own dK/dV
+    /// message `dkv` (both `F32`).
+    fn ring_unpack(
+        &self,
+        dqkv: Self::Mut<'_>,
+        dq: Self::Ref<'_>,
+        dkv: Self::Ref<'_>,
+        s: &RingShape,
+    ) -> Result<(), BackendError>;
+
     // ---- activations --------------------------------------------------------------------
     fn gelu_forward(&self, out: Self::Mut<'_>, inp: Self::Ref<'_>) -> Result<(), BackendError>;
     fn gelu_backward(
@@ -560,11 +628,16 @@ pub trait Collective<B: Backend> {
     fn all_gather(&self, input: B::Ref<'_>, output: B::Mut<'_>) -> Result<(), CommError>;
     /// `output (n)` = this rank's part of the sum of every rank's `input (size · n)`.
     fn reduce_scatter_sum(&self, input: B::Ref<'_>, output: B::Mut<'_>) -> Result<(), CommError>;
+    /// Sends `buf` to `peer`. Buffered: it may return before `peer` receives (the host comms
+    /// queue it; NCCL's stages it and issues it in one NCCL group with the group's next
+    /// receive), so a ring of ranks that each send, then receive, does not deadlock as long as
+    /// each receive follows only the send it pairs with (`layers::context_parallel`).
     fn send(&self, buf: B::Ref<'_>, peer: usize) -> Result<(), CommError>;
+    /// Receives `peer`'s next message to this rank into `buf` (its length must match).
     fn recv(&self, buf: B::Mut<'_>, peer: usize) -> Result<(), CommError>;
     /// A host scalar summed over the group (same value on every rank).
     fn all_reduce_f64(&self, x: f64) -> Result<f64, CommError>;
-    /// All-to-all with per-peer sizes ([`Comm::all_to_all_v`]): `send_counts[p]` elements of
+    /// All-to-all with per-peer sizes ([`Comm::all_to_all_v`](crate::comm::Comm::all_to_all_v)): `send_counts[p]` elements of
     /// `input` to rank `p`, `recv_counts[p]` elements from rank `p` into `output`, rank order.
     /// Expert parallelism's token exchange (`layers::moe`). The host comms, the device's
     /// host-staged collective and NCCL's (grouped send/receive) have one; a collective without
@@ -580,88 +653,6 @@ pub trait Collective<B: Backend> {
             op: "all_to_all_v",
             message: "this collective has no all-to-all; expert parallelism needs one (the CPU backend's, or the device's staged or NCCL collectives)".into(),
         })
-    }
-}
-
-/// Every host [`Comm`] is a collective on the CPU backend.
-impl<C: Comm + ?Sized> Collective<Cpu> for C {
-    fn rank(&self) -> usize {
-        Comm::rank(self)
-    }
-    fn size(&self) -> usize {
-        Comm::size(self)
-    }
-    fn all_reduce_sum(&self, buf: &mut [f32]) -> Result<(), CommError> {
-        Comm::all_reduce_sum(self, buf)
-    }
-    fn all_reduce_max(&self, buf: &mut [f32]) -> Result<(), CommError> {
-        all_reduce_max(&DynComm(self), buf)
-    }
-    fn all_gather(&self, input: &[f32], output: &mut [f32]) -> Result<(), CommError> {
-        Comm::all_gather(self, input, output)
-    }
-    fn reduce_scatter_sum(&self, input: &[f32], output: &mut [f32]) -> Result<(), CommError> {
-        Comm::reduce_scatter_sum(self, input, output)
-    }
-    fn send(&self, buf: &[f32], peer: usize) -> Result<(), CommError> {
-        Comm::send(self, buf, peer)
-    }
-    fn recv(&self, buf: &mut [f32], peer: usize) -> Result<(), CommError> {
-        Comm::recv(self, buf, peer)
-    }
-    fn all_reduce_f64(&self, x: f64) -> Result<f64, CommError> {
-        all_reduce_f64(&DynComm(self), x)
-    }
-    fn all_to_all_v(
-        &self,
-        input: &[f32],
-        send_counts: &[usize],
-        output: &mut [f32],
-        recv_counts: &[usize],
-    ) -> Result<(), CommError> {
-        Comm::all_to_all_v(self, input, send_counts, output, recv_counts)
-    }
-}
-
-/// A `?Sized` comm behind a sized wrapper, for the helpers that take `&dyn Comm`.
-struct DynComm<'a, C: ?Sized>(&'a C);
-
-impl<C: Comm + ?Sized> Comm for DynComm<'_, C> {
-    fn rank(&self) -> usize {
-        self.0.rank()
-    }
-    fn size(&self) -> usize {
-        self.0.size()
-    }
-    fn all_reduce_sum(&self, buf: &mut [f32]) -> Result<(), CommError> {
-        self.0.all_reduce_sum(buf)
-    }
-    fn all_gather(&self, input: &[f32], output: &mut [f32]) -> Result<(), CommError> {
-        self.0.all_gather(input, output)
-    }
-    fn reduce_scatter_sum(&self, input: &[f32], output: &mut [f32]) -> Result<(), CommError> {
-        self.0.reduce_scatter_sum(input, output)
-    }
-    fn broadcast(&self, buf: &mut [f32], root: usize) -> Result<(), CommError> {
-        self.0.broadcast(buf, root)
-    }
-    fn send(&self, buf: &[f32], peer: usize) -> Result<(), CommError> {
-        self.0.send(buf, peer)
-    }
-    fn recv(&self, buf: &mut [f32], peer: usize) -> Result<(), CommError> {
-        self.0.recv(buf, peer)
-    }
-    fn barrier(&self) -> Result<(), CommError> {
-        self.0.barrier()
-    }
-    fn all_to_all_v(
-        &self,
-        input: &[f32],
-        send_counts: &[usize],
-        output: &mut [f32],
-        recv_counts: &[usize],
-    ) -> Result<(), CommError> {
-        self.0.all_to_all_v(input, send_counts, output, recv_counts)
     }
 }
 

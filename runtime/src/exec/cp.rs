@@ -15,9 +15,8 @@
 //!
 //! Split from `rank.rs`, which runs the schedule's ops.
 
-use crate::backend::{Backend, Storage};
-use crate::comm::Comm;
-use crate::layers::context_parallel::{cp_split, CpRing};
+use crate::backend::Backend;
+use crate::layers::context_parallel::{cp_split, CpComm, CpRing};
 use crate::layers::{BlockWorkspace, Dims, PositionEmbedding};
 
 use super::{RunError, StageModel};
@@ -45,22 +44,10 @@ pub(super) fn stage_workspace<B: Backend>(
     model: &mut StageModel,
     dims: Dims,
     stage: usize,
-    comm: Option<Box<dyn Comm + Send>>,
+    comm: Option<CpComm<B>>,
 ) -> Result<(BlockWorkspace<B>, Option<CpRank>), RunError> {
     let cp = comm.map(CpRing::new);
-    if let Some(ring) = &cp {
-        let probe = be.alloc(Storage::F32, 1)?;
-        if B::host(B::view(&probe)).is_none() {
-            return Err(RunError::Unsupported {
-                what: format!(
-                    "parallel.cp {}: context parallelism (ring attention) runs on the CPU backend only, not on {}",
-                    ring.size(),
-                    be.name()
-                ),
-                fix: "run the plan on the CPU backend (without --gpus), or re-plan with CP 1"
-                    .into(),
-            });
-        }
+    if cp.is_some() {
         for chunk in &mut model.chunks {
             for block in &mut chunk.blocks {
                 block.attn.context_parallel = true;

@@ -30,6 +30,7 @@ use crate::backend::{Backend, Collective, Cpu};
 use crate::checkpoint::{Checkpoint, CheckpointError, SaveOptions, Saver};
 use crate::comm::{local_groups, local_moe_groups, CommError, LocalComm, MoeGroups};
 use crate::data::{DataError, Tokens};
+use crate::layers::context_parallel::CpComm;
 use crate::layers::dropout::DropoutRates;
 use crate::layers::LayerError;
 use crate::params::ParamLayout;
@@ -454,9 +455,11 @@ where
                         let be = backend(r)?;
                         let group = |c| collective(&be, c);
                         let (tp, dp, pp) = (group(g.tp)?, group(g.dp)?, group(g.pp)?);
-                        // The ring moves host f32 slices: the CP group stays a thread comm.
-                        let cp =
-                            g.cp.map(|c| Box::new(c) as Box<dyn crate::comm::Comm + Send>);
+                        // The ring's K/V and dK/dV move on the backend's buffers.
+                        let cp = match g.cp {
+                            Some(c) => Some(Box::new(group(c)?) as CpComm<B>),
+                            None => None,
+                        };
                         let embedding = emb.map(group).transpose()?;
                         let (expert_dp, moe) = match moe {
                             Some(m) => {

@@ -22,6 +22,7 @@ use crate::backend::{Backend, Collective, Storage};
 use crate::checkpoint::Saver;
 use crate::comm::Comm;
 use crate::data::{Sampler, Tokens};
+use crate::layers::context_parallel::CpComm;
 use crate::layers::dropout::{DropCall, DropoutRates};
 use crate::layers::moe::EpComm;
 use crate::layers::tp::{gather_rows, scatter_rows};
@@ -107,7 +108,7 @@ pub struct MoeComms<B: Backend> {
 /// its MoE groups when the model has MoE layers.
 pub fn run<B: Backend, C: Collective<B>>(
     ctx: &RankCtx<'_, B, C>,
-    cp: Option<Box<dyn Comm + Send>>,
+    cp: Option<CpComm<B>>,
     moe: Option<MoeComms<B>>,
 ) -> Result<RankResult, RunError> {
     let setup = crate::alloc::tagged(crate::alloc::Tag::Setup);
@@ -267,7 +268,7 @@ struct Rank<'a, B: Backend, C: Collective<B>> {
 impl<'a, B: Backend, C: Collective<B>> Rank<'a, B, C> {
     fn new(
         ctx: &'a RankCtx<'a, B, C>,
-        cp: Option<Box<dyn Comm + Send>>,
+        cp: Option<CpComm<B>>,
         moe: Option<MoeComms<B>>,
     ) -> Result<Self, RunError> {
         let (plan, be) = (ctx.plan, ctx.be);

@@ -212,7 +212,10 @@ impl ParallelAttention {
         self.context_parallel || be.attention_keeps_saved()
     }
 
-    fn ring<'r>(&self, ring: Option<&'r mut CpRing>) -> Result<Option<&'r mut CpRing>, LayerError> {
+    fn ring<'r, B: Backend>(
+        &self,
+        ring: Option<&'r mut CpRing<B>>,
+    ) -> Result<Option<&'r mut CpRing<B>>, LayerError> {
         match (self.context_parallel, ring) {
             (false, _) => Ok(None),
             (true, Some(r)) => Ok(Some(r)),
@@ -294,7 +297,7 @@ impl ParallelAttention {
         mut y: B::Mut<'_>,
         out: B::Mut<'_>,
         rope: Option<&RopeTables<B>>,
-        ring: Option<&mut CpRing>,
+        ring: Option<&mut CpRing<B>>,
         d: Dims,
     ) -> Result<(), LayerError> {
         self.qkv.forward(be, p, x, B::rb(&mut qkv))?;
@@ -304,7 +307,7 @@ impl ParallelAttention {
         }
         match (self.ring(ring)?, self.drop_mask()) {
             (Some(_), Some(_)) => return Err(cp_dropout()),
-            (Some(r), None) => r.forward::<B>(B::rb(&mut y), saved, B::ro(&qkv), self.shape(d))?,
+            (Some(r), None) => r.forward(be, B::rb(&mut y), saved, B::ro(&qkv), self.shape(d))?,
             (None, None) => {
                 be.attention_forward(B::rb(&mut y), saved, B::ro(&qkv), self.shape(d))?
             }
@@ -388,7 +391,7 @@ impl ParallelAttention {
         dx: B::Mut<'_>,
         gr: &mut AttnGrads<B>,
         rope: Option<&RopeTables<B>>,
-        ring: Option<&mut CpRing>,
+        ring: Option<&mut CpRing<B>>,
         d: Dims,
         mut defer: Option<&mut WeightStash<B>>,
     ) -> Result<(), LayerError> {
@@ -397,9 +400,15 @@ impl ParallelAttention {
         self.proj.backward_split(be, p, gg, y, dout, dy, dr)?;
         match (self.ring(ring)?, self.drop_mask()) {
             (Some(_), Some(_)) => return Err(cp_dropout()),
-            (Some(r), None) => {
-                r.backward::<B>(B::view_mut(&mut gr.dqkv), B::view(&gr.dy), qkv, y, saved, s)?
-            }
+            (Some(r), None) => r.backward(
+                be,
+                B::view_mut(&mut gr.dqkv),
+                B::view(&gr.dy),
+                qkv,
+                y,
+                saved,
+                s,
+            )?,
             (None, Some(mk)) => be.attention_backward_dropout(
                 B::view_mut(&mut gr.dqkv),
                 B::view_mut(&mut gr.scratch),

@@ -110,7 +110,7 @@ impl<B: Backend> BlockWorkspace<B> {
         be: &B,
         block: &TransformerBlock,
         dims: Dims,
-        ring: CpRing,
+        ring: CpRing<B>,
     ) -> Result<Self, LayerError> {
         Self::build(be, block, dims, Some(ring))
     }
@@ -119,7 +119,7 @@ impl<B: Backend> BlockWorkspace<B> {
         be: &B,
         block: &TransformerBlock,
         dims: Dims,
-        ring: Option<CpRing>,
+        ring: Option<CpRing<B>>,
     ) -> Result<Self, LayerError> {
         let (n, c, rows) = (dims.n(), block.cfg.hidden, block.rows(dims));
         let act = |len| be.alloc(Storage::Bf16, len);

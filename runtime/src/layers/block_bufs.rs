@@ -80,7 +80,7 @@ pub struct BlockWorkspace<B: Backend> {
     pub(super) sp: Option<SpScratch<B>>,
     /// Context parallelism only: the CP group's ring, which the attention of a
     /// context-parallel block runs on.
-    pub(super) ring: Option<CpRing>,
+    pub(super) ring: Option<CpRing<B>>,
     /// Mixture-of-experts blocks only: the EP (and CP) groups their experts' tokens and
     /// statistics travel over; a single-rank one is made on first use when none was set.
     pub moe: Option<MoeWorkspace<B>>,

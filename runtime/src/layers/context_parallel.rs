@@ -12,27 +12,28 @@
 //! `CP` hops they are back at their owner, summed over every rank that used them.
 //!
 //! Sends are buffered (the [`Comm`](crate::comm::Comm) contract: `LocalComm` and `ChannelComm`
-//! post into per-pair queues), so each step sends first, computes, then receives: a receive
-//! waits only for a send its peer issued before its own receive of that step, and no cycle of
-//! waits can form. K/V and dK/dV are separate messages; per pair of ranks they are sent and
+//! post into per-pair queues; a device's `HostStaged` collective sends through them; NCCL's
+//! collective stages a send on the device and issues it in one NCCL group with the group's next
+//! receive), so each step sends first, computes, then receives: a receive waits only for a send
+//! its peer issued before its own receive of that step, and no cycle of waits can form. Every
+//! receive follows the one send it pairs with and no other (the backward receives the K/V
+//! before it sends the dK/dV), so NCCL's group of pending sends and a receive always matches its
+//! peers' groups. K/V and dK/dV are separate messages; per pair of ranks they are sent and
 //! received in the same order (K/V, then dK/dV), and the per-pair queues keep that order.
 //!
-//! The math is `backend::cpu::kernels::ring_attention` (f32 slices, see there for how a bf16
-//! caller converts); this file adds the ranks: the chunk assignment, the positions a rank's
-//! tokens have (RoPE and learned position embeddings need them), cutting a `(b, T, …)` tensor
-//! into a rank's share and back, and the ring itself over a [`Collective`] on the CPU backend.
+//! The math is the backend's (`Backend::ring_*`: the CPU's `cpu::kernels::ring_attention`, a
+//! device's `ring_attention.cu`), on its buffers; the running output and the gradients
+//! accumulate in `F32` buffers of the [`RingWorkspace`]. This file adds the ranks: the chunk
+//! assignment, the positions a rank's tokens have (RoPE and learned position embeddings need
+//! them), cutting a `(b, T, …)` tensor into a rank's share and back, and the ring itself over
+//! the CP group's [`Collective`].
 
 use std::ops::Range;
 
 use super::LayerError;
-use crate::backend::cpu::kernels::ring_attention::{self as ring, block_mask, block_pairs};
-use crate::backend::{AttnShape, Backend, Collective, Cpu};
-use crate::comm::CommError;
+use crate::backend::{block_mask, block_pairs, AttnShape, Backend, Collective, Storage};
 
-/// A host communicator (the ring moves f32 slices), as a CP group is held.
-type HostComm = dyn crate::comm::Comm + Send;
-
-pub use crate::backend::cpu::kernels::ring_attention::RingShape;
+pub use crate::backend::RingShape;
 
 /// The two global chunks (of `2·cp`) that CP rank `rank` holds: `[rank, 2·cp − 1 − rank]`.
 pub fn cp_chunks(cp: usize, rank: usize) -> [usize; 2] {
@@ -148,167 +149,191 @@ pub fn cp_causal_pairs(t: usize, cp: usize, rank: usize) -> usize {
         .sum()
 }
 
-/// The buffers one rank's ring needs: two K/V messages (held, arriving), two dK/dV messages,
-/// `delta`, and the block scratch. Reusable across calls of the same shape.
-#[derive(Debug, Clone)]
-pub struct RingWorkspace {
+/// The buffers one rank's ring needs, on the backend: two K/V messages (held, arriving; in
+/// activation storage), two dK/dV messages, the running output `o`, dQ, `delta` and the
+/// block scratch (`F32`: accumulated over the ring's steps). Reusable across calls of the
+/// same shape.
+pub struct RingWorkspace<B: Backend> {
     shape: RingShape,
-    kv: Vec<f32>,
-    kv_next: Vec<f32>,
-    dkv: Vec<f32>,
-    dkv_next: Vec<f32>,
-    delta: Vec<f32>,
-    scratch: Vec<f32>,
+    kv: B::Buf,
+    kv_next: B::Buf,
+    dkv: B::Buf,
+    dkv_next: B::Buf,
+    o: B::Buf,
+    dq: B::Buf,
+    delta: B::Buf,
+    scratch: B::Buf,
 }
 
-impl RingWorkspace {
-    pub fn new(shape: RingShape) -> Self {
-        let kv = vec![0.0; shape.kv_len()];
-        Self {
+impl<B: Backend> RingWorkspace<B> {
+    pub fn new(be: &B, shape: RingShape) -> Result<Self, LayerError> {
+        let kv_len = shape.kv_len();
+        let y_len = shape.b * shape.rows() * shape.y_width();
+        let f32s = |len| be.alloc(Storage::F32, len);
+        Ok(Self {
             shape,
-            kv_next: kv.clone(),
-            dkv: kv.clone(),
-            dkv_next: kv.clone(),
-            kv,
-            delta: vec![0.0; shape.lse_len()],
-            scratch: vec![0.0; ring::ring_scratch_len(&shape)],
-        }
+            kv: be.alloc(Storage::Bf16, kv_len)?,
+            kv_next: be.alloc(Storage::Bf16, kv_len)?,
+            dkv: f32s(kv_len)?,
+            dkv_next: f32s(kv_len)?,
+            o: f32s(y_len)?,
+            dq: f32s(y_len)?,
+            delta: f32s(shape.lse_len())?,
+            // Never empty: a device may need no scratch, and a view of nothing is still one.
+            scratch: f32s(be.ring_scratch_len(&shape).max(1))?,
+        })
     }
     pub fn shape(&self) -> RingShape {
         self.shape
     }
 }
 
-fn neighbours<C: Collective<Cpu> + ?Sized>(comm: &C) -> (usize, usize, usize, usize) {
+fn neighbours<B: Backend, C: Collective<B> + ?Sized>(comm: &C) -> (usize, usize, usize, usize) {
     let (cp, rank) = (comm.size(), comm.rank());
     (cp, rank, (rank + 1) % cp, (rank + cp - 1) % cp)
 }
 
-/// Ring-attention forward on CP rank `comm.rank()` of `comm.size()`: `qkv (b, t/cp, W)` holds the
-/// rank's tokens ([`cp_split`] order, RoPE applied); `y (b, t/cp, hq·hd)` and
-/// `lse (b, hq, t/cp)` (kept for the backward) are overwritten. Returns the unmasked (query,
-/// key) pairs computed per sequence and head ([`cp_causal_pairs`]).
-pub fn ring_attention_forward<C: Collective<Cpu> + ?Sized>(
+/// Unmasked (query, key) pairs per sequence and head of query chunks `q` against key chunks
+/// `kv`, `c` tokens each (what a ring step computes).
+fn step_pairs(q: [usize; 2], kv: [usize; 2], c: usize) -> usize {
+    kv.into_iter()
+        .flat_map(|kc| q.map(|qc| block_mask(qc, kc)))
+        .flatten()
+        .map(|m| block_pairs(m, c))
+        .sum()
+}
+
+/// Ring-attention forward on CP rank `comm.rank()` of `comm.size()`: `qkv (b, t/cp, W)` holds
+/// the rank's tokens ([`cp_split`] order, RoPE applied); `y (b, t/cp, hq·hd)` and
+/// `lse (b, hq, t/cp)` (`F32`, kept for the backward) are overwritten. Returns the unmasked
+/// (query, key) pairs computed per sequence and head ([`cp_causal_pairs`]).
+pub fn ring_attention_forward<B: Backend, C: Collective<B> + ?Sized>(
+    be: &B,
     comm: &C,
-    y: &mut [f32],
-    lse: &mut [f32],
-    ws: &mut RingWorkspace,
-    qkv: &[f32],
-) -> Result<usize, CommError> {
+    y: B::Mut<'_>,
+    mut lse: B::Mut<'_>,
+    ws: &mut RingWorkspace<B>,
+    qkv: B::Ref<'_>,
+) -> Result<usize, LayerError> {
     let s = ws.shape;
-    let (cp, rank, next, prev) = neighbours(comm);
+    let (cp, rank, next, prev) = neighbours::<B, C>(comm);
     let mine = cp_chunks(cp, rank);
-    ring::pack_kv(&mut ws.kv, qkv, &s);
-    ring::ring_forward_init(y, lse);
+    be.ring_pack_kv(B::view_mut(&mut ws.kv), qkv, &s)?;
+    be.fill(B::view_mut(&mut ws.o), 0.0)?;
+    be.fill(B::rb(&mut lse), f32::NEG_INFINITY)?;
     let mut pairs = 0;
     for step in 0..cp {
         let owner = (rank + cp - step) % cp;
         let more = step + 1 < cp;
         if more {
-            comm.send(&ws.kv[..], next)?;
+            comm.send(B::view(&ws.kv), next)?;
         }
-        pairs += ring::ring_forward_step(
-            y,
-            lse,
-            &mut ws.scratch,
+        let theirs = cp_chunks(cp, owner);
+        be.ring_forward_step(
+            B::view_mut(&mut ws.o),
+            B::rb(&mut lse),
+            B::view_mut(&mut ws.scratch),
             qkv,
-            &ws.kv,
+            B::view(&ws.kv),
             mine,
-            cp_chunks(cp, owner),
+            theirs,
             &s,
-        );
+        )?;
+        pairs += step_pairs(mine, theirs, s.chunk);
         if more {
-            comm.recv(&mut ws.kv_next[..], prev)?;
+            comm.recv(B::view_mut(&mut ws.kv_next), prev)?;
             std::mem::swap(&mut ws.kv, &mut ws.kv_next);
         }
     }
+    be.copy(y, B::view(&ws.o))?;
     Ok(pairs)
 }
 
 /// Ring-attention backward: `dqkv (b, t/cp, W)` overwritten with the gradient w.r.t. this
 /// rank's `qkv` (its K/V columns summed over every rank's queries), from `dy`, and the
 /// forward's `qkv`, `y` and `lse`.
-pub fn ring_attention_backward<C: Collective<Cpu> + ?Sized>(
+pub fn ring_attention_backward<B: Backend, C: Collective<B> + ?Sized>(
+    be: &B,
     comm: &C,
-    dqkv: &mut [f32],
-    ws: &mut RingWorkspace,
-    dy: &[f32],
-    qkv: &[f32],
-    y: &[f32],
-    lse: &[f32],
-) -> Result<(), CommError> {
+    dqkv: B::Mut<'_>,
+    ws: &mut RingWorkspace<B>,
+    dy: B::Ref<'_>,
+    qkv: B::Ref<'_>,
+    y: B::Ref<'_>,
+    lse: B::Ref<'_>,
+) -> Result<(), LayerError> {
     let s = ws.shape;
-    let (cp, rank, next, prev) = neighbours(comm);
+    let (cp, rank, next, prev) = neighbours::<B, C>(comm);
     let mine = cp_chunks(cp, rank);
-    ring::pack_kv(&mut ws.kv, qkv, &s);
-    ring::softmax_delta(&mut ws.delta, y, dy, &s);
-    dqkv.fill(0.0);
-    ws.dkv.fill(0.0);
+    be.ring_pack_kv(B::view_mut(&mut ws.kv), qkv, &s)?;
+    be.ring_softmax_delta(B::view_mut(&mut ws.delta), y, dy, &s)?;
+    be.fill(B::view_mut(&mut ws.dq), 0.0)?;
+    be.fill(B::view_mut(&mut ws.dkv), 0.0)?;
     for step in 0..cp {
         let owner = (rank + cp - step) % cp;
         let more = step + 1 < cp;
         if more {
-            comm.send(&ws.kv[..], next)?;
+            comm.send(B::view(&ws.kv), next)?;
         }
-        ring::ring_backward_step(
-            dqkv,
-            &mut ws.dkv,
-            &mut ws.scratch,
+        be.ring_backward_step(
+            B::view_mut(&mut ws.dq),
+            B::view_mut(&mut ws.dkv),
+            B::view_mut(&mut ws.scratch),
             qkv,
-            &ws.kv,
+            B::view(&ws.kv),
             dy,
             lse,
-            &ws.delta,
+            B::view(&ws.delta),
             mine,
             cp_chunks(cp, owner),
             &s,
-        );
-        // The dK/dV of `owner`'s chunks go on with them (after the last step: home).
-        if cp > 1 {
-            comm.send(&ws.dkv[..], next)?;
-        }
+        )?;
+        // Each receive right after the one send it pairs with (module doc).
         if more {
-            comm.recv(&mut ws.kv_next[..], prev)?;
+            comm.recv(B::view_mut(&mut ws.kv_next), prev)?;
             std::mem::swap(&mut ws.kv, &mut ws.kv_next);
         }
+        // The dK/dV of `owner`'s chunks go on with them (after the last step: home).
         if cp > 1 {
-            comm.recv(&mut ws.dkv_next[..], prev)?;
+            comm.send(B::view(&ws.dkv), next)?;
+            comm.recv(B::view_mut(&mut ws.dkv_next), prev)?;
             std::mem::swap(&mut ws.dkv, &mut ws.dkv_next);
         }
     }
-    ring::unpack_dkv(dqkv, &ws.dkv, &s);
+    be.ring_unpack(dqkv, B::view(&ws.dq), B::view(&ws.dkv), &s)?;
     Ok(())
 }
 
-/// A rank's ring attention as the layers run it: its CP group (a host
-/// [`Comm`](crate::comm::Comm): the ring moves
-/// f32 slices) and the ring's buffers, sized on first use. The executor hands one to the
-/// stage's [`BlockWorkspace`](super::BlockWorkspace); attention of a block marked
-/// context-parallel then runs [`ring_attention_forward`] / [`ring_attention_backward`] on it
-/// in place of the backend's causal kernel, and keeps the log-sum-exp `(b, hq, t/cp)` as its
-/// saved state.
-pub struct CpRing {
-    comm: Box<HostComm>,
-    ws: Option<RingWorkspace>,
+/// The CP group on the backend's buffers (the ring's K/V and dK/dV messages).
+pub type CpComm<B> = Box<dyn Collective<B>>;
+
+/// A rank's ring attention as the layers run it: its CP group and the ring's buffers, sized
+/// on first use. The executor hands one to the stage's
+/// [`BlockWorkspace`](super::BlockWorkspace); attention of a block marked context-parallel
+/// then runs [`ring_attention_forward`] / [`ring_attention_backward`] on it in place of the
+/// backend's causal kernel, and keeps the log-sum-exp `(b, hq, t/cp)` as its saved state.
+pub struct CpRing<B: Backend> {
+    comm: CpComm<B>,
+    ws: Option<RingWorkspace<B>>,
 }
 
-impl std::fmt::Debug for CpRing {
+impl<B: Backend> std::fmt::Debug for CpRing<B> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "CpRing(rank {} of {})", self.rank(), self.size())
     }
 }
 
-impl CpRing {
-    pub fn new(comm: Box<HostComm>) -> Self {
+impl<B: Backend> CpRing<B> {
+    pub fn new(comm: CpComm<B>) -> Self {
         CpRing { comm, ws: None }
     }
     /// The CP degree.
     pub fn size(&self) -> usize {
-        crate::comm::Comm::size(&*self.comm)
+        self.comm.size()
     }
     /// This rank's index in its CP group.
     pub fn rank(&self) -> usize {
-        crate::comm::Comm::rank(&*self.comm)
+        self.comm.rank()
     }
     /// The global positions of this rank's `t_local` tokens of each sequence ([`cp_positions`]
     /// of the full `t_local · CP`).
@@ -316,35 +341,41 @@ impl CpRing {
         cp_positions(t_local * self.size(), self.size(), self.rank())
     }
 
-    fn parts(&mut self, s: &AttnShape) -> Result<(&HostComm, &mut RingWorkspace), LayerError> {
+    fn parts(
+        &mut self,
+        be: &B,
+        s: &AttnShape,
+    ) -> Result<(&dyn Collective<B>, &mut RingWorkspace<B>), LayerError> {
         let cp = self.size();
         let shape = ring_shape(s.b, s.t * cp, cp, s.hq, s.hkv, s.hd)?;
         let ws = match self.ws.take() {
             Some(w) if w.shape() == shape => w,
-            _ => RingWorkspace::new(shape),
+            _ => RingWorkspace::new(be, shape)?,
         };
         Ok((&*self.comm, self.ws.insert(ws)))
     }
 
     /// Ring-attention forward of this rank's `qkv (b, t, W)` (`s.t` local tokens): `y` and
-    /// `lse (b, hq, t)` overwritten.
-    pub fn forward<B: Backend>(
+    /// `lse (b, hq, t)` overwritten (`lse` may be longer; its head is used).
+    pub fn forward(
         &mut self,
+        be: &B,
         y: B::Mut<'_>,
         lse: B::Mut<'_>,
         qkv: B::Ref<'_>,
         s: AttnShape,
     ) -> Result<(), LayerError> {
-        let (y, lse, qkv) = (host_mut::<B>(y)?, host_mut::<B>(lse)?, host::<B>(qkv)?);
-        let (comm, ws) = self.parts(&s)?;
-        ring_attention_forward(comm, y, &mut lse[..ws.shape().lse_len()], ws, qkv)?;
+        let (comm, ws) = self.parts(be, &s)?;
+        let lse = sub_mut::<B>(lse, ws.shape().lse_len())?;
+        ring_attention_forward(be, comm, y, lse, ws, qkv)?;
         Ok(())
     }
 
     /// Ring-attention backward: `dqkv` overwritten, from `dy` and the forward's `qkv`, `y`,
     /// `lse`.
-    pub fn backward<B: Backend>(
+    pub fn backward(
         &mut self,
+        be: &B,
         dqkv: B::Mut<'_>,
         dy: B::Ref<'_>,
         qkv: B::Ref<'_>,
@@ -352,34 +383,29 @@ impl CpRing {
         lse: B::Ref<'_>,
         s: AttnShape,
     ) -> Result<(), LayerError> {
-        let dqkv = host_mut::<B>(dqkv)?;
-        let (dy, qkv, y, lse) = (
-            host::<B>(dy)?,
-            host::<B>(qkv)?,
-            host::<B>(y)?,
-            host::<B>(lse)?,
-        );
-        let (comm, ws) = self.parts(&s)?;
-        let lse = &lse[..ws.shape().lse_len()];
-        ring_attention_backward(comm, dqkv, ws, dy, qkv, y, lse)?;
+        let (comm, ws) = self.parts(be, &s)?;
+        let n = ws.shape().lse_len();
+        if B::len(lse) < n {
+            return Err(short_lse(B::len(lse), n));
+        }
+        let lse = B::sub(lse, 0..n);
+        ring_attention_backward(be, comm, dqkv, ws, dy, qkv, y, lse)?;
         Ok(())
     }
 }
 
-fn on_host() -> LayerError {
-    LayerError::Config(
-        "context parallelism (ring attention) runs on the CPU backend only: its ring moves \
-         host f32 buffers"
-            .into(),
-    )
+/// The first `n` elements of `v`, or why it is shorter.
+fn sub_mut<B: Backend>(v: B::Mut<'_>, n: usize) -> Result<B::Mut<'_>, LayerError> {
+    match B::len_mut(&v) >= n {
+        true => Ok(B::sub_mut(v, 0..n)),
+        false => Err(short_lse(B::len_mut(&v), n)),
+    }
 }
 
-fn host<'a, B: Backend>(v: B::Ref<'a>) -> Result<&'a [f32], LayerError> {
-    B::host(v).ok_or_else(on_host)
-}
-
-fn host_mut<'a, B: Backend>(v: B::Mut<'a>) -> Result<&'a mut [f32], LayerError> {
-    B::host_mut(v).ok_or_else(on_host)
+fn short_lse(got: usize, want: usize) -> LayerError {
+    LayerError::Config(format!(
+        "ring attention keeps a log-sum-exp of {want} elements; its buffer holds {got}"
+    ))
 }
 
 #[cfg(test)]

@@ -17,11 +17,12 @@ fn ring_on_threads(cp: usize, a: AttnShape, qkv: &[f32], dy: &[f32]) -> Vec<Rank
         let r = comm.rank();
         let q = cp_split(qkv, a.b, a.t, cp, r);
         let d = cp_split(dy, a.b, a.t, cp, r);
-        let mut ws = RingWorkspace::new(s);
+        let be = crate::backend::Cpu;
+        let mut ws = RingWorkspace::new(&be, s).unwrap();
         let (mut y, mut lse) = (vec![0.0; d.len()], vec![0.0; s.lse_len()]);
-        let pairs = ring_attention_forward(&comm, &mut y, &mut lse, &mut ws, &q).unwrap();
+        let pairs = ring_attention_forward(&be, &comm, &mut y, &mut lse, &mut ws, &q).unwrap();
         let mut dq = vec![f32::NAN; q.len()];
-        ring_attention_backward(&comm, &mut dq, &mut ws, &d, &q, &y, &lse).unwrap();
+        ring_attention_backward(&be, &comm, &mut dq, &mut ws, &d, &q, &y, &lse).unwrap();
         (y, dq, lse, pairs)
     })
 }

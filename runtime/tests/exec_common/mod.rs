@@ -237,6 +237,23 @@ pub fn moe_plan(dp: u64, tp: u64, ep: u64) -> Plan {
     plan_on("specs/models/tiny-moe.toml", cluster, &layout)
 }
 
+/// The model spec at `spec` on DP `dp` × CP `cp` × TP `tp` (one stage; context parallelism's
+/// ring attention over CP ranks).
+#[allow(dead_code)] // executor_emulated_cp.rs's and executor_cuda.rs's
+pub fn cp_plan(spec: &str, dp: u64, cp: u64, tp: u64) -> Plan {
+    let layout = Layout {
+        cp,
+        ..Layout::without_pipeline(dp, tp, 0, 2)
+    };
+    let p = plan_on(
+        spec,
+        cluster("specs/clusters/cpu-8.toml", dp * cp * tp),
+        &layout,
+    );
+    assert_eq!(p.parallel.cp, cp, "{}", layout.label());
+    p
+}
+
 /// The plan's parameters before any step (the CPU backend's initialisation, which every
 /// backend shares: same seed, same layout).
 pub fn initial_params(plan: &Plan) -> std::collections::BTreeMap<String, Vec<f32>> {

@@ -7,7 +7,8 @@ pub mod kernels;
 
 use self::kernels as cpu;
 use self::kernels::adamw_update;
-use super::{AdamWStep, AttnShape, Backend, BackendError, RopeShape, Storage};
+use self::kernels::ring_attention as ring;
+use super::{AdamWStep, AttnShape, Backend, BackendError, RingShape, RopeShape, Storage};
 
 /// The CPU backend (threads are ranks; matmul threads per rank set by `cpu::set_threads`).
 #[derive(Debug, Clone, Copy, Default)]
@@ -332,6 +333,55 @@ impl Backend for Cpu {
             cpu::rope_forward
         };
         rotate(x, s.t, s.width, s.heads, s.hd, cos, sin);
+        Ok(())
+    }
+
+    fn ring_scratch_len(&self, s: &RingShape) -> usize {
+        ring::ring_scratch_len(s)
+    }
+    fn ring_pack_kv(&self, kv: &mut [f32], qkv: &[f32], s: &RingShape) -> R {
+        ring::pack_kv(kv, qkv, s);
+        Ok(())
+    }
+    fn ring_forward_step(
+        &self,
+        o: &mut [f32],
+        lse: &mut [f32],
+        scratch: &mut [f32],
+        qkv: &[f32],
+        kv: &[f32],
+        q_chunks: [usize; 2],
+        kv_chunks: [usize; 2],
+        s: &RingShape,
+    ) -> R {
+        ring::ring_forward_step(o, lse, scratch, qkv, kv, q_chunks, kv_chunks, s);
+        Ok(())
+    }
+    fn ring_softmax_delta(&self, delta: &mut [f32], y: &[f32], dy: &[f32], s: &RingShape) -> R {
+        ring::softmax_delta(delta, y, dy, s);
+        Ok(())
+    }
+    fn ring_backward_step(
+        &self,
+        dq: &mut [f32],
+        dkv: &mut [f32],
+        scratch: &mut [f32],
+        qkv: &[f32],
+        kv: &[f32],
+        dy: &[f32],
+        lse: &[f32],
+        delta: &[f32],
+        q_chunks: [usize; 2],
+        kv_chunks: [usize; 2],
+        s: &RingShape,
+    ) -> R {
+        ring::ring_backward_step(
+            dq, dkv, scratch, qkv, kv, dy, lse, delta, q_chunks, kv_chunks, s,
+        );
+        Ok(())
+    }
+    fn ring_unpack(&self, dqkv: &mut [f32], dq: &[f32], dkv: &[f32], s: &RingShape) -> R {
+        ring::ring_unpack(dqkv, dq, dkv, s);
         Ok(())
     }
 

@@ -376,8 +376,8 @@ pub fn nccl_groups(
     let tp = make(slots.tp, mesh.tp_group(r))?;
     let dp = make(slots.dp, mesh.dp_cp_group(r))?;
     let pp = make(slots.pp, mesh.pp_group(r))?;
-    // No CP communicator: context parallelism runs on the CPU backend only (the executor
-    // refuses CP > 1 on a device backend before any group is used).
+    // No CP communicator: these host groups serve the comm tests (`runtime/tests/cuda_local.rs`);
+    // the executor's CP group, like its others, is `device_collective` over the local groups.
     Ok(RankGroups {
         tp,
         dp,

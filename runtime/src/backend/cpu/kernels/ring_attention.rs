@@ -25,9 +25,12 @@
 //! K/V message `kv, dkv: [K (b, rows, hkv·hd) | V (b, rows, hkv·hd)]` (K and V apart, so the
 //! backward can write dK and dV through two disjoint borrows).
 //!
-//! Everything is f32. The CPU backend computes its `Bf16` storage as f32 already (`cpu/mod.rs`),
-//! so the CPU caller passes its buffers as they are; a caller holding real bf16 (a device
-//! backend's download) widens with `backend::bf16` first and narrows `y`/`dqkv` back after.
+//! Everything is f32: these are the CPU backend's ring-attention ops (`Backend::ring_*`), on its
+//! buffers as they are (the CPU computes its `Bf16` storage as f32, `cpu/mod.rs`); a device
+//! runs its own kernels of the same math (`backend/cuda/kernels/ring_attention.cu`). The dQ of
+//! the backward accumulates in a buffer of its own, laid out as `y`, and [`ring_unpack`] writes
+//! `dqkv` from it and the rank's dK/dV at the end.
+//!
 //! Must not allocate (scratch: [`ring_scratch_len`]), communicate, or know about ranks.
 
 use super::matmul::{gemm, MatMut, MatRef};
@@ -267,16 +270,20 @@ pub fn pack_kv(kv: &mut [f32], qkv: &[f32], s: &RingShape) {
     }
 }
 
-/// Writes (overwrites) the K and V columns of `dqkv` from a rank's own dK/dV message.
-pub fn unpack_dkv(dqkv: &mut [f32], dkv: &[f32], s: &RingShape) {
+/// Writes (overwrites) `dqkv` from a rank's dQ (`(b, rows, hq·hd)`, the layout of `y`) and its
+/// own dK/dV message: each row `[dq | dK | dV]`.
+pub fn ring_unpack(dqkv: &mut [f32], dq: &[f32], dkv: &[f32], s: &RingShape) {
     assert_eq!(dkv.len(), s.kv_len(), "dkv message");
-    let (w, kw, hq) = (s.qkv_width(), s.kv_width(), s.hq * s.hd);
+    assert_eq!(dq.len(), s.b * s.rows() * s.y_width(), "dq");
+    let (w, kw, hq) = (s.qkv_width(), s.kv_width(), s.y_width());
     let (dk, dv) = dkv.split_at(s.kv_half());
-    for ((row, k), v) in dqkv
+    for (((row, q), k), v) in dqkv
         .chunks_exact_mut(w)
+        .zip(dq.chunks_exact(hq))
         .zip(dk.chunks_exact(kw))
         .zip(dv.chunks_exact(kw))
     {
+        row[..hq].copy_from_slice(q);
         row[hq..hq + kw].copy_from_slice(k);
         row[hq + kw..].copy_from_slice(v);
     }
@@ -368,12 +375,12 @@ pub fn softmax_delta(delta: &mut [f32], y: &[f32], dy: &[f32], s: &RingShape) {
     }
 }
 
-/// One ring step of the backward, ACCUMULATING: the q columns of `dqkv` get this step's dQ of
-/// the rank's query chunks, `dkv` (laid out as the K/V message) this step's dK/dV of chunks
-/// `kv_chunks`. `lse` is the forward's final one, `delta` from [`softmax_delta`]. The K/V
-/// columns of `dqkv` are not touched.
+/// One ring step of the backward, ACCUMULATING: `dq` (`(b, rows, hq·hd)`, the layout of `y`)
+/// gets this step's dQ of the rank's query chunks, `dkv` (laid out as the K/V message) this
+/// step's dK/dV of chunks `kv_chunks`. `lse` is the forward's final one, `delta` from
+/// [`softmax_delta`]; [`ring_unpack`] assembles `dqkv` after the last step.
 pub fn ring_backward_step(
-    dqkv: &mut [f32],
+    dq: &mut [f32],
     dkv: &mut [f32],
     scratch: &mut [f32],
     qkv: &[f32],
@@ -387,7 +394,7 @@ pub fn ring_backward_step(
 ) {
     s.check();
     let (c, hd, w, kw, yw) = (s.chunk, s.hd, s.qkv_width(), s.kv_width(), s.y_width());
-    assert_eq!(dqkv.len(), qkv.len(), "dqkv");
+    assert_eq!(dq.len(), s.b * s.rows() * yw, "dq");
     assert_eq!(qkv.len(), s.b * s.rows() * w, "qkv");
     assert_eq!(dy.len(), s.b * s.rows() * yw, "dy");
     assert_eq!((lse.len(), delta.len()), (s.lse_len(), s.lse_len()), "lse");
@@ -409,7 +416,7 @@ pub fn ring_backward_step(
                     let (qat, kat) = (s.q_at(bi, a * c, h), s.kv_at(bi, kb * c, g));
                     let rows = s.lse_at(bi, h, a * c)..s.lse_at(bi, h, a * c) + c;
                     block_backward(
-                        MatMut::new(dqkv, qat, c, hd, w, 1),
+                        MatMut::new(dq, s.y_at(bi, a * c, h), c, hd, yw, 1),
                         MatMut::new(dk, kat, c, hd, kw, 1),
                         MatMut::new(dv, kat, c, hd, kw, 1),
                         scratch,

@@ -105,9 +105,9 @@ fn one_rank_steps_match_the_causal_kernel() {
 
         let mut delta = vec![0.0; s.lse_len()];
         softmax_delta(&mut delta, &y, &dy, &s);
-        let (mut dqkv, mut dkv) = (vec![0.0; qkv.len()], vec![0.0; s.kv_len()]);
+        let (mut dq, mut dkv) = (vec![0.0; dy.len()], vec![0.0; s.kv_len()]);
         ring_backward_step(
-            &mut dqkv,
+            &mut dq,
             &mut dkv,
             &mut scratch,
             &qkv,
@@ -119,7 +119,8 @@ fn one_rank_steps_match_the_causal_kernel() {
             [0, 1],
             &s,
         );
-        unpack_dkv(&mut dqkv, &dkv, &s);
+        let mut dqkv = vec![f32::NAN; qkv.len()];
+        ring_unpack(&mut dqkv, &dq, &dkv, &s);
         assert_close(&dqkv, &want_dqkv, 1e-5, "dqkv");
     }
 }

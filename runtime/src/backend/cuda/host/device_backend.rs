@@ -12,7 +12,7 @@ use super::launch::{i32_of, n64};
 use super::views::{need, rows, DMut, DRef, DeviceIds};
 use super::{DType, GpuError, HostData, HostVec, KArg, Launcher};
 use crate::backend::GemmShape;
-use crate::backend::{bf16, AdamWStep, Backend, Storage};
+use crate::backend::{bf16, AdamWStep, Backend, RingShape, Storage};
 
 fn dtype_of(storage: Storage) -> DType {
     match storage {
@@ -175,6 +175,7 @@ where
         let f = match (L::dtype(dst.buf), L::dtype(src.buf)) {
             (DType::Bf16, DType::Bf16) => "copy_bf16",
             (DType::F32, DType::F32) => "copy_f32",
+            (DType::Bf16, DType::F32) => "copy_f32_to_bf16",
             (d, s) => return Err(GpuError::shape("copy", format!("{s:?} into {d:?}"))),
         };
         let n = dst.len;
@@ -487,6 +488,72 @@ where
         backward: bool,
     ) -> Result<(), GpuError> {
         self.rope_impl(x, shape, cos, sin, backward)
+    }
+
+    fn ring_scratch_len(&self, _s: &RingShape) -> usize {
+        0
+    }
+    fn ring_pack_kv(
+        &self,
+        kv: DMut<'_, L::Buf>,
+        qkv: DRef<'_, L::Buf>,
+        s: &RingShape,
+    ) -> Result<(), GpuError> {
+        self.ring_pack_kv_impl(kv, qkv, s)
+    }
+    fn ring_forward_step(
+        &self,
+        o: DMut<'_, L::Buf>,
+        lse: DMut<'_, L::Buf>,
+        _scratch: DMut<'_, L::Buf>,
+        qkv: DRef<'_, L::Buf>,
+        kv: DRef<'_, L::Buf>,
+        q_chunks: [usize; 2],
+        kv_chunks: [usize; 2],
+        s: &RingShape,
+    ) -> Result<(), GpuError> {
+        self.ring_forward_step_impl(o, lse, qkv, kv, q_chunks, kv_chunks, s)
+    }
+    fn ring_softmax_delta(
+        &self,
+        delta: DMut<'_, L::Buf>,
+        y: DRef<'_, L::Buf>,
+        dy: DRef<'_, L::Buf>,
+        s: &RingShape,
+    ) -> Result<(), GpuError> {
+        self.ring_softmax_delta_impl(delta, y, dy, s)
+    }
+    fn ring_backward_step(
+        &self,
+        dq: DMut<'_, L::Buf>,
+        dkv: DMut<'_, L::Buf>,
+        _scratch: DMut<'_, L::Buf>,
+        qkv: DRef<'_, L::Buf>,
+        kv: DRef<'_, L::Buf>,
+        dy: DRef<'_, L::Buf>,
+        lse: DRef<'_, L::Buf>,
+        delta: DRef<'_, L::Buf>,
+        q_chunks: [usize; 2],
+        kv_chunks: [usize; 2],
+        s: &RingShape,
+    ) -> Result<(), GpuError> {
+        let views = super::device_ring::BackwardViews {
+            qkv,
+            kv,
+            dy,
+            lse,
+            delta,
+        };
+        self.ring_backward_step_impl(dq, dkv, views, q_chunks, kv_chunks, s)
+    }
+    fn ring_unpack(
+        &self,
+        dqkv: DMut<'_, L::Buf>,
+        dq: DRef<'_, L::Buf>,
+        dkv: DRef<'_, L::Buf>,
+        s: &RingShape,
+    ) -> Result<(), GpuError> {
+        self.ring_unpack_impl(dqkv, dq, dkv, s)
     }
 
     fn gelu_forward(&self, out: DMut<'_, L::Buf>, inp: DRef<'_, L::Buf>) -> Result<(), GpuError> {

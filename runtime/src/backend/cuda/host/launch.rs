@@ -150,6 +150,30 @@ pub fn per_item(n: u64) -> Result<Option<Geometry>, GpuError> {
     }))
 }
 
+/// Mirror of ring_attention.cu's `RING_MAXD`: its kernels take head sizes up to 32 × this.
+pub const RING_MAXD: usize = 4;
+
+/// One warp per item, `ATT_WARPS` warps per block (ring attention's row kernels): `None` when
+/// there is nothing to do.
+pub fn per_warp(warps: u64) -> Result<Option<Geometry>, GpuError> {
+    if warps == 0 {
+        return Ok(None);
+    }
+    Ok(Some(Geometry {
+        grid: (
+            grid_dim(
+                warps.div_ceil(u64::from(ATT_WARPS)),
+                "rows",
+                i32::MAX as u64,
+            )?,
+            1,
+            1,
+        ),
+        block: (ATT_WARPS * 32, 1, 1),
+        shared_bytes: 0,
+    }))
+}
+
 /// The three attention launches of one shape.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct AttentionLaunch {

@@ -14,6 +14,7 @@
 mod device;
 mod device_backend;
 mod device_layers;
+mod device_ring;
 pub mod gemm;
 pub mod launch;
 mod ops;

@@ -77,6 +77,10 @@ pub const MODULES: &[Module] = &[
         name: "rope",
         source: include_str!("rope.cu"),
     },
+    Module {
+        name: "ring_attention",
+        source: include_str!("ring_attention.cu"),
+    },
 ];
 
 /// The module called `name`.

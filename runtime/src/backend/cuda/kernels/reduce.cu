@@ -59,7 +59,8 @@ extern "C" __global__ void sum_squares(float* __restrict__ partial, const float*
     }
 }
 
-// Buffer primitives of the device executor: fill, copy (same dtype) and the in-place add.
+// Buffer primitives of the device executor: fill, copy (same dtype, or f32 into bf16) and the
+// in-place add.
 extern "C" __global__ void fill_f32(float* __restrict__ x, long long n, float value) {
     for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n;
          i += (long long)gridDim.x * blockDim.x) {
@@ -88,6 +89,16 @@ extern "C" __global__ void copy_bf16(bf16* __restrict__ dst, const bf16* __restr
     for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n;
          i += (long long)gridDim.x * blockDim.x) {
         dst[i] = src[i];
+    }
+}
+
+// dst (bf16) = src (f32), rounded to nearest even: an f32 accumulator into activation storage
+// (ring attention's running output into y).
+extern "C" __global__ void copy_f32_to_bf16(bf16* __restrict__ dst,
+                                            const float* __restrict__ src, long long n) {
+    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+         i += (long long)gridDim.x * blockDim.x) {
+        dst[i] = f2bf(src[i]);
     }
 }
 

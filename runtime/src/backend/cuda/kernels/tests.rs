@@ -154,6 +154,12 @@ fn attention_constants_match_the_source() {
     assert_eq!(define("ATT_ROWS"), launch::ATT_ROWS);
     assert_eq!(define("ATT_BC"), launch::ATT_BC);
     assert_eq!(define("ATT_MAXD") as usize, launch::ATT_MAXD);
+    let ring = module("ring_attention").unwrap().source;
+    let maxd = ring
+        .lines()
+        .find_map(|l| l.strip_prefix("#define RING_MAXD "))
+        .expect("#define RING_MAXD");
+    assert_eq!(maxd.trim().parse::<usize>().unwrap(), launch::RING_MAXD);
 }
 
 #[test]
