@@ -21,7 +21,7 @@
 //! peers' groups. K/V and dK/dV are separate messages; per pair of ranks they are sent and
 //! received in the same order (K/V, then dK/dV), and the per-pair queues keep that order.
 //!
-//! The math is the backend's (`Backend::ring_*`: the CPU's `cpu::kernels::ring_attention`, a
+//! The math is the backend's (`Backend::ring_*`: the CPU backend's `ring_attention` kernels, a
 //! device's `ring_attention.cu`), on its buffers; the running output and the gradients
 //! accumulate in `F32` buffers of the [`RingWorkspace`]. This file adds the ranks: the chunk
 //! assignment, the positions a rank's tokens have (RoPE and learned position embeddings need

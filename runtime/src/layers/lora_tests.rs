@@ -3,7 +3,7 @@
 //! dropout (its mask is a pure function of the armed call, the same in every perturbed forward).
 
 use super::*;
-use crate::backend::cpu::Cpu;
+use crate::backend::Cpu;
 use crate::rng;
 
 fn randn(n: usize, stream: u64) -> Vec<f32> {
