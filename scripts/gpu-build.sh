@@ -21,7 +21,7 @@ for line in sys.stdin:
     if m.get("reason") == "compiler-artifact" and exe and m["profile"]["test"]:
         kind = m["target"]["kind"][0]
         name = "lib" if kind == "lib" else m["target"]["name"]
-        if name not in ("lib", "ops", "cuda_local", "nvrtc", "executor_cuda"):
+        if name not in ("lib", "ops", "ops_ring", "cuda_local", "nvrtc", "executor_cuda"):
             continue
         shutil.copy(exe, os.path.join(".gpu/tests", name))
         print("carried", name)

@@ -67,6 +67,8 @@ step doctor 60 $G doctor
 step library 60 "$T/lib" --nocapture backend::cuda::
 step nvrtc 60 "$T/nvrtc" --nocapture
 step ops 90 "$T/ops" --nocapture
+# Context parallelism's ring-attention ops (ring_attention.cu) against the CPU backend's.
+step ops-ring 60 env TESSERA_REQUIRE_GPU=1 "$T/ops_ring" --nocapture gpu
 step cuda-local 60 "$T/cuda_local" --nocapture
 # The executor on the GPU: the tiny model 1×1×1 and 2×2×2 (every rank on GPU 0) against the
 # CPU backend at bf16 tolerance, as tests/executor_emulated.rs checks it on the emulator in CI.
@@ -98,6 +100,7 @@ fi
 if command -v compute-sanitizer > /dev/null; then
   for tool in memcheck racecheck initcheck synccheck; do
     step "sanitizer-$tool" 60 compute-sanitizer --tool "$tool" --error-exitcode 1 "$T/ops" cuda
+    step "sanitizer-ring-$tool" 45 compute-sanitizer --tool "$tool" --error-exitcode 1 "$T/ops_ring" gpu
   done
 else
   echo "compute-sanitizer not found: skipped"

@@ -175,7 +175,26 @@ fn compare(what: &str, dev: &Out, cpu: &Out) {
 #[test]
 fn ring_steps_on_emulated_kernels_match_the_cpu() {
     let Some(emu) = emu::or_skip() else { return };
-    let dev = Device::new(emu);
+    ring_cases(&Device::new(emu));
+}
+
+/// The same steps on a real GPU (feature `cuda`; scripts/gpu-check.sh runs it, and
+/// compute-sanitizer over it). Skips, with the reason printed, where no GPU is usable;
+/// `TESSERA_REQUIRE_GPU=1` turns the skip into a failure.
+#[cfg(feature = "cuda")]
+#[test]
+fn ring_steps_on_a_gpu_match_the_cpu() {
+    match tessera_runtime::backend::cuda::CudaLauncher::open(0) {
+        Ok(gpu) => ring_cases(&Device::new(gpu)),
+        Err(e) if std::env::var_os("TESSERA_REQUIRE_GPU").is_some() => {
+            panic!("TESSERA_REQUIRE_GPU is set and no GPU is usable: {e}")
+        }
+        Err(e) => eprintln!("skipped: no CUDA device ({e})"),
+    }
+}
+
+/// Both ranks of CP 2 on `dev` against the CPU: GQA with a head over 32 dims, and MHA.
+fn ring_cases<B: Backend>(dev: &B) {
     for (hq, hkv, hd) in [(4, 2, 40), (3, 3, 8)] {
         let s = RingShape {
             b: 2,
@@ -188,7 +207,7 @@ fn ring_steps_on_emulated_kernels_match_the_cpu() {
             let what = format!("hq {hq} hkv {hkv} hd {hd}, rank {rank}");
             let seed = (10 * hq + rank) as u64;
             let cpu = steps(&Cpu, &s, mine, theirs, seed);
-            let got = steps(&dev, &s, mine, theirs, seed);
+            let got = steps(dev, &s, mine, theirs, seed);
             // The CPU's own values are sane: every row saw at least its diagonal key.
             assert!(cpu.lse.iter().all(|l| l.is_finite()), "{what}");
             compare(&what, &got, &cpu);
