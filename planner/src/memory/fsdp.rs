@@ -272,6 +272,71 @@ pub(super) fn reason(f: &Fsdp, name: &str, model: &Model, layout: &Layout, stage
     }
 }
 
+/// The two moments of an FSDP2 step whose live tensors differ, over which a stage's peak is
+/// taken ([`phased`]): the sum of every term counts tensors that are never alive together.
+///
+/// - **The start of the backward** (the loss's backward on the stage that holds the head): every
+///   layer's activations and the loss's buffers are alive; the last block's bf16 parameters are
+///   still gathered (torchtitan keeps the last block unsharded after its forward: no prefetch or
+///   unsharded gradient yet), the root module holds its bf16 parameters but not yet its
+///   gradient, no reduce-scatter has run (no fp32 reduce-scatter buffer), and with one
+///   micro-batch a step no sharded gradient exists yet (the optimizer's `zero_grad` sets them to
+///   `None`; FSDP2 creates them in the backward's reduce-scatters).
+/// - **The end of the backward**: every sharded gradient, the root's fp32 reduce-scatter input,
+///   its bf16 parameters and gradient, the gathered block with its prefetch, and one layer's
+///   activations (the first layer's, its backward running); the loss's buffers are freed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Phase {
+    BackwardStart,
+    BackwardEnd,
+}
+
+impl Phase {
+    pub(super) const BOTH: [Phase; 2] = [Phase::BackwardStart, Phase::BackwardEnd];
+
+    /// How the report names the moment, in a scaled term's reason.
+    pub(super) fn name(self) -> &'static str {
+        match self {
+            Phase::BackwardStart => "at the start of the backward, the step's peak",
+            Phase::BackwardEnd => "at the end of the backward, the step's peak",
+        }
+    }
+}
+
+/// Whether the stage's peak is the larger of the two [`Phase`]s rather than the sum of every
+/// term: FSDP2 under ZeRO-3 on a GPU, one pipeline stage, a dense model trained in full without
+/// offload (the layouts whose phases are modelled; every other keeps the sum, an upper bound).
+pub(super) fn phased(f: &Fsdp, model: &Model, layout: &Layout, gpu: bool) -> bool {
+    f.fsdp2
+        && gpu
+        && layout.pp == 1
+        && model.architecture.moe.is_none()
+        && model.adapters().is_none()
+        && !layout.offload.any()
+}
+
+/// The share of the term `name` alive at `phase` (1: all of it, 0: none). `head` names the
+/// output layer's buffers ([`activations::head_terms`]); `layers`, the stage's layers.
+pub(super) fn phase_share(
+    phase: Phase,
+    name: &str,
+    microbatches: u64,
+    layers: u64,
+    head: &[&str],
+) -> f64 {
+    match (phase, name) {
+        (Phase::BackwardStart, "grads_fp32_sharded") if microbatches == 1 => 0.0,
+        (Phase::BackwardStart, "fsdp2_reduce_scatter_fp32") => 0.0,
+        // One block's bf16 parameters of the 2 + 2 + 2 B (parameters, prefetch, gradient).
+        (Phase::BackwardStart, "fsdp2_gathered_blocks") => 1.0 / 3.0,
+        // The bf16 parameters of the 2 + 2 B (parameters, gradient).
+        (Phase::BackwardStart, "unsharded_root") => 0.5,
+        (Phase::BackwardEnd, "layer_activations") => 1.0 / layers.max(1) as f64,
+        (Phase::BackwardEnd, n) if head.contains(&n) => 0.0,
+        _ => 1.0,
+    }
+}
+
 /// The stage's transient blocks (allocated and freed within the step), for the allocator's
 /// reserved bytes: FSDP2's all-gather output of one block and its reduce-scatter input, the
 /// recomputed layer's activations, and on the last stage the output layer's buffers.

@@ -2,7 +2,7 @@
 //! 32/8 heads, SwiGLU 14336, untied), figures counted by hand in each test.
 
 use crate::layout::{Layout, Recompute};
-use crate::memory::{estimate, estimate_split, MemoryReport, StageBytes};
+use crate::memory::{estimate_every_term as estimate, estimate_split, MemoryReport, StageBytes};
 use crate::model::Model;
 use crate::schedule::ScheduleKind;
 use crate::spec::{self, Cluster, ClusterOverrides, TrainingOverrides};
@@ -286,4 +286,50 @@ fn stage_bytes_equal_the_report(cluster: &Cluster, model: &Model) {
             }
         }
     }
+}
+
+/// FSDP2's peak is the larger of its two phases, not the sum of every term (Llama-3 8B, FSDP
+/// over 8 H100s, one micro-batch of one sequence a step: global batch 8).
+/// - Eager torchtitan, no recompute: the start of the backward is the peak (every layer's
+///   activations and the three fp32 loss buffers). Absent there, against the sum: the sharded
+///   fp32 gradient (none yet with one micro-batch), 8,030,261,248 × 4 / 8 = 4,015,130,624 B; the
+///   root's fp32 reduce-scatter input, 4,202,708,992 B; two of the three gathered blocks' bf16
+///   copies (the prefetch and the unsharded gradient), 2/3 × 1,308,672,000 = 872,448,000 B; the
+///   root's bf16 gradient, 2,101,354,496 B: 11,191,642,112 B in all.
+/// - Compiled torchtitan under full recompute (no fp32 loss buffer, one layer's input kept per
+///   layer): the end of the backward is the peak: every gradient and the root's reduce-scatter
+///   input, no logits, and one layer's checkpoint, 2 B × 8192 × 4096 = 67,108,864 B.
+#[test]
+fn fsdp2_peak_is_the_larger_phase() {
+    let cluster = h100(1);
+    let one_step = |framework: &str| {
+        let mut m = llama3_8b(Some(framework));
+        m.training.global_batch = 8;
+        m
+    };
+    let eager = one_step("torchtitan");
+    let l = fsdp8(Recompute::None);
+    let phased = estimate_split(&eager, &cluster, &l, &[32]);
+    let summed = estimate(&eager, &cluster, &l);
+    assert_eq!(summed.peak_bytes - phased.peak_bytes, 11_191_642_112);
+    assert_eq!(term(&phased, 0, "grads_fp32_sharded"), None);
+    assert_eq!(term(&phased, 0, "fsdp2_reduce_scatter_fp32"), None);
+    assert_eq!(term(&phased, 0, "fsdp2_gathered_blocks"), Some(436_224_000));
+    assert_eq!(term(&phased, 0, "unsharded_root"), Some(2_101_354_496));
+    assert!(term(&phased, 0, "logits_fp32_grad_input").is_some());
+
+    let compiled = one_step("torchtitan-compile");
+    let l = fsdp8(Recompute::Full);
+    let phased = estimate_split(&compiled, &cluster, &l, &[32]);
+    assert_eq!(
+        term(&phased, 0, "fsdp2_reduce_scatter_fp32"),
+        Some(4_202_708_992)
+    );
+    assert_eq!(term(&phased, 0, "grads_fp32_sharded"), Some(PARAMS / 2));
+    assert_eq!(term(&phased, 0, "logits_16bit"), None);
+    assert_eq!(term(&phased, 0, "layer_activations"), Some(67_108_864));
+    assert!(phased.peak_bytes < estimate(&compiled, &cluster, &l).peak_bytes);
+    // The search's affine bytes take the same maximum.
+    let fast = StageBytes::new(&compiled, &cluster, &l);
+    assert!((fast.bytes(0, 32) - phased.peak_bytes as f64).abs() <= 64.0);
 }

@@ -15,6 +15,7 @@ pub mod logits;
 pub mod moe;
 pub mod offload;
 mod overhead;
+mod phases;
 #[cfg(test)]
 pub(crate) mod schedule_tests;
 mod stage_bytes;
@@ -751,14 +752,7 @@ pub fn peak_bytes(model: &Model, cluster: &Cluster, layout: &Layout) -> u64 {
 /// Like [`peak_bytes`], for a given split: layers per virtual stage, in pipeline order.
 pub fn peak_bytes_split(model: &Model, cluster: &Cluster, layout: &Layout, split: &[u64]) -> u64 {
     let ctx = Ctx::new(model, cluster, layout, split);
-    (0..layout.pp)
-        .map(|s| {
-            let mut t = Total(0);
-            ctx.stage(s, &mut t);
-            t.0
-        })
-        .max()
-        .unwrap_or(0)
+    (0..layout.pp).map(|s| ctx.peak_total(s)).max().unwrap_or(0)
 }
 
 /// The memory of every stage of a layout, every term named with its reason, for the layout's
@@ -779,11 +773,43 @@ pub fn estimate_split(
     layout: &Layout,
     split: &[u64],
 ) -> MemoryReport {
+    report(model, cluster, layout, split, true)
+}
+
+/// Every term of every stage summed, also where the peak is taken over FSDP2's phases: the
+/// terms' own sizes, which the tests count by hand.
+#[cfg(test)]
+pub(crate) fn estimate_every_term(
+    model: &Model,
+    cluster: &Cluster,
+    layout: &Layout,
+) -> MemoryReport {
+    report(
+        model,
+        cluster,
+        layout,
+        &layout.split_layers(model.architecture.layers),
+        false,
+    )
+}
+
+fn report(
+    model: &Model,
+    cluster: &Cluster,
+    layout: &Layout,
+    split: &[u64],
+    phases: bool,
+) -> MemoryReport {
     let ctx = Ctx::new(model, cluster, layout, split);
     let per_stage: Vec<StageMemory> = (0..layout.pp)
         .map(|stage| {
-            let mut terms: Vec<MemoryTerm> = Vec::new();
-            ctx.stage(stage, &mut terms);
+            let terms = if phases {
+                ctx.peak_terms(stage)
+            } else {
+                let mut t = Vec::new();
+                ctx.stage(stage, &mut t);
+                t
+            };
             StageMemory {
                 stage,
                 layers: ctx.layers(stage),

@@ -19,6 +19,9 @@ use crate::spec::{Cluster, DeviceKind};
 pub struct StageBytes {
     pub per_layer: Vec<f64>,
     pub fixed: Vec<f64>,
+    /// Where a stage's peak is the larger of FSDP2's two phases (`fsdp::phased`): the end of
+    /// the backward's `(per_layer, fixed)`; `per_layer` and `fixed` are then the start's.
+    pub end: Vec<Option<(f64, f64)>>,
 }
 
 impl StageBytes {
@@ -107,15 +110,24 @@ impl StageBytes {
         } else {
             1
         } as f64;
+        let head_buffers = activations::head_terms(&local, b, tp, sp, fsdp.loss, fsdp.pad_vocab)
+            .iter()
+            .map(|(_, x, _)| x * held_last)
+            .sum::<f64>();
         let last = a
             .head_params_at(a.tied_embeddings && pp == 1, tp, fsdp.pad_vocab)
             .per_tp_rank(tp)
             * end_bpp
-            + activations::head_terms(&local, b, tp, sp, fsdp.loss, fsdp.pad_vocab)
-                .iter()
-                .map(|(_, x, _)| x * held_last)
-                .sum::<f64>();
-        let (mut per_layer, mut fixed) = (Vec::new(), Vec::new());
+            + head_buffers;
+        // FSDP2's phases (`fsdp::Phase`, as the report takes them by name): the sharded
+        // gradients' bytes per parameter, absent at the backward's start with one micro-batch.
+        let phased = super::fsdp::phased(&fsdp, model, layout, !cpu);
+        let grad_bpp: f64 = on_device
+            .iter()
+            .filter(|s| s.name == "grads_fp32_sharded" && m == 1)
+            .map(|s| per_param(s, states_zero, shard))
+            .sum();
+        let (mut per_layer, mut fixed, mut end) = (Vec::new(), Vec::new(), Vec::new());
         for s in 0..pp {
             let flight = match cpu {
                 true => cpu_runtime::pooled_in_flight(layout, m, s),
@@ -161,34 +173,78 @@ impl StageBytes {
             if layout.holds_head(s) {
                 f += last;
             }
-            f += super::fsdp::stage_terms(&fsdp, model, layout, s)
-                .iter()
-                .map(|t| t.2)
-                .sum::<f64>();
+            let fsdp_terms = super::fsdp::stage_terms(&fsdp, model, layout, s);
+            f += fsdp_terms.iter().map(|t| t.2).sum::<f64>();
             let reserved = if fsdp.caching {
                 let blocks = super::fsdp::transient_blocks(&fsdp, model, layout, s);
                 super::allocator::reserved_bytes(&blocks)
             } else {
                 0.0
             };
-            fixed.push(grow * f + reserved + runtime_overhead_bytes(model, cluster, layout, s));
+            let rest = reserved + runtime_overhead_bytes(model, cluster, layout, s);
+            if phased {
+                // The start of the backward: no sharded gradient (one micro-batch), no
+                // reduce-scatter buffer, one gathered block of three, the root's parameters
+                // without their gradient. The end: no activations but one layer's, no head
+                // buffers. `fsdp::phase_share` is the same rule by name.
+                use super::fsdp::{phase_share, Phase};
+                let end_params = a.embedding_params_at(tp, fsdp.pad_vocab).per_tp_rank(tp)
+                    + a.head_params_at(a.tied_embeddings && pp == 1, tp, fsdp.pad_vocab)
+                        .per_tp_rank(tp);
+                let dropped = |phase: Phase| -> f64 {
+                    fsdp_terms
+                        .iter()
+                        .map(|t| t.2 * (1.0 - phase_share(phase, t.0, m, 1, &[])))
+                        .sum::<f64>()
+                };
+                let layer_grads = a.layer_params().per_tp_rank(tp) * grad_bpp;
+                let one_layer = act * kept;
+                let summed = per_layer[s as usize];
+                per_layer[s as usize] = summed - grow * layer_grads;
+                end.push(Some((
+                    summed - grow * one_layer,
+                    grow * (f - head_buffers + one_layer) + rest,
+                )));
+                fixed.push(
+                    grow * (f - end_params * grad_bpp - dropped(Phase::BackwardStart)) + rest,
+                );
+            } else {
+                end.push(None);
+                fixed.push(grow * f + rest);
+            }
         }
-        StageBytes { per_layer, fixed }
+        StageBytes {
+            per_layer,
+            fixed,
+            end,
+        }
     }
 
-    /// Bytes on `stage` when it holds `layers` layers.
+    /// Bytes on `stage` when it holds `layers` layers (the larger phase where it has two).
     pub fn bytes(&self, stage: usize, layers: u64) -> f64 {
-        times(self.per_layer[stage], layers as f64) + self.fixed[stage]
+        let start = times(self.per_layer[stage], layers as f64) + self.fixed[stage];
+        match self.end[stage] {
+            Some((per_layer, fixed)) => start.max(times(per_layer, layers as f64) + fixed),
+            None => start,
+        }
     }
 
-    /// The most layers `stage` can hold within `capacity` bytes (0 if not even one).
+    /// The most layers `stage` can hold within `capacity` bytes (0 if not even one): within
+    /// both phases where it has two.
     pub fn max_layers(&self, stage: usize, capacity: f64) -> u64 {
-        let room = capacity - self.fixed[stage];
-        if room < self.per_layer[stage] {
-            return 0;
+        let fit = |per_layer: f64, fixed: f64| -> u64 {
+            let room = capacity - fixed;
+            if room < per_layer {
+                return 0;
+            }
+            // A small slack for the rounding of the exact per-term report.
+            ((room - 64.0) / per_layer).floor().max(0.0) as u64
+        };
+        let start = fit(self.per_layer[stage], self.fixed[stage]);
+        match self.end[stage] {
+            Some((per_layer, fixed)) => start.min(fit(per_layer, fixed)),
+            None => start,
         }
-        // A small slack for the rounding of the exact per-term report.
-        ((room - 64.0) / self.per_layer[stage]).floor().max(0.0) as u64
     }
 
     /// The peak over stages of a split given as layers per stage.
