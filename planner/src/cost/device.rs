@@ -64,8 +64,12 @@ impl<'a> Device<'a> {
 
     /// [`Device::of`] with the job's FP8 recipe on the block's linears, `microbatches` per step
     /// (over which cached FP8 weights are cast once).
-    pub fn for_job(cluster: &'a Cluster, model: &Model, microbatches: u64) -> Device<'a> {
-        let kernel = crate::framework::of(model, cluster).runs.attention_kernel;
+    pub fn for_job(
+        cluster: &'a Cluster,
+        model: &Model,
+        microbatches: u64,
+        kernel: crate::framework::AttentionKernel,
+    ) -> Device<'a> {
         let cal = &cluster.calibration;
         let attention_efficiency = match (kernel, cal.cudnn_attention_efficiency) {
             (crate::framework::AttentionKernel::Cudnn, Some(e)) => e,

@@ -20,7 +20,12 @@ pub fn layer_times(
     links: &Links,
     options: Options,
 ) -> LayerTimes {
-    let dev = Device::for_job(cluster, model, layout.microbatches(model));
+    let dev = Device::for_job(
+        cluster,
+        model,
+        layout.microbatches(model),
+        options.attention_kernel,
+    );
     let (tp, sp, b) = (layout.tp, layout.sequence_parallel, layout.micro_batch);
     let cp = layout.cp.max(1);
     let lc = ops::layer_cp(model, &dev, tp, sp, b, cp);

@@ -75,6 +75,9 @@ pub struct Options {
     pub offload_overlap: bool,
     /// The framework's host AdamW rate relative to the cluster's `adamw_gparams_per_s`.
     pub host_adamw_speed: f64,
+    /// Its flash-class attention kernel (`device::Device::for_job` takes the cluster's
+    /// efficiency of it).
+    pub attention_kernel: crate::framework::AttentionKernel,
 }
 
 impl Options {
@@ -100,6 +103,7 @@ impl Options {
             overlap_slows_compute: profile.runs.overlap_slows_compute,
             offload_overlap: profile.runs.offload_overlap,
             host_adamw_speed: profile.runs.host_adamw_speed,
+            attention_kernel: profile.runs.attention_kernel,
         }
     }
 
@@ -124,6 +128,8 @@ impl Default for Options {
             overlap_slows_compute: false,
             offload_overlap: true,
             host_adamw_speed: 1.0,
+            // Transformer Engine's attention, as the megatron-core profile states.
+            attention_kernel: crate::framework::AttentionKernel::Cudnn,
         }
     }
 }
