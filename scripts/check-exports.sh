@@ -74,6 +74,12 @@ PLAN[llama-pp1]="${LLAMA[*]} --nodes 1 --dp 2 --tp 4 --pp 1 --micro-batch 1 --sp
 # The same layout planned for torchtitan (`--framework`): its own export runs it; Megatron's and
 # DeepSpeed's refuse a plan whose time and memory are another framework's.
 PLAN[llama-pp1-torchtitan]="${LLAMA[*]} --nodes 1 --dp 2 --tp 4 --pp 1 --micro-batch 1 --sp --zero 0 --recompute full --framework torchtitan --tokens 1T"
+# torch.compile's two torchtitan profiles (issue 41): the blocks and the loss, or the blocks alone
+# (`[compile] components`), on PP 1 with many micro-batches, an uneven interleaved split, and 12
+# GPUs that do not fill their second node.
+PLAN[llama-pp1-titan-compile]="${LLAMA[*]} --nodes 1 --dp 2 --tp 4 --pp 1 --micro-batch 1 --sp --zero 3 --no-hybrid-shard --recompute full --framework torchtitan-compile"
+PLAN[llama-pp1-titan-blocks]="${LLAMA[*]} --nodes 1 --dp 2 --tp 4 --pp 1 --micro-batch 1 --sp --zero 3 --no-hybrid-shard --recompute full --framework torchtitan-compile-blocks"
+PLAN[llama-interleaved-uneven-titan-blocks]="${LLAMA[*]} --nodes 1 --tp 2 --pp 2 --dp 2 --micro-batch 1 --sp --zero 3 --no-hybrid-shard --recompute full --schedule interleaved --virtual-stages 3 --framework torchtitan-compile-blocks"
 # Llama-3 8B as tests/exports.rs plans it: DP 2 × TP 2 + SP × PP 2, stages of 17 and 15 layers
 # (Megatron's first/last-stage flags), ZeRO-1; with FSDP (torchtitan), and with selective
 # recompute under flash attention (torchtitan's per-op mode).
@@ -111,6 +117,7 @@ PLAN[llama-12-gpus]="specs/models/llama3-8b.toml $TMP/dgx-h100-80g-2-nodes.toml 
 # The same 12 GPUs as DP 12 with ZeRO-3 (PP 1, 32 micro-batches): what the trainer targets could run,
 # refused for the node they leave short.
 PLAN[llama-12-gpus-fsdp]="specs/models/llama3-8b.toml $TMP/dgx-h100-80g-2-nodes.toml --devices 12 --global-batch 768 --tp 1 --pp 1 --dp 12 --micro-batch 2 --zero 3 --no-hybrid-shard --recompute full"
+PLAN[llama-12-gpus-titan-blocks]="specs/models/llama3-8b.toml $TMP/dgx-h100-80g-2-nodes.toml --devices 12 --global-batch 768 --tp 1 --pp 1 --dp 12 --micro-batch 2 --zero 3 --no-hybrid-shard --recompute full --framework torchtitan-compile-blocks"
 # (h) The README's CPU plan: the tiny model on the 8-device CPU cluster, DP 2 × PP 2 × TP 2.
 PLAN[tiny-cpu]="specs/models/tiny.toml specs/clusters/cpu-8.toml --dp 2 --pp 2 --tp 2 --no-sp --micro-batch 2 --schedule 1f1b --zero 1"
 # (i) Mixture of experts: Mixtral-8x7B in Megatron-Core's MoE benchmark layout (TP 1, EP 8, PP 4
@@ -179,6 +186,9 @@ gpt3-interleaved               ok                        refuse:interleaved     
 gpt3-1f1b                      ok                        ok                        refuse:ZeRO-1             ok                        ok                        refuse:full_fine-tune     refuse:gpt_family         refuse:tensor             refuse:tensor
 llama-pp1                      ok                        ok                        ok                        ok                        ok                        refuse:full_fine-tune     refuse:precision          refuse:tensor             refuse:tensor
 llama-pp1-torchtitan           refuse:framework_profile  refuse:framework_profile  ok                        ok                        ok                        refuse:full_fine-tune     refuse:framework_profile  refuse:framework_profile  refuse:framework_profile
+llama-pp1-titan-compile        refuse:framework_profile  refuse:framework_profile  ok                        ok                        ok                        refuse:full_fine-tune     refuse:framework_profile  refuse:framework_profile  refuse:framework_profile
+llama-pp1-titan-blocks         refuse:framework_profile  refuse:framework_profile  ok                        ok                        ok                        refuse:full_fine-tune     refuse:framework_profile  refuse:framework_profile  refuse:framework_profile
+llama-interleaved-uneven-titan-blocks refuse:framework_profile  refuse:framework_profile  ok                        ok                        ok                        refuse:full_fine-tune     refuse:framework_profile  refuse:framework_profile  refuse:framework_profile
 llama-pp2                      ok                        refuse:uneven             refuse:ZeRO-1             ok                        ok                        refuse:full_fine-tune     refuse:precision          refuse:tensor             refuse:tensor
 llama-pp2-fsdp                 refuse:ZeRO-3             refuse:ZeRO-3             ok                        ok                        ok                        refuse:full_fine-tune     refuse:precision          refuse:tensor             refuse:tensor
 llama-pp2-fsdp-selective       refuse:ZeRO-3             refuse:selective          ok                        ok                        ok                        refuse:full_fine-tune     refuse:precision          refuse:tensor             refuse:tensor
@@ -197,6 +207,7 @@ gpt3-13b-every4-uneven         refuse:every_4th          refuse:some_layers     
 gpt3-13b-every4-uneven-fsdp    refuse:ZeRO-3             refuse:some_layers        ok                        ok                        ok                        refuse:full_fine-tune     refuse:gpt_family         refuse:tensor             refuse:tensor
 llama-12-gpus                  ok                        ok                        ok                        refuse:12_ranks           refuse:12_ranks           refuse:full_fine-tune     refuse:precision          refuse:tensor             refuse:tensor
 llama-12-gpus-fsdp             refuse:ZeRO-3             ok                        ok                        refuse:12_ranks           refuse:12_ranks           refuse:full_fine-tune     refuse:precision          refuse:12_ranks           refuse:12_ranks
+llama-12-gpus-titan-blocks     refuse:framework_profile  refuse:framework_profile  ok                        refuse:12_ranks           refuse:12_ranks           refuse:full_fine-tune     refuse:framework_profile  refuse:framework_profile  refuse:framework_profile
 mixtral-ep                     ok                        refuse:mixture            refuse:mixture            ok                        ok                        refuse:full_fine-tune     refuse:mixture            refuse:mixture            refuse:mixture
 deepseek-v3-ep                 ok                        refuse:Latent             refuse:Latent             ok                        ok                        refuse:full_fine-tune     refuse:Latent             refuse:Latent             refuse:Latent
 llama-zbv-fsdp                 refuse:framework_profile  refuse:framework_profile  ok                        ok                        ok                        refuse:full_fine-tune     refuse:framework_profile  refuse:framework_profile  refuse:framework_profile

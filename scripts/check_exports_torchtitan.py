@@ -127,6 +127,15 @@ def check(name, plan, plan_path, config_path):
         want["context_parallel_rotate_method"] = {"p2p": "alltoall", "all_gather": "allgather"}[p.get("cp_comm", "p2p")]
     got = {k: getattr(par, k) for k in want if hasattr(par, k)}
     got["seq_len"] = c.training.seq_len
+    # The profile's torch.compile, as torchtitan 0.2.2's [compile] reads it: each block and the
+    # loss (torchtitan-compile), the blocks alone (torchtitan-compile-blocks), or nothing.
+    components = {"torchtitan-compile": ["model", "loss"],
+                  "torchtitan-compile-blocks": ["model"]}.get(tr.get("framework"), [])
+    want["compile.enable"] = bool(components)
+    got["compile.enable"] = c.compile.enable
+    if components:
+        want["compile.components"] = components
+        got["compile.components"] = list(c.compile.components)
     # FSDP2's CPUOffloadPolicy (apply_fsdp(cpu_offload=...)): the plan's params offload.
     want["training.enable_cpu_offload"] = p.get("offload", "none") == "params"
     got["training.enable_cpu_offload"] = c.training.enable_cpu_offload
