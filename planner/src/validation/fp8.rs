@@ -234,8 +234,8 @@ mod tests {
     /// docs/fp8-validation/runs.toml replayed on the presets: every run on a GPU with a preset
     /// replays (torchtitan's and torchao's on the 500 W H100's: without it they are skipped). The FP8 speed-up over the same source's 16-bit run, which the FP8 model alone
     /// decides: tensorwise and delayed within 12% of the published one in every pair (torchtitan
-    /// 1.29 and 1.30 against 1.28 and 1.29, torchao 1.27 against 1.25, 70B TP 8 1.26 against 1.36,
-    /// llm-foundry's TE runs 1.08-1.44 against 1.00-1.35), their median within 10%; rowwise
+    /// 1.29 and 1.29 against 1.28 and 1.29, torchao 1.26 against 1.25, 70B TP 8 1.26 against 1.36,
+    /// llm-foundry's TE runs 1.05-1.43 against 1.00-1.35), their median within 10%; rowwise
     /// over-predicted (one FP8 GEMM efficiency for both recipes, where torchao's rowwise runs a
     /// slower CUTLASS kernel). FP8 moves torchao's predicted reported memory by under 1%, as
     /// published.
