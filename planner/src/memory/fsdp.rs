@@ -276,7 +276,8 @@ pub(super) fn reason(f: &Fsdp, name: &str, model: &Model, layout: &Layout, stage
 /// taken ([`phased`]): the sum of every term counts tensors that are never alive together.
 ///
 /// - **The start of the backward** (the loss's backward on the stage that holds the head): every
-///   layer's activations and the loss's buffers are alive; the last block's bf16 parameters are
+///   layer's activations and the loss's buffers are alive, but no layer's recomputed forward
+///   (full recompute re-runs it inside that layer's backward); the last block's bf16 parameters are
 ///   still gathered (torchtitan keeps the last block unsharded after its forward: no prefetch or
 ///   unsharded gradient yet), the root module holds its bf16 parameters but not yet its
 ///   gradient, no reduce-scatter has run (no fp32 reduce-scatter buffer), and with one
@@ -331,6 +332,9 @@ pub(super) fn phase_share(
         (Phase::BackwardStart, "fsdp2_gathered_blocks") => 1.0 / 3.0,
         // The bf16 parameters of the 2 + 2 B (parameters, gradient).
         (Phase::BackwardStart, "unsharded_root") => 0.5,
+        // Full recompute re-runs a layer's forward inside that layer's backward, which begins
+        // only after the loss's backward has finished and freed its buffers.
+        (Phase::BackwardStart, "recompute_working_set") => 0.0,
         (Phase::BackwardEnd, "layer_activations") => 1.0 / layers.max(1) as f64,
         (Phase::BackwardEnd, n) if head.contains(&n) => 0.0,
         _ => 1.0,

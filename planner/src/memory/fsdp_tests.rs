@@ -333,3 +333,44 @@ fn fsdp2_peak_is_the_larger_phase() {
     let fast = StageBytes::new(&compiled, &cluster, &l);
     assert!((fast.bytes(0, 32) - phased.peak_bytes as f64).abs() <= 64.0);
 }
+
+/// Eager torchtitan under full recompute, one sequence of 8192 a micro-batch: the start of the
+/// backward is the peak (three fp32 loss buffers of 8192 × 128256 × 4 = 4,202,692,608 B each
+/// against one layer's input per layer), and no layer's recomputed forward is alive there (full
+/// recompute re-runs it inside that layer's backward, after the loss's backward has freed its
+/// buffers); the end of the backward holds it, but is the smaller phase.
+#[test]
+fn no_recomputed_layer_is_alive_during_the_loss_backward() {
+    let cluster = h100(1);
+    let mut eager = llama3_8b(Some("torchtitan"));
+    eager.training.global_batch = 8;
+    let l = fsdp8(Recompute::Full);
+    let phased = estimate_split(&eager, &cluster, &l, &[32]);
+    assert_eq!(
+        term(&phased, 0, "logits_fp32_grad_input"),
+        Some(4_202_692_608)
+    );
+    assert_eq!(term(&phased, 0, "recompute_working_set"), None);
+    // The sum of every term still counts it.
+    assert!(term(&estimate(&eager, &cluster, &l), 0, "recompute_working_set").is_some());
+}
+
+/// torchtitan's loss under TP runs as `loss_parallel`, whose backward adds `exp(x)` to the
+/// zeroed gradient: a fourth fp32 buffer of the rank's vocabulary share, 8192 tokens × 128256 / 8
+/// rows × 4 B = 525,336,576 B at TP 8; none without TP, and none under Megatron's vocab-parallel
+/// loss.
+#[test]
+fn loss_parallel_holds_the_exponential_beside_the_gradient() {
+    use crate::framework::LossKind;
+    use crate::memory::activations::head_terms;
+    let m = llama3_8b(Some("torchtitan"));
+    let find = |tp: u64, loss: LossKind| {
+        head_terms(&m, 1, tp, true, loss, false)
+            .iter()
+            .find(|t| t.0 == "logits_fp32_exp")
+            .map(|t| t.1)
+    };
+    assert_eq!(find(8, LossKind::UnfusedFp32Freed), Some(525_336_576.0));
+    assert_eq!(find(1, LossKind::UnfusedFp32Freed), None);
+    assert_eq!(find(8, LossKind::VocabParallelFp32), None);
+}

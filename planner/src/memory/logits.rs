@@ -14,7 +14,10 @@
 //!   the forward (the conversion saves no input). Plus the 16-bit logits (`logits_16bit`),
 //!   which a training loop that keeps them through the backward holds (nanoGPT's
 //!   `logits, loss = model(X, Y)`); a loop that frees them first (torchtitan's `del pred`:
-//!   **UnfusedFp32Freed**) peaks 2 B per logit lower.
+//!   **UnfusedFp32Freed**) peaks 2 B per logit lower. Under TP that loop's loss runs as
+//!   DTensor's `loss_parallel` (torchtitan), whose fused nll/log-softmax backward
+//!   `(grad_input + exp(x)) * grad_output` holds a fourth fp32 N × V/TP buffer, the exponential
+//!   (`logits_fp32_exp`).
 
 use crate::framework::LossKind;
 use crate::model::Model;
@@ -59,6 +62,19 @@ pub fn terms(
                 "log_softmax's backward: the fp32 gradient of the upcast logits, written while its two inputs are alive",
             ),
             ];
+            if loss == LossKind::UnfusedFp32Freed && tp > 1 {
+                // torchtitan runs its loss under `loss_parallel` whenever TP is on
+                // (parallelism.disable_loss_parallel defaults to false): DTensor's
+                // `_nll_loss_and_log_softmax_backward` (torch/distributed/tensor/parallel/loss.py)
+                // returns `(grad_input + torch.exp(x)) * grad_output`, where `grad_input` is the
+                // zeroed N × V/TP tensor and `x` the saved log-softmax: the exponential is a
+                // fourth fp32 buffer alive while the sum is written.
+                t.push((
+                    "logits_fp32_exp",
+                    fp32,
+                    "loss_parallel's backward: torch.exp of the saved log-softmax, an fp32 N × V/TP temporary alive beside the zeroed gradient while their sum is written (torch/distributed/tensor/parallel/loss.py)",
+                ));
+            }
             if loss == LossKind::UnfusedFp32 {
                 t.push((
                     "logits_16bit",
