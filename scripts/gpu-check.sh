@@ -55,7 +55,7 @@ GPU_NAME="$(nvidia-smi --query-gpu=name --format=csv,noheader 2> /dev/null | hea
 # The cluster spec of the GPU found: its plans' predictions and `calibrate --gpu` read it
 # (calibrate refuses another GPU's spec).
 case "$GPU_NAME" in
-  *H200*) SPEC=bench/dgx-h200-141g.toml ;;
+  *H200*) SPEC=specs/clusters/dgx-h200-141g.toml ;;
   *) SPEC=specs/clusters/dgx-h100-80g.toml ;;
 esac
 echo "cluster spec for $GPU_NAME: $SPEC"

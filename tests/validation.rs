@@ -48,16 +48,21 @@ fn validation_meets_the_targets_and_the_document_is_current() {
     };
     let (a100, h100) = presets();
     // As `validate-planner` passes them: the H800/H200 presets and the model presets.
-    let others: Vec<_> = ["a100-40g.toml", "h100-96g-500w.toml", "h800-deepseek.toml"]
-        .iter()
-        .map(|n| {
-            spec::load_cluster(
-                &root().join("specs/clusters").join(n),
-                ClusterOverrides::default(),
-            )
-            .unwrap()
-        })
-        .collect();
+    let others: Vec<_> = [
+        "a100-40g.toml",
+        "h100-96g-500w.toml",
+        "h800-deepseek.toml",
+        "dgx-h200-141g.toml",
+    ]
+    .iter()
+    .map(|n| {
+        spec::load_cluster(
+            &root().join("specs/clusters").join(n),
+            ClusterOverrides::default(),
+        )
+        .unwrap()
+    })
+    .collect();
     let models: Vec<(String, String)> = std::fs::read_dir(root().join("specs/models"))
         .unwrap()
         .filter_map(|e| e.ok().map(|e| e.path()))

@@ -5,8 +5,11 @@
 //! Byte counts per logit, counted in the kernels each framework runs:
 //! - **Fused** (llm.c `train_gpt2.cu` `fused_classifier`: one kernel reads the row of 16-bit
 //!   logits for the max and the sum of exponentials, reads it again and writes the gradient in
-//!   place; torch.compile's generated loss does the same in its Triton reductions): forward 4
-//!   (two reads of 2 B), backward 2 (the gradient written over the logits).
+//!   place): forward 4 (two reads of 2 B), backward 2 (the gradient written over the logits).
+//! - **Compiled** (torch.compile's generated loss: one fused reduction forward, one fused
+//!   kernel backward, as Inductor generates them for `F.cross_entropy(pred.float(), labels)`):
+//!   forward 4 (the max and the sum of exponentials over the 16-bit row), backward 4 (the saved
+//!   logits read once, the gradient written to a new 16-bit buffer).
 //! - **VocabParallelFp32** (Megatron `megatron/core/tensor_parallel/cross_entropy.py` on an
 //!   fp32 copy): forward 18 (upcast 2 + 4, log-softmax's reads and write 12), backward 22
 //!   (a zeroed gradient 4, the softmax's backward 12, the downcast 4 + 2). Today's charge, kept.
@@ -47,6 +50,10 @@ impl LossCost {
         match kind {
             LossKind::Fused => LossCost {
                 bytes: (4.0, 2.0),
+                kernels: (1.0, 1.0),
+            },
+            LossKind::Compiled => LossCost {
+                bytes: (4.0, 4.0),
                 kernels: (1.0, 1.0),
             },
             LossKind::VocabParallelFp32 => LossCost {

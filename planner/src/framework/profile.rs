@@ -130,8 +130,12 @@ pub struct Unbuildable {
 #[serde(rename_all = "kebab-case")]
 pub enum LossKind {
     /// One kernel reads the 16-bit logits and writes their gradient in place (llm.c's
-    /// `fused_classifier`, torch.compile's generated loss, Megatron's `--cross-entropy-loss-fusion`).
+    /// `fused_classifier`, Megatron's `--cross-entropy-loss-fusion`).
     Fused,
+    /// torch.compile's generated loss: one fused reduction each way over the 16-bit logits, no
+    /// fp32 N × V buffer, but the backward writes the gradient into a new 16-bit N × V buffer
+    /// while the saved logits are alive (Inductor does not write into a saved input).
+    Compiled,
     /// Megatron's vocab-parallel cross-entropy on an fp32 copy of the logits: the softmax is
     /// computed in place in that copy and kept for the backward (one fp32 N × V/TP buffer).
     VocabParallelFp32,

@@ -209,21 +209,22 @@ fn reserved_is_one_segment_of_the_largest_transient_block() {
 ///   layers = 7,516,192,768 B; compiled, Inductor recomputes it;
 /// - torchtitan's eager loss keeps three fp32 N × V buffers at the start of its backward
 ///   (logits.rs: 4 B × 8192 × 128256 = 4,202,692,608 B each, 12,608,077,824 B) and frees the
-///   16-bit logits first (`del pred`); the compiled loss keeps no fp32 buffer but reads the
-///   16-bit logits in its backward, 2 B × 8192 × 128256 = 2,101,346,304 B;
+///   16-bit logits first (`del pred`); the compiled loss keeps no fp32 buffer but holds the
+///   saved 16-bit logits and writes their 16-bit gradient into a new buffer in its backward,
+///   2 × 2 B × 8192 × 128256 = 2 × 2,101,346,304 = 4,202,692,608 B;
 /// - the reserved segment is the largest transient block's in both: the root module's fp32
 ///   reduce-scatter input, 1,050,677,248 × 4 = 4,202,708,992 B (the fp32 logits are 16,384 B
 ///   smaller), 2005 × 2 MiB = 4,204,789,760 B.
 ///
-/// So the eager peak is 7,516,192,768 + 12,608,077,824 − 2,101,346,304 = 18,022,924,288 B
+/// So the eager peak is 7,516,192,768 + 12,608,077,824 − 4,202,692,608 = 15,921,577,984 B
 /// above the compiled one; under full recompute only the recomputed layer keeps silu(gate):
-/// 234,881,024 + 12,608,077,824 − 2,101,346,304 = 10,741,612,544 B.
+/// 234,881,024 + 12,608,077,824 − 4,202,692,608 = 8,640,266,240 B.
 #[test]
 fn compile_lowers_the_fsdp2_peak_by_silu_and_the_fp32_loss() {
     let cluster = h100(1);
     for (recompute, diff) in [
-        (Recompute::None, 18_022_924_288u64),
-        (Recompute::Full, 10_741_612_544),
+        (Recompute::None, 15_921_577_984u64),
+        (Recompute::Full, 8_640_266_240),
     ] {
         let eager = estimate(&llama3_8b(Some("torchtitan")), &cluster, &fsdp8(recompute));
         let compiled = estimate(
@@ -235,6 +236,8 @@ fn compile_lowers_the_fsdp2_peak_by_silu_and_the_fp32_loss() {
             assert_eq!(term(r, 0, "allocator_reserved"), Some(4_204_789_760));
         }
         assert_eq!(term(&compiled, 0, "logits_fp32"), None);
+        assert_eq!(term(&compiled, 0, "logits_16bit"), Some(2_101_346_304));
+        assert_eq!(term(&compiled, 0, "logits_16bit_grad"), Some(2_101_346_304));
         assert_eq!(
             eager.peak_bytes - compiled.peak_bytes,
             diff,

@@ -1,8 +1,15 @@
 //! The logits' buffers at the loss's peak, by how the framework computes the loss
 //! ([`LossKind`]), over the vocabulary rows it holds ([`crate::model::Architecture::vocab_rows`]).
 //!
-//! - **Fused** (llm.c `fused_classifier`, torch.compile's generated loss): no fp32 N × V buffer;
-//!   the 16-bit logits, whose gradient the kernel writes in place (`logits_16bit`).
+//! - **Fused** (llm.c `fused_classifier`): no fp32 N × V buffer; the 16-bit logits, whose
+//!   gradient the kernel writes in place (`logits_16bit`).
+//! - **Compiled** (torch.compile's generated loss): no fp32 N × V buffer either, but two 16-bit
+//!   ones at the backward's kernel: the saved logits and the new gradient
+//!   (`logits_16bit_grad`). The code Inductor generates for
+//!   `F.cross_entropy(pred.flatten(0, 1).float(), labels.flatten(0, 1))` (torch 2.15) saves
+//!   `pred` with the rows' max and log-sum-exp, and its backward allocates the bf16 gradient
+//!   (`empty_strided(..., torch.bfloat16)`) before the fused kernel that reads `pred`, which it
+//!   frees only after.
 //! - **VocabParallelFp32** (Megatron's `cross_entropy.py`): one fp32 N × V/TP buffer, the
 //!   softmax computed in place in the fp32 copy and kept for the backward (`logits_fp32`, the
 //!   name and the bytes of today's term).
@@ -43,6 +50,18 @@ pub fn terms(
             w * logits,
             "the 16-bit logits; the fused loss writes their gradient in place (no fp32 copy)",
         )],
+        LossKind::Compiled => vec![
+            (
+                "logits_16bit",
+                w * logits,
+                "the 16-bit logits the compiled loss saves for its backward (no fp32 copy)",
+            ),
+            (
+                "logits_16bit_grad",
+                w * logits,
+                "the compiled loss's backward writes the logits' 16-bit gradient into a new buffer while the saved logits are alive (Inductor's generated code: the output is allocated, the saved input freed after the kernel)",
+            ),
+        ],
         LossKind::VocabParallelFp32 => vec![("logits_fp32", fp32, KEPT)],
         LossKind::UnfusedFp32 | LossKind::UnfusedFp32Freed => {
             let mut t = vec![
