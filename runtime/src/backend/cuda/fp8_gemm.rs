@@ -222,15 +222,14 @@ pub(super) fn gemm_fp8(
         let handle = *blas_lt.handle();
         let (la, lb, lc, ld) = (h.layouts[0], h.layouts[1], h.layouts[2], h.layouts[3]);
         // SAFETY: every descriptor is live and describes the buffers checked above.
-        let heuristic = unsafe {
-            result::get_matmul_algo_heuristic(handle, h.desc, la, lb, lc, ld, h.pref)
-        }
-        .map_err(|e| {
-            lt_err(
+        let heuristic =
+            unsafe { result::get_matmul_algo_heuristic(handle, h.desc, la, lb, lc, ld, h.pref) }
+                .map_err(|e| {
+                    lt_err(
                 "cublasLtMatmulAlgoGetHeuristic (no FP8 algorithm for these sizes on this GPU?)",
                 e,
             )
-        })?;
+                })?;
         // SAFETY: the pointers are live device allocations of the sizes the layouts address
         // (checked above); the scale pointers are f32 elements inside their buffers; C is D with
         // beta 0 (never read); the workspace is ours and as large as the preference says; all
