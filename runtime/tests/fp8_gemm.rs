@@ -23,7 +23,9 @@
 #[allow(dead_code)]
 mod emu;
 
-use tessera_runtime::backend::cuda::{Device, GpuError, HostVec, Launcher, FP8_STATS};
+use tessera_runtime::backend::cuda::{
+    kernels, launch, DType, Device, GpuError, HostData, HostVec, KArg, Launcher, FP8_STATS,
+};
 use tessera_runtime::backend::{bf16, Backend, Storage};
 use tessera_runtime::quant::fp8::{self, Fp8Tensor};
 use tessera_runtime::rng;
@@ -39,6 +41,8 @@ struct Case {
     n: usize,
     x_std: f32,
     w_std: f32,
+    /// x replaced by [`ties`]: values that land exactly on midpoints between E4M3 codes.
+    ties: bool,
     /// x[0] set to this many standard deviations (an outlier: it sets the scale, and pushes the
     /// smallest values of x into E4M3's subnormals).
     outlier: f32,
@@ -53,6 +57,7 @@ const CASES: &[Case] = &[
         n: 384,
         x_std: 1.0,
         w_std: 0.02,
+        ties: false,
         outlier: 0.0,
         storage: Storage::Bf16,
         seed: 41,
@@ -63,9 +68,22 @@ const CASES: &[Case] = &[
         n: 32,
         x_std: 1e-3,
         w_std: 50.0,
+        ties: false,
         outlier: 3000.0,
         storage: Storage::F32,
         seed: 42,
+    },
+    // Every tie between adjacent codes, both signs (round to nearest even on the device).
+    Case {
+        m: 16,
+        k: 16,
+        n: 32,
+        x_std: 1.0,
+        w_std: 1.0,
+        ties: true,
+        outlier: 0.0,
+        storage: Storage::Bf16,
+        seed: 44,
     },
     // All zeros: amax 0, scale 1, every code 0, y 0.
     Case {
@@ -74,6 +92,7 @@ const CASES: &[Case] = &[
         n: 16,
         x_std: 0.0,
         w_std: 1.0,
+        ties: false,
         outlier: 0.0,
         storage: Storage::Bf16,
         seed: 43,
@@ -88,6 +107,20 @@ fn values(len: usize, std: f32, seed: u64, storage: Storage) -> Vec<f32> {
         Storage::Bf16 => v.iter().map(|&x| bf16::round(x)).collect(),
         Storage::F32 => v,
     }
+}
+
+/// `len` (≥ 253) values whose quantization hits every midpoint between adjacent positive E4M3
+/// codes exactly, with both signs: amax 3.5 makes the scale 448 / 3.5 = 128, a power of two, so
+/// `x · scale` is exact; the midpoints have at most 5 significant bits, so bf16 holds them.
+fn ties(len: usize) -> Vec<f32> {
+    let mut v = vec![0.0; len];
+    v[0] = 3.5;
+    for c in 0..0x7eu8 {
+        let mid = (fp8::from_e4m3(c) + fp8::from_e4m3(c + 1)) / 2.0 / 128.0;
+        v[1 + 2 * c as usize] = mid;
+        v[2 + 2 * c as usize] = -mid;
+    }
+    v
 }
 
 fn u32s<L: Launcher>(dev: &Device<L>, buf: &L::Buf) -> Vec<u32> {
@@ -113,6 +146,9 @@ where
 {
     let what = format!("m {} k {} n {} ({:?})", c.m, c.k, c.n, c.storage);
     let mut x = values(c.m * c.k, c.x_std, c.seed, c.storage);
+    if c.ties {
+        x = ties(c.m * c.k);
+    }
     if c.outlier != 0.0 {
         x[0] = c.outlier * c.x_std;
     }
@@ -217,10 +253,63 @@ where
     }
 }
 
+/// `fp8_cast_f32` launched directly with scale 1 over every bf16 bit pattern (every exponent,
+/// ±∞, NaN, every midpoint between E4M3 codes) and the f32 neighbours of each midpoint: the
+/// device's E4M3 conversion is `quant::fp8::to_e4m3` bit for bit, saturation included (which
+/// the tensorwise linear never reaches: its scale maps amax to 448).
+fn cast_sweep<L: Launcher>(l: &L) {
+    let mut x: Vec<f32> = (0..=u16::MAX).map(bf16::to_f32).collect();
+    for c in 0..0x7eu8 {
+        let mid = (fp8::from_e4m3(c) + fp8::from_e4m3(c + 1)) / 2.0;
+        for v in [mid.next_down(), mid.next_up()] {
+            x.extend([v, -v]);
+        }
+    }
+    x.resize(x.len().next_multiple_of(4), 0.0);
+    let words = x.len() / 4;
+    let xd = l.upload(HostData::F32(&x)).unwrap();
+    let stats = l.upload(HostData::F32(&[0.0, 1.0, 1.0, 0.0])).unwrap();
+    let out = l.alloc_zeros(DType::U32, words).unwrap();
+    let module = kernels::module("fp8").expect("the fp8 module");
+    l.launch(
+        module,
+        "fp8_cast_f32",
+        &launch::elementwise(words as u64).unwrap(),
+        &[
+            KArg::Buf(&out),
+            KArg::Buf(&xd),
+            KArg::Buf(&stats),
+            KArg::I64(words as i64),
+        ],
+    )
+    .unwrap();
+    let got = match l.download(&out).unwrap() {
+        HostVec::U32(v) => fp8::unpack_codes(&v),
+        other => panic!("expected u32 codes, got {other:?}"),
+    };
+    for (i, &v) in x.iter().enumerate() {
+        assert_eq!(
+            got[i],
+            fp8::to_e4m3(v),
+            "{v:e} ({:#010x}): device {:#04x}, CPU {:#04x}",
+            v.to_bits(),
+            got[i],
+            fp8::to_e4m3(v)
+        );
+    }
+    println!("fp8_cast_f32: {} values bit-equal to to_e4m3", x.len());
+}
+
 #[test]
 fn fp8_linear_on_emulated_kernels_matches_the_cpu_reference() {
     let Some(emu) = emu::or_skip() else { return };
     cases(&Device::new(emu));
+}
+
+#[test]
+fn fp8_cast_on_emulated_kernels_is_to_e4m3() {
+    let Some(emu) = emu::or_skip() else { return };
+    cast_sweep(&emu);
 }
 
 /// The same cases on a real GPU (feature `cuda`; scripts/gpu-check.sh runs it, and
@@ -230,7 +319,10 @@ fn fp8_linear_on_emulated_kernels_matches_the_cpu_reference() {
 #[test]
 fn fp8_linear_on_a_gpu_matches_the_cpu_reference() {
     match tessera_runtime::backend::cuda::CudaLauncher::open(0) {
-        Ok(gpu) => cases(&Device::new(gpu)),
+        Ok(gpu) => {
+            cast_sweep(&gpu);
+            cases(&Device::new(gpu));
+        }
         Err(e) if std::env::var_os("TESSERA_REQUIRE_GPU").is_some() => {
             panic!("TESSERA_REQUIRE_GPU is set and no GPU is usable: {e}")
         }

@@ -555,6 +555,19 @@ impl Launcher for EmuLauncher {
         }
         let mut p = self.process();
         let (fa, sa) = (p.read(first.id), p.read(second.id));
+        // TN: first is k × m (ld_first), second k × n (ld_second), c m × n (ldc).
+        let (m, n) = (g.m as usize, g.n as usize);
+        let bytes = [
+            (g.ld_first as usize * m, fa.len()),
+            (g.ld_second as usize * n, sa.len()),
+            (g.ldc as usize * n, c.len),
+        ];
+        if let Some((want, have)) = bytes.iter().find(|(w, h)| w > h) {
+            return Err(GpuError::Shape {
+                op: "FP8 GEMM".into(),
+                problem: format!("an operand of {have} elements where {want} are addressed"),
+            });
+        }
         let (fs, ss) = (p.read(first_scale.id), p.read(second_scale.id));
         let scale = read_elem(DType::F32, &fs, fso) * read_elem(DType::F32, &ss, sso);
         let mut cb = p.read(c.id);
