@@ -76,7 +76,7 @@ fn subnormals_and_ties_round_to_even() {
     assert_eq!(to_e4m3(1.1875), 0x3a);
     assert_eq!(to_e4m3(-1.0625), 0xb8);
     assert_eq!(to_e4m3(1.0626), 0x39);
-    assert_eq!(to_e4m3(0.0263671875), 0x0e); // 2⁻⁶ · 1.6875: tie of 0x0d, 0x0e → 0x0e
+    assert_eq!(to_e4m3(1.6875 / 64.0), 0x0e); // 2⁻⁶ · 1.6875: tie of 0x0d, 0x0e → 0x0e
 }
 
 #[test]
