@@ -22,7 +22,8 @@ use tessera_runtime::backend::cuda::kernels::{self, Module, Param};
 use tessera_runtime::backend::cuda::{
     DType, Geometry, GpuError, GpuKernels, HostData, HostVec, KArg, Launcher,
 };
-use tessera_runtime::quant::fp8::from_e4m3;
+
+mod fp8;
 
 /// The running emulator and its pipes.
 struct Process {
@@ -532,60 +533,12 @@ impl Launcher for EmuLauncher {
         &self,
         g: &ColMajorGemm,
         first: &EmuBuf,
-        (first_scale, fso): (&EmuBuf, usize),
+        first_scale: (&EmuBuf, usize),
         second: &EmuBuf,
-        (second_scale, sso): (&EmuBuf, usize),
+        second_scale: (&EmuBuf, usize),
         c: &EmuBuf,
     ) -> Result<(), GpuError> {
-        // What cuBLASLt's FP8 GEMM computes: E4M3 codes (byte i of the buffer is element i),
-        // products accumulated in f32 (in order over k here), times both scales, rounded to bf16.
-        g.check_fp8()?;
-        let types = (
-            first.dtype,
-            second.dtype,
-            first_scale.dtype,
-            second_scale.dtype,
-            c.dtype,
-        );
-        if types != (DType::U32, DType::U32, DType::F32, DType::F32, DType::Bf16) {
-            return Err(GpuError::Shape {
-                op: "FP8 GEMM".into(),
-                problem: format!("operand types {types:?}"),
-            });
-        }
-        let mut p = self.process();
-        let (fa, sa) = (p.read(first.id), p.read(second.id));
-        // TN: first is k × m (ld_first), second k × n (ld_second), c m × n (ldc).
-        let (m, n) = (g.m as usize, g.n as usize);
-        let bytes = [
-            (g.ld_first as usize * m, fa.len()),
-            (g.ld_second as usize * n, sa.len()),
-            (g.ldc as usize * n, c.len),
-        ];
-        if let Some((want, have)) = bytes.iter().find(|(w, h)| w > h) {
-            return Err(GpuError::Shape {
-                op: "FP8 GEMM".into(),
-                problem: format!("an operand of {have} elements where {want} are addressed"),
-            });
-        }
-        let (fs, ss) = (p.read(first_scale.id), p.read(second_scale.id));
-        let scale = read_elem(DType::F32, &fs, fso) * read_elem(DType::F32, &ss, sso);
-        let mut cb = p.read(c.id);
-        gemm_ex_reference(
-            g,
-            scale,
-            &|i| from_e4m3(fa[i]),
-            &|i| from_e4m3(sa[i]),
-            0.0,
-            &mut |i, v| {
-                if let Some(v) = v {
-                    write_elem(DType::Bf16, &mut cb, i, v);
-                }
-                read_elem(DType::Bf16, &cb, i)
-            },
-        );
-        p.write(c.id, &cb);
-        Ok(())
+        fp8::gemm_fp8(self, g, first, first_scale, second, second_scale, c)
     }
 
     fn download_range(
