@@ -69,6 +69,10 @@ step nvrtc 60 "$T/nvrtc" --nocapture
 step ops 90 "$T/ops" --nocapture
 # Context parallelism's ring-attention ops (ring_attention.cu) against the CPU backend's.
 step ops-ring 60 env TESSERA_REQUIRE_GPU=1 "$T/ops_ring" --nocapture gpu
+# The tensorwise FP8 linear (fp8.cu's amax, scale and cast, cuBLASLt's FP8 GEMM) against the CPU
+# reference quant::fp8: amax, scales and every E4M3 code bit for bit, y within the bound
+# tests/fp8_gemm.rs derives (it prints the share of the bound used).
+step fp8-gemm 60 env TESSERA_REQUIRE_GPU=1 "$T/fp8_gemm" --nocapture gpu
 step cuda-local 60 "$T/cuda_local" --nocapture
 # The executor on the GPU: the tiny model 1×1×1 and 2×2×2 (every rank on GPU 0) against the
 # CPU backend at bf16 tolerance, as tests/executor_emulated.rs checks it on the emulator in CI.
@@ -102,6 +106,7 @@ if command -v compute-sanitizer > /dev/null; then
     step "sanitizer-$tool" 60 compute-sanitizer --tool "$tool" --error-exitcode 1 "$T/ops" cuda
     step "sanitizer-ring-$tool" 45 compute-sanitizer --tool "$tool" --error-exitcode 1 "$T/ops_ring" gpu
   done
+  step sanitizer-fp8-memcheck 45 compute-sanitizer --tool memcheck --error-exitcode 1 "$T/fp8_gemm" gpu
 else
   echo "compute-sanitizer not found: skipped"
 fi

@@ -992,6 +992,26 @@ const COVERAGE: &[(&str, &str)] = &[
         "ring_unpack",
         "ops_ring.rs: ring_steps_on_emulated_kernels_match_the_cpu",
     ),
+    (
+        "fp8_amax_f32",
+        "fp8_gemm.rs: fp8_linear_on_emulated_kernels_matches_the_cpu_reference",
+    ),
+    (
+        "fp8_amax_bf16",
+        "fp8_gemm.rs: fp8_linear_on_emulated_kernels_matches_the_cpu_reference",
+    ),
+    (
+        "fp8_scale",
+        "fp8_gemm.rs: fp8_linear_on_emulated_kernels_matches_the_cpu_reference",
+    ),
+    (
+        "fp8_cast_f32",
+        "fp8_gemm.rs: fp8_linear_on_emulated_kernels_matches_the_cpu_reference",
+    ),
+    (
+        "fp8_cast_bf16",
+        "fp8_gemm.rs: fp8_linear_on_emulated_kernels_matches_the_cpu_reference",
+    ),
 ];
 
 #[test]

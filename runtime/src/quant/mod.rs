@@ -1,8 +1,10 @@
 //! Quantized storage of frozen weights: QLoRA's NF4 with bitsandbytes' block-wise absmax and
 //! double quantization (docs/finetuning.md, "NF4 (QLoRA)"). Checked against bitsandbytes' own
-//! code by `tests/nf4_bitsandbytes.rs` (scripts/check_nf4.py).
+//! code by `tests/nf4_bitsandbytes.rs` (scripts/check_nf4.py). And FP8 E4M3 with tensorwise
+//! scaling ([`fp8`]): the CPU reference of the CUDA backend's FP8 linear.
 
 pub mod blockwise8;
+pub mod fp8;
 pub mod nf4;
 pub mod shard;
 

@@ -23,6 +23,8 @@ use tessera_runtime::backend::cuda::{
     DType, Geometry, GpuError, GpuKernels, HostData, HostVec, KArg, Launcher,
 };
 
+mod fp8;
+
 /// The running emulator and its pipes.
 struct Process {
     child: Child,
@@ -525,6 +527,18 @@ impl Launcher for EmuLauncher {
         }
         profile("gemm", t0, g.m * g.n * g.k);
         Ok(())
+    }
+
+    fn gemm_fp8(
+        &self,
+        g: &ColMajorGemm,
+        first: &EmuBuf,
+        first_scale: (&EmuBuf, usize),
+        second: &EmuBuf,
+        second_scale: (&EmuBuf, usize),
+        c: &EmuBuf,
+    ) -> Result<(), GpuError> {
+        fp8::gemm_fp8(self, g, first, first_scale, second, second_scale, c)
     }
 
     fn download_range(

@@ -246,3 +246,10 @@ inline float rsqrtf(float x) { return 1.0f / sqrtf(x); }
 // Rounded f32 operations that CUDA never fuses into an FMA (nor does this build: no -mfma).
 inline float __fmul_rn(float a, float b) { return a * b; }
 inline float __fadd_rn(float a, float b) { return a + b; }
+inline float __fdiv_rn(float a, float b) { return a / b; }
+// One OS thread runs every CUDA thread: a read-modify-write is atomic.
+inline unsigned int atomicMax(unsigned int* p, unsigned int v) {
+    const unsigned int old = *p;
+    if (v > old) *p = v;
+    return old;
+}

@@ -69,6 +69,8 @@ pub struct LauncherState {
     disk: DiskCache,
     functions: Mutex<FunctionTable>,
     modules: Mutex<HashMap<&'static str, Arc<CudaModule>>>,
+    /// cuBLASLt's workspace for the FP8 GEMM, allocated at its first call.
+    fp8_workspace: Mutex<Option<CudaSlice<u8>>>,
 }
 
 fn blas_err(op: &str, e: impl std::fmt::Debug) -> GpuError {
@@ -112,6 +114,7 @@ impl CudaLauncher {
                 disk: DiskCache::from_env(),
                 functions: Mutex::new(HashMap::new()),
                 modules: Mutex::new(HashMap::new()),
+                fp8_workspace: Mutex::new(None),
             })))
         })
     }
@@ -443,6 +446,29 @@ impl Launcher for CudaLauncher {
             )
         }
         .map_err(|e| blas_err("cublasGemmEx", e))
+    }
+
+    fn gemm_fp8(
+        &self,
+        g: &ColMajorGemm,
+        first: &CudaBuf,
+        first_scale: (&CudaBuf, usize),
+        second: &CudaBuf,
+        second_scale: (&CudaBuf, usize),
+        c: &CudaBuf,
+    ) -> Result<(), GpuError> {
+        super::fp8_gemm::gemm_fp8(
+            &self.blas_lt,
+            &self.stream,
+            &self.fp8_workspace,
+            self.info.compute_capability.0,
+            g,
+            first,
+            first_scale,
+            second,
+            second_scale,
+            c,
+        )
     }
 
     fn gemm_bias(

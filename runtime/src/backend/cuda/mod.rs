@@ -6,6 +6,7 @@
 //! | `kernels/` | the .cu sources, their signatures and the compile cache; `kernels/compile.rs`: NVRTC | `compile.rs` only |
 //! | `doctor.rs` | what `tessera doctor` reports; `doctor/checks.rs`: the checks | `checks.rs` only |
 //! | `launcher.rs` | [`CudaLauncher`]: the [`Launcher`] on one GPU (cudarc, cuBLAS, cuBLASLt) | yes |
+//! | `fp8_gemm.rs` | the launcher's FP8 GEMM: cuBLASLt through cudarc's raw API | yes |
 //! | `probe.rs`, `probe/` | library probe and device discovery | yes |
 //! | `nccl.rs`, `nccl/` | `NcclComm` (one process per GPU) and the device [`Collective`](crate::backend::Collective)s on it | yes |
 //! | `local.rs` | the `cuda-local` carrier: thread ranks sharing one GPU | yes |
@@ -22,6 +23,8 @@
 //! multi-GPU runs). Missing pieces are errors with a fix, never cudarc's panics.
 
 pub mod doctor;
+#[cfg(feature = "cuda")]
+mod fp8_gemm;
 pub mod host;
 pub mod kernels;
 #[cfg(feature = "cuda")]
@@ -37,8 +40,8 @@ mod standin;
 
 pub use crate::backend::GpuError;
 pub use host::{
-    gemm, launch, DMut, DRef, DType, Device, DeviceIds, DeviceInfo, Geometry, GpuKernels, HostData,
-    HostStaged, HostVec, KArg, Launcher, Launches,
+    gemm, launch, DMut, DRef, DType, Device, DeviceIds, DeviceInfo, Fp8Linear, Geometry,
+    GpuKernels, HostData, HostStaged, HostVec, KArg, Launcher, Launches, FP8_ALIGN, FP8_STATS,
 };
 
 #[cfg(feature = "cuda")]

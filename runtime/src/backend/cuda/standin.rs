@@ -104,6 +104,17 @@ impl Launcher for CudaLauncher {
     ) -> Result<(), GpuError> {
         match *first {}
     }
+    fn gemm_fp8(
+        &self,
+        _: &ColMajorGemm,
+        first: &CudaBuf,
+        _: (&CudaBuf, usize),
+        _: &CudaBuf,
+        _: (&CudaBuf, usize),
+        _: &CudaBuf,
+    ) -> Result<(), GpuError> {
+        match *first {}
+    }
     fn gemm_bias(
         &self,
         _: &ColMajorGemm,

@@ -151,6 +151,11 @@ impl<L: Launcher> Device<L> {
         self.launches.kernels.fetch_add(1, Ordering::Relaxed);
         self.launcher.launch(m, function, &g, args)
     }
+
+    /// Counts one GEMM submitted outside [`Device::gemm`] (the FP8 linear's).
+    pub(super) fn count_gemm(&self) {
+        self.launches.gemms.fetch_add(1, Ordering::Relaxed);
+    }
 }
 
 impl<L: Launcher + Sync + 'static> Device<L>

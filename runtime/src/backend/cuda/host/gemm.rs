@@ -77,6 +77,39 @@ impl RowMajorGemm {
     }
 }
 
+impl ColMajorGemm {
+    /// Whether cuBLASLt's FP8 GEMM takes this call: "TN" (first transposed, second not) and
+    /// every size and leading dimension a positive multiple of 16.
+    pub fn check_fp8(&self) -> Result<(), GpuError> {
+        let unsupported = |what: String| GpuError::Unsupported {
+            what: format!("FP8 GEMM: {what}"),
+            fix: "FP8 operands must be passed TN (x · wᵀ) with 16-aligned sizes".into(),
+        };
+        if !self.trans_first || self.trans_second {
+            return Err(unsupported(format!(
+                "op(first) = {}, op(second) = {}; cuBLASLt's FP8 GEMM needs T, N",
+                if self.trans_first { "T" } else { "N" },
+                if self.trans_second { "T" } else { "N" }
+            )));
+        }
+        for (name, d) in [
+            ("m", self.m),
+            ("n", self.n),
+            ("k", self.k),
+            ("lda", self.ld_first),
+            ("ldb", self.ld_second),
+            ("ldc", self.ldc),
+        ] {
+            if d <= 0 || d % 16 != 0 {
+                return Err(unsupported(format!(
+                    "{name} = {d} is not a positive multiple of 16"
+                )));
+            }
+        }
+        Ok(())
+    }
+}
+
 /// `C = alpha·op(first)·op(second) + beta·C`, column-major, with f32 accumulation: what
 /// `cublasGemmEx` computes for these arguments. `first`, `second`, `c` are element reads and
 /// writes through closures so any storage type (bf16 bits, f32) can be used.
@@ -205,6 +238,32 @@ mod tests {
         assert_eq!((c.m, c.n, c.k), (5, 8, 3));
         assert_eq!((c.ld_first, c.ld_second, c.ldc), (5, 8, 5));
         assert!(!c.trans_first && c.trans_second);
+    }
+
+    #[test]
+    fn fp8_calls_must_be_tn_and_16_aligned() {
+        let g = |m, k, n, trans_b| {
+            RowMajorGemm {
+                m,
+                k,
+                n,
+                trans_a: false,
+                trans_b,
+            }
+            .to_col_major()
+            .unwrap()
+        };
+        assert_eq!(g(256, 512, 384, true).check_fp8(), Ok(()));
+        for bad in [
+            g(256, 512, 384, false),
+            g(24, 512, 384, true),
+            g(256, 8, 384, true),
+        ] {
+            assert!(
+                matches!(bad.check_fp8(), Err(GpuError::Unsupported { .. })),
+                "{bad:?}"
+            );
+        }
     }
 
     #[test]

@@ -13,6 +13,7 @@
 
 mod device;
 mod device_backend;
+mod device_fp8;
 mod device_layers;
 mod device_ring;
 pub mod gemm;
@@ -23,6 +24,7 @@ mod views;
 
 pub use super::kernels::DType;
 pub use device::{Device, Launches};
+pub use device_fp8::{Fp8Linear, FP8_ALIGN, FP8_STATS};
 pub use launch::Geometry;
 pub use ops::GpuKernels;
 pub use staged::HostStaged;
@@ -142,6 +144,21 @@ pub trait Launcher {
         c: (&Self::Buf, usize),
         alpha: f32,
         beta: f32,
+    ) -> Result<(), GpuError>;
+    /// `c = first_scale · second_scale · op(first) · op(second)`, cuBLASLt's FP8 GEMM (f32
+    /// accumulation): `first` and `second` hold E4M3 codes four a u32 word (little-endian, so
+    /// byte i of the matrix is byte i of the buffer), each scale is one f32 on the device (a
+    /// buffer and an element offset; the inverse of the quantization scale), `c` is bf16. Only
+    /// `trans_first && !trans_second` (the "TN" layout Hopper's FP8 GEMM takes) with every size
+    /// and leading dimension a multiple of 16; anything else is an error.
+    fn gemm_fp8(
+        &self,
+        g: &ColMajorGemm,
+        first: &Self::Buf,
+        first_scale: (&Self::Buf, usize),
+        second: &Self::Buf,
+        second_scale: (&Self::Buf, usize),
+        c: &Self::Buf,
     ) -> Result<(), GpuError>;
     /// `c = op(first)·op(second) + bias` broadcast over the columns of the column-major `c`
     /// (cuBLASLt with the bias epilogue); all bf16, `bias` of length `g.m`.

@@ -81,6 +81,10 @@ pub const MODULES: &[Module] = &[
         name: "ring_attention",
         source: include_str!("ring_attention.cu"),
     },
+    Module {
+        name: "fp8",
+        source: include_str!("fp8.cu"),
+    },
 ];
 
 /// The module called `name`.
