@@ -23,7 +23,8 @@ use cudarc::driver::{CudaSlice, CudaStream, DevicePtr};
 
 use super::gemm::ColMajorGemm;
 use super::probe::{driver_err, guard};
-use super::{CudaBuf, GpuError};
+use super::GpuError;
+use half::bf16;
 
 /// cuBLASLt's recommended workspace: 32 MiB on Hopper and later, 4 MiB before.
 fn workspace_bytes(cc_major: i32) -> usize {
@@ -66,24 +67,15 @@ impl Drop for Descriptors {
     }
 }
 
-fn codes<'a>(buf: &'a CudaBuf, what: &str) -> Result<&'a CudaSlice<u32>, GpuError> {
-    match buf {
-        CudaBuf::U32(s) => Ok(s),
-        _ => Err(GpuError::shape(
-            "FP8 GEMM",
-            format!("{what} must be E4M3 codes in a u32 buffer"),
-        )),
-    }
-}
-
-fn scale<'a>((buf, at): (&'a CudaBuf, usize), what: &str) -> Result<&'a CudaSlice<f32>, GpuError> {
-    match buf {
-        CudaBuf::F32(s) if at < s.len() => Ok(s),
-        _ => Err(GpuError::shape(
-            "FP8 GEMM",
-            format!("{what} must be an element of an f32 buffer"),
-        )),
-    }
+/// The typed operands of one FP8 GEMM: E4M3 codes four to a u32, each scale an element of an
+/// f32 buffer (its index beside it), and the bf16 output. [`CudaLauncher`](super::CudaLauncher)
+/// checks the buffers' kinds and passes them here.
+pub(super) struct Fp8Operands<'a> {
+    pub first: &'a CudaSlice<u32>,
+    pub first_scale: (&'a CudaSlice<f32>, usize),
+    pub second: &'a CudaSlice<u32>,
+    pub second_scale: (&'a CudaSlice<f32>, usize),
+    pub c: &'a CudaSlice<bf16>,
 }
 
 /// Whether `bytes` of a buffer of `have` bytes are addressed.
@@ -105,21 +97,22 @@ pub(super) fn gemm_fp8(
     workspace: &Mutex<Option<CudaSlice<u8>>>,
     cc_major: i32,
     g: &ColMajorGemm,
-    first: &CudaBuf,
-    first_scale: (&CudaBuf, usize),
-    second: &CudaBuf,
-    second_scale: (&CudaBuf, usize),
-    c: &CudaBuf,
+    ops: Fp8Operands<'_>,
 ) -> Result<(), GpuError> {
     g.check_fp8()?;
-    let (a, b) = (codes(first, "A")?, codes(second, "B")?);
-    let (sa, sb) = (
-        scale(first_scale, "A's scale")?,
-        scale(second_scale, "B's scale")?,
-    );
-    let CudaBuf::Bf16(d) = c else {
-        return Err(GpuError::shape("FP8 GEMM", "D must be bf16"));
-    };
+    let (a, b, d) = (ops.first, ops.second, ops.c);
+    let ((sa, first_at), (sb, second_at)) = (ops.first_scale, ops.second_scale);
+    for (what, at, len) in [
+        ("A's scale", first_at, sa.len()),
+        ("B's scale", second_at, sb.len()),
+    ] {
+        if at >= len {
+            return Err(GpuError::shape(
+                "FP8 GEMM",
+                format!("{what} is element {at} of an f32 buffer of {len}"),
+            ));
+        }
+    }
     let (m, n, k) = (i64::from(g.m), i64::from(g.n), i64::from(g.k));
     let (lda, ldb, ldc) = (
         i64::from(g.ld_first),
@@ -146,8 +139,8 @@ pub(super) fn gemm_fp8(
     let (sap, _rsa) = sa.device_ptr(stream);
     let (sbp, _rsb) = sb.device_ptr(stream);
     let (wp, _rw) = ws.device_ptr(stream);
-    let a_scale: u64 = sap + (first_scale.1 * 4) as u64;
-    let b_scale: u64 = sbp + (second_scale.1 * 4) as u64;
+    let a_scale: u64 = sap + (first_at * 4) as u64;
+    let b_scale: u64 = sbp + (second_at * 4) as u64;
     let (alpha, beta) = (1.0f32, 0.0f32);
 
     guard("cuBLASLt FP8 GEMM", || {

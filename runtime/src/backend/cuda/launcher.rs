@@ -457,17 +457,41 @@ impl Launcher for CudaLauncher {
         second_scale: (&CudaBuf, usize),
         c: &CudaBuf,
     ) -> Result<(), GpuError> {
+        fn codes<'b>(buf: &'b CudaBuf, what: &str) -> Result<&'b CudaSlice<u32>, GpuError> {
+            match buf {
+                CudaBuf::U32(s) => Ok(s),
+                _ => Err(GpuError::shape(
+                    "FP8 GEMM",
+                    format!("{what} must be E4M3 codes in a u32 buffer"),
+                )),
+            }
+        }
+        fn scale<'b>(buf: &'b CudaBuf, what: &str) -> Result<&'b CudaSlice<f32>, GpuError> {
+            match buf {
+                CudaBuf::F32(s) => Ok(s),
+                _ => Err(GpuError::shape(
+                    "FP8 GEMM",
+                    format!("{what} must be an element of an f32 buffer"),
+                )),
+            }
+        }
+        let CudaBuf::Bf16(d) = c else {
+            return Err(GpuError::shape("FP8 GEMM", "D must be bf16"));
+        };
+        let ops = super::fp8_gemm::Fp8Operands {
+            first: codes(first, "A")?,
+            first_scale: (scale(first_scale.0, "A's scale")?, first_scale.1),
+            second: codes(second, "B")?,
+            second_scale: (scale(second_scale.0, "B's scale")?, second_scale.1),
+            c: d,
+        };
         super::fp8_gemm::gemm_fp8(
             &self.blas_lt,
             &self.stream,
             &self.fp8_workspace,
             self.info.compute_capability.0,
             g,
-            first,
-            first_scale,
-            second,
-            second_scale,
-            c,
+            ops,
         )
     }
 
