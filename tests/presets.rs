@@ -111,6 +111,12 @@ fn moe_presets_match_the_published_counts() {
     // DeepSeek-V3 Technical Report: "671B total parameters with 37B activated for each token"
     // (the main model; the HF checkpoint's MTP module, 14B more, is not counted).
     assert_eq!(counts("deepseek-v3"), (671_026_419_200, 37_552_297_472));
+    // Qwen3 (arXiv 2505.09388 Table 2): "30.5B total, 3.3B activated" and "235B total, 22B
+    // activated"; transformers 5.23's Qwen3MoeForCausalLM on the meta device from the HF
+    // configs' values counts 30,532,122,624 / 3,353,032,704 and 235,093,634,560 /
+    // 22,190,763,520 (experts cut to 8 of 128).
+    assert_eq!(counts("qwen3-30b-a3b"), (30_532_122_624, 3_353_032_704));
+    assert_eq!(counts("qwen3-235b-a22b"), (235_093_634_560, 22_190_763_520));
 }
 
 #[test]
@@ -125,7 +131,13 @@ fn dense_presets_have_no_idle_parameters() {
 /// The MoE presets load to plan (their counts above): `Model::plannable` refuses none of them.
 #[test]
 fn moe_presets_load_to_plan() {
-    for name in ["mixtral-8x7b", "mixtral-8x22b", "deepseek-v3"] {
+    for name in [
+        "mixtral-8x7b",
+        "mixtral-8x22b",
+        "deepseek-v3",
+        "qwen3-30b-a3b",
+        "qwen3-235b-a22b",
+    ] {
         let m = load_model(&preset(name), TrainingOverrides::default())
             .unwrap_or_else(|e| panic!("{name}: {e}"));
         assert!(m.architecture.moe.is_some(), "{name}");
