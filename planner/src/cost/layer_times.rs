@@ -8,7 +8,7 @@ use super::ops::{self, Device};
 use super::pipeline::{ChunkTime, Parts};
 use super::{moe, LayerTimes, Options};
 use crate::layout::{Layout, Recompute};
-use crate::model::{AttentionImpl, Model};
+use crate::model::Model;
 use crate::precision::{dtype_bytes, Policy};
 use crate::spec::Cluster;
 
@@ -145,10 +145,13 @@ pub fn layer_times(
         };
         match layout.recompute {
             Recompute::None => {}
-            // Under flash attention, selective is per-op checkpointing (torchtitan's op SAC):
+            // Under flash attention, torchtitan's selective is per-op checkpointing (op SAC):
             // every second matmul and every element-wise kernel run again
-            // (`memory::activations::Keep`).
-            Recompute::Selective if model.training.attention == AttentionImpl::Flash => {
+            // (`memory::activations::Keep`); other frameworks' re-run the attention core.
+            Recompute::Selective
+                if crate::memory::activations::Keep::for_model(Recompute::Selective, model)
+                    == crate::memory::activations::Keep::OpSac =>
+            {
                 layer.bwd.recompute = 0.5 * lc.linear_fwd + lc.elementwise_fwd
             }
             Recompute::Selective => layer.bwd.recompute = lc.attention_core_fwd,

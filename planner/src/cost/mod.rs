@@ -33,7 +33,7 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use crate::layout::Layout;
-use crate::model::{AttentionImpl, Model};
+use crate::model::Model;
 use crate::spec::{Cluster, DeviceKind};
 use comm::Links;
 use device::Device;
@@ -239,7 +239,7 @@ pub struct Evaluation {
     tp_reason: String,
     cp_reason: String,
     ep_reason: String,
-    attention: AttentionImpl,
+    recompute_reason: String,
     update_bytes: f64,
     layout: Layout,
     /// The host link of each GPU (GB/s) and whether offload's copies overlap the passes.
@@ -471,7 +471,7 @@ pub fn evaluate(
         tp_reason: tp_reason(layout, links, sp),
         cp_reason: cp_reason(layout, links),
         ep_reason: ep_reason(model, layout, links),
-        attention: model.training.attention,
+        recompute_reason: recompute_reason(layout, model),
         update_bytes: update,
         layout: *layout,
         pipeline,
@@ -578,7 +578,7 @@ impl Evaluation {
             (
                 "recompute",
                 sum.recompute,
-                recompute_reason(l, self.attention),
+                self.recompute_reason.clone(),
             ),
             ("tp_comm", sum.tp, self.tp_reason.clone()),
             ("cp_comm", sum.cp, self.cp_reason.clone()),

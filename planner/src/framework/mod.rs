@@ -12,7 +12,7 @@ mod profile;
 
 pub use profile::{
     Allocator, AttentionKernel, CanRun, HostCost, LossKind, Memory, Profile, Reports, Runs,
-    Sharding as ShardingPolicy, Unbuildable, Zero3Fetch,
+    SelectiveKind, Sharding as ShardingPolicy, Unbuildable, Zero3Fetch,
 };
 
 use std::sync::OnceLock;

@@ -230,6 +230,26 @@ pub struct Runs {
     /// FlashAttention-2 (`flash_attention_efficiency`).
     #[serde(default)]
     pub attention_kernel: AttentionKernel,
+    /// What `recompute = "selective"` re-runs under flash attention (`runs.selective`).
+    /// Absent: `core-attention`.
+    #[serde(default)]
+    pub selective: SelectiveKind,
+}
+
+/// What a framework's selective recompute is, under flash attention (`runs.selective`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum SelectiveKind {
+    /// The attention core alone (Korthikanti et al.'s selective; Megatron's
+    /// `--recompute-granularity selective` with its default `recompute_modules = ["core_attn"]`;
+    /// Tessera's runtime): under flash attention the core keeps nothing the output projection
+    /// does not keep anyway, so the layer stores what it stores without recompute and the
+    /// backward re-runs the attention kernel's forward.
+    #[default]
+    CoreAttention,
+    /// torchtitan's per-op selective checkpointing (`selective_ac_option = "op"`): every second
+    /// matmul's output and the attention kernel's are saved, element-wise results recomputed.
+    OpSac,
 }
 
 /// The sharding policy of ZeRO-3-class data parallelism.

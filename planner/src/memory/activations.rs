@@ -8,6 +8,7 @@
 //! This module counts bytes only; it knows nothing of stages or schedules.
 
 use super::stored::{element_bytes, AttentionWidths, Split, Stored};
+use crate::framework::SelectiveKind;
 use crate::layout::Recompute;
 use crate::model::{Activation, AttentionImpl, Model};
 
@@ -20,22 +21,43 @@ pub enum Keep {
     /// torchtitan's per-op selective checkpointing (`selective_ac_option = "op"`): the
     /// outputs of matrix multiplies (every second one is recomputed, so half of their bytes),
     /// of the fused attention kernel and the layer's input; element-wise results are
-    /// recomputed. What `selective` means under flash attention.
+    /// recomputed. What `selective` means under flash attention where the framework's
+    /// profile says `runs.selective = "op-sac"`.
     OpSac,
     /// The layer's input only.
     Input,
 }
 
 impl Keep {
-    /// The policy of `recompute` for this model's attention.
-    pub fn of(recompute: Recompute, attention: AttentionImpl) -> Keep {
-        match (recompute, attention) {
-            (Recompute::None, _) => Keep::All,
-            (Recompute::Selective, AttentionImpl::Eager) => Keep::NoAttentionCore,
-            (Recompute::Selective, AttentionImpl::Flash) => Keep::OpSac,
-            (Recompute::Full, _) => Keep::Input,
+    /// The policy of `recompute` for this model's attention and its framework's selective
+    /// recompute ([`selective_kind`]).
+    pub fn of(recompute: Recompute, attention: AttentionImpl, selective: SelectiveKind) -> Keep {
+        match (recompute, attention, selective) {
+            (Recompute::None, _, _) => Keep::All,
+            (Recompute::Selective, AttentionImpl::Flash, SelectiveKind::OpSac) => Keep::OpSac,
+            // Under flash attention no tensor is the attention core's: the layer keeps what it
+            // keeps without recompute.
+            (Recompute::Selective, _, _) => Keep::NoAttentionCore,
+            (Recompute::Full, _, _) => Keep::Input,
         }
     }
+
+    /// [`Keep::of`] for `model`'s attention and framework.
+    pub fn for_model(recompute: Recompute, model: &Model) -> Keep {
+        Keep::of(recompute, model.training.attention, selective_kind(model))
+    }
+}
+
+/// What the model's framework re-runs under `recompute = "selective"` (`runs.selective`):
+/// torchtitan's per-op checkpointing, or the attention core (Megatron, Tessera's runtime, and
+/// an unstated framework, whose default profile is megatron-core).
+pub(crate) fn selective_kind(model: &Model) -> SelectiveKind {
+    model
+        .training
+        .framework
+        .as_deref()
+        .and_then(crate::framework::by_name)
+        .map_or(SelectiveKind::CoreAttention, |p| p.runs.selective)
 }
 
 /// Whether the model's framework fuses a block's element-wise ops (`memory.fused_elementwise`).
@@ -227,7 +249,7 @@ pub fn kept_bytes(x: &Stored, tp: u64, sp: bool, keep: Keep) -> f64 {
 
 /// Activation bytes of one layer for one micro-batch on one TP rank.
 pub fn layer_bytes(model: &Model, b: u64, tp: u64, sp: bool, recompute: Recompute) -> f64 {
-    let keep = Keep::of(recompute, model.training.attention);
+    let keep = Keep::for_model(recompute, model);
     layer_tensors(model, b)
         .iter()
         .map(|x| kept_bytes(x, tp, sp, keep))
@@ -384,6 +406,8 @@ mod tests {
         let mut m = gpt3(16, 1024, 512);
         m.training.attention = AttentionImpl::Flash;
         m.training.dropout = 0.0;
+        // torchtitan's selective (`runs.selective = "op-sac"`).
+        m.training.framework = Some("torchtitan".into());
         let (s, b, h, a) = (512.0, 2.0, 1024.0, 16.0);
         let sbh = s * b * h;
         let want = 2.0 * sbh + 2.0 * sbh + 4.0 * a * s * b + 0.5 * (6.0 + 2.0 + 8.0 + 2.0) * sbh;
@@ -397,6 +421,41 @@ mod tests {
         // (attention output) + 2sbh (norm2 input) + 2sbh (MLP input) + 8sbh (GeLU input) +
         // 8sbh (down-projection input).
         close(none, 32.0 * sbh + 4.0 * a * s * b);
+    }
+
+    /// Selective recompute is the framework's: torchtitan's per-op checkpointing under flash
+    /// attention, but the attention core's for Megatron-Core (`--recompute-granularity
+    /// selective`, `recompute_modules = ["core_attn"]`), Tessera and an unstated framework,
+    /// where flash attention leaves the core nothing of its own to drop: the same bytes as no
+    /// recompute, 32sbh + 4·a·sb for this GeLU layer (the list in the test above).
+    #[test]
+    fn selective_is_the_frameworks_own() {
+        let mut m = gpt3(16, 1024, 512);
+        m.training.attention = AttentionImpl::Flash;
+        m.training.dropout = 0.0;
+        let (s, b, h, a) = (512.0, 2.0, 1024.0, 16.0);
+        let none_bytes = 32.0 * s * b * h + 4.0 * a * s * b;
+        for framework in [None, Some("megatron-core"), Some("tessera")] {
+            m.training.framework = framework.map(str::to_string);
+            assert_eq!(
+                Keep::for_model(Recompute::Selective, &m),
+                Keep::NoAttentionCore,
+                "{framework:?}"
+            );
+            close(
+                layer_bytes(&m, 2, 1, false, Recompute::Selective),
+                none_bytes,
+            );
+        }
+        for framework in [
+            "torchtitan",
+            "torchtitan-compile",
+            "torchtitan-compile-blocks",
+        ] {
+            m.training.framework = Some(framework.into());
+            assert_eq!(Keep::for_model(Recompute::Selective, &m), Keep::OpSac);
+            assert!(layer_bytes(&m, 2, 1, false, Recompute::Selective) < none_bytes);
+        }
     }
 
     /// A small MLA layer, DeepSeek-V3's shape scaled down: hidden 64, 4 heads, q_lora_rank 24,
@@ -467,12 +526,14 @@ mod tests {
         close(layer_bytes(&m, 2, 2, false, Recompute::None), 95744.0);
         // With SP every tensor is split: 147456 / 2.
         close(layer_bytes(&m, 2, 2, true, Recompute::None), 73728.0);
-        // Op SAC (selective under flash): the layer input (8192), the LSE and attention output
-        // (1024 + 6144), and half of the matmul outputs: q_latent 3072, kv_latent 3072, Q 12288,
-        // K 12288, V 6144, GeLU input 32768, and the two projections' outputs 8192 each
-        // (86016 / 2 = 43008).
+        // Op SAC (torchtitan's selective under flash): the layer input (8192), the LSE and
+        // attention output (1024 + 6144), and half of the matmul outputs: q_latent 3072,
+        // kv_latent 3072, Q 12288, K 12288, V 6144, GeLU input 32768, and the two projections'
+        // outputs 8192 each (86016 / 2 = 43008).
+        let mut sac = m.clone();
+        sac.training.framework = Some("torchtitan".into());
         close(
-            layer_bytes(&m, 2, 1, false, Recompute::Selective),
+            layer_bytes(&sac, 2, 1, false, Recompute::Selective),
             8192.0 + 1024.0 + 6144.0 + 43008.0,
         );
         // Without q_lora_rank (DeepSeek-V2-Lite) the query is projected from qkv_input
@@ -493,6 +554,7 @@ mod tests {
         let mut m = gpt3(4, 64, 32);
         m.training.attention = AttentionImpl::Flash;
         m.training.dropout = 0.0;
+        m.training.framework = Some("torchtitan".into());
         m.architecture.kv_heads = 2;
         let before = [Recompute::None, Recompute::Selective, Recompute::Full]
             .map(|r| layer_bytes(&m, 2, 1, false, r));

@@ -225,7 +225,7 @@ pub fn moe_layer_act(model: &Model, layout: &Layout) -> f64 {
     }
     let tensors = moe_layer_tensors(model, layout.micro_batch);
     super::layer_act_with(layout, &|r| {
-        let keep = Keep::of(r, model.training.attention);
+        let keep = Keep::for_model(r, model);
         tensors
             .iter()
             .map(|x| kept_bytes(x, layout.tp, layout.sequence_parallel, keep))
