@@ -7,7 +7,9 @@
 //!   logits for the max and the sum of exponentials, reads it again and writes the gradient in
 //!   place): forward 4 (two reads of 2 B), backward 2 (the gradient written over the logits).
 //! - **Compiled** (torch.compile's generated loss: one fused reduction forward, one fused
-//!   kernel backward, as Inductor generates them for `F.cross_entropy(pred.float(), labels)`):
+//!   kernel backward, as torch 2.15's Inductor generates them for
+//!   `F.cross_entropy(pred.float(), labels)`, read in the code it generates for the CPU; the
+//!   GPU's Triton code was not read):
 //!   forward 4 (the max and the sum of exponentials over the 16-bit row), backward 4 (the saved
 //!   logits read once, the gradient written to a new 16-bit buffer).
 //! - **VocabParallelFp32** (Megatron `megatron/core/tensor_parallel/cross_entropy.py` on an

@@ -239,7 +239,9 @@ pub struct Evaluation {
     tp_reason: String,
     cp_reason: String,
     ep_reason: String,
-    recompute_reason: String,
+    /// What the layout's recompute keeps, and the attention it runs: the recompute term's words.
+    recompute_keep: crate::memory::activations::Keep,
+    attention: crate::model::AttentionImpl,
     update_bytes: f64,
     layout: Layout,
     /// The host link of each GPU (GB/s) and whether offload's copies overlap the passes.
@@ -471,7 +473,8 @@ pub fn evaluate(
         tp_reason: tp_reason(layout, links, sp),
         cp_reason: cp_reason(layout, links),
         ep_reason: ep_reason(model, layout, links),
-        recompute_reason: recompute_reason(layout, model),
+        recompute_keep: crate::memory::activations::Keep::for_model(layout.recompute, model),
+        attention: model.training.attention,
         update_bytes: update,
         layout: *layout,
         pipeline,
@@ -578,7 +581,7 @@ impl Evaluation {
             (
                 "recompute",
                 sum.recompute,
-                self.recompute_reason.clone(),
+                recompute_reason(l, self.recompute_keep, self.attention),
             ),
             ("tp_comm", sum.tp, self.tp_reason.clone()),
             ("cp_comm", sum.cp, self.cp_reason.clone()),

@@ -16,10 +16,13 @@ fn link_words(l: &comm::GroupLink) -> String {
     }
 }
 
-pub(super) fn recompute_reason(layout: &Layout, model: &Model) -> String {
+pub(super) fn recompute_reason(
+    layout: &Layout,
+    keep: crate::memory::activations::Keep,
+    attention: AttentionImpl,
+) -> String {
     use crate::memory::activations::Keep;
-    let keep = Keep::for_model(layout.recompute, model);
-    match (layout.recompute, model.training.attention) {
+    match (layout.recompute, attention) {
         (Recompute::None, _) => "no activation recompute".into(),
         (Recompute::Selective, _) if keep == Keep::OpSac => "per-op selective checkpointing (torchtitan's op SAC) re-runs every second matmul and the element-wise kernels in the backward".into(),
         (Recompute::Selective, AttentionImpl::Flash) => "selective recompute re-runs the attention kernel's forward in the backward (the framework's selective is the attention core's: under flash attention it saves no memory)".into(),

@@ -6,7 +6,8 @@
 //! - **Compiled** (torch.compile's generated loss): no fp32 N × V buffer either, but two 16-bit
 //!   ones at the backward's kernel: the saved logits and the new gradient
 //!   (`logits_16bit_grad`). The code Inductor generates for
-//!   `F.cross_entropy(pred.flatten(0, 1).float(), labels.flatten(0, 1))` (torch 2.15) saves
+//!   `F.cross_entropy(pred.flatten(0, 1).float(), labels.flatten(0, 1))` (torch 2.15, for the
+//!   CPU; its buffer plan is the graph's, whichever device) saves
 //!   `pred` with the rows' max and log-sum-exp, and its backward allocates the bf16 gradient
 //!   (`empty_strided(..., torch.bfloat16)`) before the fused kernel that reads `pred`, which it
 //!   frees only after.

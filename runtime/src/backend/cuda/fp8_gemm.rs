@@ -78,6 +78,25 @@ pub(super) struct Fp8Operands<'a> {
     pub c: &'a CudaSlice<bf16>,
 }
 
+/// Sets one attribute of a live matmul descriptor to `value` (of the attribute's C type).
+fn set_desc<T>(
+    desc: lt::cublasLtMatmulDesc_t,
+    attr: lt::cublasLtMatmulDescAttributes_t,
+    value: &T,
+) -> Result<(), GpuError> {
+    // SAFETY: `desc` is live (the caller created it); `value` points at `size_of::<T>()` bytes
+    // of the attribute's type.
+    unsafe {
+        result::set_matmul_desc_attribute(
+            desc,
+            attr,
+            value as *const T as *const c_void,
+            size_of::<T>(),
+        )
+    }
+    .map_err(|e| lt_err(&format!("cublasLtMatmulDescSetAttribute({attr:?})"), e))
+}
+
 /// Whether `bytes` of a buffer of `have` bytes are addressed.
 fn fits(what: &str, bytes: i64, have: usize) -> Result<(), GpuError> {
     match usize::try_from(bytes) {
@@ -155,38 +174,21 @@ pub(super) fn gemm_fp8(
         )
         .map_err(|e| lt_err("cublasLtMatmulDescCreate", e))?;
         let desc = h.desc;
-        let set = |attr: lt::cublasLtMatmulDescAttributes_t, ptr: *const c_void, size: usize| {
-            // SAFETY: `desc` is live; `ptr` points at `size` bytes of the attribute's type.
-            unsafe { result::set_matmul_desc_attribute(desc, attr, ptr, size) }
-                .map_err(|e| lt_err(&format!("cublasLtMatmulDescSetAttribute({attr:?})"), e))
-        };
         // The attributes are int32_t holding a cublasOperation_t (cuBLASLt's sys module has no
-        // such type; cuBLAS's enum gives the values).
-        let (ta, tb) = (
-            cublasOperation_t::CUBLAS_OP_T as i32,
-            cublasOperation_t::CUBLAS_OP_N as i32,
-        );
+        // such type; cuBLAS's enum gives the values), and device pointers to the f32 scales.
         use lt::cublasLtMatmulDescAttributes_t as A;
-        set(
+        set_desc(
+            desc,
             A::CUBLASLT_MATMUL_DESC_TRANSA,
-            (&ta) as *const _ as *const c_void,
-            size_of::<i32>(),
+            &(cublasOperation_t::CUBLAS_OP_T as i32),
         )?;
-        set(
+        set_desc(
+            desc,
             A::CUBLASLT_MATMUL_DESC_TRANSB,
-            (&tb) as *const _ as *const c_void,
-            size_of::<i32>(),
+            &(cublasOperation_t::CUBLAS_OP_N as i32),
         )?;
-        set(
-            A::CUBLASLT_MATMUL_DESC_A_SCALE_POINTER,
-            (&a_scale) as *const u64 as *const c_void,
-            size_of::<u64>(),
-        )?;
-        set(
-            A::CUBLASLT_MATMUL_DESC_B_SCALE_POINTER,
-            (&b_scale) as *const u64 as *const c_void,
-            size_of::<u64>(),
-        )?;
+        set_desc(desc, A::CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &a_scale)?;
+        set_desc(desc, A::CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &b_scale)?;
         let e4m3 = lt::cudaDataType_t::CUDA_R_8F_E4M3;
         let bf16 = lt::cudaDataType_t::CUDA_R_16BF;
         for (ty, rows, cols, ld) in [

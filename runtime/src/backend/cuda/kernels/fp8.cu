@@ -43,8 +43,18 @@ __device__ __forceinline__ unsigned int to_e4m3(float x) {
     return sign | fp8_shift_rne(mant, 141u - e);
 }
 
+// An element of x as a float (the f32 and bf16 kernels below share one body).
+__device__ __forceinline__ float fp8_load(const float* x, long long i) { return x[i]; }
+__device__ __forceinline__ float fp8_load(const bf16* x, long long i) { return bf2f(x[i]); }
+
 // stats[0] = max(stats[0], max |x|) over n elements (grid-stride; one atomic per warp).
-__device__ __forceinline__ void fp8_amax_publish(float m, float* stats) {
+template <typename T>
+__device__ __forceinline__ void fp8_amax(float* stats, const T* x, long long n) {
+    float m = 0.0f;
+    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+         i += (long long)gridDim.x * blockDim.x) {
+        m = fmaxf(m, fabsf(fp8_load(x, i)));
+    }
     m = warp_max(m);
     if (threadIdx.x % 32 == 0) {
         atomicMax((unsigned int*)stats, __float_as_uint(m));
@@ -53,22 +63,12 @@ __device__ __forceinline__ void fp8_amax_publish(float m, float* stats) {
 
 extern "C" __global__ void fp8_amax_f32(float* __restrict__ stats, const float* __restrict__ x,
                                         long long n) {
-    float m = 0.0f;
-    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n;
-         i += (long long)gridDim.x * blockDim.x) {
-        m = fmaxf(m, fabsf(x[i]));
-    }
-    fp8_amax_publish(m, stats);
+    fp8_amax(stats, x, n);
 }
 
 extern "C" __global__ void fp8_amax_bf16(float* __restrict__ stats, const bf16* __restrict__ x,
                                          long long n) {
-    float m = 0.0f;
-    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n;
-         i += (long long)gridDim.x * blockDim.x) {
-        m = fmaxf(m, fabsf(bf2f(x[i])));
-    }
-    fp8_amax_publish(m, stats);
+    fp8_amax(stats, x, n);
 }
 
 // stats[1] = 448 / stats[0] (1 when amax is 0, FLT_MAX when the quotient overflows), stats[2] =
@@ -87,30 +87,28 @@ extern "C" __global__ void fp8_scale(float* __restrict__ stats) {
 }
 
 // out[i] = the codes of x[4i .. 4i + 4] · stats[1], packed little-endian; `words` = n / 4.
-extern "C" __global__ void fp8_cast_f32(unsigned int* __restrict__ out,
-                                        const float* __restrict__ x,
-                                        const float* __restrict__ stats, long long words) {
+template <typename T>
+__device__ __forceinline__ void fp8_cast(unsigned int* out, const T* x, const float* stats,
+                                         long long words) {
     const float s = stats[1];
     for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < words;
          i += (long long)gridDim.x * blockDim.x) {
         unsigned int w = 0u;
         for (int b = 0; b < 4; b++) {
-            w |= to_e4m3(__fmul_rn(x[4 * i + b], s)) << (8 * b);
+            w |= to_e4m3(__fmul_rn(fp8_load(x, 4 * i + b), s)) << (8 * b);
         }
         out[i] = w;
     }
 }
 
+extern "C" __global__ void fp8_cast_f32(unsigned int* __restrict__ out,
+                                        const float* __restrict__ x,
+                                        const float* __restrict__ stats, long long words) {
+    fp8_cast(out, x, stats, words);
+}
+
 extern "C" __global__ void fp8_cast_bf16(unsigned int* __restrict__ out,
                                          const bf16* __restrict__ x,
                                          const float* __restrict__ stats, long long words) {
-    const float s = stats[1];
-    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < words;
-         i += (long long)gridDim.x * blockDim.x) {
-        unsigned int w = 0u;
-        for (int b = 0; b < 4; b++) {
-            w |= to_e4m3(__fmul_rn(bf2f(x[4 * i + b]), s)) << (8 * b);
-        }
-        out[i] = w;
-    }
+    fp8_cast(out, x, stats, words);
 }
