@@ -175,6 +175,12 @@ for r in tensorwise rowwise delayed blockwise; do
   PLAN[llama-fp8-$r]="${PLAN[llama-pp1]} --fp8 $r"
 done
 PLAN[llama-fp8-fsdp]="${PLAN[llama-zero3-2-nodes]} --fp8 tensorwise"
+# TP collectives overlapped with their GEMMs (training.tp_comm_overlap): Megatron-LM's
+# --tp-comm-overlap on llama-pp1's TP 4 with SP, torchtitan 0.2.2's async TP on the compiled
+# plan; every other target refuses (torchtitan too for the Megatron-Core plan: async TP needs
+# the compiled model).
+PLAN[llama-tp-overlap]="${PLAN[llama-pp1]} --tp-comm-overlap"
+PLAN[llama-tp-overlap-titan]="${PLAN[llama-pp1-titan-compile]} --tp-comm-overlap"
 # A layout that does not fit, written with --force ("feasible": false): refused by every target;
 # exported with `tessera export --force` it is an ordinary DDP plan every target takes.
 PLAN[llama-infeasible]="${LLAMA[*]} --nodes 1 --dp 8 --tp 1 --pp 1 --micro-batch 4 --zero 0 --recompute none --force"
@@ -235,6 +241,8 @@ llama-fp8-rowwise              refuse:rowwise            refuse:FP8             
 llama-fp8-delayed              ok                        refuse:FP8                refuse:delayed            refuse:FP8                refuse:FP8                refuse:FP8                refuse:FP8                refuse:FP8                refuse:FP8
 llama-fp8-blockwise            ok                        refuse:FP8                refuse:blockwise          refuse:FP8                refuse:FP8                refuse:FP8                refuse:FP8                refuse:FP8                refuse:FP8
 llama-fp8-fsdp                 refuse:ZeRO-3             refuse:FP8                ok                        refuse:FP8                refuse:FP8                refuse:FP8                refuse:FP8                refuse:FP8                refuse:FP8
+llama-tp-overlap               ok                        refuse:overlapped         refuse:overlapped         refuse:overlapped         refuse:overlapped         refuse:overlapped         refuse:overlapped         refuse:overlapped         refuse:overlapped
+llama-tp-overlap-titan         refuse:framework_profile  refuse:overlapped         ok                        refuse:overlapped         refuse:overlapped         refuse:overlapped         refuse:overlapped         refuse:overlapped         refuse:overlapped
 llama-infeasible               refuse:feasible           refuse:feasible           refuse:feasible           refuse:feasible           refuse:feasible           refuse:feasible           refuse:feasible           refuse:feasible           refuse:feasible
 llama-infeasible+force         ok                        ok                        ok                        ok                        ok                        refuse:full_fine-tune     refuse:precision          ok                        ok
 TABLE

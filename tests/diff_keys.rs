@@ -307,7 +307,8 @@ fn plans(dir: &Scratch) -> Vec<Value> {
             "delayed",
         ],
     );
-    // Mixture of experts with every MoE and MLA key set, EP 2 × TP 2 with SP.
+    // Mixture of experts with every MoE and MLA key set, EP 2 × TP 2 with SP, its TP
+    // collectives overlapped (training.tp_comm_overlap).
     let moe = plan_file(
         dir,
         "moe.json",
@@ -323,6 +324,7 @@ fn plans(dir: &Scratch) -> Vec<Value> {
             "--tp",
             "2",
             "--sp",
+            "--tp-comm-overlap",
         ],
     );
     // A LoRA fine-tune with every [lora] key and 8-bit optimizer states.

@@ -68,6 +68,7 @@ fn gpt2(layers: u64, hidden: u64, heads: u64, vocab: u64, precision: &str) -> Mo
             method: Default::default(),
             optimizer_states: Default::default(),
             fp8: Default::default(),
+            tp_comm_overlap: false,
         },
         optimizer: Default::default(),
         schedule: Default::default(),

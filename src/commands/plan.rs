@@ -108,6 +108,11 @@ pub struct PlanArgs {
     /// would change for the chosen layout either way.
     #[arg(long, value_name = "RECIPE", value_parser = parse_fp8)]
     fp8: Option<tessera_planner::fp8::Recipe>,
+    /// TP collectives overlapped with the GEMMs they feed or follow (sets
+    /// `training.tp_comm_overlap`): Megatron-Core's --tp-comm-overlap, torchtitan's async TP.
+    /// Counted under sequence parallelism, for a framework profile that has it.
+    #[arg(long)]
+    tp_comm_overlap: bool,
     /// Pin hybrid sharding on: ZeRO states sharded within a node only (HYBRID_SHARD).
     #[arg(long, conflicts_with = "no_hybrid_shard")]
     hybrid_shard: bool,
@@ -360,6 +365,16 @@ pub fn run(args: PlanArgs) -> anyhow::Result<ExitCode> {
             "device.peak_tflops_fp8" => anyhow::anyhow!(d.at(at)),
             _ if args.fp8.is_some() => cli_error("--fp8", d.problem, d.fix),
             _ => anyhow::anyhow!(d),
+        }
+    })?;
+    if args.tp_comm_overlap {
+        model.training.tp_comm_overlap = true;
+    }
+    tessera_planner::cost::tp_overlap::check(&model, &cluster, &args.model).map_err(|d| {
+        if args.tp_comm_overlap {
+            cli_error("--tp-comm-overlap", d.problem, d.fix)
+        } else {
+            anyhow::anyhow!(d)
         }
     })?;
     let mut pins = args.pins();

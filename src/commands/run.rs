@@ -171,6 +171,9 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     let reads_data = launched.is_none() || launch.as_ref().is_some_and(|e| e.rank == 0);
     check_flags(&args, &plan, launched, reads_data)?;
     checks::check_fp8(&plan, &args.plan, args.on_cuda(&plan))?;
+    if let Some(note) = checks::tp_overlap_note(&plan) {
+        eprintln!("{note}");
+    }
     if args.on_cuda(&plan) {
         let gpus = gpus_here(&args, &plan)?;
         exec::check_supported(&plan)

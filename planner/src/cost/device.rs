@@ -91,6 +91,15 @@ impl<'a> Device<'a> {
         }
     }
 
+    /// The GEMMs alone of [`Device::block_linear`] (an FP8 linear's without its casts):
+    /// (forward, backward).
+    pub fn block_gemms(&self, l: &LinearShape) -> (f64, f64) {
+        match &self.fp8 {
+            Some(f) if !l.frozen => f.gemms(l.m, l.k, l.n),
+            _ => self.linear_of(l.frozen, l.m, l.k, l.n),
+        }
+    }
+
     /// Seconds of `n` kernel launches (0 under the legacy curve).
     pub fn launches(&self, n: f64) -> f64 {
         n * self.launch

@@ -41,6 +41,19 @@ pub fn layer_times(
     } else {
         2.0 * t.all_reduce(act)
     };
+    // Overlapped with their GEMMs (`training.tp_comm_overlap`, under sequence parallelism): what
+    // stays exposed each way, and the split GEMMs' extra time as compute (`tp_overlap`).
+    let mut dense_lc = lc;
+    let dense_tp = if model.training.tp_comm_overlap && sp && tp > 1 {
+        let linears = ops::block_linears(model, tp, sp, b, cp);
+        let o =
+            super::tp_overlap::layer(&dev, &linears, tp, t.all_gather(act), t.reduce_scatter(act));
+        dense_lc.fwd += o.fwd_split;
+        dense_lc.bwd += o.bwd_split;
+        (o.fwd_exposed, o.bwd_exposed)
+    } else {
+        (per_pass, per_pass)
+    };
     let ring = ring_exposed(model, layout, links, &lc);
     let zero3 = layout.sharding.zero_stage == 3 && layout.shard_degree(cluster) > 1;
     let (grad, weight, _) = dtype_bytes(model);
@@ -117,18 +130,21 @@ pub fn layer_times(
         0.0
     };
     // `params`: the layer's dense and expert parameters on the rank, and those of its FP8 linears.
-    let chunk = |lc: &ops::LayerCompute, tp_pass: f64, ep_pass: f64, params: (f64, f64, f64)| {
+    let chunk = |lc: &ops::LayerCompute,
+                 (tp_fwd, tp_bwd): (f64, f64),
+                 ep_pass: f64,
+                 params: (f64, f64, f64)| {
         let mut layer = ChunkTime {
             fwd: Parts {
                 compute: lc.fwd,
-                tp: tp_pass,
+                tp: tp_fwd,
                 cp: ring.0,
                 ep: ep_pass,
                 ..Parts::default()
             },
             bwd: Parts {
                 compute: lc.bwd,
-                tp: tp_pass,
+                tp: tp_bwd,
                 cp: ring.1,
                 ep: ep_pass,
                 ..Parts::default()
@@ -159,7 +175,7 @@ pub fn layer_times(
                 // Every N-th layer: the average layer re-runs 1/N of a forward.
                 let share = 1.0 / layout.recompute_every.max(1) as f64;
                 layer.bwd.recompute = lc.fwd * share;
-                layer.bwd.tp += tp_pass * share;
+                layer.bwd.tp += tp_fwd * share;
                 layer.bwd.cp += ring.0 * share;
                 layer.bwd.ep += ep_pass * share;
             }
@@ -196,7 +212,7 @@ pub fn layer_times(
     };
     let fp8_linears = crate::fp8::linear_params(model, tp, false);
     let (layer, mut zero3_first_gather) =
-        chunk(&lc, per_pass, 0.0, (dense_params, 0.0, fp8_linears));
+        chunk(&dense_lc, dense_tp, 0.0, (dense_params, 0.0, fp8_linears));
     let pair = |bytes: f64| {
         if sp {
             t.all_gather(bytes) + t.reduce_scatter(bytes)
@@ -210,7 +226,7 @@ pub fn layer_times(
         let ep_pass = moe::all_to_all_per_pass(model, layout, links);
         let (common, experts) = crate::memory::moe::moe_layer_params_per_rank(model, layout);
         let fp8 = crate::fp8::linear_params(model, tp, true);
-        let (c, gather) = chunk(&mc, tp_pass, ep_pass, (common, experts, fp8));
+        let (c, gather) = chunk(&mc, (tp_pass, tp_pass), ep_pass, (common, experts, fp8));
         zero3_first_gather = zero3_first_gather.max(gather);
         c
     });

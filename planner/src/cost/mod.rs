@@ -28,6 +28,7 @@ mod reasons;
 pub mod stages;
 #[cfg(test)]
 mod tests;
+pub mod tp_overlap;
 
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
@@ -470,7 +471,7 @@ pub fn evaluate(
         peak: dev.peak,
         layers,
         dp_reason: dp_reason(layout, links),
-        tp_reason: tp_reason(layout, links, sp),
+        tp_reason: tp_reason(layout, links, sp, model.training.tp_comm_overlap),
         cp_reason: cp_reason(layout, links),
         ep_reason: ep_reason(model, layout, links),
         recompute_keep: crate::memory::activations::Keep::for_model(layout.recompute, model),

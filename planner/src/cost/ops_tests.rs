@@ -51,6 +51,7 @@ fn gpt(h: u64, heads: u64, s: u64, v: u64) -> Model {
             method: Default::default(),
             optimizer_states: Default::default(),
             fp8: Default::default(),
+            tp_comm_overlap: false,
         },
         optimizer: Default::default(),
         schedule: Default::default(),

@@ -78,7 +78,7 @@ pub(super) fn ep_reason(model: &Model, layout: &Layout, links: &Links) -> String
     )
 }
 
-pub(super) fn tp_reason(layout: &Layout, links: &Links, sp: bool) -> String {
+pub(super) fn tp_reason(layout: &Layout, links: &Links, sp: bool, overlap: bool) -> String {
     if layout.tp == 1 {
         return "no tensor parallelism".into();
     }
@@ -92,8 +92,13 @@ pub(super) fn tp_reason(layout: &Layout, links: &Links, sp: bool) -> String {
     } else {
         ""
     };
+    let hidden = if overlap && sp {
+        "; each cut into TP steps overlapped with the GEMM it feeds or follows (tp_comm_overlap): the steps the GEMMs cannot cover, at least one per collective, and the split GEMMs' extra time in compute"
+    } else {
+        ""
+    };
     format!(
-        "{what} of the layer's activations per layer in forward and in backward{extra}, over TP {} {}",
+        "{what} of the layer's activations per layer in forward and in backward{extra}, over TP {} {}{hidden}",
         layout.tp,
         link_words(&links.tp)
     )

@@ -353,6 +353,11 @@ pub(super) fn megatron(plan: &Plan, launch: &Launch) -> Result<String, ExportErr
         args.push(arg("--fp8-format", format));
         args.push(arg("--fp8-recipe", tr.fp8.name()));
     }
+    // TP collectives overlapped with the GEMMs (Transformer Engine's userbuffers), which
+    // Megatron asserts sequence parallelism for (`super::tp_overlap_supported` checked it).
+    if tr.tp_comm_overlap && p.tp > 1 {
+        args.push(flag("--tp-comm-overlap"));
+    }
     // Megatron-LM's validate_args asserts CUDA_DEVICE_MAX_CONNECTIONS=1 with TP > 1 (its TP
     // communication overlap relies on one hardware queue).
     let env = if p.tp > 1 {

@@ -152,6 +152,7 @@ pub fn export_with(plan: &Plan, target: Target, force: bool) -> Result<String, E
         }
     }
     fp8_supported(plan, target)?;
+    tp_overlap_supported(plan, target)?;
     let gpu_engine = matches!(
         target,
         Target::Megatron
@@ -214,6 +215,37 @@ fn fp8_supported(plan: &Plan, target: Target) -> Result<(), ExportError> {
         target,
         format!("FP8 training with the \"{r}\" recipe (training.fp8): {why}"),
         format!("export to {}, or re-plan with --fp8 none", r.runs_on()),
+    ))
+}
+
+/// A plan whose TP collectives are overlapped with their GEMMs (`training.tp_comm_overlap`,
+/// with TP > 1) exports only where the engine overlaps them: Megatron-LM's `--tp-comm-overlap`
+/// (it asserts `--sequence-parallel`), torchtitan 0.2.2's async TP (it raises without the
+/// compiled model). Elsewhere the job would run them one after the other, slower than the plan.
+fn tp_overlap_supported(plan: &Plan, target: Target) -> Result<(), ExportError> {
+    let p = &plan.parallel;
+    if !plan.job.model.training.tp_comm_overlap || p.tp <= 1 {
+        return Ok(());
+    }
+    let why = match target {
+        Target::Megatron if p.sequence_parallel => return Ok(()),
+        Target::Megatron => "Megatron-LM asserts --sequence-parallel with --tp-comm-overlap, and the plan's layout has none",
+        Target::Torchtitan
+            if matches!(
+                crate::framework::of(&plan.job.model, &plan.job.cluster).name.as_str(),
+                "torchtitan-compile" | "torchtitan-compile-blocks"
+            ) =>
+        {
+            return Ok(())
+        }
+        Target::Torchtitan => "torchtitan 0.2.2's async TP needs the compiled model (compile.enable), and the plan was not made for compiled torchtitan (--framework torchtitan-compile)",
+        Target::Sbatch | Target::Kubernetes => "the script runs `tessera run`, whose runtime runs the TP collectives between the GEMMs",
+        _ => "this engine has no TP communication overlap",
+    };
+    Err(refuse(
+        target,
+        format!("TP collectives overlapped with their GEMMs (training.tp_comm_overlap, TP {}): {why}", p.tp),
+        "export to megatron (with sequence parallelism) or torchtitan (compiled), or re-plan without --tp-comm-overlap",
     ))
 }
 

@@ -168,6 +168,12 @@ pub(super) fn torchtitan(plan: &Plan) -> Result<String, ExportError> {
         );
     }
     par.insert("tensor_parallel_degree".into(), int(p.tp));
+    if plan.job.model.training.tp_comm_overlap && p.tp > 1 {
+        // Async TP (torchtitan 0.2.2 distributed/tensor_parallel.py maybe_enable_async_tp:
+        // Inductor's micro-pipeline TP pass); it needs the compiled model, which
+        // `super::tp_overlap_supported` checked.
+        par.insert("enable_async_tensor_parallel".into(), Value::Boolean(true));
+    }
     par.insert("pipeline_parallel_degree".into(), int(p.pp));
     par.insert(
         "pipeline_parallel_schedule".into(),

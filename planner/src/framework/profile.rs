@@ -83,6 +83,10 @@ pub struct CanRun {
     /// It offloads saved activations to host memory. Absent: false.
     #[serde(default)]
     pub offload_activations: bool,
+    /// It overlaps the tensor-parallel collectives with the GEMMs they feed or follow
+    /// (`training.tp_comm_overlap`; `crate::cost::tp_overlap`). Absent: false.
+    #[serde(default)]
+    pub tp_comm_overlap: bool,
 }
 
 fn no_offload() -> Vec<crate::layout::OffloadStates> {

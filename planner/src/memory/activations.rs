@@ -316,6 +316,7 @@ mod tests {
                 method: Default::default(),
                 optimizer_states: Default::default(),
                 fp8: Default::default(),
+                tp_comm_overlap: false,
             },
             optimizer: Default::default(),
             schedule: Default::default(),

@@ -47,6 +47,12 @@ pub struct Training {
     /// written before the key existed, and plans of `none`, carry no key.
     #[serde(default, skip_serializing_if = "crate::fp8::Recipe::is_none")]
     pub fp8: crate::fp8::Recipe,
+    /// Tensor-parallel collectives overlapped with the GEMMs they feed or follow
+    /// (`training.tp_comm_overlap`, `--tp-comm-overlap`; `crate::cost::tp_overlap`): Megatron-Core's
+    /// `--tp-comm-overlap` (Transformer Engine's userbuffers), torchtitan's async TP. Plans written
+    /// before the key existed, and plans without it, carry no key.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub tp_comm_overlap: bool,
 }
 
 /// A model spec, resolved.

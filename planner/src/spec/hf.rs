@@ -101,6 +101,7 @@ pub fn parse_hf_config(src: &Source, over: TrainingOverrides) -> Result<Model, D
         method: Default::default(),
         optimizer_states: Default::default(),
         fp8: Default::default(),
+        tp_comm_overlap: false,
     };
     let name = v
         .get("_name_or_path")

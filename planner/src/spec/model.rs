@@ -43,6 +43,8 @@ pub(crate) struct RawTraining {
     pub optimizer_states: Field<String>,
     /// `none` | `tensorwise` | `rowwise` | `delayed` | `blockwise` (`crate::fp8`).
     pub fp8: Field<String>,
+    /// TP collectives overlapped with their GEMMs (`crate::cost::tp_overlap`).
+    pub tp_comm_overlap: Field<bool>,
 }
 
 /// All keys of a model spec, for near-key suggestions.
@@ -103,6 +105,7 @@ pub const MODEL_KEYS: &[&str] = &[
     "tokens",
     "precision",
     "fp8",
+    "tp_comm_overlap",
     "attention",
     "flash_kernel",
     "dropout",
@@ -516,6 +519,7 @@ pub(crate) fn resolve_training(
         method: Default::default(),
         optimizer_states: Default::default(),
         fp8,
+        tp_comm_overlap: f.opt_bool(&t.tp_comm_overlap).unwrap_or(false),
     })
 }
 

@@ -247,7 +247,9 @@ pub fn markdown(v: &Validation, layer: &[LayerRow], presets: &[&Cluster], comman
          `model.tied_embeddings`, `model.bias`, `model.vocab_divisible_by`, `model.head_dim`, \
          `model.kv_heads`, `model.ffn_hidden`, `model.rope_theta`, or `model.preset` (a spec of \
          specs/models/); `training.precision`, `training.flash_kernel`, `training.dropout`; \
-         `parallel.zero_stage`, `parallel.fsdp` or torchtitan's `parallel.dp_shard` > 1 (ZeRO-3; \
+         `training.tp_comm_overlap` (or `parallel.tp_comm_overlap`, `parallel.async_tp`, or a \
+         `source` naming async TP: TP collectives overlapped with their GEMMs, under a profile \
+         that has it); `parallel.zero_stage`, `parallel.fsdp` or torchtitan's `parallel.dp_shard` > 1 (ZeRO-3; \
          with `parallel.dp_replicate` > 1, hybrid); TP and PP default to 1. GPUs: A100 and H100 \
          presets, and H800 or H200 where specs/clusters/ has one. Memory: `measured.memory_gb`, \
          `memory_gib` or `max_reserved_gib`, compared as the profile's `memory.reports` says.\n\

@@ -300,6 +300,7 @@ pub fn resolve(r: &Value, p: &Presets) -> Result<Run, String> {
     )?;
     training.framework = Some(profile.name.clone());
     training.fp8 = super::resolve_fp8::recipe(r, profile, &cluster)?;
+    training.tp_comm_overlap = tp_comm_overlap(r, profile)?;
     let model = Model {
         name: id.clone(),
         architecture,
@@ -459,7 +460,47 @@ fn training(
         method: Default::default(),
         optimizer_states: Default::default(),
         fp8: Default::default(),
+        tp_comm_overlap: false,
     })
+}
+
+/// The keys a run may state TP communication overlap under, in the order they are read.
+pub const TP_OVERLAP_KEYS: [&str; 3] = [
+    "training.tp_comm_overlap",
+    "parallel.tp_comm_overlap",
+    "parallel.async_tp",
+];
+
+/// Whether the run overlapped its TP collectives with the GEMMs (`training.tp_comm_overlap`):
+/// stated by one of [`TP_OVERLAP_KEYS`], or by its `source` naming async TP ("async TP",
+/// "AsyncTP", "async-TP"), as torchtitan's tables do. Refused under a profile that cannot.
+fn tp_comm_overlap(r: &Value, profile: &Profile) -> Result<bool, String> {
+    let mut stated = None;
+    for key in TP_OVERLAP_KEYS {
+        match get(r, key) {
+            None => {}
+            Some(Value::Boolean(b)) => {
+                stated = Some((*b, key));
+                break;
+            }
+            Some(_) => return Err(format!("`{key}` must be true or false")),
+        }
+    }
+    let source = text(r, "source").unwrap_or_default().to_lowercase();
+    let named = ["async tp", "asynctp", "async-tp"]
+        .iter()
+        .any(|n| source.contains(n));
+    let (on, said) = match stated {
+        Some((b, key)) => (b, key),
+        None => (named, "source"),
+    };
+    if on && !profile.can_run.tp_comm_overlap {
+        return Err(format!(
+            "`{said}` says the TP collectives were overlapped with the GEMMs, but the framework profile {} cannot (specs/frameworks/, can_run.tp_comm_overlap)",
+            profile.name
+        ));
+    }
+    Ok(on)
 }
 
 /// The knobs the run pins, and the ones it leaves to the search.

@@ -35,7 +35,7 @@ pub(super) fn check_fp8(plan: &Plan, file: &Path, cuda: bool) -> anyhow::Result<
     }
     let (problem, fix) = if cuda {
         (
-            "the CUDA backend has no FP8 GEMM yet (cuBLASLt's FP8 matmul is not written)",
+            "the CUDA backend's executor has no FP8 GEMM yet (the cuBLASLt FP8 linear is written, not yet called)",
             format!("run the plan's export with an engine that runs FP8 ({}), or re-plan with fp8 = \"none\"", recipe.runs_on()),
         )
     } else {
@@ -48,6 +48,14 @@ pub(super) fn check_fp8(plan: &Plan, file: &Path, cuda: bool) -> anyhow::Result<
         "{}: the plan's training.fp8 is \"{recipe}\": {problem}\n  fix: {fix}",
         file.display()
     )
+}
+
+/// A plan predicted with its TP collectives overlapped (`training.tp_comm_overlap`, TP > 1)
+/// runs them between the GEMMs here: the same arithmetic, a slower step than the plan's.
+pub(super) fn tp_overlap_note(plan: &Plan) -> Option<String> {
+    (plan.job.model.training.tp_comm_overlap && plan.parallel.tp > 1).then(|| {
+        "note: the plan's step time counts the TP collectives overlapped with their GEMMs (training.tp_comm_overlap); this runtime runs them between the GEMMs, so its steps take longer than predicted".to_string()
+    })
 }
 
 /// Why a plan cannot run on the CUDA backend here, with the fix.

@@ -1,0 +1,156 @@
+//! Tensor-parallel collectives overlapped with their GEMMs (`training.tp_comm_overlap`):
+//! Megatron-Core's `--tp-comm-overlap` (Transformer Engine's userbuffers) and torchtitan's async
+//! TP (Inductor's micro-pipeline TP pass).
+//!
+//! Under sequence parallelism a layer's pass runs two all-gathers and two reduce-scatters of the
+//! layer's activations (`layer_times`). Overlapped, each collective is cut into TP steps, one per
+//! rank's 1/TP of the tokens, and each step's transfer runs while the GEMM works on the chunk in
+//! hand (Wang et al. 2023, "Overlap communication with dependent computation via decomposition",
+//! ASPLOS; TE's `ring_exchange` method):
+//! - attention's all-gather feeds the column-parallel input projections (QKV; MLA's query and
+//!   key-value up projections), its reduce-scatter follows the output projection;
+//! - the MLP's all-gather feeds its input linears (fc1, or gate and up), its reduce-scatter
+//!   follows its output linear (fc2, down);
+//! - in the backward the same collectives (transposed) pair with the same linears' backward
+//!   GEMMs, input and weight gradients.
+//!
+//! A collective of `c` seconds beside GEMMs of `g` seconds leaves `max(c − g, c / TP)` exposed:
+//! what the GEMMs are too short to cover, and at least the one step of the ring that has no chunk
+//! to hide behind (a reduce-scatter's last partial sum is sent after the last GEMM; an
+//! all-gather's first remote chunk is awaited before its GEMM). The GEMMs run as TP pieces of
+//! 1/TP of the tokens each: `TP · gemm(m / TP)` instead of `gemm(m)`, the pieces' wave
+//! quantisation and launches charged as compute. The overlap's SMs (TE's bulk method takes a few
+//! for its copies; the ring exchange and symmetric memory move data with the copy engines) are
+//! not charged. Without sequence parallelism (all-reduces) and in MoE layers nothing is
+//! overlapped: Megatron requires sequence parallelism for it, and its MoE layers' collectives are
+//! the token dispatcher's.
+
+use super::device::{Device, LinearShape};
+
+/// A spec that asks for the overlap under a framework profile that has none is refused, naming
+/// the profiles that have it.
+pub fn check(
+    model: &crate::model::Model,
+    cluster: &crate::spec::Cluster,
+    model_file: &std::path::Path,
+) -> Result<(), crate::Diagnostic> {
+    if !model.training.tp_comm_overlap {
+        return Ok(());
+    }
+    let profile = crate::framework::of(model, cluster);
+    if profile.can_run.tp_comm_overlap {
+        return Ok(());
+    }
+    let have: Vec<&str> = crate::framework::names()
+        .into_iter()
+        .filter(|n| crate::framework::by_name(n).is_some_and(|f| f.can_run.tp_comm_overlap))
+        .collect();
+    Err(crate::Diagnostic::new(
+        model_file,
+        "training.tp_comm_overlap",
+        format!(
+            "tp_comm_overlap = true, but the framework profile {} does not overlap TP collectives with GEMMs",
+            profile.name
+        ),
+        format!(
+            "set tp_comm_overlap = false, or plan for a framework that does: {}",
+            have.join(" | ")
+        ),
+    ))
+}
+
+/// One layer's TP time under the overlap, per pass: the collectives' exposed seconds and what
+/// splitting the GEMMs adds to compute.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Overlapped {
+    pub fwd_exposed: f64,
+    pub bwd_exposed: f64,
+    pub fwd_split: f64,
+    pub bwd_split: f64,
+}
+
+/// Which collective a linear sits beside: the all-gather before it, the reduce-scatter after.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Side {
+    /// Attention's input projections (after attention's all-gather).
+    AttentionIn,
+    /// Attention's output projection (before attention's reduce-scatter).
+    AttentionOut,
+    MlpIn,
+    MlpOut,
+}
+
+fn side(name: &str) -> Option<Side> {
+    match name {
+        "qkv" | "q_proj" | "q_up" | "kv_up" => Some(Side::AttentionIn),
+        "proj" => Some(Side::AttentionOut),
+        "fc1" | "gate_up" => Some(Side::MlpIn),
+        "fc2" | "down" => Some(Side::MlpOut),
+        // MLA's down projections are replicated and run on the rank's own tokens before the
+        // gather: nothing to overlap.
+        _ => None,
+    }
+}
+
+/// Seconds of a collective of `c` seconds left exposed beside GEMMs of `g` seconds, cut into
+/// `tp` steps (module docs).
+pub fn exposed(c: f64, g: f64, tp: f64) -> f64 {
+    (c - g).max(c / tp.max(1.0)).max(0.0)
+}
+
+/// One layer's overlapped TP time: `linears` are the layer's linear layers on one TP rank
+/// (`ops::block_linears`), `all_gather` and `reduce_scatter` one collective's seconds.
+pub fn layer(
+    dev: &Device,
+    linears: &[LinearShape],
+    tp: u64,
+    all_gather: f64,
+    reduce_scatter: f64,
+) -> Overlapped {
+    let t = tp.max(1) as f64;
+    let mut gemm = [(0.0, 0.0); 4];
+    let (mut fwd_split, mut bwd_split) = (0.0, 0.0);
+    for l in linears {
+        let Some(s) = side(l.name) else { continue };
+        // The GEMMs hide the transfer and are split; an FP8 linear's casts run whole beside
+        // them (TE and torchao cast the weight once, the input before the exchange).
+        let (f, b) = dev.block_gemms(l);
+        let piece = LinearShape { m: l.m / t, ..*l };
+        let (pf, pb) = dev.block_gemms(&piece);
+        let i = s as usize;
+        gemm[i].0 += f * l.count;
+        gemm[i].1 += b * l.count;
+        fwd_split += (t * pf - f).max(0.0) * l.count;
+        bwd_split += (t * pb - b).max(0.0) * l.count;
+    }
+    let collective = [all_gather, reduce_scatter, all_gather, reduce_scatter];
+    let (mut fwd_exposed, mut bwd_exposed) = (0.0, 0.0);
+    for (c, (gf, gb)) in collective.iter().zip(gemm) {
+        fwd_exposed += exposed(*c, gf, t);
+        bwd_exposed += exposed(*c, gb, t);
+    }
+    Overlapped {
+        fwd_exposed,
+        bwd_exposed,
+        fwd_split,
+        bwd_split,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Worked figures: a 4-way ring step is a quarter of the collective. 2 ms of all-gather
+    /// beside 5 ms of GEMM: 0.5 ms exposed (one step). Beside 1.2 ms of GEMM: 0.8 ms (the GEMM
+    /// covers 1.2 of the 2 ms, more than the three steps it can hide). Beside no GEMM: all 2 ms.
+    #[test]
+    fn a_collective_hides_behind_its_gemm_but_one_step() {
+        let close = |a: f64, b: f64| assert!((a - b).abs() < 1e-12, "{a} vs {b}");
+        close(exposed(2e-3, 5e-3, 4.0), 0.5e-3);
+        close(exposed(2e-3, 1.2e-3, 4.0), 0.8e-3);
+        close(exposed(2e-3, 0.0, 4.0), 2e-3);
+        // TP 1 has no ring: the whole collective (there is none in practice).
+        close(exposed(2e-3, 5e-3, 1.0), 2e-3);
+    }
+}
