@@ -72,6 +72,11 @@ const NOT_SHOWN: &[(&str, &str)] = &[
     ("predicted.whole_run.interruptions", DERIVED),
     // What FP8 would change follows from job.model.training.fp8 and the device's FP8 keys,
     // which diff shows, and the layout.
+    // What TP overlap would change follows from job.model.training.tp_comm_overlap, the
+    // layout and the framework profile, as the step time does.
+    ("predicted.tp_overlap.stated", DERIVED),
+    ("predicted.tp_overlap.step_time_s_overlapped", DERIVED),
+    ("predicted.tp_overlap.step_time_s_sequential", DERIVED),
     ("predicted.fp8.recipe", DERIVED),
     ("predicted.fp8.stated", DERIVED),
     ("predicted.fp8.step_time_s_bf16", DERIVED),

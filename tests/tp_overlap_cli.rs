@@ -72,6 +72,19 @@ fn the_flag_overlaps_the_tp_collectives_and_the_plan_carries_it() {
     );
     let step = |v: &serde_json::Value| v["predicted"]["step_time_s"].as_f64().unwrap();
     assert!(step(&over) < step(&plain));
+    // Each plan says what the setting changes: the plain plan's "with" is the overlapped
+    // plan's own step, and the other way round.
+    let (pc, oc) = (
+        &plain["predicted"]["tp_overlap"],
+        &over["predicted"]["tp_overlap"],
+    );
+    assert_eq!(pc["stated"], false);
+    assert_eq!(oc["stated"], true);
+    let f = |v: &serde_json::Value, k: &str| v[k].as_f64().unwrap();
+    assert_eq!(f(pc, "step_time_s_overlapped"), step(&over));
+    assert_eq!(f(pc, "step_time_s_sequential"), step(&plain));
+    assert_eq!(f(oc, "step_time_s_overlapped"), step(&over));
+    assert_eq!(f(oc, "step_time_s_sequential"), step(&plain));
 }
 
 #[test]

@@ -691,11 +691,15 @@ pub(crate) fn print_whole_run(plan: &Plan) {
     }
 }
 
-/// What FP8 changes for the chosen layout, with a blank line after (GPU devices with an FP8
-/// peak).
+/// What FP8 (GPU devices with an FP8 peak) and TP communication overlap (TP with SP, under a
+/// framework that overlaps) change for the chosen layout, each with a blank line after.
 pub(crate) fn print_fp8(plan: &Plan) {
     if let Some(c) = &plan.predicted.fp8 {
         println!("{}\n", tessera_planner::fp8::report::lines(c).join("\n"));
+    }
+    if let Some(c) = &plan.predicted.tp_overlap {
+        let lines = tessera_planner::cost::tp_overlap::lines(c);
+        println!("{}\n", lines.join("\n"));
     }
 }
 

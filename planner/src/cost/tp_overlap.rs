@@ -25,7 +25,13 @@
 //! overlapped: Megatron requires sequence parallelism for it, and its MoE layers' collectives are
 //! the token dispatcher's.
 
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
 use super::device::{Device, LinearShape};
+use crate::layout::Layout;
+use crate::model::Model;
+use crate::spec::Cluster;
 
 /// A spec that asks for the overlap under a framework profile that has none is refused, naming
 /// the profiles that have it.
@@ -57,6 +63,63 @@ pub fn check(
             have.join(" | ")
         ),
     ))
+}
+
+/// What overlapping the TP collectives changes for a layout (plan.json's
+/// `predicted.tp_overlap`): the step with and without, the job's own being the one it states.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct TpOverlapChange {
+    /// The job states `training.tp_comm_overlap = true`.
+    pub stated: bool,
+    pub step_time_s_overlapped: f64,
+    pub step_time_s_sequential: f64,
+}
+
+/// What the overlap changes for `layout`, where it can apply: TP > 1 with sequence
+/// parallelism, under a framework profile that overlaps. `own` is the job's own step seconds,
+/// `evaluate` gives them for the same job with the setting flipped.
+pub fn change(
+    model: &Model,
+    cluster: &Cluster,
+    layout: &Layout,
+    own: f64,
+    evaluate: &dyn Fn(&Model) -> f64,
+) -> Option<TpOverlapChange> {
+    if layout.tp <= 1
+        || !layout.sequence_parallel
+        || !crate::framework::of(model, cluster).can_run.tp_comm_overlap
+    {
+        return None;
+    }
+    let stated = model.training.tp_comm_overlap;
+    let mut other = model.clone();
+    other.training.tp_comm_overlap = !stated;
+    let theirs = evaluate(&other);
+    let (overlapped, sequential) = if stated { (own, theirs) } else { (theirs, own) };
+    Some(TpOverlapChange {
+        stated,
+        step_time_s_overlapped: overlapped,
+        step_time_s_sequential: sequential,
+    })
+}
+
+/// The lines `plan` and `explain` print for a [`TpOverlapChange`].
+pub fn lines(c: &TpOverlapChange) -> Vec<String> {
+    let head = if c.stated {
+        "TP communication overlap (training.tp_comm_overlap), for this layout:"
+    } else {
+        "TP communication overlap would change, for this layout (--tp-comm-overlap states it; Megatron-Core's --tp-comm-overlap, torchtitan's async TP):"
+    };
+    vec![
+        head.to_string(),
+        format!(
+            "  step {:.3} s with the collectives overlapped, {:.3} s without ({:+.1}%)",
+            c.step_time_s_overlapped,
+            c.step_time_s_sequential,
+            100.0 * (c.step_time_s_overlapped / c.step_time_s_sequential - 1.0),
+        ),
+    ]
 }
 
 /// One layer's TP time under the overlap, per pass: the collectives' exposed seconds and what

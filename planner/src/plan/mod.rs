@@ -262,6 +262,10 @@ pub struct Predicted {
     /// the device has an FP8 peak (`crate::fp8::report`). Absent in plans written before it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub fp8: Option<crate::fp8::report::Fp8Change>,
+    /// What overlapping the TP collectives with their GEMMs changes for this layout, where it
+    /// can apply (`crate::cost::tp_overlap::change`). Absent in plans written before it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tp_overlap: Option<crate::cost::tp_overlap::TpOverlapChange>,
 }
 
 impl Predicted {
@@ -287,10 +291,15 @@ impl Predicted {
                 )
             },
         );
+        let tp_overlap =
+            crate::cost::tp_overlap::change(model, cluster, layout, p.step_time_s, &|m| {
+                predict(m, cluster, layout, split).step_time_s
+            });
         Predicted {
             checkpoint,
             whole_run,
             fp8,
+            tp_overlap,
             ..Predicted::new(memory, &p, caveats)
         }
     }
@@ -300,6 +309,7 @@ impl Predicted {
             checkpoint: None,
             whole_run: None,
             fp8: None,
+            tp_overlap: None,
             memory,
             step_time_s: p.step_time_s,
             breakdown: p.breakdown.clone(),
