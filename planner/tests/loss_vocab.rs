@@ -45,7 +45,11 @@ fn logits_buffers_by_loss_kind_at_a_128k_vocabulary() {
     let fp32 = 8_405_385_216.0;
     let bf16 = 4_202_692_608.0;
     let of = |kind| -> Vec<(&str, f64)> {
-        logits::terms(&m, 16384.0, 1, kind, true)
+        let loss = logits::Loss {
+            kind,
+            parallel: false,
+        };
+        logits::terms(&m, 16384.0, 1, loss, true)
             .into_iter()
             .map(|(n, b, _)| (n, b))
             .collect()

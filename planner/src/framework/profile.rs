@@ -189,6 +189,11 @@ pub struct Runs {
     #[serde(default = "yes")]
     pub overlap_dp_pipeline: bool,
     pub loss: LossKind,
+    /// Under TP the loss runs as DTensor's `loss_parallel` (torchtitan's, unless
+    /// `parallelism.disable_loss_parallel`), whose backward holds one more fp32 buffer of the
+    /// rank's vocabulary share beside an unfused loss's (`memory::logits`). Absent: false.
+    #[serde(default)]
+    pub loss_parallel: bool,
     /// Pads the vocabulary to the spec's `make_vocab_size_divisible_by` × TP (Megatron); false:
     /// the vocabulary is used as it is (unaligned GEMMs where it is not a multiple of 64).
     pub pad_vocab: bool,

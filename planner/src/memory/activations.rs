@@ -278,7 +278,7 @@ pub fn head_terms(
     b: u64,
     tp: u64,
     sp: bool,
-    loss: crate::framework::LossKind,
+    loss: super::logits::Loss,
     pad_vocab: bool,
 ) -> Vec<(&'static str, f64, &'static str)> {
     let sb = model.training.seq_len as f64 * b as f64;

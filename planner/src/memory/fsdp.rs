@@ -88,7 +88,7 @@ pub(super) struct Fsdp {
     /// the root module and the output layer's buffers (the memory model reads them here, from
     /// its one lookup of the profile).
     pub pad_vocab: bool,
-    pub loss: framework::LossKind,
+    pub loss: super::logits::Loss,
 }
 
 impl Fsdp {
@@ -107,7 +107,10 @@ impl Fsdp {
             zero3_fetch: m.zero3_fetch,
             pipe_buffers: m.pipe_buffers && layout.pp > 1,
             pad_vocab: profile.runs.pad_vocab,
-            loss: profile.runs.loss,
+            loss: super::logits::Loss {
+                kind: profile.runs.loss,
+                parallel: profile.runs.loss_parallel,
+            },
         }
     }
 

@@ -358,22 +358,36 @@ fn no_recomputed_layer_is_alive_during_the_loss_backward() {
     assert!(term(&estimate(&eager, &cluster, &l), 0, "recompute_working_set").is_some());
 }
 
-/// torchtitan's loss under TP runs as `loss_parallel`, whose backward adds `exp(x)` to the
-/// zeroed gradient: a fourth fp32 buffer of the rank's vocabulary share, 8192 tokens × 128256 / 8
-/// rows × 4 B = 525,336,576 B at TP 8; none without TP, and none under Megatron's vocab-parallel
-/// loss.
+/// torchtitan's loss under TP runs as `loss_parallel` (its profiles' `runs.loss_parallel`),
+/// whose backward adds `exp(x)` to the zeroed gradient: a fourth fp32 buffer of the rank's
+/// vocabulary share, 8192 tokens × 128256 / 8 rows × 4 B = 525,336,576 B at TP 8; none without
+/// TP, none without loss_parallel, and none under Megatron's vocab-parallel loss. The
+/// torchtitan profiles state it; the others do not.
 #[test]
 fn loss_parallel_holds_the_exponential_beside_the_gradient() {
     use crate::framework::LossKind;
     use crate::memory::activations::head_terms;
+    use crate::memory::logits::Loss;
     let m = llama3_8b(Some("torchtitan"));
-    let find = |tp: u64, loss: LossKind| {
-        head_terms(&m, 1, tp, true, loss, false)
+    let find = |tp: u64, kind: LossKind, parallel: bool| {
+        head_terms(&m, 1, tp, true, Loss { kind, parallel }, false)
             .iter()
             .find(|t| t.0 == "logits_fp32_exp")
             .map(|t| t.1)
     };
-    assert_eq!(find(8, LossKind::UnfusedFp32Freed), Some(525_336_576.0));
-    assert_eq!(find(1, LossKind::UnfusedFp32Freed), None);
-    assert_eq!(find(8, LossKind::VocabParallelFp32), None);
+    assert_eq!(
+        find(8, LossKind::UnfusedFp32Freed, true),
+        Some(525_336_576.0)
+    );
+    assert_eq!(find(1, LossKind::UnfusedFp32Freed, true), None);
+    assert_eq!(find(8, LossKind::UnfusedFp32Freed, false), None);
+    assert_eq!(find(8, LossKind::VocabParallelFp32, false), None);
+    for name in crate::framework::names() {
+        let p = crate::framework::by_name(name).unwrap();
+        assert_eq!(
+            p.runs.loss_parallel,
+            name.starts_with("torchtitan"),
+            "{name}"
+        );
+    }
 }

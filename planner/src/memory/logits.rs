@@ -22,13 +22,21 @@
 //!   the forward (the conversion saves no input). Plus the 16-bit logits (`logits_16bit`),
 //!   which a training loop that keeps them through the backward holds (nanoGPT's
 //!   `logits, loss = model(X, Y)`); a loop that frees them first (torchtitan's `del pred`:
-//!   **UnfusedFp32Freed**) peaks 2 B per logit lower. Under TP that loop's loss runs as
-//!   DTensor's `loss_parallel` (torchtitan), whose fused nll/log-softmax backward
-//!   `(grad_input + exp(x)) * grad_output` holds a fourth fp32 N × V/TP buffer, the exponential
-//!   (`logits_fp32_exp`).
+//!   **UnfusedFp32Freed**) peaks 2 B per logit lower. Where the profile runs its loss as
+//!   DTensor's `loss_parallel` under TP (`runs.loss_parallel`: torchtitan), the fused
+//!   nll/log-softmax backward `(grad_input + exp(x)) * grad_output` holds a fourth fp32
+//!   N × V/TP buffer beside an unfused loss's, the exponential (`logits_fp32_exp`).
 
 use crate::framework::LossKind;
 use crate::model::Model;
+
+/// How a framework computes its loss: the kind, and whether it runs as `loss_parallel` under
+/// TP (the profile's `runs.loss` and `runs.loss_parallel`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Loss {
+    pub kind: LossKind,
+    pub parallel: bool,
+}
 
 /// The reason of the terms kept for the output layer's backward (today's wording).
 pub const KEPT: &str = "kept for the output layer's backward";
@@ -38,9 +46,13 @@ pub fn terms(
     model: &Model,
     tokens: f64,
     tp: u64,
-    loss: LossKind,
+    loss: Loss,
     pad_vocab: bool,
 ) -> Vec<(&'static str, f64, &'static str)> {
+    let Loss {
+        kind: loss,
+        parallel,
+    } = loss;
     let rows = (model.architecture.vocab_rows(tp, pad_vocab) / tp.max(1)) as f64;
     let logits = tokens * rows;
     let w = super::stored::element_bytes(model);
@@ -82,7 +94,7 @@ pub fn terms(
                 "log_softmax's backward: the fp32 gradient of the upcast logits, written while its two inputs are alive",
             ),
             ];
-            if loss == LossKind::UnfusedFp32Freed && tp > 1 {
+            if parallel && tp > 1 {
                 // torchtitan runs its loss under `loss_parallel` whenever TP is on
                 // (parallelism.disable_loss_parallel defaults to false): DTensor's
                 // `_nll_loss_and_log_softmax_backward` (torch/distributed/tensor/parallel/loss.py)
