@@ -6,6 +6,8 @@ turns them into efficiencies against the spec's own peaks).
 Measured, each as seconds per call (CUDA events, after warm-up):
 - bf16 GEMMs (cuBLAS through `a @ b`): square shapes and the four GEMMs of a transformer
   layer (QKV, projection, MLP up and down) at 4096 and 16384 tokens, TP 1, 2 and 8;
+- FP8 GEMMs where the GPU has FP8 tensor cores (`torch._scaled_mm`, e4m3, tensorwise scales,
+  bf16 out): squares and the TP-1 layer GEMMs of h 4096 and 8192 at 16384 tokens (`gemm_fp8`);
 - causal SDPA forward and forward+backward at a few (T, head dimension);
 - element-wise bandwidth: a device copy, a layernorm and a tanh GELU (bytes read + written);
 - the host's cost per eager op: many tiny ops with autograd, forward and backward, wall clock
@@ -80,6 +82,39 @@ def gemms():
                 for k, n in [(h, 3 * h // tp), (h // tp, h), (h, 4 * h // tp), (4 * h // tp, h)]:
                     out.append(gemm(tokens, k, n))
             log(f"gemm layer shapes, {tokens} tokens, h {h}")
+    return out
+
+
+def gemm_fp8():
+    """FP8 GEMMs (cuBLASLt through torch._scaled_mm: e4m3 operands, tensorwise scales, bf16
+    out) on a GPU with FP8 tensor cores (compute capability 8.9 and up): squares and the four
+    TP-1 layer GEMMs of h 4096 and 8192 at 16384 tokens. None where the GPU has none or the
+    call fails (the measurement then has no `gemm_fp8`)."""
+    major, minor = torch.cuda.get_device_capability(0)
+    if (major, minor) < (8, 9) or not hasattr(torch, "_scaled_mm"):
+        log("no FP8 GEMMs: compute capability below 8.9 or no torch._scaled_mm")
+        return None
+    one = torch.tensor(1.0, device=dev)
+
+    def fp8(m, k, n):
+        a = torch.randn(m, k, device=dev, dtype=torch.bfloat16).to(torch.float8_e4m3fn)
+        # cuBLASLt's FP8 GEMM takes the second operand column-major (TN).
+        b = torch.randn(n, k, device=dev, dtype=torch.bfloat16).to(torch.float8_e4m3fn).t()
+        f = lambda: torch._scaled_mm(a, b, scale_a=one, scale_b=one, out_dtype=torch.bfloat16)
+        return {"m": m, "k": k, "n": n, "dtype": "fp8", "seconds": timeit(f)}
+
+    out = []
+    try:
+        for d in [2048, 4096, 8192, 16384]:
+            out.append(fp8(d, d, d))
+            log(f"fp8 gemm {d}^3")
+        for h in [4096, 8192]:
+            for k, n in [(h, 3 * h), (h, h), (h, 4 * h), (4 * h, h)]:
+                out.append(fp8(16384, k, n))
+            log(f"fp8 gemm layer shapes, 16384 tokens, h {h}")
+    except Exception as e:  # an FP8 path this PyTorch or driver lacks: no FP8 figures
+        log(f"FP8 GEMMs not measured: {type(e).__name__}: {e}")
+        return None
     return out
 
 
@@ -198,6 +233,9 @@ def main():
         "host_op": host_op(),
         "loss": loss(),
     }
+    fp8 = gemm_fp8()
+    if fp8:
+        doc["gemm_fp8"] = fp8
     json.dump(doc, sys.stdout, indent=1)
     print()
 

@@ -584,3 +584,89 @@ fn the_host_ops_forward_splits_into_dispatch_and_launch() {
         text(&r.stderr)
     );
 }
+
+/// FP8 GEMMs (`gemm_fp8`) against the H100 preset's dense FP8 peak (1979 TFLOP/s), on the
+/// recorded fixture with round-number FP8 times added (not a measurement): 4096³ in 0.2 ms is
+/// 2·4096³ / 2e-4 = 687.2 TFLOP/s = 0.3472 of 1979; 8192³ in 1.0 ms, 1099.5 TFLOP/s = 0.5556;
+/// 16384³ in 6.0 ms, 1466.1 TFLOP/s = 0.7408; 2048³ in 0.1 ms is listed but below 4096, not
+/// counted. gemm_efficiency_fp8 = the median of the three = 0.556. The calibrated spec keeps
+/// the FP8 peak (it used to be dropped), so an FP8 plan runs on it. Refused: an FP8 GEMM on a
+/// spec without `peak_tflops_fp8`, and a bf16 entry in `gemm_fp8`, each naming the field.
+#[test]
+fn fp8_gemms_give_the_fp8_gemm_efficiency() {
+    let dir = Scratch::new();
+    let mut v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(root().join(FIXTURE)).unwrap()).unwrap();
+    let entry = |d: u64, seconds: f64| serde_json::json!({"m": d, "k": d, "n": d, "dtype": "fp8", "seconds": seconds});
+    v["gemm_fp8"] = serde_json::json!([
+        entry(2048, 1e-4),
+        entry(4096, 2e-4),
+        entry(8192, 1e-3),
+        entry(16384, 6e-3)
+    ]);
+    let json = dir.path("fp8.json");
+    std::fs::write(&json, v.to_string()).unwrap();
+    let out = dir.path("h100-fp8.toml");
+    let calibrate = |spec: &str, j: &Path, o: &Path| {
+        tessera(
+            &["calibrate", spec, "--from-json", &s(j), "-o", &s(o)],
+            None,
+        )
+    };
+    let r = calibrate("specs/clusters/dgx-h100-80g.toml", &json, &out);
+    assert_eq!(r.status.code(), Some(0), "{}", text(&r.stderr));
+    let written = std::fs::read_to_string(&out).unwrap();
+    let t: toml::Table = toml::from_str(&written).expect("valid TOML");
+    assert_eq!(f(&t, "gemm_efficiency_fp8"), 0.556);
+    assert_eq!(t["device"]["peak_tflops_fp8"].as_integer(), Some(1979));
+    for what in [
+        "8192 × 8192 × 8192: 1099.5 TFLOP/s, 0.556",
+        "2048 × 2048 × 2048",
+    ] {
+        assert!(written.contains(what), "no `{what}` in\n{written}");
+    }
+    let r = tessera(
+        &[
+            "plan",
+            "specs/models/llama3-8b.toml",
+            &s(&out),
+            "--devices",
+            "8",
+            "--fp8",
+            "tensorwise",
+        ],
+        None,
+    );
+    assert_eq!(r.status.code(), Some(0), "{}", text(&r.stderr));
+    // A spec without the FP8 peak.
+    let spec = dir.path("no-fp8-peak.toml");
+    let preset = std::fs::read_to_string(root().join("specs/clusters/dgx-h100-80g.toml")).unwrap();
+    let without: String = preset
+        .lines()
+        .filter(|l| !l.starts_with("peak_tflops_fp8"))
+        .map(|l| format!("{l}\n"))
+        .collect();
+    std::fs::write(&spec, without).unwrap();
+    let r = calibrate(&s(&spec), &json, &dir.path("refused.toml"));
+    assert_eq!(r.status.code(), Some(2), "{}", text(&r.stderr));
+    let err = text(&r.stderr);
+    assert!(
+        err.contains("`gemm_fp8`") && err.contains("peak_tflops_fp8"),
+        "{err}"
+    );
+    assert!(!dir.path("refused.toml").exists());
+    // A bf16 entry in the FP8 list.
+    v["gemm_fp8"][1]["dtype"] = "bf16".into();
+    std::fs::write(&json, v.to_string()).unwrap();
+    let r = calibrate(
+        "specs/clusters/dgx-h100-80g.toml",
+        &json,
+        &dir.path("bf16.toml"),
+    );
+    assert_ne!(r.status.code(), Some(0));
+    assert!(
+        text(&r.stderr).contains("`gemm_fp8[1].dtype`"),
+        "{}",
+        text(&r.stderr)
+    );
+}

@@ -361,7 +361,7 @@ fn gpu(args: &CalibrateArgs, cluster: &tessera_planner::Cluster) -> anyhow::Resu
             args.timeout.unwrap_or(calibrate_gpu::DEFAULT_TIMEOUT_S),
         ))? {
             calibrate_gpu::Outcome::Measured(m) => (
-                m,
+                *m,
                 "the measuring script's output".into(),
                 "measured on this machine".into(),
             ),

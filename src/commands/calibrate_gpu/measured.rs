@@ -65,6 +65,8 @@ pub struct Measurement {
     /// `device.memory_gib`, where given.
     pub device_memory_gib: Option<f64>,
     pub gemm: Vec<Gemm>,
+    /// FP8 GEMMs (`gemm_fp8`, where the GPU has FP8 tensor cores): every entry's dtype fp8.
+    pub gemm_fp8: Vec<Gemm>,
     pub attention: Vec<Attention>,
     pub elementwise: Vec<Elementwise>,
     /// Tiny eager ops with autograd: how many (forward+backward each) and their wall seconds.
@@ -120,28 +122,20 @@ pub fn parse(text: &str, origin: &str) -> Result<Measurement> {
         f.str(d, "device.torch")?,
         f.str(d, "device.cuda")?
     );
-    let gemm = f
-        .list(&v, "gemm")?
-        .map(|(p, r)| {
-            f.entry(r, &p, Kind::Gemm)?;
-            let g = Gemm {
-                m: f.count(r, &p, "m")?,
-                k: f.count(r, &p, "k")?,
-                n: f.count(r, &p, "n")?,
-                dtype: dtype(&f.str(r, &format!("{p}.dtype"))?),
-                seconds: f.positive(r, &p, "seconds")?,
-            };
-            for (key, x) in [("m", g.m), ("k", g.k), ("n", g.n)] {
-                if x < MIN_GEMM_DIM {
-                    bail!(
-                        "{origin}: field `{p}.{key}`: {x} is not a GEMM the tensor cores run ({} × {} × {}): below {MIN_GEMM_DIM} it is a matrix-vector or element-wise product, bound by memory, not by peak_tflops\n  fix: drop the entry (an element-wise kernel belongs in `elementwise`, with its bytes), or measure GEMMs with every dimension {MIN_GEMM_DIM} or more",
-                        g.m, g.k, g.n
-                    );
-                }
+    let gemm = gemms(&f, &v, "gemm")?;
+    let gemm_fp8 = match v.get("gemm_fp8") {
+        None => Vec::new(),
+        Some(_) => {
+            let g = gemms(&f, &v, "gemm_fp8")?;
+            if let Some((i, x)) = g.iter().enumerate().find(|(_, x)| x.dtype != "fp8") {
+                bail!(
+                    "{origin}: field `gemm_fp8[{i}].dtype` = \"{}\": `gemm_fp8` holds FP8 GEMMs only\n  fix: move the entry to `gemm`, or drop it",
+                    x.dtype
+                );
             }
-            Ok(g)
-        })
-        .collect::<Result<_>>()?;
+            g
+        }
+    };
     let attention = f
         .list(&v, "attention")?
         .map(|(p, r)| {
@@ -193,6 +187,7 @@ pub fn parse(text: &str, origin: &str) -> Result<Measurement> {
         device_name,
         device_memory_gib,
         gemm,
+        gemm_fp8,
         attention,
         elementwise,
         host_ops: f.count(h, "host_op", "ops")?,
@@ -212,11 +207,38 @@ pub fn parse(text: &str, origin: &str) -> Result<Measurement> {
     })
 }
 
+/// The GEMMs of the list `name` (`gemm`, `gemm_fp8`), each checked as a GEMM.
+fn gemms(f: &Fields, v: &Value, name: &'static str) -> Result<Vec<Gemm>> {
+    let origin = f.0;
+    f.list(v, name)?
+        .map(|(p, r)| {
+            f.entry(r, &p, Kind::Gemm)?;
+            let g = Gemm {
+                m: f.count(r, &p, "m")?,
+                k: f.count(r, &p, "k")?,
+                n: f.count(r, &p, "n")?,
+                dtype: dtype(&f.str(r, &format!("{p}.dtype"))?),
+                seconds: f.positive(r, &p, "seconds")?,
+            };
+            for (key, x) in [("m", g.m), ("k", g.k), ("n", g.n)] {
+                if x < MIN_GEMM_DIM {
+                    bail!(
+                        "{origin}: field `{p}.{key}`: {x} is not a GEMM the tensor cores run ({} × {} × {}): below {MIN_GEMM_DIM} it is a matrix-vector or element-wise product, bound by memory, not by peak_tflops\n  fix: drop the entry (an element-wise kernel belongs in `elementwise`, with its bytes), or measure GEMMs with every dimension {MIN_GEMM_DIM} or more",
+                        g.m, g.k, g.n
+                    );
+                }
+            }
+            Ok(g)
+        })
+        .collect::<Result<_>>()
+}
+
 const TOP_KEYS: &[&str] = &[
     "schema",
     "provenance",
     "device",
     "gemm",
+    "gemm_fp8",
     "attention",
     "elementwise",
     "host_op",

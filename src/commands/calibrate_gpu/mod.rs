@@ -44,7 +44,7 @@ pub const NO_GPU: i32 = 3;
 
 /// What running the script gave.
 pub enum Outcome {
-    Measured(Measurement),
+    Measured(Box<Measurement>),
     /// No GPU: what was looked for and why it was not found.
     NoGpu(String),
 }
@@ -130,10 +130,10 @@ pub fn measure(timeout: Duration) -> Result<Outcome> {
         Some(0) => {
             let text = String::from_utf8(stdout)
                 .map_err(|_| anyhow!("the measuring script printed bytes that are not UTF-8"))?;
-            Ok(Outcome::Measured(measured::parse(
+            Ok(Outcome::Measured(Box::new(measured::parse(
                 &text,
                 "the measuring script's output",
-            )?))
+            )?)))
         }
         Some(NO_GPU) => Ok(Outcome::NoGpu(format!(
             "no GPU to measure: {looked_for}: {}\n  fix: run on a machine with a CUDA GPU and PyTorch (set TESSERA_PYTHON to its Python), or measure there with scripts/calibrate_gpu.py and convert with --from-json",
@@ -329,6 +329,58 @@ pub fn matmul_curve(c: &Cluster, m: &Measurement, origin: &str) -> Result<Vec<(f
         .collect()
 }
 
+/// The smallest dimension from which an FP8 GEMM counts towards `gemm_efficiency_fp8`.
+pub const FP8_FULL_WAVES: f64 = 4096.0;
+
+/// `gemm_efficiency_fp8` from the measurement's FP8 GEMMs, with one line per GEMM; `None`
+/// without FP8 GEMMs. Refused where the spec states no FP8 peak, or no GEMM is large enough.
+pub fn fp8_efficiency(
+    c: &Cluster,
+    m: &Measurement,
+    at: &str,
+) -> Result<Option<(f64, Vec<String>)>> {
+    if m.gemm_fp8.is_empty() {
+        return Ok(None);
+    }
+    let Some(peak_tflops) = c.device.peak_tflops_fp8 else {
+        bail!(
+            "{at}: field `gemm_fp8`: FP8 GEMMs were measured, and the spec's [device] states no peak_tflops_fp8 to take them as a fraction of\n  fix: add the GPU's dense FP8 peak (`peak_tflops_fp8`, the datasheet's figure without sparsity) to [device], or drop `gemm_fp8`"
+        );
+    };
+    let peak = peak_tflops * 1e12;
+    let mut lines = Vec::new();
+    let mut full = Vec::new();
+    let mut idx = Vec::new();
+    for (i, g) in m.gemm_fp8.iter().enumerate() {
+        let flops = 2.0 * g.m * g.k * g.n / g.seconds;
+        lines.push(format!(
+            "{:.0} × {:.0} × {:.0}: {:.1} TFLOP/s, {:.3}",
+            g.m,
+            g.k,
+            g.n,
+            flops / 1e12,
+            flops / peak
+        ));
+        if g.m.min(g.k).min(g.n) >= FP8_FULL_WAVES {
+            full.push(flops / peak);
+            idx.push(i);
+        }
+    }
+    if full.is_empty() {
+        bail!(
+            "{at}: field `gemm_fp8`: no FP8 GEMM has every dimension {FP8_FULL_WAVES} or more, so none fills full waves of large tiles\n  fix: measure with this version's scripts/calibrate_gpu.py (squares up to 16384)"
+        );
+    }
+    let e = fraction(
+        at,
+        &paths("gemm_fp8", idx),
+        "the FP8 GEMMs",
+        median(full),
+        "peak_tflops_fp8",
+    )?;
+    Ok(Some((e, lines)))
+}
+
 /// The calibrated cluster as a spec file: the input's device, links and overheads, and a
 /// `[calibration]` table of measured figures, each with what measured it.
 /// `at` names the measurement in errors; `origin` says where it was taken, in the spec.
@@ -382,6 +434,9 @@ pub fn spec_text(c: &Cluster, m: &Measurement, at: &str, origin: &str) -> Result
         "[device]  # the input spec's\nname = \"{}\"\nkind = \"gpu\"\nmemory_gib = {}\npeak_tflops = {}\nmemory_bandwidth_gbps = {}",
         d.name, d.memory_gib, d.peak_tflops, d.memory_bandwidth_gbps
     );
+    if let Some(x) = d.peak_tflops_fp8 {
+        let _ = writeln!(s, "peak_tflops_fp8 = {x}");
+    }
     if d.sms > 0 {
         let _ = writeln!(s, "sms = {}", d.sms);
     }
@@ -417,6 +472,18 @@ pub fn spec_text(c: &Cluster, m: &Measurement, at: &str, origin: &str) -> Result
         .map(|(d, e, _)| format!("[{d:.0}, {e:.3}]"))
         .collect();
     let _ = writeln!(s, "matmul_efficiency = [{}]", pts.join(", "));
+    if let Some((e, lines)) = fp8_efficiency(c, m, at)? {
+        let _ = writeln!(
+            s,
+            "# FP8 GEMMs (torch._scaled_mm: e4m3, tensorwise scales, bf16 out), 2·m·k·n / seconds / peak_tflops_fp8;\n\
+             # gemm_efficiency_fp8 is the median over those of smallest dimension {FP8_FULL_WAVES} or more (full waves\n\
+             # of large tiles, the constant the tile and wave model multiplies):"
+        );
+        for l in lines {
+            let _ = writeln!(s, "#   {l}");
+        }
+        let _ = writeln!(s, "gemm_efficiency_fp8 = {e:.3}");
+    }
     let _ = writeln!(
         s,
         "# Element-wise kernels ({}): the median of bytes read and written / seconds / memory_bandwidth_gbps.\nmemory_efficiency = {memory:.3}",
