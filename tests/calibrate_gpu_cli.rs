@@ -670,3 +670,51 @@ fn fp8_gemms_give_the_fp8_gemm_efficiency() {
         text(&r.stderr)
     );
 }
+
+/// What the calibration measures nothing of stays the input's: a spec's `[cost]`,
+/// `[reliability]` and `[storage]` tables (the whole run's price, interruptions and checkpoint
+/// writes; the H100 preset states the last two, a `[cost]` is added here) are carried into the
+/// calibrated spec with their values, where they used to be dropped (the calibrated spec's
+/// plans then printed no cost, no interruptions and no checkpoint cadence).
+#[test]
+fn the_whole_run_tables_are_carried_over() {
+    let dir = Scratch::new();
+    let spec = dir.path("h100-priced.toml");
+    let preset = std::fs::read_to_string(root().join("specs/clusters/dgx-h100-80g.toml")).unwrap();
+    std::fs::write(&spec, format!("{preset}\n[cost]\nusd_per_gpu_hour = 2.5\n")).unwrap();
+    let out = dir.path("calibrated.toml");
+    let r = tessera(
+        &[
+            "calibrate",
+            &s(&spec),
+            "--from-json",
+            FIXTURE,
+            "-o",
+            &s(&out),
+        ],
+        None,
+    );
+    assert_eq!(r.status.code(), Some(0), "{}", text(&r.stderr));
+    let t: toml::Table = toml::from_str(&std::fs::read_to_string(&out).unwrap()).unwrap();
+    let num = |table: &str, key: &str| {
+        let v = &t[table][key];
+        v.as_float()
+            .or_else(|| v.as_integer().map(|i| i as f64))
+            .unwrap_or_else(|| panic!("{table}.{key}: {v:?}"))
+    };
+    assert_eq!(num("cost", "usd_per_gpu_hour"), 2.5);
+    // The preset's own [reliability] and [storage], as it states them.
+    let p: toml::Table = toml::from_str(&preset).unwrap();
+    for (table, key) in [
+        ("reliability", "gpu_mtbf_hours"),
+        ("reliability", "restart_minutes"),
+        ("storage", "write_gbps"),
+    ] {
+        let want = &p[table][key];
+        let want = want
+            .as_float()
+            .or_else(|| want.as_integer().map(|i| i as f64))
+            .unwrap();
+        assert_eq!(num(table, key), want, "{table}.{key}");
+    }
+}

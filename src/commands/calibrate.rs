@@ -313,7 +313,10 @@ pub fn run(args: CalibrateArgs) -> anyhow::Result<ExitCode> {
         cluster.devices,
         cluster.device.memory_gib,
     );
-    let text = spec_text(&calibrated(&cluster, &m, memory_gib), &m);
+    let text = super::calibrate_host::with_whole_run_tables(
+        &spec_text(&calibrated(&cluster, &m, memory_gib), &m),
+        &cluster,
+    );
     plan_reads(
         &text,
         args.output.as_deref(),
@@ -382,6 +385,7 @@ fn gpu(args: &CalibrateArgs, cluster: &tessera_planner::Cluster) -> anyhow::Resu
         text =
             super::calibrate_host::with_host(&text, &cluster.host.toml_table("the input spec's"));
     }
+    let text = super::calibrate_host::with_whole_run_tables(&text, cluster);
     plan_reads(&text, args.output.as_deref(), &at, &|field| match field {
         "calibration.matmul_efficiency" => "the measurement's `gemm` entries".to_string(),
         "calibration.memory_efficiency" => "the measurement's `elementwise` entries".to_string(),

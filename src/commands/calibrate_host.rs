@@ -159,3 +159,22 @@ mod tests {
         assert!(out.ends_with("[host]\nmemory_gib = 2\n"));
     }
 }
+
+/// `text` (a calibrated spec) with the input's `[cost]`, `[reliability]` and `[storage]` tables,
+/// where it states them: what the whole-run prediction reads, which a calibration measures
+/// nothing of and must not drop.
+pub fn with_whole_run_tables(text: &str, input: &Cluster) -> String {
+    const OF: &str = "the input spec's";
+    let tables = [
+        ("cost", input.cost.map(|c| c.toml_table(OF))),
+        ("reliability", input.reliability.map(|r| r.toml_table(OF))),
+        ("storage", input.storage.map(|s| s.toml_table(OF))),
+    ];
+    let mut out = text.to_string();
+    for (name, table) in tables {
+        if let Some(table) = table {
+            out = with_table(&out, name, &table);
+        }
+    }
+    out
+}

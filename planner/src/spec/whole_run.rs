@@ -48,6 +48,26 @@ pub struct Storage {
     pub write_gbps: f64,
 }
 
+impl Cost {
+    /// The `[cost]` table, as a spec states it.
+    pub fn toml_table(&self, comment: &str) -> String {
+        format!(
+            "[cost]  # {comment}\nusd_per_gpu_hour = {}\n",
+            self.usd_per_gpu_hour
+        )
+    }
+}
+
+impl Reliability {
+    /// The `[reliability]` table, as a spec states it.
+    pub fn toml_table(&self, comment: &str) -> String {
+        format!(
+            "[reliability]  # {comment}\ngpu_mtbf_hours = {}\nrestart_minutes = {}\npreemptions_per_hour = {}\n",
+            self.gpu_mtbf_hours, self.restart_minutes, self.preemptions_per_hour
+        )
+    }
+}
+
 impl Storage {
     /// The `[storage]` table as `tessera calibrate --storage` writes it.
     pub fn toml_table(&self, comment: &str) -> String {
