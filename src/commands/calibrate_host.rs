@@ -146,20 +146,6 @@ pub fn with_table(text: &str, name: &str, table: &str) -> String {
     format!("{}\n\n{table}", out.trim_end())
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_host_table_is_replaced_and_the_rest_kept() {
-        let spec = "name = \"x\"\n[device]\nkind = \"gpu\"\n[host]\nmemory_gib = 1\n[overhead]\ncontext_gib = 0\n";
-        let out = with_host(spec, "[host]\nmemory_gib = 2\n");
-        assert!(out.contains("[device]\nkind = \"gpu\"\n[overhead]\ncontext_gib = 0"));
-        assert!(!out.contains("memory_gib = 1"));
-        assert!(out.ends_with("[host]\nmemory_gib = 2\n"));
-    }
-}
-
 /// `text` (a calibrated spec) with the input's `[cost]`, `[reliability]` and `[storage]` tables,
 /// where it states them: what the whole-run prediction reads, which a calibration measures
 /// nothing of and must not drop.
@@ -177,4 +163,18 @@ pub fn with_whole_run_tables(text: &str, input: &Cluster) -> String {
         }
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_host_table_is_replaced_and_the_rest_kept() {
+        let spec = "name = \"x\"\n[device]\nkind = \"gpu\"\n[host]\nmemory_gib = 1\n[overhead]\ncontext_gib = 0\n";
+        let out = with_host(spec, "[host]\nmemory_gib = 2\n");
+        assert!(out.contains("[device]\nkind = \"gpu\"\n[overhead]\ncontext_gib = 0"));
+        assert!(!out.contains("memory_gib = 1"));
+        assert!(out.ends_with("[host]\nmemory_gib = 2\n"));
+    }
 }
