@@ -15,9 +15,9 @@
 //!   GEMMs, input and weight gradients.
 //!
 //! A collective of `c` seconds beside GEMMs of `g` seconds leaves `max(c − g, c / TP)` exposed:
-//! what the GEMMs are too short to cover, and at least the one step of the ring that has no chunk
-//! to hide behind (a reduce-scatter's last partial sum is sent after the last GEMM; an
-//! all-gather's first remote chunk is awaited before its GEMM). The GEMMs run as TP pieces of
+//! what the GEMMs are too short to cover, and at least one step of the ring, a floor this model
+//! sets for all four (a reduce-scatter's last partial sum can only leave after the last GEMM; an
+//! all-gather's is taken to cost the same). The GEMMs run as TP pieces of
 //! 1/TP of the tokens each: `TP · gemm(m / TP)` instead of `gemm(m)`, the pieces' wave
 //! quantisation and launches charged as compute. The overlap's SMs (TE's bulk method takes a few
 //! for its copies; the ring exchange and symmetric memory move data with the copy engines) are
@@ -36,8 +36,8 @@ use crate::spec::Cluster;
 /// A spec that asks for the overlap under a framework profile that has none is refused, naming
 /// the profiles that have it.
 pub fn check(
-    model: &crate::model::Model,
-    cluster: &crate::spec::Cluster,
+    model: &Model,
+    cluster: &Cluster,
     model_file: &std::path::Path,
 ) -> Result<(), crate::Diagnostic> {
     if !model.training.tp_comm_overlap {
