@@ -18,20 +18,49 @@ use crate::memory::moe::routed_copies;
 use crate::model::{Activation, Model};
 
 /// Forward and backward seconds of an MLP (the two or three linears and the activation) on
-/// `tokens` tokens, `width` channels wide on this rank, costed as [`super::ops::layer_cp`]
-/// costs the dense MLP (frozen under adapters), without the activation's launch (the layer's launch count has it),
-/// and split into `(fwd, bwd, linear forward, element-wise forward)`.
+/// `tokens` tokens, `width` channels wide on this rank, in 16 bits (frozen under adapters),
+/// without the activation's launch (the layer's launch count has it), split into `(fwd, bwd,
+/// linear forward, element-wise forward)`: the routed and shared experts, which stay 16-bit
+/// under an FP8 recipe (docs/fp8.md).
 pub(crate) fn mlp_time(model: &Model, dev: &Device, tokens: f64, width: f64) -> [f64; 4] {
+    mlp_time_with(model, tokens, width, dev, &|k, n| {
+        dev.linear_of(model.training.method.adapters(), tokens, k, n)
+    })
+}
+
+/// [`mlp_time`] of the dense MLP exactly as [`super::ops::layer_cp`] costs it, its linears
+/// through [`Device::block_linear`] (FP8 GEMMs and casts under an FP8 recipe): what an MoE
+/// layer takes out of the dense layer's time before adding its experts.
+pub(crate) fn dense_mlp_time(model: &Model, dev: &Device, tokens: f64, width: f64) -> [f64; 4] {
+    mlp_time_with(model, tokens, width, dev, &|k, n| {
+        dev.block_linear(&super::device::LinearShape {
+            name: "mlp",
+            m: tokens,
+            k,
+            n,
+            count: 1.0,
+            frozen: model.training.method.adapters(),
+        })
+    })
+}
+
+/// The MLP's time with each linear `(k, n)` costed by `linear` (forward, backward).
+fn mlp_time_with(
+    model: &Model,
+    tokens: f64,
+    width: f64,
+    dev: &Device,
+    linear: &dyn Fn(f64, f64) -> (f64, f64),
+) -> [f64; 4] {
     let a = &model.architecture;
     let h = a.hidden as f64;
     let (inputs, act_f, act_b) = match a.activation {
         Activation::Gelu => (1.0, 4.0, 6.0),
         Activation::Swiglu => (2.0, 6.0, 10.0),
     };
-    // A frozen base's (LoRA) MLPs and experts compute no weight gradient.
-    let frozen = model.training.method.adapters();
-    let (up_f, up_b) = dev.linear_of(frozen, tokens, h, width);
-    let (down_f, down_b) = dev.linear_of(frozen, tokens, width, h);
+    // A frozen base's (LoRA) MLPs and experts compute no weight gradient (`linear` knows).
+    let (up_f, up_b) = linear(h, width);
+    let (down_f, down_b) = linear(width, h);
     let elems = tokens * width;
     let (ew_f, ew_b) = (
         dev.elementwise(elems * act_f, elems),
@@ -79,7 +108,8 @@ pub fn moe_layer_compute(
     let e = m.experts as f64;
     let k = routed_copies(model);
     let local = (m.experts / layout.ep.max(1)).max(1) as f64;
-    let [dense_f, dense_b, dense_lin, dense_ew] = mlp_time(model, dev, t, a.ffn_hidden as f64 / tp);
+    let [dense_f, dense_b, dense_lin, dense_ew] =
+        dense_mlp_time(model, dev, t, a.ffn_hidden as f64 / tp);
     // The rank's experts, one GEMM set each.
     let per_expert = t * k / local;
     let [ex_f, ex_b, ex_lin, ex_ew] =
@@ -198,6 +228,69 @@ mod tests {
         assert!(close(b.linear_fwd - a.linear_fwd, y[2] - x[2]));
         assert!(close(b.elementwise_fwd - a.elementwise_fwd, y[3] - x[3]));
         assert_eq!(l.tp, 2);
+    }
+
+    /// Under an FP8 recipe `layer_cp` costs the dense MLP's linears as FP8 GEMMs with their
+    /// casts, so an MoE layer must take out exactly that ([`dense_mlp_time`]), not the 16-bit
+    /// MLP ([`mlp_time`]), before adding its experts: two FP8 dense layers that differ only in
+    /// their FFN width differ by the difference of their `dense_mlp_time`s, and not of their
+    /// `mlp_time`s (the 16-bit GEMMs are longer: subtracting them under-charged every FP8 MoE
+    /// layer by the difference).
+    #[test]
+    fn the_dense_mlp_taken_out_is_the_one_layer_cp_put_in_under_fp8() {
+        let (mut m, c) = job();
+        m.architecture.moe = None;
+        m.training.fp8 = crate::fp8::Recipe::Tensorwise;
+        let dev = Device::for_job(&c, &m, 8, crate::framework::AttentionKernel::Cudnn);
+        assert!(dev.fp8.is_some());
+        let t = (m.training.seq_len) as f64;
+        let a = layer_cp(&m, &dev, 2, false, 1, 1);
+        let mut wide = m.clone();
+        wide.architecture.ffn_hidden *= 2;
+        let b = layer_cp(&wide, &dev, 2, false, 1, 1);
+        let f = m.architecture.ffn_hidden as f64 / 2.0;
+        let (x, y) = (
+            dense_mlp_time(&m, &dev, t, f),
+            dense_mlp_time(&m, &dev, t, 2.0 * f),
+        );
+        let close = |u: f64, v: f64| (u - v).abs() <= 1e-12 + 1e-9 * v.abs();
+        assert!(
+            close(b.fwd - a.fwd, y[0] - x[0]),
+            "{} vs {}",
+            b.fwd - a.fwd,
+            y[0] - x[0]
+        );
+        assert!(close(b.bwd - a.bwd, y[1] - x[1]));
+        assert!(close(b.linear_fwd - a.linear_fwd, y[2] - x[2]));
+        let (p, q) = (mlp_time(&m, &dev, t, f), mlp_time(&m, &dev, t, 2.0 * f));
+        assert!(
+            (q[0] - p[0]) > 1.2 * (b.fwd - a.fwd),
+            "16-bit MLP {} against FP8 {}",
+            q[0] - p[0],
+            b.fwd - a.fwd
+        );
+        // One expert of the dense width, top-1: the MoE layer is the dense FP8 layer with its
+        // MLP swapped for the same MLP in 16 bits (experts stay 16-bit), plus the router and
+        // the permutation, so it is longer than the dense layer by at least the 16-bit MLP's
+        // excess over the FP8 one (equal with the 16-bit MLP taken out instead).
+        let mut one = m.clone();
+        let mut moe = job().0.architecture.moe.unwrap();
+        moe.experts = 1;
+        moe.experts_per_token = 1;
+        moe.moe_ffn_hidden = one.architecture.ffn_hidden;
+        moe.shared_experts = 0;
+        moe.capacity_factor = None;
+        one.architecture.moe = Some(moe);
+        let l = Layout::without_pipeline(8, 2, 0, 1);
+        let mc = moe_layer_compute(&one, &dev, &l, &a);
+        let excess = p[0] - x[0];
+        assert!(excess > 0.0);
+        assert!(
+            mc.fwd - a.fwd > excess,
+            "MoE {} - dense {} against the 16-bit MLP's excess {excess}",
+            mc.fwd,
+            a.fwd
+        );
     }
 
     /// Mixtral's MoE layer does top-2 of 8 experts of Mixtral's own FFN width: about twice
