@@ -183,6 +183,34 @@ mod tests {
     use crate::spec::{self, ClusterOverrides, TrainingOverrides};
     use std::path::Path;
 
+    /// Two dense layers that differ only in their FFN width (`f` and `2f` per TP-2 rank) differ
+    /// by exactly the difference of `mlp`'s times for the two widths; the narrower layer, `f`
+    /// and the tokens for further checks.
+    fn widening_matches(
+        m: &Model,
+        dev: &Device,
+        mlp: &dyn Fn(&Model, &Device, f64, f64) -> [f64; 4],
+    ) -> (LayerCompute, f64, f64) {
+        let t = (m.training.seq_len) as f64;
+        let a = layer_cp(m, dev, 2, false, 1, 1);
+        let mut wide = m.clone();
+        wide.architecture.ffn_hidden *= 2;
+        let b = layer_cp(&wide, dev, 2, false, 1, 1);
+        let f = m.architecture.ffn_hidden as f64 / 2.0;
+        let (x, y) = (mlp(m, dev, t, f), mlp(m, dev, t, 2.0 * f));
+        let close = |u: f64, v: f64| (u - v).abs() <= 1e-12 + 1e-9 * v.abs();
+        assert!(
+            close(b.fwd - a.fwd, y[0] - x[0]),
+            "{} vs {}",
+            b.fwd - a.fwd,
+            y[0] - x[0]
+        );
+        assert!(close(b.bwd - a.bwd, y[1] - x[1]));
+        assert!(close(b.linear_fwd - a.linear_fwd, y[2] - x[2]));
+        assert!(close(b.elementwise_fwd - a.elementwise_fwd, y[3] - x[3]));
+        (a, f, t)
+    }
+
     fn job() -> (Model, crate::spec::Cluster) {
         let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../specs");
         let mut m = spec::load_model(
@@ -209,25 +237,7 @@ mod tests {
         let (mut m, c) = job();
         m.architecture.moe = None;
         let dev = Device::of(&c);
-        let l = Layout::without_pipeline(8, 2, 0, 1);
-        let t = (m.training.seq_len) as f64;
-        let a = layer_cp(&m, &dev, 2, false, 1, 1);
-        let mut wide = m.clone();
-        wide.architecture.ffn_hidden *= 2;
-        let b = layer_cp(&wide, &dev, 2, false, 1, 1);
-        let f = m.architecture.ffn_hidden as f64 / 2.0;
-        let (x, y) = (mlp_time(&m, &dev, t, f), mlp_time(&m, &dev, t, 2.0 * f));
-        let close = |u: f64, v: f64| (u - v).abs() <= 1e-12 + 1e-9 * v.abs();
-        assert!(
-            close(b.fwd - a.fwd, y[0] - x[0]),
-            "{} vs {}",
-            b.fwd - a.fwd,
-            y[0] - x[0]
-        );
-        assert!(close(b.bwd - a.bwd, y[1] - x[1]));
-        assert!(close(b.linear_fwd - a.linear_fwd, y[2] - x[2]));
-        assert!(close(b.elementwise_fwd - a.elementwise_fwd, y[3] - x[3]));
-        assert_eq!(l.tp, 2);
+        widening_matches(&m, &dev, &mlp_time);
     }
 
     /// Under an FP8 recipe `layer_cp` costs the dense MLP's linears as FP8 GEMMs with their
@@ -243,31 +253,15 @@ mod tests {
         m.training.fp8 = crate::fp8::Recipe::Tensorwise;
         let dev = Device::for_job(&c, &m, 8, crate::framework::AttentionKernel::Cudnn);
         assert!(dev.fp8.is_some());
-        let t = (m.training.seq_len) as f64;
-        let a = layer_cp(&m, &dev, 2, false, 1, 1);
-        let mut wide = m.clone();
-        wide.architecture.ffn_hidden *= 2;
-        let b = layer_cp(&wide, &dev, 2, false, 1, 1);
-        let f = m.architecture.ffn_hidden as f64 / 2.0;
-        let (x, y) = (
-            dense_mlp_time(&m, &dev, t, f),
-            dense_mlp_time(&m, &dev, t, 2.0 * f),
-        );
-        let close = |u: f64, v: f64| (u - v).abs() <= 1e-12 + 1e-9 * v.abs();
-        assert!(
-            close(b.fwd - a.fwd, y[0] - x[0]),
-            "{} vs {}",
-            b.fwd - a.fwd,
-            y[0] - x[0]
-        );
-        assert!(close(b.bwd - a.bwd, y[1] - x[1]));
-        assert!(close(b.linear_fwd - a.linear_fwd, y[2] - x[2]));
+        let (a, f, t) = widening_matches(&m, &dev, &dense_mlp_time);
+        let x = dense_mlp_time(&m, &dev, t, f);
         let (p, q) = (mlp_time(&m, &dev, t, f), mlp_time(&m, &dev, t, 2.0 * f));
+        let y = dense_mlp_time(&m, &dev, t, 2.0 * f);
         assert!(
-            (q[0] - p[0]) > 1.2 * (b.fwd - a.fwd),
+            (q[0] - p[0]) > 1.2 * (y[0] - x[0]),
             "16-bit MLP {} against FP8 {}",
             q[0] - p[0],
-            b.fwd - a.fwd
+            y[0] - x[0]
         );
         // One expert of the dense width, top-1: the MoE layer is the dense FP8 layer with its
         // MLP swapped for the same MLP in 16 bits (experts stay 16-bit), plus the router and
