@@ -119,18 +119,19 @@ fn recorded_h100_measurement_gives_the_hand_computed_calibration() {
     }
     // The written spec is one `tessera plan` reads, `host_op_us` included: a pytorch-eager
     // GPT-2 plan on one of its GPUs is charged the measured per-op host cost.
-    let r = tessera(
-        &[
-            "plan",
-            "specs/models/gpt2-124m.toml",
-            &s(&out),
-            "--devices",
-            "1",
-            "--framework",
-            "pytorch-eager",
-        ],
-        None,
+    plans_on(
+        "specs/models/gpt2-124m.toml",
+        &out,
+        &["--devices", "1", "--framework", "pytorch-eager"],
     );
+}
+
+/// `tessera plan MODEL SPEC ARGS` must succeed: the written spec is one the planner reads.
+fn plans_on(model: &str, spec: &Path, args: &[&str]) {
+    let spec = s(spec);
+    let mut all = vec!["plan", model, spec.as_str()];
+    all.extend_from_slice(args);
+    let r = tessera(&all, None);
     assert_eq!(r.status.code(), Some(0), "{}", text(&r.stderr));
 }
 
@@ -625,19 +626,11 @@ fn fp8_gemms_give_the_fp8_gemm_efficiency() {
     ] {
         assert!(written.contains(what), "no `{what}` in\n{written}");
     }
-    let r = tessera(
-        &[
-            "plan",
-            "specs/models/llama3-8b.toml",
-            &s(&out),
-            "--devices",
-            "8",
-            "--fp8",
-            "tensorwise",
-        ],
-        None,
+    plans_on(
+        "specs/models/llama3-8b.toml",
+        &out,
+        &["--devices", "8", "--fp8", "tensorwise"],
     );
-    assert_eq!(r.status.code(), Some(0), "{}", text(&r.stderr));
     // A spec without the FP8 peak.
     let spec = dir.path("no-fp8-peak.toml");
     let preset = std::fs::read_to_string(root().join("specs/clusters/dgx-h100-80g.toml")).unwrap();

@@ -44,7 +44,7 @@ pub fn layer_times(
     // Overlapped with their GEMMs (`training.tp_comm_overlap`, under sequence parallelism): what
     // stays exposed each way, and the split GEMMs' extra time as compute (`tp_overlap`).
     let mut dense_lc = lc;
-    let dense_tp = if model.training.tp_comm_overlap && sp && tp > 1 {
+    let dense_tp = if model.training.tp_comm_overlap && super::tp_overlap::applies(layout) {
         let linears = ops::block_linears(model, tp, sp, b, cp);
         let o =
             super::tp_overlap::layer(&dev, &linears, tp, t.all_gather(act), t.reduce_scatter(act));

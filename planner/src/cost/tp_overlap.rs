@@ -33,6 +33,12 @@ use crate::layout::Layout;
 use crate::model::Model;
 use crate::spec::Cluster;
 
+/// Whether a layout has collectives the overlap can hide: TP > 1 with sequence parallelism
+/// (all-gathers and reduce-scatters; the all-reduces of TP without SP are not overlapped).
+pub fn applies(layout: &Layout) -> bool {
+    layout.tp > 1 && layout.sequence_parallel
+}
+
 /// A spec that asks for the overlap under a framework profile that has none is refused, naming
 /// the profiles that have it.
 pub fn check(
@@ -86,10 +92,7 @@ pub fn change(
     own: f64,
     evaluate: &dyn Fn(&Model) -> f64,
 ) -> Option<TpOverlapChange> {
-    if layout.tp <= 1
-        || !layout.sequence_parallel
-        || !crate::framework::of(model, cluster).can_run.tp_comm_overlap
-    {
+    if !applies(layout) || !crate::framework::of(model, cluster).can_run.tp_comm_overlap {
         return None;
     }
     let stated = model.training.tp_comm_overlap;
@@ -143,6 +146,16 @@ enum Side {
     MlpOut,
 }
 
+impl Side {
+    /// In the order of their index (`Side as usize`).
+    const ALL: [Side; 4] = [
+        Side::AttentionIn,
+        Side::AttentionOut,
+        Side::MlpIn,
+        Side::MlpOut,
+    ];
+}
+
 fn side(name: &str) -> Option<Side> {
     match name {
         "qkv" | "q_proj" | "q_up" | "kv_up" => Some(Side::AttentionIn),
@@ -186,11 +199,14 @@ pub fn layer(
         fwd_split += (t * pf - f).max(0.0) * l.count;
         bwd_split += (t * pb - b).max(0.0) * l.count;
     }
-    let collective = [all_gather, reduce_scatter, all_gather, reduce_scatter];
     let (mut fwd_exposed, mut bwd_exposed) = (0.0, 0.0);
-    for (c, (gf, gb)) in collective.iter().zip(gemm) {
-        fwd_exposed += exposed(*c, gf, t);
-        bwd_exposed += exposed(*c, gb, t);
+    for (s, (gf, gb)) in Side::ALL.into_iter().zip(gemm) {
+        let c = match s {
+            Side::AttentionIn | Side::MlpIn => all_gather,
+            Side::AttentionOut | Side::MlpOut => reduce_scatter,
+        };
+        fwd_exposed += exposed(c, gf, t);
+        bwd_exposed += exposed(c, gb, t);
     }
     Overlapped {
         fwd_exposed,

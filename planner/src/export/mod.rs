@@ -230,12 +230,8 @@ fn tp_overlap_supported(plan: &Plan, target: Target) -> Result<(), ExportError> 
     let why = match target {
         Target::Megatron if p.sequence_parallel => return Ok(()),
         Target::Megatron => "Megatron-LM asserts --sequence-parallel with --tp-comm-overlap, and the plan's layout has none",
-        Target::Torchtitan
-            if matches!(
-                crate::framework::of(&plan.job.model, &plan.job.cluster).name.as_str(),
-                "torchtitan-compile" | "torchtitan-compile-blocks"
-            ) =>
-        {
+        // Async TP needs the model compiled (torchtitan raises otherwise).
+        Target::Torchtitan if torchtitan::compile_components(plan).contains(&"model") => {
             return Ok(())
         }
         Target::Torchtitan => "torchtitan 0.2.2's async TP needs the compiled model (compile.enable), and the plan was not made for compiled torchtitan (--framework torchtitan-compile)",

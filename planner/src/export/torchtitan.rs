@@ -225,16 +225,7 @@ pub(super) fn torchtitan(plan: &Plan) -> Result<String, ExportError> {
     }
     let (optimizer, lr_scheduler, decay_note) = optimizer_tables(plan, &mut training)?;
     let mut doc = Table::new();
-    // The plan's compile components: each block and the loss (torchtitan-compile), or the
-    // blocks alone (torchtitan-compile-blocks: the loss eager).
-    let components: &[&str] = match crate::framework::of(&plan.job.model, &plan.job.cluster)
-        .name
-        .as_str()
-    {
-        "torchtitan-compile" => &["model", "loss"],
-        "torchtitan-compile-blocks" => &["model"],
-        _ => &[],
-    };
+    let components = compile_components(plan);
     let compiled = !components.is_empty();
     if compiled && p.schedule == ScheduleKind::ZbV && p.pp > 1 {
         // torch's ZBVZeroBubble raises on compiled stage modules
@@ -291,6 +282,19 @@ pub(super) fn torchtitan(plan: &Plan) -> Result<String, ExportError> {
         p.tp,
         p.pp
     ))
+}
+
+/// The plan's torchtitan compile components: each block and the loss (torchtitan-compile), or
+/// the blocks alone (torchtitan-compile-blocks: the loss eager); none for an eager plan.
+pub(super) fn compile_components(plan: &Plan) -> &'static [&'static str] {
+    match crate::framework::of(&plan.job.model, &plan.job.cluster)
+        .name
+        .as_str()
+    {
+        "torchtitan-compile" => &["model", "loss"],
+        "torchtitan-compile-blocks" => &["model"],
+        _ => &[],
+    }
 }
 
 /// torchtitan 0.2.2's float8 training for an FP8 plan (`None` without): `[model] converters`
