@@ -181,6 +181,10 @@ PLAN[llama-fp8-fsdp]="${PLAN[llama-zero3-2-nodes]} --fp8 tensorwise"
 # the compiled model).
 PLAN[llama-tp-overlap]="${PLAN[llama-pp1]} --tp-comm-overlap"
 PLAN[llama-tp-overlap-titan]="${PLAN[llama-pp1-titan-compile]} --tp-comm-overlap"
+# And on the uneven interleaved pipeline and the 12-GPU world that leaves its second node half
+# empty: the flag changes only the overlap, every target decides the same.
+PLAN[llama-tp-overlap-uneven]="${PLAN[llama-interleaved-uneven]} --tp-comm-overlap"
+PLAN[llama-tp-overlap-12-gpus]="${PLAN[llama-12-gpus]} --tp-comm-overlap"
 # A layout that does not fit, written with --force ("feasible": false): refused by every target;
 # exported with `tessera export --force` it is an ordinary DDP plan every target takes.
 PLAN[llama-infeasible]="${LLAMA[*]} --nodes 1 --dp 8 --tp 1 --pp 1 --micro-batch 4 --zero 0 --recompute none --force"
@@ -243,6 +247,8 @@ llama-fp8-blockwise            ok                        refuse:FP8             
 llama-fp8-fsdp                 refuse:ZeRO-3             refuse:FP8                ok                        refuse:FP8                refuse:FP8                refuse:FP8                refuse:FP8                refuse:FP8                refuse:FP8
 llama-tp-overlap               ok                        refuse:overlapped         refuse:overlapped         refuse:overlapped         refuse:overlapped         refuse:overlapped         refuse:overlapped         refuse:overlapped         refuse:overlapped
 llama-tp-overlap-titan         refuse:framework_profile  refuse:overlapped         ok                        refuse:overlapped         refuse:overlapped         refuse:overlapped         refuse:overlapped         refuse:overlapped         refuse:overlapped
+llama-tp-overlap-uneven        ok                        refuse:overlapped         refuse:overlapped         refuse:overlapped         refuse:overlapped         refuse:overlapped         refuse:overlapped         refuse:overlapped         refuse:overlapped
+llama-tp-overlap-12-gpus       ok                        refuse:overlapped         refuse:overlapped         refuse:overlapped         refuse:overlapped         refuse:overlapped         refuse:overlapped         refuse:overlapped         refuse:overlapped
 llama-infeasible               refuse:feasible           refuse:feasible           refuse:feasible           refuse:feasible           refuse:feasible           refuse:feasible           refuse:feasible           refuse:feasible           refuse:feasible
 llama-infeasible+force         ok                        ok                        ok                        ok                        ok                        refuse:full_fine-tune     refuse:precision          ok                        ok
 TABLE
