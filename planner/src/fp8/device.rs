@@ -59,7 +59,8 @@ impl Fp8Device {
         )
     }
 
-    /// Seconds of the casts and scale reductions around those GEMMs, memory-bound at the
+    /// Seconds of the casts and scale reductions around those GEMMs (and the backward outputs'
+    /// rescales where the recipe has them), memory-bound at the
     /// device's achievable bandwidth plus a launch per kernel: (forward, backward).
     pub fn casts(&self, m: f64, k: f64, n: f64) -> (f64, f64) {
         let c = &self.cast;
@@ -68,10 +69,11 @@ impl Fp8Device {
         let wc = self.weight_casts;
         let [ki, kw, kg, kwb] = c.kernels;
         let fwd_bytes = c.input * m * k + c.weight_fwd * k * n * wc;
-        let bwd_bytes = c.grad_output * m * n + c.weight_bwd * k * n * wc;
+        let bwd_bytes =
+            c.grad_output * m * n + c.weight_bwd * k * n * wc + c.rescale * (m * k + k * n);
         (
             fwd_bytes / bw + (ki + kw * wc) * launch,
-            bwd_bytes / bw + (kg + kwb * wc) * launch,
+            bwd_bytes / bw + (kg + kwb * wc + c.rescale_kernels) * launch,
         )
     }
 

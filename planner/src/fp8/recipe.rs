@@ -51,7 +51,14 @@ pub const WEIGHT_BLOCK: f64 = 128.0 * 128.0;
 ///   8 B in 3 kernels, its backward cast in the backward. Rowwise, X and dY a cast that also
 ///   writes a 16-bit transposed copy (2 + 1 + 2) and a cast of that copy (2 + 1): 8 B in 2
 ///   kernels; W a cast (2 + 1), a transpose (2 + 2) and a cast (2 + 1): 10 B in 3 kernels, the
-///   last two in the backward. torchao keeps no FP8 copy between micro-batches.
+///   last two in the backward. torchao keeps no FP8 copy between micro-batches. Both recipes
+///   run the backward GEMMs without fast accumulation (`Float8LinearConfig`'s
+///   `gemm_config_grad_input` and `gemm_config_grad_weight`); with row-wise scales that is
+///   cuBLAS's tensorwise GEMM at unit scales followed by `output *= a_scale⁻¹ · b_scale⁻¹`
+///   (`torchao/float8/float8_ops.py`, `addmm_float8_unwrapped`: "the rowwise CUTLASS-based
+///   kernel is so slow without fast-accum"), one more kernel per GEMM under torch.compile
+///   (pytorch/ao#2184), reading and writing the 16-bit output: 2 + 2 B per element of the
+///   input gradient (m × k) and of the weight gradient (k × n).
 /// - Transformer Engine's delayed scaling (TE docs, "Using FP8 with Transformer Engine": the
 ///   scale comes from the amax history, and the cast kernel records the new amax as it goes):
 ///   one fused cast-transpose per operand writing both layouts, 2 + 1 + 1 = 4 B, for X in the
@@ -74,6 +81,10 @@ pub struct CastBytes {
     pub weight_bwd: f64,
     /// Kernels of each of the four above.
     pub kernels: [f64; 4],
+    /// Backward: bytes per element of the two backward GEMMs' outputs (the input gradient,
+    /// m × k, and the weight gradient, k × n) rescaled after the GEMM, and its kernels.
+    pub rescale: f64,
+    pub rescale_kernels: f64,
     /// Whether the weight's FP8 copies are cast once per optimizer step and cached across the
     /// micro-batches (TE), rather than once per micro-batch (torchao).
     pub weight_per_step: bool,
@@ -105,6 +116,8 @@ impl Recipe {
             grad_output: activation,
             weight_bwd: 0.0,
             kernels: [1.0, 1.0, 1.0, 0.0],
+            rescale: 0.0,
+            rescale_kernels: 0.0,
             weight_per_step: true,
         };
         match self {
@@ -115,6 +128,8 @@ impl Recipe {
                 grad_output: 6.0,
                 weight_bwd: 3.0,
                 kernels: [2.0, 2.0, 2.0, 1.0],
+                rescale: 0.0,
+                rescale_kernels: 0.0,
                 weight_per_step: false,
             }),
             Recipe::Rowwise => Some(CastBytes {
@@ -123,6 +138,8 @@ impl Recipe {
                 grad_output: 8.0,
                 weight_bwd: 7.0,
                 kernels: [2.0, 1.0, 2.0, 2.0],
+                rescale: 4.0,
+                rescale_kernels: 2.0,
                 weight_per_step: false,
             }),
             Recipe::Delayed => Some(te(4.0, 4.0)),

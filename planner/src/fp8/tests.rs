@@ -133,6 +133,23 @@ fn a_small_linear_loses() {
     );
 }
 
+/// torchao's rowwise recipe on GPT-2's projection as above (m = 1024, k = n = 768): X and dY 8 B
+/// each × 786,432, W 3 B forward and 7 B backward × 589,824, and the two backward GEMMs' outputs
+/// rescaled after cuBLAS (read and write 2 + 2 B): the input gradient 1024 × 768 = 786,432 and the
+/// weight gradient 768 × 768 = 589,824 elements. Forward 6,291,456 + 1,769,472 = 8,060,928 B in
+/// 3 kernels; backward 6,291,456 + 4,128,768 + 4 · 1,376,256 = 15,925,248 B in 2 + 2 + 2 = 6:
+/// 23,986,176 B at 2432.1 GB/s (9.862 µs) and 9 launches (21.87 µs), 31.73 µs.
+#[test]
+fn rowwise_rescales_the_backward_gemms_outputs() {
+    let mut m = model("gpt2-124m", Recipe::Rowwise);
+    m.training.seq_len = 1024;
+    let layout = Layout::without_pipeline(1, 1, 1, 1);
+    let r = row(&linears(&m, &h100(), &layout), "proj").clone();
+    let cast = (8_060_928.0 + 15_925_248.0) / BW + 9.0 * LAUNCH;
+    close(r.cast_s, cast);
+    assert!((cast - 31.73e-6).abs() < 0.01e-6, "{cast}");
+}
+
 /// Delayed scaling casts each activation operand once (4 B: read 2, write both layouts) and
 /// the weight once per step: with 8 micro-batches, 4 B × k · n / 8 per micro-batch, and one
 /// launch per 8. GPT-2's projection as above: forward 4 · 786,432 + 4 · 589,824 / 8 =

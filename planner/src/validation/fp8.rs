@@ -237,8 +237,8 @@ mod tests {
     /// decides: tensorwise and delayed within 12% of the published one in every pair (torchtitan
     /// 1.29 and 1.29 against 1.28 and 1.29, torchao 1.26 against 1.25, 70B TP 8 1.26 against 1.36,
     /// llm-foundry's TE runs 1.05-1.43 against 1.00-1.35), their median within 10%; rowwise
-    /// over-predicted (one FP8 GEMM efficiency for both recipes, where torchao's rowwise runs a
-    /// slower CUTLASS kernel). FP8 moves torchao's predicted reported memory by under 1%, as
+    /// over-predicted (one FP8 GEMM efficiency for both recipes, where torchao's row-scaled
+    /// forward runs a slower CUTLASS kernel). FP8 moves torchao's predicted reported memory by under 1%, as
     /// published.
     #[test]
     fn fp8_runs_replay_with_their_speedup() {
