@@ -180,10 +180,13 @@ fn run_refuses_an_fp8_plan() {
     let r = run(&["run", &s(&p), "--steps", "1"]);
     assert_ne!(r.code, Some(0));
     assert!(r.stderr.contains("no FP8 GEMM"), "{}", r.stderr);
-    // The CPU backend: a CPU plan edited to state a recipe.
+    // The CPU backend: a CPU plan edited to state a recipe (and the CPU's default profile,
+    // whose FP8 linears would be torchao's: the stored memory prediction still holds, so the
+    // plan reads as undamaged and reaches the backend's refusal).
     let tiny = tiny_plan(&dir);
     edit_json(&tiny, |v| {
-        v["job"]["model"]["training"]["fp8"] = "tensorwise".into()
+        v["job"]["model"]["training"]["fp8"] = "tensorwise".into();
+        v["job"]["model"]["training"]["framework"] = "tessera".into();
     });
     let r = run(&["run", &s(&tiny), "--steps", "1"]);
     assert_ne!(r.code, Some(0));

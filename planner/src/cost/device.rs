@@ -76,7 +76,12 @@ impl<'a> Device<'a> {
             _ => cal.flash_attention_efficiency,
         };
         Device {
-            fp8: crate::fp8::device::Fp8Device::of(model.training.fp8, cluster, microbatches),
+            fp8: crate::fp8::device::Fp8Device::of(
+                model.training.fp8,
+                crate::framework::fp8_engine(model),
+                cluster,
+                microbatches,
+            ),
             attention_efficiency,
             ..Device::of(cluster)
         }

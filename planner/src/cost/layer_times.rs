@@ -77,7 +77,11 @@ pub fn layer_times(
     });
     // torchao's float8 all-gather (tensorwise): FSDP gathers the FP8 linears' weights (`fp8`
     // of them) in FP8, 1 B per parameter instead of the policy's weight bytes.
-    let float8_gather = model.training.fp8.float8_all_gather() && dev.fp8.is_some();
+    let float8_gather = model
+        .training
+        .fp8
+        .float8_all_gather(crate::framework::fp8_engine(model))
+        && dev.fp8.is_some();
     let gathers = |dense: f64, experts: f64, fp8: f64| {
         let fp8_gather_saving = if float8_gather {
             fp8 * (weight - 1.0)

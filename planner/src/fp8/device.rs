@@ -1,7 +1,7 @@
 //! The FP8 side of a device: the recipe's casts and the FP8 GEMM model at the device's FP8
 //! peak, which the cost model's device carries.
 
-use super::recipe::{CastBytes, Recipe};
+use super::recipe::{CastBytes, Fp8Engine, Recipe};
 use crate::cost::gemm::Gemm;
 use crate::spec::Cluster;
 
@@ -26,10 +26,15 @@ fn fp8_efficiency(cluster: &Cluster) -> f64 {
 }
 
 impl Fp8Device {
-    /// The FP8 side of `cluster`'s device for `recipe`, with `microbatches` per step; `None`
-    /// for 16-bit training or a device with no FP8 peak.
-    pub fn of(recipe: Recipe, cluster: &Cluster, microbatches: u64) -> Option<Fp8Device> {
-        let cast = recipe.cast_bytes()?;
+    /// The FP8 side of `cluster`'s device for `recipe` run on `engine`, with `microbatches` per
+    /// step; `None` for 16-bit training or a device with no FP8 peak.
+    pub fn of(
+        recipe: Recipe,
+        engine: Fp8Engine,
+        cluster: &Cluster,
+        microbatches: u64,
+    ) -> Option<Fp8Device> {
+        let cast = recipe.cast_bytes(engine)?;
         let peak = cluster.device.peak_tflops_fp8? * 1e12;
         let d = &cluster.device;
         Some(Fp8Device {

@@ -81,7 +81,10 @@ fn is_mlp(name: &str) -> bool {
 /// Bytes of the FP8 weight copies a rank's `dense` and `moe` layers keep
 /// ([`Recipe::weight_cache_bytes`]).
 pub fn weight_cache(model: &Model, tp: u64, dense: u64, moe: u64) -> f64 {
-    let bpp = model.training.fp8.weight_cache_bytes();
+    let bpp = model
+        .training
+        .fp8
+        .weight_cache_bytes(crate::framework::fp8_engine(model));
     if bpp == 0.0 {
         return 0.0;
     }
@@ -94,7 +97,7 @@ pub fn weight_cache_reason(model: &Model, tp: u64, dense: u64, moe: u64) -> Stri
     let r = model.training.fp8;
     format!(
         "training.fp8 = \"{r}\": Transformer Engine keeps each FP8 linear's weight and its transpose in FP8 across the micro-batches of a step ({:.4} B per parameter) × {:.0} FP8-linear params per dense layer × {dense} + {:.0} per MoE layer (attention only) × {moe}; the fp32 master weights, gradients and optimizer states are the precision policy's",
-        r.weight_cache_bytes(),
+        r.weight_cache_bytes(crate::framework::fp8_engine(model)),
         linear_params(model, tp, false),
         linear_params(model, tp, true)
     )
@@ -107,7 +110,11 @@ pub fn weight_cache_reason(model: &Model, tp: u64, dense: u64, moe: u64) -> Stri
 /// projection's input is the attention's output, which the flash kernel's backward reads in
 /// 16-bit: it stays.
 pub fn adjust_activations(model: &Model, stored: &mut [crate::memory::stored::Stored]) {
-    if !model.training.fp8.saves_fp8_inputs() {
+    if !model
+        .training
+        .fp8
+        .saves_fp8_inputs(crate::framework::fp8_engine(model))
+    {
         return;
     }
     let w = crate::memory::stored::element_bytes(model);

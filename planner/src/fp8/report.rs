@@ -59,7 +59,13 @@ pub struct Fp8Change {
 /// The linears of one layer of `model` (whose `training.fp8` is the recipe) on `layout`'s rank.
 pub fn linears(model: &Model, cluster: &Cluster, layout: &Layout) -> Vec<Fp8Linear> {
     let dev = Device::of(cluster);
-    let Some(f8) = Fp8Device::of(model.training.fp8, cluster, layout.microbatches(model)) else {
+    let engine = crate::framework::fp8_engine(model);
+    let Some(f8) = Fp8Device::of(
+        model.training.fp8,
+        engine,
+        cluster,
+        layout.microbatches(model),
+    ) else {
         return Vec::new();
     };
     let shapes = ops::block_linears(
@@ -91,27 +97,27 @@ pub fn linears(model: &Model, cluster: &Cluster, layout: &Layout) -> Vec<Fp8Line
         .collect()
 }
 
-/// What the memory model counts under `recipe`.
-pub fn memory_counted(recipe: Recipe) -> String {
+/// What the memory model counts under `recipe` run on `engine`.
+pub fn memory_counted(recipe: Recipe, engine: crate::fp8::recipe::Fp8Engine) -> String {
     let mut parts = vec![
         "master weights, gradients and optimizer states as the precision policy says".to_string(),
     ];
-    let cache = recipe.weight_cache_bytes();
+    let cache = recipe.weight_cache_bytes(engine);
     if cache > 0.0 {
         parts.push(format!("fp8_weight_cache: the FP8 weight and its transpose, {cache:.4} B per FP8-linear parameter (Transformer Engine)"));
     } else {
         parts.push(
-            "no FP8 weight copy kept across layers (torchao casts inside each linear)".into(),
+            "no FP8 weight copy kept across micro-batches (the weight cast inside each linear's forward)".into(),
         );
     }
-    if recipe.saves_fp8_inputs() {
+    if recipe.saves_fp8_inputs(engine) {
         parts.push("the linears' saved inputs in FP8 (1 B per element)".into());
     } else {
         parts.push(
             "the linears' saved inputs in 16-bit (torchao saves the high-precision input)".into(),
         );
     }
-    if recipe.float8_all_gather() {
+    if recipe.float8_all_gather(engine) {
         parts.push("under ZeRO-3/FSDP the linears' weights gathered in FP8, 1 B per parameter (float8 all-gather)".into());
     }
     parts.join("; ")
@@ -152,7 +158,7 @@ pub fn change(
         peak_bytes_bf16: bf16.1,
         peak_bytes_fp8: fp8.1,
         linears: linears(fp8_model, cluster, layout),
-        memory: memory_counted(recipe),
+        memory: memory_counted(recipe, crate::framework::fp8_engine(fp8_model)),
     })
 }
 

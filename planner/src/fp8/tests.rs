@@ -27,6 +27,18 @@ fn model(name: &str, recipe: Recipe) -> Model {
     m
 }
 
+/// `name` under `framework`'s profile (its FP8 linears: torchao's or Transformer Engine's).
+fn on(framework: &str, name: &str, recipe: Recipe) -> Model {
+    let mut m = model(name, recipe);
+    m.training.framework = Some(framework.into());
+    m
+}
+
+/// torchao's `Float8Linear` (torchtitan's float8 converter).
+fn ao(name: &str, recipe: Recipe) -> Model {
+    on("torchtitan", name, recipe)
+}
+
 fn h100() -> Cluster {
     spec::load_cluster(
         &specs().join("clusters/dgx-h100-80g.toml"),
@@ -68,7 +80,7 @@ fn close(got: f64, want: f64) {
 /// 32%.
 #[test]
 fn a_large_linear_wins() {
-    let m = model("llama3-70b", Recipe::Tensorwise);
+    let m = ao("llama3-70b", Recipe::Tensorwise);
     let layout = Layout {
         recompute: Recompute::Full,
         ..Layout::without_pipeline(1, 8, 1, 1)
@@ -110,7 +122,7 @@ fn a_large_linear_wins() {
 /// and the casts' bytes outweigh the 8 µs the GEMMs save.
 #[test]
 fn a_small_linear_loses() {
-    let m = model("gpt2-124m", Recipe::Tensorwise);
+    let m = ao("gpt2-124m", Recipe::Tensorwise);
     let mut m = m;
     m.training.seq_len = 1024;
     let layout = Layout::without_pipeline(1, 1, 1, 1);
@@ -141,7 +153,7 @@ fn a_small_linear_loses() {
 /// 23,986,176 B at 2432.1 GB/s (9.862 µs) and 9 launches (21.87 µs), 31.73 µs.
 #[test]
 fn rowwise_rescales_the_backward_gemms_outputs() {
-    let mut m = model("gpt2-124m", Recipe::Rowwise);
+    let mut m = ao("gpt2-124m", Recipe::Rowwise);
     m.training.seq_len = 1024;
     let layout = Layout::without_pipeline(1, 1, 1, 1);
     let r = row(&linears(&m, &h100(), &layout), "proj").clone();
@@ -165,10 +177,44 @@ fn delayed_scaling_casts_the_weight_once_per_step() {
     close(r.cast_s, (3_440_640.0 + 3_145_728.0) / BW + 2.125 * LAUNCH);
 }
 
+/// Transformer Engine's current scaling (tensorwise under Megatron-Core): each operand an amax
+/// pass and a fused cast-transpose, 6 B in 2 kernels, the weight's once per step. GPT-2's
+/// projection with 8 micro-batches: forward 6 · 786,432 + 6 · 589,824 / 8 = 5,160,960 B and
+/// 2 + 2/8 kernels; backward 6 · 786,432 = 4,718,592 B and 2 kernels: 9,879,552 B and 4.25
+/// launches. Under llm-foundry, which passes no `is_first_microbatch`, delayed scaling recasts
+/// the weight each micro-batch: 4 · 786,432 + 4 · 589,824 = 5,505,024 B and 2 kernels forward,
+/// 3,145,728 B and 1 backward.
+#[test]
+fn transformer_engine_casts_by_its_framework() {
+    let gpt2 = |f, r| {
+        let mut m = on(f, "gpt2-124m", r);
+        m.training.seq_len = 1024;
+        m.training.global_batch = 8;
+        m
+    };
+    let layout = Layout::without_pipeline(1, 1, 1, 1);
+    let proj = |m: &Model| row(&linears(m, &h100(), &layout), "proj").cast_s;
+    close(
+        proj(&gpt2("megatron-core", Recipe::Tensorwise)),
+        9_879_552.0 / BW + 4.25 * LAUNCH,
+    );
+    close(
+        proj(&gpt2("llm-foundry", Recipe::Delayed)),
+        (5_505_024.0 + 3_145_728.0) / BW + 3.0 * LAUNCH,
+    );
+    // Megatron-Core caches it: as delayed_scaling_casts_the_weight_once_per_step.
+    close(
+        proj(&gpt2("megatron-core", Recipe::Delayed)),
+        (3_440_640.0 + 3_145_728.0) / BW + 2.125 * LAUNCH,
+    );
+}
+
 /// Llama-3 8B's layer on a rank (TP 1): Q, O 4096² + K, V 4096 × 1024 = 41,943,040, gate, up
 /// and down 3 · 4096 · 14336 = 176,160,768: 218,103,808 FP8-linear parameters (the two norms'
-/// 8192 stay 16-bit). TE keeps 2 B of each (the FP8 weight and its transpose), blockwise 8/16384
-/// B more for the 128 × 128 blocks' scales; torchao keeps none.
+/// 8192 stay 16-bit). TE under Megatron-Core keeps 2 B of each (the FP8 weight and its
+/// transpose), current scaling (tensorwise) included, blockwise 8/16384 B more for the 128 × 128
+/// blocks' scales; torchao keeps none, nor does TE under llm-foundry, which recasts the weight
+/// in every forward.
 #[test]
 fn the_weight_cache_per_recipe() {
     let lin = 218_103_808.0;
@@ -176,12 +222,19 @@ fn the_weight_cache_per_recipe() {
         linear_params(&model("llama3-8b", Recipe::None), 1, false),
         lin,
     );
-    let cache = |r| weight_cache(&model("llama3-8b", r), 1, 32, 0);
-    assert_eq!(cache(Recipe::None), 0.0);
-    assert_eq!(cache(Recipe::Tensorwise), 0.0);
-    assert_eq!(cache(Recipe::Rowwise), 0.0);
-    close(cache(Recipe::Delayed), 2.0 * lin * 32.0);
-    close(cache(Recipe::Blockwise), (2.0 + 8.0 / 16384.0) * lin * 32.0);
+    let cache = |f, r| weight_cache(&on(f, "llama3-8b", r), 1, 32, 0);
+    for f in ["megatron-core", "torchtitan", "llm-foundry"] {
+        assert_eq!(cache(f, Recipe::None), 0.0);
+        assert_eq!(cache(f, Recipe::Rowwise), 0.0);
+    }
+    close(cache("megatron-core", Recipe::Tensorwise), 2.0 * lin * 32.0);
+    assert_eq!(cache("torchtitan", Recipe::Tensorwise), 0.0);
+    close(cache("megatron-core", Recipe::Delayed), 2.0 * lin * 32.0);
+    close(
+        cache("megatron-core", Recipe::Blockwise),
+        (2.0 + 8.0 / 16384.0) * lin * 32.0,
+    );
+    assert_eq!(cache("llm-foundry", Recipe::Delayed), 0.0);
     // The memory report names it, on the plan's one stage.
     let m = model("llama3-8b", Recipe::Delayed);
     let layout = Layout::without_pipeline(8, 1, 1, 1);
@@ -192,33 +245,39 @@ fn the_weight_cache_per_recipe() {
         .find(|t| t.name == "fp8_weight_cache")
         .unwrap();
     assert_eq!(t.bytes, (2.0 * lin * 32.0) as u64);
-    let none = crate::memory::estimate(&model("llama3-8b", Recipe::Tensorwise), &h100(), &layout);
+    let none = crate::memory::estimate(&ao("llama3-8b", Recipe::Tensorwise), &h100(), &layout);
     assert!(!none.per_stage[0]
         .terms
         .iter()
         .any(|t| t.name == "fp8_weight_cache"));
 }
 
-/// Transformer Engine's recipes save the linears' inputs in FP8: Llama-3 8B at micro-batch 1,
-/// sequence 8192, TP 1, no recompute, QKV's and the MLP's inputs (8192 × 4096 each) and the
-/// down projection's (8192 × 14336) drop from 2 B to 1: 8192 · (4096 + 4096 + 14336) =
-/// 184,549,376 B less per layer. torchao's save the 16-bit input: no change.
+/// Transformer Engine's linears save their inputs in FP8, whatever the recipe: Llama-3 8B at
+/// micro-batch 1, sequence 8192, TP 1, no recompute, QKV's and the MLP's inputs (8192 × 4096
+/// each) and the down projection's (8192 × 14336) drop from 2 B to 1: 8192 · (4096 + 4096 +
+/// 14336) = 184,549,376 B less per layer. torchao's save the 16-bit input: no change.
 #[test]
 fn te_recipes_save_the_linears_inputs_in_fp8() {
-    let act = |r| {
+    let act = |f, r| {
         crate::memory::activations::layer_bytes(
-            &model("llama3-8b", r),
+            &on(f, "llama3-8b", r),
             1,
             1,
             false,
             Recompute::None,
         )
     };
-    let base = act(Recipe::None);
-    assert_eq!(act(Recipe::Tensorwise), base);
-    assert_eq!(act(Recipe::Rowwise), base);
-    assert_eq!(base - act(Recipe::Delayed), 184_549_376.0);
-    assert_eq!(base - act(Recipe::Blockwise), 184_549_376.0);
+    let base = |f| act(f, Recipe::None);
+    assert_eq!(act("torchtitan", Recipe::Tensorwise), base("torchtitan"));
+    assert_eq!(act("torchtitan", Recipe::Rowwise), base("torchtitan"));
+    let less = 184_549_376.0;
+    for r in [Recipe::Tensorwise, Recipe::Delayed, Recipe::Blockwise] {
+        assert_eq!(base("megatron-core") - act("megatron-core", r), less);
+    }
+    assert_eq!(
+        base("llm-foundry") - act("llm-foundry", Recipe::Delayed),
+        less
+    );
 }
 
 /// ZeRO-3 with torchao's float8 all-gather (tensorwise) gathers a Llama-3 8B layer's
@@ -229,17 +288,26 @@ fn float8_all_gather_moves_half_the_bytes() {
     let c = h100();
     let layout = Layout::without_pipeline(8, 1, 3, 1);
     let links = crate::cost::comm::Links::new(&c, &layout.mesh(&c));
-    let options = crate::cost::Options::for_model(&model("llama3-8b", Recipe::None), &c);
-    let gather = |r| {
-        crate::cost::layer_times(&model("llama3-8b", r), &c, &layout, &links, options)
-            .zero3_first_gather
-    };
-    close(gather(Recipe::None), links.dp.all_gather(436_224_000.0));
+    let options = crate::cost::Options::for_model(&ao("llama3-8b", Recipe::None), &c);
+    let gather =
+        |m: &Model| crate::cost::layer_times(m, &c, &layout, &links, options).zero3_first_gather;
     close(
-        gather(Recipe::Tensorwise),
+        gather(&ao("llama3-8b", Recipe::None)),
+        links.dp.all_gather(436_224_000.0),
+    );
+    close(
+        gather(&ao("llama3-8b", Recipe::Tensorwise)),
         links.dp.all_gather(218_120_192.0),
     );
-    close(gather(Recipe::Rowwise), links.dp.all_gather(436_224_000.0));
+    close(
+        gather(&ao("llama3-8b", Recipe::Rowwise)),
+        links.dp.all_gather(436_224_000.0),
+    );
+    // Transformer Engine's linears (Megatron-Core) gather the 16-bit weights.
+    close(
+        gather(&on("megatron-core", "llama3-8b", Recipe::Tensorwise)),
+        links.dp.all_gather(436_224_000.0),
+    );
 }
 
 /// A device without an FP8 peak refuses the recipe, naming the key; 16-bit plans pass.

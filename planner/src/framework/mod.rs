@@ -15,6 +15,8 @@ pub use profile::{
     SelectiveKind, Sharding as ShardingPolicy, Unbuildable, Zero3Fetch,
 };
 
+use crate::fp8::recipe::Fp8Engine;
+
 use std::sync::OnceLock;
 
 use crate::layout::{Layout, Rejection};
@@ -138,6 +140,15 @@ pub fn of(model: &Model, cluster: &Cluster) -> &'static Profile {
         by_name(d).expect("the default profiles are built in")
     };
     by_name(name_for(model, cluster)).unwrap_or_else(fallback)
+}
+
+/// How the model's framework runs FP8 linears: its profile's, or the GPU default's (FP8 runs
+/// only on devices with an FP8 peak, none of them a CPU).
+pub fn fp8_engine(model: &Model) -> Fp8Engine {
+    let name = model.training.framework.as_deref().unwrap_or(DEFAULT_GPU);
+    by_name(name)
+        .or_else(|| by_name(DEFAULT_GPU))
+        .map_or_else(Fp8Engine::default, |p| p.runs.fp8_engine())
 }
 
 /// Whether the model's framework was stated (spec or flag) rather than defaulted.

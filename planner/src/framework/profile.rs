@@ -3,6 +3,7 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::fp8::recipe::{Fp8Engine, Fp8Linear};
 use crate::layout::{CpComm, Layout, Recompute};
 use crate::model::{Family, Model};
 use crate::schedule::ScheduleKind;
@@ -243,6 +244,26 @@ pub struct Runs {
     /// Absent: `core-attention`.
     #[serde(default)]
     pub selective: SelectiveKind,
+    /// The library its FP8 linears run on (`training.fp8`): Transformer Engine's modules or
+    /// torchao's `Float8Linear` (`crate::fp8::recipe::CastBytes` says what each casts). Absent:
+    /// torchao.
+    #[serde(default)]
+    pub fp8_linear: Fp8Linear,
+    /// Its Transformer Engine linears keep the FP8 weight (and its transpose) across a step's
+    /// micro-batches: the framework passes TE's `is_first_microbatch` (Megatron-Core). Absent:
+    /// false, the weight cast in every micro-batch's forward.
+    #[serde(default)]
+    pub fp8_weight_cache: bool,
+}
+
+impl Runs {
+    /// How its FP8 linears run.
+    pub fn fp8_engine(&self) -> Fp8Engine {
+        Fp8Engine {
+            linear: self.fp8_linear,
+            weight_cache: self.fp8_weight_cache,
+        }
+    }
 }
 
 /// What a framework's selective recompute is, under flash attention (`runs.selective`).

@@ -553,7 +553,11 @@ impl<'a> Ctx<'a> {
                 } else {
                     format!("{:.0} B per layer", self.per_layer_act)
                 };
-                let fp8 = if model.training.fp8.saves_fp8_inputs() {
+                let fp8 = if model
+                    .training
+                    .fp8
+                    .saves_fp8_inputs(crate::framework::fp8_engine(model))
+                {
                     format!("; training.fp8 = \"{}\": the linears' saved inputs in FP8, 1 B per element", model.training.fp8)
                 } else {
                     String::new()
