@@ -695,7 +695,9 @@ pub(crate) fn print_whole_run(plan: &Plan) {
 /// framework that overlaps) change for the chosen layout, each with a blank line after.
 pub(crate) fn print_fp8(plan: &Plan) {
     if let Some(c) = &plan.predicted.fp8 {
-        println!("{}\n", tessera_planner::fp8::report::lines(c).join("\n"));
+        let capacity = plan.job.cluster.memory_bytes() as u64;
+        let lines = tessera_planner::fp8::report::lines(c, capacity);
+        println!("{}\n", lines.join("\n"));
     }
     if let Some(c) = &plan.predicted.tp_overlap {
         let lines = tessera_planner::cost::tp_overlap::lines(c);

@@ -62,12 +62,13 @@ impl<'a> Device<'a> {
         }
     }
 
-    /// [`Device::of`] with the job's FP8 recipe on the block's linears, `microbatches` per step
-    /// (over which cached FP8 weights are cast once).
+    /// [`Device::of`] with the job's FP8 recipe on the block's linears, as `layout` runs them
+    /// (its micro-batches per step, over which cached FP8 weights are cast once, and its ZeRO
+    /// stage, under which none are cached: [`crate::framework::fp8_engine_on`]).
     pub fn for_job(
         cluster: &'a Cluster,
         model: &Model,
-        microbatches: u64,
+        layout: &crate::layout::Layout,
         kernel: crate::framework::AttentionKernel,
     ) -> Device<'a> {
         let cal = &cluster.calibration;
@@ -78,9 +79,9 @@ impl<'a> Device<'a> {
         Device {
             fp8: crate::fp8::device::Fp8Device::of(
                 model.training.fp8,
-                crate::framework::fp8_engine(model),
+                crate::framework::fp8_engine_on(model, layout),
                 cluster,
-                microbatches,
+                layout.microbatches(model),
             ),
             attention_efficiency,
             ..Device::of(cluster)

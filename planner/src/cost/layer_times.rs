@@ -20,12 +20,7 @@ pub fn layer_times(
     links: &Links,
     options: Options,
 ) -> LayerTimes {
-    let dev = Device::for_job(
-        cluster,
-        model,
-        layout.microbatches(model),
-        options.attention_kernel,
-    );
+    let dev = Device::for_job(cluster, model, layout, options.attention_kernel);
     let (tp, sp, b) = (layout.tp, layout.sequence_parallel, layout.micro_batch);
     let cp = layout.cp.max(1);
     let lc = ops::layer_cp(model, &dev, tp, sp, b, cp);

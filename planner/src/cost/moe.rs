@@ -251,7 +251,8 @@ mod tests {
         let (mut m, c) = job();
         m.architecture.moe = None;
         m.training.fp8 = crate::fp8::Recipe::Tensorwise;
-        let dev = Device::for_job(&c, &m, 8, crate::framework::AttentionKernel::Cudnn);
+        let layout = crate::layout::Layout::without_pipeline(8, 1, 1, 1);
+        let dev = Device::for_job(&c, &m, &layout, crate::framework::AttentionKernel::Cudnn);
         assert!(dev.fp8.is_some());
         let (a, f, t) = widening_matches(&m, &dev, &dense_mlp_time);
         let x = dense_mlp_time(&m, &dev, t, f);

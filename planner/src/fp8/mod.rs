@@ -21,6 +21,7 @@ pub mod report;
 pub use recipe::{Recipe, RECIPES};
 
 use crate::error::Diagnostic;
+use crate::layout::Layout;
 use crate::model::Model;
 use crate::spec::Cluster;
 
@@ -78,13 +79,14 @@ fn is_mlp(name: &str) -> bool {
     matches!(name, "fc1" | "fc2" | "gate_up" | "down")
 }
 
-/// Bytes of the FP8 weight copies a rank's `dense` and `moe` layers keep
-/// ([`Recipe::weight_cache_bytes`]).
-pub fn weight_cache(model: &Model, tp: u64, dense: u64, moe: u64) -> f64 {
+/// Bytes of the FP8 weight copies a rank's `dense` and `moe` layers keep on `layout`
+/// ([`Recipe::weight_cache_bytes`]; none under ZeRO-3, [`crate::framework::fp8_engine_on`]).
+pub fn weight_cache(model: &Model, layout: &Layout, dense: u64, moe: u64) -> f64 {
+    let tp = layout.tp;
     let bpp = model
         .training
         .fp8
-        .weight_cache_bytes(crate::framework::fp8_engine(model));
+        .weight_cache_bytes(crate::framework::fp8_engine_on(model, layout));
     if bpp == 0.0 {
         return 0.0;
     }
@@ -93,11 +95,11 @@ pub fn weight_cache(model: &Model, tp: u64, dense: u64, moe: u64) -> f64 {
 }
 
 /// Why [`weight_cache`] is what it is, for the memory breakdown.
-pub fn weight_cache_reason(model: &Model, tp: u64, dense: u64, moe: u64) -> String {
-    let r = model.training.fp8;
+pub fn weight_cache_reason(model: &Model, layout: &Layout, dense: u64, moe: u64) -> String {
+    let (r, tp) = (model.training.fp8, layout.tp);
     format!(
         "training.fp8 = \"{r}\": Transformer Engine keeps each FP8 linear's weight and its transpose in FP8 across the micro-batches of a step ({:.4} B per parameter) × {:.0} FP8-linear params per dense layer × {dense} + {:.0} per MoE layer (attention only) × {moe}; the fp32 master weights, gradients and optimizer states are the precision policy's",
-        r.weight_cache_bytes(crate::framework::fp8_engine(model)),
+        r.weight_cache_bytes(crate::framework::fp8_engine_on(model, layout)),
         linear_params(model, tp, false),
         linear_params(model, tp, true)
     )

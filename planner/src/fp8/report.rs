@@ -59,7 +59,7 @@ pub struct Fp8Change {
 /// The linears of one layer of `model` (whose `training.fp8` is the recipe) on `layout`'s rank.
 pub fn linears(model: &Model, cluster: &Cluster, layout: &Layout) -> Vec<Fp8Linear> {
     let dev = Device::of(cluster);
-    let engine = crate::framework::fp8_engine(model);
+    let engine = crate::framework::fp8_engine_on(model, layout);
     let Some(f8) = Fp8Device::of(
         model.training.fp8,
         engine,
@@ -158,12 +158,13 @@ pub fn change(
         peak_bytes_bf16: bf16.1,
         peak_bytes_fp8: fp8.1,
         linears: linears(fp8_model, cluster, layout),
-        memory: memory_counted(recipe, crate::framework::fp8_engine(fp8_model)),
+        memory: memory_counted(recipe, crate::framework::fp8_engine_on(fp8_model, layout)),
     })
 }
 
 /// The "FP8 would change" lines `plan` and `explain` print.
-pub fn lines(c: &Fp8Change) -> Vec<String> {
+/// The report's lines; `capacity` is the device's memory in bytes, which a peak beyond is named.
+pub fn lines(c: &Fp8Change, capacity: u64) -> Vec<String> {
     let head = if c.stated {
         format!(
             "FP8 (training.fp8 = \"{}\") against 16-bit GEMMs, for this layout:",
@@ -173,15 +174,27 @@ pub fn lines(c: &Fp8Change) -> Vec<String> {
         format!("FP8 would change, for this layout (recipe \"{}\" as the example; --fp8 RECIPE states one):", c.recipe)
     };
     let gib = |b: u64| b as f64 / (1u64 << 30) as f64;
+    let over = |b: u64| {
+        if b > capacity {
+            format!(
+                " (over the device's {:.2} GiB: does not fit)",
+                gib(capacity)
+            )
+        } else {
+            String::new()
+        }
+    };
     let mut out = vec![
         head,
         format!(
-            "  step {:.3} s with FP8, {:.3} s without ({:+.1}%); peak memory {:.2} GiB with, {:.2} GiB without",
+            "  step {:.3} s with FP8, {:.3} s without ({:+.1}%); peak memory {:.2} GiB with{}, {:.2} GiB without{}",
             c.step_time_s_fp8,
             c.step_time_s_bf16,
             100.0 * (c.step_time_s_fp8 / c.step_time_s_bf16 - 1.0),
             gib(c.peak_bytes_fp8),
+            over(c.peak_bytes_fp8),
             gib(c.peak_bytes_bf16),
+            over(c.peak_bytes_bf16),
         ),
     ];
     for l in &c.linears {

@@ -2,7 +2,7 @@
 //! bf16 peak 989.4 TFLOP/s × gemm_efficiency 0.670 = 662.898 TFLOP/s, FP8 peak 1979 × 0.644 =
 //! 1274.476 TFLOP/s, 132 SMs, memory 3350 GB/s × 0.726 = 2432.1 GB/s, 2.43 µs per launch.
 
-use super::report::{linears, Fp8Linear};
+use super::report::{self, linears, Fp8Linear};
 use super::*;
 use crate::layout::{Layout, Recompute};
 use crate::spec::{self, ClusterOverrides, TrainingOverrides};
@@ -183,7 +183,9 @@ fn delayed_scaling_casts_the_weight_once_per_step() {
 /// 2 + 2/8 kernels; backward 6 · 786,432 = 4,718,592 B and 2 kernels: 9,879,552 B and 4.25
 /// launches. Under llm-foundry, which passes no `is_first_microbatch`, delayed scaling recasts
 /// the weight each micro-batch: 4 · 786,432 + 4 · 589,824 = 5,505,024 B and 2 kernels forward,
-/// 3,145,728 B and 1 backward.
+/// 3,145,728 B and 1 backward. Under ZeRO-3 Megatron-Core keeps no FP8 weight either: current
+/// scaling's forward is 6 · 786,432 + 6 · 589,824 = 8,257,536 B in 4 kernels, with the same
+/// backward, 12,976,128 B and 6 launches.
 #[test]
 fn transformer_engine_casts_by_its_framework() {
     let gpt2 = |f, r| {
@@ -202,6 +204,12 @@ fn transformer_engine_casts_by_its_framework() {
         proj(&gpt2("llm-foundry", Recipe::Delayed)),
         (5_505_024.0 + 3_145_728.0) / BW + 3.0 * LAUNCH,
     );
+    let zero3 = Layout::without_pipeline(1, 1, 3, 1);
+    let m = gpt2("megatron-core", Recipe::Tensorwise);
+    close(
+        row(&linears(&m, &h100(), &zero3), "proj").cast_s,
+        12_976_128.0 / BW + 6.0 * LAUNCH,
+    );
     // Megatron-Core caches it: as delayed_scaling_casts_the_weight_once_per_step.
     close(
         proj(&gpt2("megatron-core", Recipe::Delayed)),
@@ -214,7 +222,7 @@ fn transformer_engine_casts_by_its_framework() {
 /// 8192 stay 16-bit). TE under Megatron-Core keeps 2 B of each (the FP8 weight and its
 /// transpose), current scaling (tensorwise) included, blockwise 8/16384 B more for the 128 × 128
 /// blocks' scales; torchao keeps none, nor does TE under llm-foundry, which recasts the weight
-/// in every forward.
+/// in every forward, nor TE under ZeRO-3, whose weights are gathered for each pass and freed.
 #[test]
 fn the_weight_cache_per_recipe() {
     let lin = 218_103_808.0;
@@ -222,7 +230,15 @@ fn the_weight_cache_per_recipe() {
         linear_params(&model("llama3-8b", Recipe::None), 1, false),
         lin,
     );
-    let cache = |f, r| weight_cache(&on(f, "llama3-8b", r), 1, 32, 0);
+    let zero1 = Layout::without_pipeline(1, 1, 1, 1);
+    let cache = |f, r| weight_cache(&on(f, "llama3-8b", r), &zero1, 32, 0);
+    let zero3 = Layout::without_pipeline(8, 1, 3, 1);
+    for r in [Recipe::Tensorwise, Recipe::Delayed, Recipe::Blockwise] {
+        assert_eq!(
+            weight_cache(&on("megatron-core", "llama3-8b", r), &zero3, 32, 0),
+            0.0
+        );
+    }
     for f in ["megatron-core", "torchtitan", "llm-foundry"] {
         assert_eq!(cache(f, Recipe::None), 0.0);
         assert_eq!(cache(f, Recipe::Rowwise), 0.0);
@@ -365,4 +381,26 @@ fn older_plans_read_as_none() {
     v["fp8"] = "blockwise".into();
     let t: crate::model::Training = serde_json::from_value(v).unwrap();
     assert_eq!(t.fp8, Recipe::Blockwise);
+}
+
+/// The report names a peak beyond the device's memory: 81 GiB with FP8 on an 80 GiB device
+/// does not fit, the 16-bit 79 GiB does.
+#[test]
+fn the_report_names_a_peak_that_does_not_fit() {
+    let g = 1u64 << 30;
+    let c = report::Fp8Change {
+        recipe: Recipe::Tensorwise,
+        stated: false,
+        step_time_s_bf16: 2.0,
+        step_time_s_fp8: 1.5,
+        peak_bytes_bf16: 79 * g,
+        peak_bytes_fp8: 81 * g,
+        linears: Vec::new(),
+        memory: String::new(),
+    };
+    let line = &report::lines(&c, 80 * g)[1];
+    assert_eq!(
+        line,
+        "  step 1.500 s with FP8, 2.000 s without (-25.0%); peak memory 81.00 GiB with (over the device's 80.00 GiB: does not fit), 79.00 GiB without"
+    );
 }

@@ -151,6 +151,18 @@ pub fn fp8_engine(model: &Model) -> Fp8Engine {
         .map_or_else(Fp8Engine::default, |p| p.runs.fp8_engine())
 }
 
+/// [`fp8_engine`] on `layout`: under ZeRO-3 the weights are gathered for each layer's pass and
+/// freed after it, so no FP8 copy outlives a micro-batch (TE turns its weight cache off under
+/// FSDP2, `is_fsdp2`; Megatron-FSDP drops the FP8 transpose cache unless
+/// `keep_fp8_transpose_cache` is set).
+pub fn fp8_engine_on(model: &Model, layout: &Layout) -> Fp8Engine {
+    let e = fp8_engine(model);
+    Fp8Engine {
+        weight_cache: e.weight_cache && layout.sharding.zero_stage < 3,
+        ..e
+    }
+}
+
 /// Whether the model's framework was stated (spec or flag) rather than defaulted.
 pub fn stated(model: &Model) -> bool {
     model.training.framework.is_some()

@@ -369,7 +369,8 @@ fn megatron_core_takes_cudnn_attention_where_the_cluster_measures_it() {
     let (h100, a100) = (cluster("dgx-h100-80g"), cluster("dgx-a100-80g"));
     let eff = |m: &Model, c: &crate::spec::Cluster| {
         let kernel = crate::cost::Options::for_model(m, c).attention_kernel;
-        Device::for_job(c, m, 1, kernel).attention_efficiency
+        let layout = crate::layout::Layout::without_pipeline(1, 1, 1, 1);
+        Device::for_job(c, m, &layout, kernel).attention_efficiency
     };
     assert_eq!(h100.calibration.cudnn_attention_efficiency, Some(0.427));
     assert_eq!(eff(&model("megatron-core"), &h100), 0.427);

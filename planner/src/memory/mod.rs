@@ -486,9 +486,9 @@ impl<'a> Ctx<'a> {
             });
         }
         let (dense_layers, moe_layers) = self.mix(stage);
-        let fp8 = crate::fp8::weight_cache(model, tp, dense_layers, moe_layers);
+        let fp8 = crate::fp8::weight_cache(model, layout, dense_layers, moe_layers);
         add(sink, "fp8_weight_cache", "model_states", fp8, &|| {
-            crate::fp8::weight_cache_reason(model, tp, dense_layers, moe_layers)
+            crate::fp8::weight_cache_reason(model, layout, dense_layers, moe_layers)
         });
         if let (Some(ad), true) = (&self.adapters, zero == 3 && shard > 1) {
             let (common, experts) = self.moe_params;

@@ -147,8 +147,9 @@ impl StageBytes {
             } else {
                 flight / v as f64
             };
-            let dense = layer_states + act * kept + crate::fp8::weight_cache(model, tp, 1, 0);
-            let moe_layer = moe_states + moe_act * kept + crate::fp8::weight_cache(model, tp, 0, 1);
+            let dense = layer_states + act * kept + crate::fp8::weight_cache(model, layout, 1, 0);
+            let moe_layer =
+                moe_states + moe_act * kept + crate::fp8::weight_cache(model, layout, 0, 1);
             per_layer.push(grow * ((1.0 - moe_share) * dense + moe_share * moe_layer));
             let mut f = fixed_all;
             if layout.offload.activations {

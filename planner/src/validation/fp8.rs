@@ -233,10 +233,11 @@ mod tests {
 
     /// docs/fp8-validation/runs.toml replayed on the presets: every run replays (torchtitan's and
     /// torchao's on the 500 W H100's, torchtitan's H200 runs on the H200's: without them they are
-    /// skipped) but the two whose expert parallelism spans TP and DP. The FP8 speed-up over the same source's 16-bit run, which the FP8 model alone
+    /// skipped) but Megatron-Bridge's five Qwen3-235B-A22B rows, whose expert parallelism spans TP
+    /// and DP. The FP8 speed-up over the same source's 16-bit run, which the FP8 model alone
     /// decides: tensorwise and delayed within 12% of the published one in every pair (torchtitan
     /// 1.29 and 1.29 against 1.28 and 1.29, torchao 1.26 against 1.25, 70B TP 8 1.26 against 1.36,
-    /// llm-foundry's TE runs 1.05-1.43 against 1.00-1.35), their median within 10%; rowwise
+    /// llm-foundry's TE runs 1.05-1.41 against 1.00-1.35), their median within 10%; rowwise
     /// over-predicted (one FP8 GEMM efficiency for both recipes, where torchao's row-scaled
     /// forward runs a slower CUTLASS kernel). FP8 moves torchao's predicted reported memory by under 1%, as
     /// published.
