@@ -107,16 +107,17 @@ fn recorded_h100_measurement_gives_the_hand_computed_calibration() {
     assert_eq!(f(&t, "inter_node_efficiency"), 0.94);
     assert_eq!(t["device"]["peak_tflops"].as_float(), Some(989.4));
     // Each value says what measured it.
-    for what in [
-        "median of 5 shape(s)",
-        "gelu 2913 GB/s",
-        "T 16384 d 128",
-        "forward and backward",
-        "F.cross_entropy on fp32 8192 × 50257 logits: 8.300 ms",
-        "NVIDIA H100 80GB HBM3",
-    ] {
-        assert!(written.contains(what), "no `{what}` in\n{written}");
-    }
+    mentions(
+        &written,
+        &[
+            "median of 5 shape(s)",
+            "gelu 2913 GB/s",
+            "T 16384 d 128",
+            "forward and backward",
+            "F.cross_entropy on fp32 8192 × 50257 logits: 8.300 ms",
+            "NVIDIA H100 80GB HBM3",
+        ],
+    );
     // The written spec is one `tessera plan` reads, `host_op_us` included: a pytorch-eager
     // GPT-2 plan on one of its GPUs is charged the measured per-op host cost.
     plans_on(
@@ -124,6 +125,13 @@ fn recorded_h100_measurement_gives_the_hand_computed_calibration() {
         &out,
         &["--devices", "1", "--framework", "pytorch-eager"],
     );
+}
+
+/// The written spec says each of `what`.
+fn mentions(written: &str, what: &[&str]) {
+    for w in what {
+        assert!(written.contains(w), "no `{w}` in\n{written}");
+    }
 }
 
 /// `tessera plan MODEL SPEC ARGS` must succeed: the written spec is one the planner reads.
@@ -620,12 +628,13 @@ fn fp8_gemms_give_the_fp8_gemm_efficiency() {
     let t: toml::Table = toml::from_str(&written).expect("valid TOML");
     assert_eq!(f(&t, "gemm_efficiency_fp8"), 0.556);
     assert_eq!(t["device"]["peak_tflops_fp8"].as_integer(), Some(1979));
-    for what in [
-        "8192 × 8192 × 8192: 1099.5 TFLOP/s, 0.556",
-        "2048 × 2048 × 2048",
-    ] {
-        assert!(written.contains(what), "no `{what}` in\n{written}");
-    }
+    mentions(
+        &written,
+        &[
+            "8192 × 8192 × 8192: 1099.5 TFLOP/s, 0.556",
+            "2048 × 2048 × 2048",
+        ],
+    );
     plans_on(
         "specs/models/llama3-8b.toml",
         &out,

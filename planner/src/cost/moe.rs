@@ -180,8 +180,6 @@ pub fn tp_per_pass(model: &Model, layout: &Layout, pair: &dyn Fn(f64) -> f64, ac
 mod tests {
     use super::*;
     use crate::cost::ops::layer_cp;
-    use crate::spec::{self, ClusterOverrides, TrainingOverrides};
-    use std::path::Path;
 
     /// Two dense layers that differ only in their FFN width (`f` and `2f` per TP-2 rank) differ
     /// by exactly the difference of `mlp`'s times for the two widths; the narrower layer, `f`
@@ -212,21 +210,8 @@ mod tests {
     }
 
     fn job() -> (Model, crate::spec::Cluster) {
-        let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../specs");
-        let mut m = spec::load_model(
-            &root.join("models/mixtral-8x7b.toml"),
-            TrainingOverrides::default(),
-        )
-        .unwrap();
+        let (mut m, c) = crate::cost::tests::job_on("mixtral-8x7b.toml", "dgx-h100-80g.toml", 8);
         m.training.seq_len = 4096;
-        let c = spec::load_cluster(
-            &root.join("clusters/dgx-h100-80g.toml"),
-            ClusterOverrides {
-                nodes: Some(8),
-                devices: None,
-            },
-        )
-        .unwrap();
         (m, c)
     }
 

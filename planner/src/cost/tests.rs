@@ -8,6 +8,11 @@ use std::path::Path;
 
 /// A preset model on `nodes` DGX A100 nodes (shared with the other cost test modules).
 pub(super) fn job(model: &str, nodes: u64) -> (Model, Cluster) {
+    job_on(model, "dgx-a100-80g.toml", nodes)
+}
+
+/// A preset model on `nodes` nodes of a preset cluster (shared with the other cost test modules).
+pub(super) fn job_on(model: &str, cluster: &str, nodes: u64) -> (Model, Cluster) {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../specs");
     let m = specs::load_model(
         &root.join("models").join(model),
@@ -15,7 +20,7 @@ pub(super) fn job(model: &str, nodes: u64) -> (Model, Cluster) {
     )
     .unwrap();
     let c = specs::load_cluster(
-        &root.join("clusters/dgx-a100-80g.toml"),
+        &root.join("clusters").join(cluster),
         ClusterOverrides {
             nodes: Some(nodes),
             devices: None,
@@ -209,15 +214,7 @@ fn cost_ranks_sharing_cores_fill_each_others_bubbles() {
 #[test]
 fn tp_comm_overlap_keeps_one_ring_step_behind_long_gemms() {
     let (a100_model, a100) = job("llama3-70b.toml", 8);
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../specs");
-    let h100 = specs::load_cluster(
-        &root.join("clusters/dgx-h100-80g.toml"),
-        ClusterOverrides {
-            nodes: Some(8),
-            devices: None,
-        },
-    )
-    .unwrap();
+    let (_, h100) = job_on("llama3-70b.toml", "dgx-h100-80g.toml", 8);
     let mut fp8_model = a100_model.clone();
     fp8_model.training.fp8 = crate::fp8::Recipe::Tensorwise;
     let times = |m: &Model, c: &Cluster, tp: u64, sp: bool, overlap: bool| {
